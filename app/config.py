@@ -1,0 +1,143 @@
+"""The providers config file (SPEC §3): a strict list of named provider instances.
+
+Shape::
+
+    providers:
+      - name: k8s-local          # unique, [a-z0-9]([-a-z0-9]*[a-z0-9])?
+        type: kubernetes         # kubernetes | gcp | kvm
+        checkInterval: 1m        # optional; 0 = off; else >= 10s
+        checkTimeout: 15s        # optional
+        kubernetes: {...}        # exactly the block matching ``type``
+
+:func:`load` parses and validates the whole file or raises one :class:`ConfigError` that
+names the file, the provider and the field: a process never half-starts on a bad config.
+Each type's block is parsed by its provider package's ``config`` module (pure Python, no
+SDK import), listed in :data:`BLOCK_PARSERS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.providers.gcp import config as gcp_config
+from app.providers.kubernetes import config as kubernetes_config
+from app.providers.kvm import config as kvm_config
+from app.validation import IDENTIFIER, ConfigError, ParseBlock, Reader
+
+#: type name -> parser of that type's block (``Reader -> settings dataclass``).
+BLOCK_PARSERS: dict[str, ParseBlock] = {
+    "kubernetes": kubernetes_config.parse,
+    "gcp": gcp_config.parse,
+    "kvm": kvm_config.parse,
+}
+
+DEFAULT_CHECK_INTERVAL = 60.0
+DEFAULT_CHECK_TIMEOUT = 15.0
+MIN_CHECK_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """One configured provider instance.
+
+    Attributes:
+        name: unique provider name (a plain identifier).
+        type: ``"kubernetes"``, ``"gcp"`` or ``"kvm"``.
+        check_interval: seconds between health checks; 0 = checks off.
+        check_timeout: seconds one health-check round may take.
+        settings: the parsed type block (``KubernetesSettings``, ``GcpSettings``, ``KvmSettings``).
+    """
+
+    name: str
+    type: str
+    check_interval: float
+    check_timeout: float
+    settings: Any
+
+
+@dataclass(frozen=True)
+class ProvidersConfig:
+    """The whole providers config file.
+
+    Attributes:
+        providers: entries in file order.
+        source: the file it came from (``"<empty>"`` when no file was given).
+    """
+
+    providers: tuple[ProviderConfig, ...]
+    source: str = "<empty>"
+
+    def names(self) -> list[str]:
+        """Return the configured provider names in file order."""
+        return [p.name for p in self.providers]
+
+    def get(self, name: str) -> ProviderConfig | None:
+        """Return the provider called ``name`` or ``None``."""
+        for p in self.providers:
+            if p.name == name:
+                return p
+        return None
+
+
+def parse(data: Any, file: str) -> ProvidersConfig:
+    """Validate the already-decoded YAML ``data`` of ``file``.
+
+    Raises:
+        ConfigError: the first problem found, naming ``file``, the provider and the field.
+    """
+    top = Reader(data, file)
+    entries = top.items("providers")
+    top.done()
+    seen: set[str] = set()
+    result: list[ProviderConfig] = []
+    for index, entry in enumerate(entries):
+        name = entry.raw("name")
+        label = name if isinstance(name, str) and name else f"#{index}"
+        entry.provider = label
+        entry.path = ""
+        name = entry.str("name", required=True, pattern=IDENTIFIER)
+        if name in seen:
+            raise entry.error("name", "duplicate provider name")
+        seen.add(name)
+        ptype = entry.str("type", required=True, choices=tuple(BLOCK_PARSERS))
+        interval = entry.duration("checkInterval", DEFAULT_CHECK_INTERVAL)
+        if interval and interval < MIN_CHECK_INTERVAL:
+            raise entry.error("checkInterval", f"must be 0 (off) or at least 10s, got {interval:g}s")
+        timeout = entry.duration("checkTimeout", DEFAULT_CHECK_TIMEOUT)
+        if not timeout:
+            raise entry.error("checkTimeout", "must be greater than 0")
+        for other in BLOCK_PARSERS:
+            if other != ptype and entry.has(other):
+                raise entry.error(other, f'block for type "{other}" on a provider of type "{ptype}"')
+        block = entry.child(ptype, required=ptype != "kubernetes")
+        settings = BLOCK_PARSERS[ptype](block)
+        block.done()
+        entry.done()
+        result.append(ProviderConfig(name, ptype, interval, timeout, settings))
+    return ProvidersConfig(tuple(result), file)
+
+
+def load(path: str | Path | None) -> ProvidersConfig:
+    """Read and validate the providers config at ``path``; ``None`` means no providers.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, or any validation problem (see :func:`parse`).
+    """
+    if path is None or str(path) == "":
+        return ProvidersConfig(())
+    file = str(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(file, None, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(file, None, None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse(data, file)

@@ -1,0 +1,140 @@
+"""The provider contract (SPEC §4): one interface every backend implements.
+
+A provider is any object with these methods (structural typing via :class:`Provider`):
+
+* ``create(request: CreateRequest) -> Instance`` — idempotent by ``request.name``.
+* ``get(provider_id: str) -> Instance`` — raises :class:`~app.providers.errors.NotFound`.
+* ``delete(provider_id: str) -> None`` — succeeds when the instance is already gone.
+* ``list_by_tag(tag: str) -> ListResult`` — every instance carrying the managed-by tag
+  ``tag``; ``ListResult.partial`` is true when some target could not be listed.
+* optional ``check() -> list[TargetVerdict]`` — never raises as a whole.
+* optional ``queue_for(placement_zone: str | None) -> str | None`` — the Celery queue that
+  must run work for an instance in that zone (KVM: ``kvm.<provider>.<host>``).
+
+SDK types never cross this boundary: requests and results are the dataclasses below, and
+errors are the taxonomy of :mod:`app.providers.errors`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+
+class InstanceState(str, enum.Enum):
+    """Provider-neutral lifecycle state of an instance."""
+
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    STOPPED = "Stopped"
+    TERMINATED = "Terminated"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What a provider reports about one instance.
+
+    Attributes:
+        provider_id: self-contained ID (kubernetes ``<ns>/<pod>``, gcp
+            ``projects/<p>/zones/<z>/instances/<name>``, kvm ``hosts/<host>/domains/<name>``).
+        name: the instance name (see :func:`app.naming.instance_name`).
+        state: :class:`InstanceState`.
+        address: reachable IPv4 address as a string, or ``None`` while unknown.
+        created: creation time (timezone-aware UTC) or ``None`` when the provider cannot tell.
+        tags: the tags the instance carries (keys of :mod:`app.naming`), ``{}`` for none.
+        zone: where it runs (kvm host, gcp zone, kubernetes namespace), or ``None``.
+    """
+
+    provider_id: str
+    name: str
+    state: InstanceState
+    address: str | None = None
+    created: datetime | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    zone: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """Everything a provider needs to create one proxy instance.
+
+    Attributes:
+        name: deterministic instance name (:func:`app.naming.instance_name`).
+        tags: tags to attach (managed-by marker and Proxy UID, see :func:`app.naming.tags_for`).
+        namespace: the Proxy's namespace.
+        zone: ``spec.placement.zone`` or ``None``.
+        image: ``spec.placement.image`` or ``None`` (provider default).
+        machine_type: ``spec.placement.machineType`` or ``None``.
+        port: the Squid port (``spec.endpoint.port``, default 3128).
+        user_data: the resolved cloud-init document (bytes as given) or ``None``.  Never log it.
+        vendor_data: extra vendor-data (kvm) or ``None``.  Never log it.
+        squid_config: the squid.conf the instance must run (see :mod:`app.squid`), or ``None``.
+    """
+
+    name: str
+    tags: dict[str, str]
+    namespace: str
+    zone: str | None = None
+    image: str | None = None
+    machine_type: str | None = None
+    port: int = 3128
+    user_data: bytes | None = None
+    vendor_data: bytes | None = None
+    squid_config: str | None = None
+
+    def __repr__(self) -> str:  # keep user-data out of every repr that might reach a log
+        return (f"CreateRequest(name={self.name!r}, namespace={self.namespace!r}, zone={self.zone!r}, "
+                f"image={self.image!r}, machine_type={self.machine_type!r}, port={self.port})")
+
+
+@dataclass(frozen=True)
+class ListResult:
+    """Result of :meth:`Provider.list_by_tag`.
+
+    Attributes:
+        instances: instances carrying the tag.
+        partial: true when at least one target (host, zone) could not be listed; GC then
+            deletes nothing of this provider in that sweep.
+        errors: human-readable reasons for the partial listing.
+    """
+
+    instances: list[Instance]
+    partial: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TargetVerdict:
+    """One target's result of a provider health check (a KVM host, the GCP API, the cluster).
+
+    Attributes:
+        name: target name.
+        ready: whether the target can serve requests.
+        reason: CamelCase reason (``"Ready"``, ``"DialFailed"``, ...).
+        message: human-readable detail (never secrets).
+        details: extra facts, e.g. ``{"freeBytes": "1234"}``.
+    """
+
+    name: str
+    ready: bool
+    reason: str
+    message: str = ""
+    details: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Structural type of a provider (see module docstring for the semantics)."""
+
+    name: str
+    type: str
+
+    def create(self, request: CreateRequest) -> Instance: ...
+
+    def get(self, provider_id: str) -> Instance: ...
+
+    def delete(self, provider_id: str) -> None: ...
+
+    def list_by_tag(self, tag: str) -> ListResult: ...

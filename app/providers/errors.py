@@ -1,0 +1,73 @@
+"""The provider error taxonomy (SPEC §4).
+
+Every provider maps its SDK's errors onto exactly one of these classes and keeps the
+original exception as ``__cause__`` (``raise NotFound(...) from sdk_error``), so the
+reconciler branches on the class while logs keep the cause.  Anything a provider does not
+classify is treated as :class:`Transient` by :func:`classify`: retrying is always safer than
+latching a Proxy into Failed.
+"""
+
+from __future__ import annotations
+
+
+class ProviderError(Exception):
+    """Base class of every classified provider error.
+
+    Attributes:
+        reason: a short CamelCase reason suitable for a Kubernetes condition
+            (``"NotFound"``, ``"QuotaExceeded"``, ``"Transient"``, ``"Permanent"`` unless a
+            provider gives a more precise one such as ``"UnknownProvider"``).
+    """
+
+    reason = "ProviderError"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason:
+            self.reason = reason
+
+
+class NotFound(ProviderError):
+    """The instance (or the thing it lives in) does not exist."""
+
+    reason = "NotFound"
+
+
+class QuotaExceeded(ProviderError):
+    """The provider refused for quota reasons; retry after a long backoff."""
+
+    reason = "QuotaExceeded"
+
+
+class Transient(ProviderError):
+    """A failure that may go away by itself (timeouts, 5xx, a dropped connection, a missing Secret)."""
+
+    reason = "Transient"
+
+
+class Permanent(ProviderError):
+    """A failure that will not go away until the spec or the configuration changes."""
+
+    reason = "Permanent"
+
+
+def classify(exc: BaseException) -> type[ProviderError]:
+    """Return the taxonomy class of ``exc``: its own class if classified, else :class:`Transient`.
+
+    Args:
+        exc: any exception raised by a provider call.
+    Returns:
+        one of :class:`NotFound`, :class:`QuotaExceeded`, :class:`Transient`, :class:`Permanent`.
+    """
+    for cls in (NotFound, QuotaExceeded, Permanent, Transient):
+        if isinstance(exc, cls):
+            return cls
+    return Transient
+
+
+def describe(exc: BaseException) -> str:
+    """Return ``"<message>: <cause>"`` for logs: the classified message plus its original cause, if any."""
+    cause = exc.__cause__
+    if cause is None or cause is exc:
+        return str(exc)
+    return f"{exc}: {type(cause).__name__}: {cause}"

@@ -1,0 +1,1 @@
+"""The kvm provider (libvirt-python over paramiko SSH).  Import the SDKs only inside the provider modules."""

@@ -1,0 +1,237 @@
+"""The ``Proxy`` custom resource as plain dataclasses (SPEC §2).
+
+:func:`Proxy.from_dict` reads an object as the API server returns it (a dict) and applies
+the same defaults as the CRD's OpenAPI schema, so code behaves the same whether or not the
+server defaulted the object (the HTTP fake and old objects may not have).  Nothing here
+talks to the API; see :mod:`app.kube` for that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "crawl.example.com"
+VERSION = "v1alpha1"
+PLURAL = "proxies"
+KIND = "Proxy"
+API_VERSION = f"{GROUP}/{VERSION}"
+FINALIZER = "crawl.example.com/cleanup"
+SKIP_CLEANUP_ANNOTATION = "crawl.example.com/skip-cleanup"
+
+MODE_MANAGED = "Managed"
+MODE_EXTERNAL = "External"
+
+# Phases (status.phase)
+PENDING = "Pending"
+PROVISIONING = "Provisioning"
+RUNNING = "Running"
+READY = "Ready"
+UNHEALTHY = "Unhealthy"
+FAILED = "Failed"
+TERMINATING = "Terminating"
+PHASES = (PENDING, PROVISIONING, RUNNING, READY, UNHEALTHY, FAILED, TERMINATING)
+
+# Condition types
+COND_PROVISIONED = "Provisioned"
+COND_HEALTHY = "Healthy"
+COND_READY = "Ready"
+
+DEFAULT_PORT = 3128
+DEFAULT_MAX_LEASES = 5
+DEFAULT_HEALTH_URL = "http://connectivitycheck.gstatic.com/generate_204"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """``spec.healthCheck`` with defaults applied (SPEC §2).
+
+    Attributes:
+        url: URL fetched through the proxy.
+        expected_status: HTTP status that counts as success.
+        interval_seconds / timeout_seconds: probe period and per-probe timeout, seconds.
+        failure_threshold / success_threshold: consecutive results needed to flip Healthy.
+    """
+
+    url: str = DEFAULT_HEALTH_URL
+    expected_status: int = 204
+    interval_seconds: int = 30
+    timeout_seconds: int = 10
+    failure_threshold: int = 3
+    success_threshold: int = 1
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "HealthCheck":
+        """Build from ``spec.healthCheck`` (``None`` or partial dicts get the defaults)."""
+        d = d or {}
+        return cls(
+            url=d.get("url") or DEFAULT_HEALTH_URL,
+            expected_status=int(d.get("expectedStatus", 204)),
+            interval_seconds=int(d.get("intervalSeconds", 30)),
+            timeout_seconds=int(d.get("timeoutSeconds", 10)),
+            failure_threshold=int(d.get("failureThreshold", 3)),
+            success_threshold=int(d.get("successThreshold", 1)),
+        )
+
+
+@dataclass(frozen=True)
+class ProxySpec:
+    """``spec`` of a Proxy with defaults applied.
+
+    Attributes:
+        mode: ``"Managed"`` or ``"External"``.
+        provider: provider name (Managed) or ``None``.
+        zone / image / machine_type: ``spec.placement`` fields or ``None``.
+        cloud_init_inline: ``spec.cloudInit.inline`` or ``None``.  Never log it.
+        cloud_init_secret: ``(name, key)`` of ``spec.cloudInit.secretRef`` or ``None``.
+        vendor_data: ``spec.vendorData`` or ``None``.  Never log it.
+        host: ``spec.endpoint.host`` (External) or ``None``.
+        port: ``spec.endpoint.port`` (default 3128).
+        health: :class:`HealthCheck`.
+        max_leases: ``spec.maxLeases`` (default 5; 0 means drain).
+    """
+
+    mode: str = MODE_MANAGED
+    provider: str | None = None
+    zone: str | None = None
+    image: str | None = None
+    machine_type: str | None = None
+    cloud_init_inline: str | None = None
+    cloud_init_secret: tuple[str, str] | None = None
+    vendor_data: str | None = None
+    host: str | None = None
+    port: int = DEFAULT_PORT
+    health: HealthCheck = field(default_factory=HealthCheck)
+    max_leases: int = DEFAULT_MAX_LEASES
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "ProxySpec":
+        """Build from an object's ``spec`` dict (missing keys get the CRD defaults)."""
+        d = d or {}
+        placement = d.get("placement") or {}
+        cloud_init = d.get("cloudInit") or {}
+        endpoint = d.get("endpoint") or {}
+        secret_ref = cloud_init.get("secretRef")
+        max_leases = d.get("maxLeases")
+        return cls(
+            mode=d.get("mode") or MODE_MANAGED,
+            provider=d.get("provider") or None,
+            zone=placement.get("zone") or None,
+            image=placement.get("image") or None,
+            machine_type=placement.get("machineType") or None,
+            cloud_init_inline=cloud_init.get("inline"),
+            cloud_init_secret=(secret_ref.get("name"), secret_ref.get("key")) if secret_ref else None,
+            vendor_data=d.get("vendorData"),
+            host=endpoint.get("host") or None,
+            port=int(endpoint.get("port") or DEFAULT_PORT),
+            health=HealthCheck.from_dict(d.get("healthCheck")),
+            max_leases=DEFAULT_MAX_LEASES if max_leases is None else int(max_leases),
+        )
+
+    @property
+    def managed(self) -> bool:
+        """Whether we create the instance (``mode: Managed``)."""
+        return self.mode != MODE_EXTERNAL
+
+
+def spec_hash(spec: dict | None) -> str:
+    """Return a 16-hex-digit hash of the parts of ``spec`` that shape the instance.
+
+    Changing any of mode, provider, placement, cloudInit, vendorData or endpoint.port
+    changes the hash and makes the reconciler replace the instance; healthCheck and
+    maxLeases do not (they never need a new instance).
+    """
+    s = ProxySpec.from_dict(spec)
+    material = {
+        "mode": s.mode, "provider": s.provider, "zone": s.zone, "image": s.image,
+        "machineType": s.machine_type, "cloudInit": (spec or {}).get("cloudInit"),
+        "vendorData": s.vendor_data, "port": s.port,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """A Proxy object as read from the API.
+
+    Attributes:
+        namespace, name, uid: identity.
+        generation: ``metadata.generation`` (bumped by the server on spec changes).
+        resource_version: ``metadata.resourceVersion``.
+        deleting: whether ``metadata.deletionTimestamp`` is set.
+        finalizers: ``metadata.finalizers``.
+        annotations / labels: metadata maps.
+        spec: :class:`ProxySpec`.
+        status: the raw ``status`` dict (``{}`` when absent).
+        raw: the whole object as received.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    deleting: bool
+    finalizers: tuple[str, ...]
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    spec: ProxySpec
+    status: dict[str, Any]
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "Proxy":
+        """Build from an API object dict.
+
+        Raises:
+            ValueError: ``metadata.name``/``namespace``/``uid`` is missing.
+        """
+        meta = obj.get("metadata") or {}
+        for key in ("name", "namespace", "uid"):
+            if not meta.get(key):
+                raise ValueError(f"Proxy object without metadata.{key}")
+        return cls(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+            generation=int(meta.get("generation") or 1),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            finalizers=tuple(meta.get("finalizers") or ()),
+            annotations=dict(meta.get("annotations") or {}),
+            labels=dict(meta.get("labels") or {}),
+            spec=ProxySpec.from_dict(obj.get("spec")),
+            status=dict(obj.get("status") or {}),
+            raw=obj,
+        )
+
+    @property
+    def key(self) -> str:
+        """``"<namespace>/<name>"``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def phase(self) -> str:
+        """``status.phase`` or ``"Pending"`` when unset."""
+        return self.status.get("phase") or PENDING
+
+    @property
+    def skip_cleanup(self) -> bool:
+        """Whether the skip-cleanup annotation is ``"true"``."""
+        return self.annotations.get(SKIP_CLEANUP_ANNOTATION, "").lower() == "true"
+
+    @property
+    def spec_hash(self) -> str:
+        """:func:`spec_hash` of this object's spec."""
+        return spec_hash(self.raw.get("spec"))
+
+    def effective_host(self) -> str | None:
+        """Address crawlers should use: ``spec.endpoint.host`` (External) else ``status.address``."""
+        if not self.spec.managed:
+            return self.spec.host
+        return self.status.get("address") or None
+
+    def effective_port(self) -> int:
+        """Port crawlers should use: ``status.port`` when the provider reported one, else ``spec.endpoint.port``."""
+        return int(self.status.get("port") or self.spec.port)

@@ -1,0 +1,197 @@
+"""Strict readers for user-written mappings (providers config, token files).
+
+A :class:`Reader` walks one mapping, remembers where it is (``file``, ``provider``, dotted
+``field`` path) and raises :class:`ConfigError` naming all three for the first problem:
+a missing required key, a value of the wrong type or shape, or an unknown key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+IDENTIFIER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with its location.
+
+    Attributes:
+        file: the file that holds the problem (or ``"<env>"``).
+        provider: provider name, or ``None`` when the problem is outside a provider entry.
+        field: dotted path of the offending key inside the entry, e.g. ``"gcp.project"``.
+        problem: what is wrong, e.g. ``"required"``.
+    """
+
+    def __init__(self, file: str, provider: str | None, field: str | None, problem: str) -> None:
+        self.file, self.provider, self.field, self.problem = file, provider, field, problem
+        parts = [file]
+        if provider is not None:
+            parts.append(f'provider "{provider}"')
+        if field:
+            parts.append(field)
+        super().__init__(": ".join(parts) + ": " + problem)
+
+
+def parse_duration(value: Any) -> float:
+    """Parse a duration: ``"1m"``, ``"1m30s"``, ``"15s"``, ``"2h"``, ``"0"`` or a number of seconds.
+
+    Returns:
+        seconds as a float.
+    Raises:
+        ValueError: the value is not a duration.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"negative duration: {value!r}")
+        return float(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"not a duration: {value!r}")
+    if value == "0":
+        return 0.0
+    m = _DURATION.match(value)
+    if not m or not any(m.groups()):
+        raise ValueError(f'not a duration: {value!r} (use forms like "30s", "1m", "1m30s")')
+    h, mi, s = (int(g) if g else 0 for g in m.groups())
+    return float(h * 3600 + mi * 60 + s)
+
+
+@dataclass
+class Reader:
+    """Reads one mapping strictly.
+
+    Args:
+        data: the mapping to read (anything else raises :class:`ConfigError` at construction).
+        file: file name for messages.
+        provider: provider name for messages, or ``None``.
+        path: dotted prefix of this mapping inside the provider entry (``""`` at top level).
+    """
+
+    data: Any
+    file: str
+    provider: str | None = None
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.data is None:
+            self.data = {}
+        if not isinstance(self.data, dict):
+            raise self.error(None, f"must be a mapping, got {type(self.data).__name__}")
+        self._seen: set[str] = set()
+
+    # -- helpers -----------------------------------------------------------------------
+    def where(self, key: str | None) -> str | None:
+        """Return the dotted path of ``key`` inside this mapping."""
+        if key is None:
+            return self.path or None
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str | None, problem: str) -> ConfigError:
+        """Build a :class:`ConfigError` located at ``key``."""
+        return ConfigError(self.file, self.provider, self.where(key), problem)
+
+    def has(self, key: str) -> bool:
+        """Return whether ``key`` is present (and mark it as seen)."""
+        self._seen.add(key)
+        return key in self.data
+
+    def raw(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+        """Return the raw value of ``key`` (``default`` if absent); raise if required and absent."""
+        self._seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise self.error(key, "required")
+            return default
+        return self.data[key]
+
+    # -- typed readers -----------------------------------------------------------------
+    def str(self, key: str, default: str | None = None, *, required: bool = False,
+            pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] | None = None) -> str | None:
+        """Return a non-empty string; check ``pattern``/``choices`` when given."""
+        value = self.raw(key, default, required=required)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a string, got {type(value).__name__}")
+        if value == "":
+            raise self.error(key, "must not be empty")
+        if pattern is not None and not pattern.match(value):
+            raise self.error(key, f"{value!r} is not a plain identifier matching {pattern.pattern}")
+        if choices is not None and value not in choices:
+            raise self.error(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def int(self, key: str, default: int | None = None, *, required: bool = False,
+            minimum: int | None = None, maximum: int | None = None) -> int | None:
+        """Return an integer within ``[minimum, maximum]``."""
+        value = self.raw(key, default, required=required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be an integer, got {type(value).__name__}")
+        if minimum is not None and value < minimum:
+            raise self.error(key, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.error(key, f"must be at most {maximum}, got {value}")
+        return value
+
+    def bool(self, key: str, default: bool | None = None, *, required: bool = False) -> bool | None:
+        """Return a boolean (YAML ``true``/``false`` only)."""
+        value = self.raw(key, default, required=required)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
+        return value
+
+    def duration(self, key: str, default: float | None = None, *, required: bool = False) -> float | None:
+        """Return a duration in seconds (see :func:`parse_duration`)."""
+        value = self.raw(key, default, required=required)
+        if value is None:
+            return None
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            raise self.error(key, str(exc)) from None
+
+    def str_list(self, key: str, default: list[str] | None = None, *, required: bool = False) -> list[str]:
+        """Return a list of non-empty strings."""
+        value = self.raw(key, default if default is not None else [], required=required)
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list, got {type(value).__name__}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise self.error(f"{key}[{i}]", "must be a non-empty string")
+        return list(value)
+
+    def child(self, key: str, *, required: bool = False) -> "Reader":
+        """Return a :class:`Reader` over the mapping at ``key`` (empty when absent and optional)."""
+        value = self.raw(key, None, required=required)
+        return Reader(value if value is not None else {}, self.file, self.provider, self.where(key) or key)
+
+    def items(self, key: str, *, required: bool = False) -> list["Reader"]:
+        """Return one :class:`Reader` per mapping in the list at ``key``."""
+        value = self.raw(key, [], required=required)
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list, got {type(value).__name__}")
+        return [Reader(v, self.file, self.provider, f"{self.where(key)}[{i}]") for i, v in enumerate(value)]
+
+    def mapping(self, key: str, *, required: bool = False) -> dict[str, "Reader"]:
+        """Return ``{name: Reader}`` for a mapping of mappings at ``key``."""
+        value = self.raw(key, {}, required=required)
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a mapping, got {type(value).__name__}")
+        return {str(k): Reader(v, self.file, self.provider, f"{self.where(key)}.{k}") for k, v in value.items()}
+
+    def done(self) -> None:
+        """Raise :class:`ConfigError` for the first key that no reader asked for (strict mode)."""
+        for key in self.data:
+            if key not in self._seen:
+                raise self.error(key, "unknown key")
+
+
+ParseBlock = Callable[[Reader], Any]

@@ -1,0 +1,129 @@
+"""Real Squid processes on loopback for tests (Debian's ``squid`` package).
+
+``SquidProcess(address, port, conf)`` runs ``squid -N -f <conf>`` with the product's
+squid.conf plus test-only overrides (pid, logs and cache under a temp dir owned by user
+``proxy``, DNS pinned to 127.0.0.1, instant shutdown), bound to ``address:port``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from app import squid as squid_conf
+
+SQUID_BIN = shutil.which("squid") or "/usr/sbin/squid"
+
+
+def test_overrides(workdir: str) -> tuple[str, ...]:
+    """Directives that make a product squid.conf runnable as an unprivileged test process."""
+    return (
+        "cache_effective_user proxy",
+        f"pid_filename {workdir}/squid.pid",
+        f"cache_log {workdir}/cache.log",
+        f"access_log {workdir}/access.log",
+        f"coredump_dir {workdir}",
+        "netdb_filename none",
+        "pinger_enable off",
+        "shutdown_lifetime 0 seconds",
+        "dns_nameservers 127.0.0.1",
+        "max_filedescriptors 1024",
+    )
+
+
+def localize(conf: str, address: str, workdir: str) -> str:
+    """Rewrite a product squid.conf to bind ``address`` and keep its files in ``workdir``."""
+    out = []
+    for line in conf.splitlines():
+        m = re.match(r"^http_port\s+(?:\S+:)?(\d+)(.*)$", line)
+        if m:
+            line = f"http_port {address}:{m.group(1)}{m.group(2)}"
+        if line.split(" ", 1)[0] in {"pid_filename", "cache_log", "access_log", "coredump_dir"}:
+            continue
+        out.append(line)
+    return "\n".join(out + list(test_overrides(workdir))) + "\n"
+
+
+class SquidProcess:
+    """One real Squid bound to ``address:port``.
+
+    Args:
+        address: loopback address such as ``"127.0.0.5"``.
+        port: TCP port.
+        conf: product squid.conf text (default: :func:`app.squid.render` with loopback allowed).
+    """
+
+    def __init__(self, address: str, port: int, conf: str | None = None) -> None:
+        self.address, self.port = address, port
+        self.workdir = tempfile.mkdtemp(prefix="squid-")
+        os.chmod(self.workdir, 0o777)
+        conf = conf or squid_conf.render(port)
+        self.conf_path = os.path.join(self.workdir, "squid.conf")
+        with open(self.conf_path, "w") as fh:
+            fh.write(localize(conf, address, self.workdir))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://address:port``."""
+        return f"http://{self.address}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "SquidProcess":
+        """Start Squid and wait until it accepts connections; raise RuntimeError with its log otherwise."""
+        self.proc = subprocess.Popen(
+            [SQUID_BIN, "-N", "-f", self.conf_path],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.workdir, "stderr.log"), "wb"),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with socket.create_connection((self.address, self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"squid on {self.address}:{self.port} did not start: {self.log()}")
+
+    def log(self) -> str:
+        """Return squid's stderr and cache.log (for failure messages)."""
+        text = ""
+        for name in ("stderr.log", "cache.log"):
+            try:
+                with open(os.path.join(self.workdir, name), errors="replace") as fh:
+                    text += fh.read()[-4000:]
+            except OSError:
+                pass
+        return text
+
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop Squid (SIGTERM, then SIGKILL after 5 s) and remove its files."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(timeout=5)
+        self.proc = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "SquidProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
