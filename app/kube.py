@@ -1,24 +1,31 @@
 """Kubernetes API access for the operator (the official ``kubernetes`` client).
 
 :func:`api_client` loads ``KUBECONFIG`` (or ``~/.kube/config``) when present, else the
-in-cluster service account.  The other functions read and write Proxy objects through the
-custom-objects API; status always goes through the status subresource
-(``patch_namespaced_custom_object_status``) as a JSON merge patch, which is the only patch
-type the client sends for custom objects.
+in-cluster service account.  :class:`Kube` wraps the calls the reconciler makes on Proxy
+objects.  Custom objects are written with JSON merge patches (the only patch type the client
+sends for them); status always goes through the status subresource, and metadata writes carry
+``resourceVersion`` so a concurrent writer gets 409 Conflict instead of a lost update
+(Kubernetes API conventions, "Concurrency Control and Consistency").
 """
 
 from __future__ import annotations
 
+import base64
+import logging
 import os
 import threading
+from datetime import datetime, timezone
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from app.resources import GROUP, PLURAL, VERSION
+from app.resources import FINALIZER, GROUP, KIND, PLURAL, VERSION, Proxy
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _client: k8s.ApiClient | None = None
+_pid: int | None = None
 
 
 def load_configuration() -> k8s.Configuration:
@@ -28,63 +35,155 @@ def load_configuration() -> k8s.Configuration:
         kubernetes.config.ConfigException: neither is available.
     """
     cfg = k8s.Configuration()
-    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if os.path.exists(kubeconfig.split(os.pathsep)[0]):
-        k8s_config.load_kube_config(config_file=kubeconfig.split(os.pathsep)[0], client_configuration=cfg)
+    kubeconfig = (os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")).split(os.pathsep)[0]
+    if os.path.exists(kubeconfig):
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
         k8s_config.load_incluster_config(client_configuration=cfg)
     return cfg
 
 
 def api_client() -> k8s.ApiClient:
-    """Return the process-wide :class:`kubernetes.client.ApiClient` (created on first use).
+    """Return this process's :class:`kubernetes.client.ApiClient`, created on first use.
 
-    After ``fork`` (Celery prefork) call :func:`reset` so each child builds its own pool.
+    A forked child (Celery prefork) gets its own client: connection pools must not be
+    shared across ``fork``.
     """
-    global _client
+    global _client, _pid
     with _lock:
-        if _client is None:
+        if _client is None or _pid != os.getpid():
             _client = k8s.ApiClient(load_configuration())
+            _pid = os.getpid()
         return _client
 
 
-def reset() -> None:
-    """Forget the process-wide client (call in a forked child)."""
-    global _client
-    with _lock:
-        _client = None
+class Kube:
+    """The operator's reads and writes of Proxy objects, Secrets and Events.
 
-
-def custom_objects() -> k8s.CustomObjectsApi:
-    """Return a CustomObjectsApi bound to :func:`api_client`."""
-    return k8s.CustomObjectsApi(api_client())
-
-
-def get_proxy(namespace: str, name: str) -> dict | None:
-    """Return the Proxy ``namespace/name`` as a dict, or ``None`` when it does not exist.
-
-    Raises:
-        kubernetes.client.ApiException: any error other than 404.
+    Args:
+        client: a :class:`kubernetes.client.ApiClient` (default: :func:`api_client`).
+    Every method raises :class:`kubernetes.client.ApiException` for API errors other than the
+    ones it documents as handled.
     """
-    try:
-        return custom_objects().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except k8s.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+
+    def __init__(self, client: k8s.ApiClient | None = None) -> None:
+        self.client = client or api_client()
+        self.custom = k8s.CustomObjectsApi(self.client)
+        self.core = k8s.CoreV1Api(self.client)
+
+    # -- Proxy objects -----------------------------------------------------------------
+    def get_proxy(self, namespace: str, name: str) -> Proxy | None:
+        """Return the Proxy ``namespace/name``, or ``None`` when it does not exist (404)."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return Proxy.from_dict(obj)
+
+    def list_proxies(self) -> list[Proxy]:
+        """Return every Proxy in every namespace."""
+        items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
+        return [Proxy.from_dict(o) for o in items]
+
+    def set_finalizers(self, proxy: Proxy, finalizers: list[str]) -> Proxy:
+        """Replace ``metadata.finalizers`` (optimistic: 409 if the object changed meanwhile).
+
+        Returns the updated Proxy; ``None``-safe for an object deleted meanwhile is the
+        caller's job (a 404 ApiException propagates).
+        """
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": proxy.resource_version}}
+        obj = self.custom.patch_namespaced_custom_object(GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, patch)
+        return Proxy.from_dict(obj)
+
+    def add_finalizer(self, proxy: Proxy) -> Proxy:
+        """Ensure :data:`app.resources.FINALIZER` is present; return the (possibly updated) Proxy."""
+        if FINALIZER in proxy.finalizers:
+            return proxy
+        return self.set_finalizers(proxy, [*proxy.finalizers, FINALIZER])
+
+    def remove_finalizer(self, proxy: Proxy) -> None:
+        """Remove our finalizer; a Proxy already gone (404) is fine."""
+        if FINALIZER not in proxy.finalizers:
+            return
+        try:
+            self.set_finalizers(proxy, [f for f in proxy.finalizers if f != FINALIZER])
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def patch_status(self, proxy: Proxy, status: dict) -> Proxy:
+        """Merge-patch ``status`` through the status subresource; return the updated Proxy."""
+        obj = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, {"status": status})
+        return Proxy.from_dict(obj)
+
+    # -- Secrets -------------------------------------------------------------------------
+    def read_secret_key(self, namespace: str, name: str, key: str) -> bytes | None:
+        """Return the decoded value of ``key`` in Secret ``namespace/name``.
+
+        Returns ``None`` when the Secret or the key does not exist.  The value is user data:
+        never log it.
+        """
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = secret.data or {}
+        if key in data:
+            return base64.b64decode(data[key])
+        string_data = getattr(secret, "string_data", None) or {}
+        if key in string_data:
+            return string_data[key].encode()
+        return None
+
+    # -- Events --------------------------------------------------------------------------
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+        """Create a core/v1 Event about ``proxy`` (best effort: failures are logged, not raised).
+
+        Args:
+            event_type: ``"Normal"`` or ``"Warning"``.
+            reason: CamelCase reason (e.g. ``"Provisioning"``).
+            message: human-readable, never secrets.
+        """
+        now = datetime.now(timezone.utc)
+        body = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{proxy.name}.", namespace=proxy.namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}", kind=KIND, name=proxy.name,
+                namespace=proxy.namespace, uid=proxy.uid, resource_version=proxy.resource_version),
+            reason=reason, message=message[:1024], type=event_type,
+            first_timestamp=now, last_timestamp=now, count=1,
+            source=k8s.V1EventSource(component="proxy-operator"),
+            reporting_component="proxy-operator", reporting_instance=os.environ.get("HOSTNAME", "proxy-operator"),
+        )
+        try:
+            self.core.create_namespaced_event(proxy.namespace, body)
+        except Exception as exc:  # noqa: BLE001 - events are best effort by design
+            log.warning("event not recorded for %s: %s %s", proxy.key, reason, exc)
 
 
-def list_proxies() -> dict:
-    """Return the cluster-wide Proxy list (``{"items": [...], "metadata": {"resourceVersion": ...}}``)."""
-    return custom_objects().list_cluster_custom_object(GROUP, VERSION, PLURAL)
+# -- module-level shortcuts on the process-wide client -------------------------------------
+def get_proxy(namespace: str, name: str) -> dict | None:
+    """Return the Proxy ``namespace/name`` as a dict, or ``None`` when it does not exist."""
+    p = Kube().get_proxy(namespace, name)
+    return p.raw if p else None
+
+
+def list_proxies() -> list[dict]:
+    """Return every Proxy (as dicts) in every namespace."""
+    return [p.raw for p in Kube().list_proxies()]
 
 
 def patch_proxy(namespace: str, name: str, patch: dict) -> dict:
     """Merge-patch the Proxy's main resource (metadata/spec) and return the result."""
-    return custom_objects().patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+    return Kube().custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
 
 def patch_proxy_status(namespace: str, name: str, status: dict) -> dict:
     """Merge-patch ``status`` through the status subresource and return the result."""
-    return custom_objects().patch_namespaced_custom_object_status(
+    return Kube().custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, name, {"status": status})

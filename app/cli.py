@@ -1,0 +1,146 @@
+"""The ``proxy-operator`` command.
+
+Subcommands: ``watch`` (the watcher), ``api`` (discovery/lease API), ``worker`` (a Celery
+worker; ``--kvm-host P/H`` for a dedicated KVM host worker), ``check-config FILE``, ``crds``
+(print the CRD manifests), ``version``.  Every process validates the providers config before
+doing anything else and exits non-zero with one message naming the file, the provider and the
+field when it is bad: it never half-starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from app import version
+from app.config import load
+from app.validation import ConfigError
+
+log = logging.getLogger("proxy_operator")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--providers-config", default=os.environ.get("PROVIDERS_CONFIG"),
+                   help="providers config file (env PROVIDERS_CONFIG)")
+
+
+def _validated(path: str | None):
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print(f"proxy-operator: invalid providers config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_check_config(args) -> int:
+    cfg = _validated(args.file)
+    print(f"{args.file}: OK ({len(cfg.providers)} provider(s): {', '.join(cfg.names()) or 'none'})")
+    return 0
+
+
+def cmd_version(args) -> int:
+    print(f"proxy-operator {version.release()} (commit {version.commit()})")
+    return 0
+
+
+def cmd_crds(args) -> int:
+    crd_dir = ROOT / "deploy" / "crd"
+    docs = sorted(p for p in crd_dir.glob("*.yaml") if p.name != "kustomization.yaml")
+    if not docs:
+        print(f"proxy-operator: no CRD manifests under {crd_dir}", file=sys.stderr)
+        return 1
+    print("\n---\n".join(p.read_text().strip() for p in docs))
+    return 0
+
+
+def cmd_watch(args) -> int:
+    from app.logs import setup
+    os.environ["PROVIDERS_CONFIG"] = args.providers_config or ""
+    _validated(args.providers_config)
+    setup("watch")
+    from watchers.main import run
+    from workers.watch_dispatch import make_on_event
+    run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
+        identity=args.identity, health_bind=args.health_bind)
+    return 0
+
+
+def cmd_api(args) -> int:
+    from app.logs import setup
+    setup("api")
+    host, _, port = args.bind.rpartition(":")
+    from api import create_app
+    create_app().run(host=host or "127.0.0.1", port=int(port), threaded=True)
+    return 0
+
+
+def cmd_worker(args) -> int:
+    os.environ["PROVIDERS_CONFIG"] = args.providers_config or ""
+    cfg = _validated(args.providers_config)
+    queues = args.queues
+    if args.kvm_host:
+        provider, _, host = args.kvm_host.partition("/")
+        pc = cfg.get(provider)
+        if pc is None or pc.type != "kvm" or not host or pc.settings.host(host) is None:
+            print(f"proxy-operator: --kvm-host {args.kvm_host}: no kvm provider {provider!r} with host {host!r} "
+                  f"in {cfg.source}", file=sys.stderr)
+            return 2
+        from workers.routing import kvm_queue
+        queues = kvm_queue(provider, host)
+    argv = ["celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip", "--without-mingle",
+            "-E", "--concurrency", str(args.concurrency), *args.extra]
+    os.execvp(argv[0], argv)
+    return 0  # not reached
+
+
+def parser() -> argparse.ArgumentParser:
+    """Build the argument parser (one subparser per subcommand)."""
+    p = argparse.ArgumentParser(prog="proxy-operator", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("check-config", help="validate a providers config file")
+    s.add_argument("file")
+    s.set_defaults(fn=cmd_check_config)
+
+    s = sub.add_parser("version", help="print release and commit")
+    s.set_defaults(fn=cmd_version)
+
+    s = sub.add_parser("crds", help="print the CRD manifests")
+    s.set_defaults(fn=cmd_crds)
+
+    s = sub.add_parser("watch", help="run the watcher (leader-elected)")
+    _config_arg(s)
+    s.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "proxy-operator"))
+    s.add_argument("--lease-name", default="proxy-operator-watcher")
+    s.add_argument("--identity", default=os.environ.get("HOSTNAME") or socket.gethostname())
+    s.add_argument("--health-bind", default=os.environ.get("WATCHER_HEALTH_BIND"),
+                   help="host:port serving /healthz (liveness)")
+    s.set_defaults(fn=cmd_watch)
+
+    s = sub.add_parser("api", help="run the discovery/lease API (development server; use gunicorn in production)")
+    s.add_argument("--bind", default=os.environ.get("API_BIND", "127.0.0.1:8080"))
+    s.set_defaults(fn=cmd_api)
+
+    s = sub.add_parser("worker", help="run a Celery worker")
+    _config_arg(s)
+    s.add_argument("--queues", "-Q", default="proxies,health,gc")
+    s.add_argument("--kvm-host", help="PROVIDER/HOST: a dedicated worker for one KVM host's queue")
+    s.add_argument("--concurrency", type=int, default=2)
+    s.add_argument("extra", nargs=argparse.REMAINDER, help="extra celery worker arguments")
+    s.set_defaults(fn=cmd_worker)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``proxy-operator``; returns the exit status."""
+    args = parser().parse_args(argv)
+    return args.fn(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

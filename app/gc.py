@@ -1,0 +1,91 @@
+"""Orphan collection (SPEC §5 "GC").
+
+An instance is an orphan when it carries our managed-by tag, its Proxy UID tag names no
+existing Proxy, it is older than the grace period, and its Proxy was not released with
+skip-cleanup.  Foreign instances (no managed-by tag) are never touched.  When a provider's
+listing is partial (a host unreachable), nothing of that provider is deleted in that sweep:
+the listing cannot be trusted as a whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from app import naming
+from app.providers.base import Instance, ListResult
+from app.providers.errors import describe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    """What one provider's sweep did.
+
+    Attributes:
+        provider: provider name.
+        listed: instances listed with our tag.
+        deleted: provider IDs deleted.
+        skipped_partial: true when nothing was deleted because the listing was partial.
+        errors: per-instance delete errors (messages).
+    """
+
+    provider: str
+    listed: int = 0
+    deleted: list[str] = field(default_factory=list)
+    skipped_partial: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str], now: datetime,
+            grace_seconds: float) -> list[Instance]:
+    """Return the instances GC may delete (see module docstring).
+
+    Args:
+        instances: the provider's listing.
+        live_uids: UIDs of every existing Proxy.
+        abandoned: UIDs released with skip-cleanup.
+        now: current time, timezone-aware.
+        grace_seconds: minimum age; instances without a creation time are kept.
+    """
+    out = []
+    for inst in instances:
+        if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY:
+            continue
+        uid = inst.tags.get(naming.TAG_PROXY_UID)
+        if not uid or uid in live_uids or uid in abandoned:
+            continue
+        if inst.created is None:
+            continue
+        created = inst.created if inst.created.tzinfo else inst.created.replace(tzinfo=timezone.utc)
+        if (now - created).total_seconds() < grace_seconds:
+            continue
+        out.append(inst)
+    return out
+
+
+def sweep(provider_name: str, provider, listing: ListResult, live_uids: set[str], abandoned: set[str],
+          grace_seconds: float, now: datetime | None = None) -> SweepReport:
+    """Delete the orphans in ``listing`` through ``provider.delete``.
+
+    Returns:
+        a :class:`SweepReport`; delete failures are collected, never raised.
+    """
+    report = SweepReport(provider_name, listed=len(listing.instances))
+    if listing.partial:
+        report.skipped_partial = True
+        log.warning("gc %s: listing partial (%s); deleting nothing this sweep", provider_name,
+                    "; ".join(listing.errors) or "unknown reason")
+        return report
+    for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds):
+        try:
+            provider.delete(inst.provider_id)
+            report.deleted.append(inst.provider_id)
+            log.info("gc %s: deleted orphan %s (proxy uid %s)", provider_name, inst.provider_id,
+                     inst.tags.get(naming.TAG_PROXY_UID))
+        except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
+            report.errors.append(f"{inst.provider_id}: {describe(exc)}")
+            log.warning("gc %s: deleting orphan %s failed: %s", provider_name, inst.provider_id, describe(exc))
+    return report

@@ -1,0 +1,193 @@
+"""Squid Pods in the operator's own cluster (SPEC §4, kubernetes).
+
+* Pod name = the instance name; namespace = the configured one, else the Proxy's own.
+* Labels carry the tags (``app.kubernetes.io/managed-by``, ``crawl.example.com/proxy-uid``),
+  so GC lists by label across all namespaces (hence a ClusterRole).
+* The Squid config travels in the ``SQUID_CONF`` environment variable; the container writes
+  it to /tmp and runs ``squid -N -f`` on it (the root filesystem may be read-only).
+* Phase mapping: Running with a Pod IP -> Running; Running without an IP or Pending ->
+  Provisioning; Succeeded/Failed/Unknown -> Terminated.  A Pod being deleted is Terminated.
+* provider ID ``<namespace>/<pod>``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import urllib3
+from kubernetes import client as k8s
+
+from app import naming
+from app.config import ProviderConfig
+from app.kube import api_client
+from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
+from app.providers.errors import NotFound, Permanent, QuotaExceeded, Transient
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PROXY_UID = "crawl.example.com/proxy-uid"
+LABEL_NAME = "app.kubernetes.io/name"
+_TAG_TO_LABEL = {naming.TAG_MANAGED_BY: LABEL_MANAGED_BY, naming.TAG_PROXY_UID: LABEL_PROXY_UID}
+_LABEL_TO_TAG = {v: k for k, v in _TAG_TO_LABEL.items()}
+CONTAINER = "squid"
+START_SCRIPT = 'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf'
+
+
+def _classify(exc: Exception, what: str) -> Exception:
+    """Map a kubernetes client error onto the taxonomy (the caller raises it ``from exc``)."""
+    if isinstance(exc, k8s.ApiException):
+        status, body = exc.status or 0, (exc.body or "") if isinstance(exc.body, str) else ""
+        if status == 404:
+            return NotFound(f"{what}: not found")
+        if status == 403 and "exceeded quota" in body:
+            return QuotaExceeded(f"{what}: namespace quota exceeded")
+        if status in (429,) or status >= 500:
+            return Transient(f"{what}: API server answered {status}")
+        if status in (400, 401, 403, 409, 422):
+            return Permanent(f"{what}: API server answered {status} {exc.reason}")
+        return Transient(f"{what}: API server answered {status}")
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+        return Transient(f"{what}: {type(exc).__name__}")
+    return Transient(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def split_provider_id(provider_id: str) -> tuple[str, str]:
+    """Return ``(namespace, pod)`` of a ``<namespace>/<pod>`` provider ID.
+
+    Raises:
+        Permanent: the ID does not have that shape.
+    """
+    ns, sep, name = provider_id.partition("/")
+    if not sep or not ns or not name or "/" in name:
+        raise Permanent(f"malformed kubernetes provider ID {provider_id!r} (want <namespace>/<pod>)")
+    return ns, name
+
+
+def to_instance(pod: k8s.V1Pod) -> Instance:
+    """Map a Pod onto an :class:`Instance` (see the module docstring for the phase mapping)."""
+    meta, status = pod.metadata, pod.status or k8s.V1PodStatus()
+    phase = status.phase or "Pending"
+    ip = status.pod_ip or None
+    if meta.deletion_timestamp or phase in ("Succeeded", "Failed", "Unknown"):
+        state = InstanceState.TERMINATED
+    elif phase == "Running" and ip:
+        state = InstanceState.RUNNING
+    else:
+        state = InstanceState.PROVISIONING
+    labels = meta.labels or {}
+    tags = {_LABEL_TO_TAG[k]: v for k, v in labels.items() if k in _LABEL_TO_TAG}
+    return Instance(
+        provider_id=f"{meta.namespace}/{meta.name}", name=meta.name, state=state,
+        address=ip if state == InstanceState.RUNNING else None,
+        created=meta.creation_timestamp, tags=tags, zone=meta.namespace,
+    )
+
+
+class KubernetesProvider:
+    """Provider of Squid Pods.
+
+    Args:
+        pc: the provider's config entry (settings: :class:`KubernetesSettings`).
+        client: a :class:`kubernetes.client.ApiClient`; default :func:`app.kube.api_client`
+            (built lazily on first use, never at construction).
+    """
+
+    type = "kubernetes"
+
+    def __init__(self, pc: ProviderConfig, client: k8s.ApiClient | None = None) -> None:
+        self.name = pc.name
+        self.settings = pc.settings
+        self._client = client
+
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self._client or api_client())
+
+    def _pod(self, request: CreateRequest, namespace: str) -> k8s.V1Pod:
+        port = request.port or self.settings.port
+        labels = {_TAG_TO_LABEL.get(k, f"crawl.example.com/{k}"): v for k, v in request.tags.items()}
+        labels[LABEL_NAME] = "squid"
+        env = [k8s.V1EnvVar(name="SQUID_CONF", value=request.squid_config or "")]
+        return k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=request.name, namespace=namespace, labels=labels),
+            spec=k8s.V1PodSpec(
+                restart_policy="Always",
+                containers=[k8s.V1Container(
+                    name=CONTAINER, image=request.image or self.settings.image,
+                    command=["/bin/sh", "-c", START_SCRIPT], env=env,
+                    ports=[k8s.V1ContainerPort(container_port=port, name="proxy", protocol="TCP")],
+                    readiness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port),
+                                                period_seconds=5),
+                    volume_mounts=[k8s.V1VolumeMount(name="tmp", mount_path="/tmp"),
+                                   k8s.V1VolumeMount(name="spool", mount_path="/var/spool/squid"),
+                                   k8s.V1VolumeMount(name="logs", mount_path="/var/log/squid")],
+                )],
+                volumes=[k8s.V1Volume(name=n, empty_dir=k8s.V1EmptyDirVolumeSource())
+                         for n in ("tmp", "spool", "logs")],
+            ),
+        )
+
+    def create(self, request: CreateRequest) -> Instance:
+        """Create the Squid Pod ``request.name``; an existing Pod of that name is returned as is.
+
+        Raises:
+            Transient: the existing Pod is still terminating (a replaced instance), or the API
+                is unavailable.
+            QuotaExceeded / Permanent / NotFound: as mapped from the API's answer.
+        """
+        namespace = self.settings.namespace or request.namespace
+        try:
+            pod = self.core.create_namespaced_pod(namespace, self._pod(request, namespace))
+            log.info("created pod %s/%s", namespace, request.name)
+            return to_instance(pod)
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise _classify(exc, f"create pod {namespace}/{request.name}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, f"create pod {namespace}/{request.name}") from exc
+        inst = self.get(f"{namespace}/{request.name}")
+        if inst.state == InstanceState.TERMINATED:
+            raise Transient(f"pod {namespace}/{request.name} from a previous instance is still terminating")
+        return inst
+
+    def get(self, provider_id: str) -> Instance:
+        """Return the Pod's state.  Raises :class:`NotFound` when it does not exist."""
+        ns, name = split_provider_id(provider_id)
+        try:
+            return to_instance(self.core.read_namespaced_pod(name, ns))
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, f"get pod {provider_id}") from exc
+
+    def delete(self, provider_id: str) -> None:
+        """Delete the Pod; a Pod already gone is success."""
+        ns, name = split_provider_id(provider_id)
+        try:
+            self.core.delete_namespaced_pod(name, ns)
+            log.info("deleted pod %s", provider_id)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise _classify(exc, f"delete pod {provider_id}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, f"delete pod {provider_id}") from exc
+
+    def list_by_tag(self, tag: str) -> ListResult:
+        """List every Pod labelled ``app.kubernetes.io/managed-by=<tag>`` in every namespace."""
+        try:
+            pods = self.core.list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}={tag}")
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, "list managed pods") from exc
+        return ListResult([to_instance(p) for p in pods.items])
+
+    def check(self) -> list[TargetVerdict]:
+        """List at most one managed Pod cluster-wide: proves the API answers and RBAC allows GC."""
+        try:
+            self.core.list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}={naming.MANAGED_BY}",
+                                                  limit=1, _request_timeout=10)
+        except k8s.ApiException as exc:
+            reason = "Forbidden" if exc.status == 403 else "APIError"
+            return [TargetVerdict("cluster", False, reason, f"listing pods answered {exc.status} {exc.reason}")]
+        except Exception as exc:  # noqa: BLE001
+            return [TargetVerdict("cluster", False, "Unreachable", f"{type(exc).__name__}: {exc}")]
+        return [TargetVerdict("cluster", True, "Ready", "API server answers; pods listable cluster-wide")]

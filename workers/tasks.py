@@ -1,0 +1,155 @@
+"""Celery tasks: thin shells around :mod:`app.reconcile` and :mod:`app.gc`.
+
+Every task takes references only, re-reads the object, holds the per-Proxy Redis lock while
+it works (so concurrent or duplicate deliveries of the same Proxy serialise), and is safe to
+run twice.  Followups go back on the queue the task came from, so KVM work stays on its
+host's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+
+from celery.signals import worker_process_init
+
+from app import gc as gc_logic
+from app import metrics, naming, reconcile
+from app.reconcile import Ref
+from workers import routing
+from workers.celery_app import celery_app
+from workers.enqueue import Enqueuer
+from workers.runtime import context
+
+log = logging.getLogger(__name__)
+
+_enqueuer: Enqueuer | None = None
+
+
+def enqueuer() -> Enqueuer:
+    """Return this process's :class:`Enqueuer` (shares the context's Redis client)."""
+    global _enqueuer
+    ctx = context()
+    if _enqueuer is None or _enqueuer.redis is not ctx.redis:
+        _enqueuer = Enqueuer(celery_app, ctx.redis)
+    return _enqueuer
+
+
+@worker_process_init.connect
+def _fresh_process(**_):
+    """Forget anything inherited from the parent across fork."""
+    global _enqueuer
+    _enqueuer = None
+
+
+def queue_for_proxy(ctx, proxy) -> str:
+    """Return the queue that must run work for ``proxy`` (its KVM host's queue, else ``proxies``)."""
+    if not proxy.spec.managed:
+        return routing.PROXIES
+    try:
+        provider = ctx.registry.get(proxy.spec.provider)
+    except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
+        return routing.PROXIES
+    return routing.queue_for(provider, proxy.spec.zone)
+
+
+def _lock_timeout(ctx) -> float:
+    return ctx.settings.task_time_limit + 10
+
+
+def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: int) -> None:
+    """Run one reconcile step under the per-Proxy lock and queue its followup."""
+    ctx = context()
+    enq = enqueuer()
+    ref = Ref(namespace, name, uid)
+    queue = (task.request.delivery_info or {}).get("routing_key") or routing.PROXIES
+    enq.started(action, uid)
+    lock = ctx.redis.lock(f"po:lock:{uid}", timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    if not lock.acquire():
+        enq.send(action, ref, queue=queue, delay=1 + random.uniform(0, 1), attempt=attempt)
+        metrics.RECONCILES.labels(action, "locked").inc()
+        return
+    try:
+        step = {"create": reconcile.create, "poll": reconcile.poll, "delete": reconcile.delete}[action]
+        followup = step(ctx, ref, attempt)
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired lock: another worker may own it now
+            pass
+    metrics.RECONCILES.labels(action, "followup" if followup else "done").inc()
+    if followup:
+        enq.send(followup.action, ref, queue=queue, delay=followup.delay, attempt=followup.attempt)
+
+
+@celery_app.task(name="proxy.create", bind=True)
+def create(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
+    """Ensure the finalizer and the instance of one Proxy (see :func:`app.reconcile.create`)."""
+    run_step(self, "create", namespace, name, uid, attempt)
+
+
+@celery_app.task(name="proxy.poll", bind=True)
+def poll(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
+    """Follow one Proxy's instance (see :func:`app.reconcile.poll`)."""
+    run_step(self, "poll", namespace, name, uid, attempt)
+
+
+@celery_app.task(name="proxy.delete", bind=True)
+def delete(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
+    """Finish one Proxy's deletion (see :func:`app.reconcile.delete`)."""
+    run_step(self, "delete", namespace, name, uid, attempt)
+
+
+def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
+    """Queue what ``proxy`` needs now (de-duplicated); return the action or ``None``."""
+    action = reconcile.decide(proxy, resync=resync)
+    if action:
+        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy))
+    return action
+
+
+@celery_app.task(name="proxy.resync")
+def resync() -> int:
+    """List every Proxy and queue what each needs (beat).  Returns how many were queued."""
+    ctx = context()
+    enq = enqueuer()
+    queued = 0
+    counts: dict[tuple[str, str], int] = {}
+    for proxy in ctx.kube.list_proxies():
+        if dispatch(ctx, enq, proxy, resync=True):
+            queued += 1
+        key = (proxy.phase, proxy.spec.provider or "external")
+        counts[key] = counts.get(key, 0) + 1
+    metrics.PROXIES_BY_PHASE.clear()
+    for (phase, provider), n in counts.items():
+        metrics.PROXIES_BY_PHASE.labels(phase, provider).set(n)
+    log.info("resync queued %d task(s)", queued)
+    return queued
+
+
+@celery_app.task(name="gc.sweep")
+def gc_sweep() -> None:
+    """Queue one GC collection per configured provider (beat), on the provider's queue."""
+    ctx = context()
+    for name in ctx.registry.names():
+        provider = ctx.registry.get(name)
+        queue = getattr(provider, "gc_queue", lambda: None)() or routing.GC
+        gc_collect.apply_async(args=[name], queue=queue)
+
+
+@celery_app.task(name="gc.collect")
+def gc_collect(provider_name: str) -> dict:
+    """List one provider's managed instances and delete the orphans (see :mod:`app.gc`)."""
+    ctx = context()
+    provider = ctx.registry.get(provider_name)
+    listing = provider.list_by_tag(naming.MANAGED_BY)
+    live = {p.uid for p in ctx.kube.list_proxies()}
+    abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
+    report = gc_logic.sweep(provider_name, provider, listing, live, abandoned, ctx.settings.gc_grace)
+    if report.skipped_partial:
+        metrics.GC_PARTIAL.labels(provider_name).inc()
+    metrics.GC_DELETED.labels(provider_name).inc(len(report.deleted))
+    return {"provider": provider_name, "listed": report.listed, "deleted": len(report.deleted),
+            "partial": report.skipped_partial}
