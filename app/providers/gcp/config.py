@@ -1,10 +1,86 @@
-"""The ``gcp:`` block of a providers-config entry (no SDK import here)."""
+"""The ``gcp:`` block of a providers-config entry (no SDK import here).
+
+Shape (every key but ``project`` optional; docs/gcp-provider.md is the user reference)::
+
+    gcp:
+      project: demo-project
+      zones: [europe-west1-b, europe-west1-c]
+      machineType: e2-micro
+      image: projects/debian-cloud/global/images/family/debian-12
+      network: default
+      subnetwork: proxies-eu            # optional
+      networkTags: [proxy-operator]
+      externalIP: true
+      serviceAccount: proxy-vm@demo-project.iam.gserviceaccount.com   # optional
+      credentialsFile: /var/run/secrets/gcp/key.json                   # optional; else ADC
+      apiEndpoint: https://compute.googleapis.com                      # testing / private endpoints
+      anonymous: false                  # only with apiEndpoint: a local fake or emulator
+      requestTimeout: 30s
+      operationTimeout: 5m
+      firewall: {ensure: false, sourceRanges: [10.0.0.0/8]}
+      wireLogging: {enabled: false, fullPayloads: false}
+
+Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the
+dotted field (``gcp.firewall.sourceRanges[1]``), so the operator refuses to start on a bad
+block instead of failing per Proxy later.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from app.validation import Reader
+
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+DEFAULT_MACHINE_TYPE = "e2-micro"
+DEFAULT_NETWORK_TAG = "proxy-operator"
+
+#: A GCP project ID (6-30 characters), optionally domain-scoped (``example.com:my-project``).
+PROJECT_ID = re.compile(r"^(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+#: An RFC 1035 label: zone names, network tags, resource names.  Never contains ``/``, so a
+#: provider ID ``projects/<p>/zones/<z>/instances/<name>`` always splits back.
+RFC1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: A resource path segment of a network/subnetwork/image/machine type: no spaces or quotes.
+_RESOURCE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./:]*$")
+
+
+@dataclass(frozen=True)
+class FirewallSettings:
+    """The firewall opt-in: ensure an ingress rule lets clients reach Squid.
+
+    Attributes:
+        ensure: when true, every create first ensures (creates or patches) a rule named
+            ``name`` allowing TCP to the Proxy's port from ``source_ranges`` to instances
+            carrying the first network tag.  Needs ``roles/compute.securityAdmin``.
+        source_ranges: client CIDRs allowed to reach the proxies (required when ``ensure``).
+        name: rule name prefix; the rule for port P is ``<name>-<P>``.  ``None`` means
+            ``proxy-operator-<provider>``.
+    """
+
+    ensure: bool = False
+    source_ranges: tuple[str, ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class WireLogSettings:
+    """SDK wire logging (see :mod:`app.providers.gcp.wire`).
+
+    Attributes:
+        enabled: forward the SDK's request/response records, redacted, to the
+            ``proxy_operator.gcp.wire`` logger at DEBUG (also on with env
+            ``PROXY_OPERATOR_GCP_WIRE_LOG=1``).  They appear only when that logger is
+            enabled for DEBUG (the most verbose level).
+        full_payloads: keep payload strings over 1 KiB instead of eliding them (also env
+            ``PROXY_OPERATOR_GCP_WIRE_LOG_FULL_PAYLOADS=1``).  user-data, tokens and JWTs are
+            removed regardless.
+    """
+
+    enabled: bool = False
+    full_payloads: bool = False
 
 
 @dataclass(frozen=True)
@@ -13,25 +89,159 @@ class GcpSettings:
 
     Attributes:
         project: GCP project ID (required).
-        zones: zones to spread instances over when a Proxy names none.
-        machine_type: default machine type.
-        image: default boot image (a full image or image-family URL).
-        credentials_file: service-account key file, or ``None`` for Application Default Credentials.
+        zones: zones to spread instances over when a Proxy names none (the zone is picked
+            deterministically from the instance name).
+        machine_type: default machine type (a name such as ``e2-micro``, or a
+            ``zones/<z>/machineTypes/<t>`` path).
+        image: default boot image (an image or image-family path/URL).
+        network: VPC network name or path (default ``default``).
+        subnetwork: subnetwork name or path, or ``None`` (auto-mode network).
+        network_tags: network tags put on every instance; the firewall rule targets the first.
+        external_ip: give instances an ephemeral external IPv4 (ONE_TO_ONE_NAT).
+        service_account: e-mail of a service account to attach (scope ``cloud-platform``),
+            or ``None`` for none.
+        credentials_file: key file (service account or external account JSON), or ``None``
+            for Application Default Credentials.
+        anonymous: send no credentials at all; only allowed with ``api_endpoint`` (a local
+            fake or an emulator).
+        api_endpoint: ``scheme://host[:port]`` of the Compute API for every client (testing
+            and private endpoints), or ``None`` for ``https://compute.googleapis.com``.
+        request_timeout: seconds one HTTP call may take.
+        operation_timeout: seconds create/delete wait for their zone operation.
+        firewall: :class:`FirewallSettings`.
+        wire_logging: :class:`WireLogSettings`.
     """
 
     project: str
     zones: tuple[str, ...] = field(default_factory=tuple)
-    machine_type: str = "e2-micro"
-    image: str = "projects/debian-cloud/global/images/family/debian-12"
+    machine_type: str = DEFAULT_MACHINE_TYPE
+    image: str = DEFAULT_IMAGE
+    network: str = "default"
+    subnetwork: str | None = None
+    network_tags: tuple[str, ...] = (DEFAULT_NETWORK_TAG,)
+    external_ip: bool = True
+    service_account: str | None = None
     credentials_file: str | None = None
+    anonymous: bool = False
+    api_endpoint: str | None = None
+    request_timeout: float = 30.0
+    operation_timeout: float = 300.0
+    firewall: FirewallSettings = field(default_factory=FirewallSettings)
+    wire_logging: WireLogSettings = field(default_factory=WireLogSettings)
+
+
+def _labels(block: Reader, key: str, default: list[str] | None = None) -> list[str]:
+    values = block.str_list(key, default)
+    for i, value in enumerate(values):
+        if not RFC1035.match(value):
+            raise block.error(f"{key}[{i}]", f"{value!r} is not a lowercase RFC 1035 label "
+                                             "(letters, digits, dashes; starts with a letter)")
+    return values
+
+
+def _resource(block: Reader, key: str, default: str | None = None) -> str | None:
+    value = block.str(key, default)
+    if value is not None and not _RESOURCE.match(value):
+        raise block.error(key, f"{value!r} is not a resource name or path")
+    return value
+
+
+def _endpoint(block: Reader, key: str) -> str | None:
+    value = block.str(key)
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise block.error(key, f"{value!r} must be a URL such as https://compute.googleapis.com")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise block.error(key, f"{value!r} must be scheme://host[:port] with no path")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise block.error(key, f"{value!r}: {exc}") from None
+    return value.rstrip("/")
+
+
+def _positive_duration(block: Reader, key: str, default: float) -> float:
+    value = block.duration(key, default)
+    if not value or value <= 0:
+        raise block.error(key, "must be greater than 0")
+    return value
+
+
+def _firewall(block: Reader) -> FirewallSettings:
+    fw = block.child("firewall")
+    ensure = bool(fw.bool("ensure", False))
+    ranges = fw.str_list("sourceRanges")
+    for i, cidr in enumerate(ranges):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise fw.error(f"sourceRanges[{i}]", f"not a CIDR range: {exc}") from None
+    name = fw.str("name")
+    if name is not None and (not RFC1035.match(name) or len(name) > 50):
+        raise fw.error("name", f"{name!r} must be an RFC 1035 label of at most 50 characters")
+    if ensure and not ranges:
+        raise fw.error("sourceRanges", "required when ensure is true (the client CIDRs allowed "
+                                       "to reach the proxies)")
+    fw.done()
+    return FirewallSettings(ensure=ensure, source_ranges=tuple(ranges), name=name)
+
+
+def _wire(block: Reader) -> WireLogSettings:
+    wl = block.child("wireLogging")
+    result = WireLogSettings(enabled=bool(wl.bool("enabled", False)),
+                             full_payloads=bool(wl.bool("fullPayloads", False)))
+    wl.done()
+    return result
 
 
 def parse(block: Reader) -> GcpSettings:
-    """Parse the block; raises :class:`app.validation.ConfigError` naming the field."""
+    """Parse the ``gcp`` block.
+
+    Args:
+        block: a :class:`Reader` over the block (``app.config`` calls ``done()`` on it).
+    Returns:
+        :class:`GcpSettings`.
+    Raises:
+        app.validation.ConfigError: a missing project, a malformed value, an unknown key in a
+            nested block, or an inconsistent combination (``anonymous`` without
+            ``apiEndpoint`` or with ``credentialsFile``, ``firewall.ensure`` without source
+            ranges or network tags), naming the field.
+    """
+    project = block.str("project", required=True)
+    if not PROJECT_ID.match(project):
+        raise block.error("project", f"{project!r} is not a GCP project ID")
+    zones = _labels(block, "zones")
+    tags = _labels(block, "networkTags", [DEFAULT_NETWORK_TAG])
+    service_account = block.str("serviceAccount")
+    if service_account is not None and "@" not in service_account and service_account != "default":
+        raise block.error("serviceAccount", f"{service_account!r} is not a service account e-mail")
+    credentials_file = block.str("credentialsFile")
+    anonymous = bool(block.bool("anonymous", False))
+    api_endpoint = _endpoint(block, "apiEndpoint")
+    if anonymous and credentials_file:
+        raise block.error("anonymous", "cannot be combined with credentialsFile")
+    if anonymous and not api_endpoint:
+        raise block.error("anonymous", "only allowed together with apiEndpoint (a local fake or emulator)")
+    firewall = _firewall(block)
+    if firewall.ensure and not tags:
+        raise block.error("networkTags", "firewall.ensure needs at least one network tag to target")
     return GcpSettings(
-        project=block.str("project", required=True),
-        zones=tuple(block.str_list("zones")),
-        machine_type=block.str("machineType", "e2-micro"),
-        image=block.str("image", "projects/debian-cloud/global/images/family/debian-12"),
-        credentials_file=block.str("credentialsFile"),
+        project=project,
+        zones=tuple(zones),
+        machine_type=_resource(block, "machineType", DEFAULT_MACHINE_TYPE),
+        image=_resource(block, "image", DEFAULT_IMAGE),
+        network=_resource(block, "network", "default"),
+        subnetwork=_resource(block, "subnetwork"),
+        network_tags=tuple(tags),
+        external_ip=bool(block.bool("externalIP", True)),
+        service_account=service_account,
+        credentials_file=credentials_file,
+        anonymous=anonymous,
+        api_endpoint=api_endpoint,
+        request_timeout=_positive_duration(block, "requestTimeout", 30.0),
+        operation_timeout=_positive_duration(block, "operationTimeout", 300.0),
+        firewall=firewall,
+        wire_logging=_wire(block),
     )

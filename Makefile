@@ -1,0 +1,39 @@
+# proxy-operator developer targets.  `make test` is the test command CI runs.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv test test-fast lint bench check-config crds kvm-ssh-secret clean
+
+venv: $(BIN)/proxy-operator
+
+$(BIN)/proxy-operator: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,kvm]'
+	touch $@
+
+## test: the whole suite (starts its own Redis, Squid, sshd, libvirtd, fakes; needs root for libvirtd)
+test: venv
+	$(BIN)/pytest -q -ra
+
+## test-fast: unit tests only (no real processes)
+test-fast: venv
+	$(BIN)/pytest -q -m 'not slow'
+
+bench: venv
+	$(BIN)/python bench/pipeline.py
+
+check-config: venv
+	$(BIN)/proxy-operator check-config $(or $(FILE),deploy/samples/providers.yaml)
+
+crds: venv
+	$(BIN)/proxy-operator crds
+
+## kvm-ssh-secret: print the kvm-ssh Secret from KVM_SSH_KEY and KVM_KNOWN_HOSTS (refuses a .pub key)
+kvm-ssh-secret: venv
+	$(BIN)/proxy-operator kvm-ssh-secret --key $(or $(KVM_SSH_KEY),$(HOME)/.ssh/id_ed25519) \
+	  --known-hosts $(or $(KVM_KNOWN_HOSTS),$(HOME)/.ssh/kvm_known_hosts)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
