@@ -213,26 +213,27 @@ def _nullable(schema: dict) -> bool:
 
 
 def _prune(schema: dict, value: Any, path: str, unknown: list[str]) -> None:
-    """Drop undeclared fields in place (apiextensions-apiserver pruning); record their paths."""
+    """Drop undeclared fields in place (apiextensions-apiserver pruning); record their paths.
+
+    ``apiVersion``, ``kind`` and ``metadata`` at the root are always kept.
+    """
     if schema.get("x-kubernetes-preserve-unknown-fields"):
         return
-    if isinstance(value, dict):
-        props = schema.get("properties")
+    if isinstance(value, dict) and schema.get("type", "object") == "object":
+        props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
-        if props is not None or extra is None or extra is False:
-            for key in list(value):
-                if props and key in props:
-                    _prune(props[key], value[key], _join(path, key), unknown)
-                elif isinstance(extra, dict):
-                    _prune(extra, value[key], _join(path, key), unknown)
-                elif not path and key in _ROOT_KEEP:
-                    continue
-                elif schema.get("type") == "object":
-                    unknown.append(_join(path, key))
-                    del value[key]
-        elif isinstance(extra, dict):
-            for key in value:
+        for key in list(value):
+            if not path and key in _ROOT_KEEP:
+                continue
+            if key in props:
+                _prune(props[key], value[key], _join(path, key), unknown)
+            elif isinstance(extra, dict):
                 _prune(extra, value[key], _join(path, key), unknown)
+            elif extra is True:
+                continue
+            else:
+                unknown.append(_join(path, key))
+                del value[key]
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
             _prune(schema["items"], item, f"{path}[{i}]", unknown)
@@ -404,18 +405,16 @@ def _validate_list_type(schema: dict, value: list, path: str, errors: list[Field
 def validate(schema: dict, obj: dict) -> list[FieldError]:
     """Return the OpenAPI violations of ``obj`` (already pruned and defaulted); [] if valid.
 
-    ``metadata``, ``apiVersion`` and ``kind`` at the root are not checked here.
+    ``metadata`` is checked only against the schema's ``type: object``.
     """
     errors: list[FieldError] = []
-    root = {k: v for k, v in obj.items() if k not in _ROOT_KEEP}
-    _validate({**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
-                                        if k not in _ROOT_KEEP}}, root, "", errors)
+    _validate(schema, obj, "", errors)
     return errors
 
 
 # -- CEL ----------------------------------------------------------------------------------
 
-_ENV = celpy.Environment()
+_ENV = celpy.Environment()  # the interpreter: cel-python 0.5's CompiledRunner mis-evaluates `!has(...)`
 _OLD_SELF = re.compile(r"\boldSelf\b")
 
 
@@ -435,14 +434,17 @@ def _cel(schema: dict, value: Any, old: Any, path: str, errors: list[FieldError]
     """Evaluate the ``x-kubernetes-validations`` of ``schema`` on ``value`` and below."""
     if value is None:
         return
-    for rule in schema.get("x-kubernetes-validations") or ():
+    rules = schema.get("x-kubernetes-validations") or ()
+    cel_self = celpy.json_to_cel(value) if rules else None
+    cel_old = celpy.json_to_cel(old) if rules and old is not _MISSING else None
+    for rule in rules:
         text = rule["rule"]
         transition = bool(_OLD_SELF.search(text))
         if transition and old is _MISSING:
             continue
-        activation = {"self": celpy.json_to_cel(value)}
+        activation = {"self": cel_self}
         if transition:
-            activation["oldSelf"] = celpy.json_to_cel(old)
+            activation["oldSelf"] = cel_old
         where = _rule_path(path, rule.get("fieldPath"))
         try:
             result = _program(text).evaluate(activation)
