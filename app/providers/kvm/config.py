@@ -1,10 +1,121 @@
-"""The ``kvm:`` block of a providers-config entry (no SDK import here)."""
+"""The ``kvm:`` block of a providers-config entry (no SDK import here).
+
+Shape (docs/kvm-provider.md is the user reference; every key not marked required is optional)::
+
+    kvm:
+      ssh:
+        user: proxyop                                      # required
+        port: 22
+        keyFile: /etc/proxy-operator/kvm/id_ed25519        # required; read lazily on each dial
+        knownHostsFile: /etc/proxy-operator/kvm/known_hosts  # required; strict, never auto-added
+        connectTimeout: 10s       # TCP connect
+        handshakeTimeout: 15s     # SSH banner + key exchange + auth, and the libvirt hello
+        keepaliveInterval: 30s    # SSH and libvirt keepalives (0 = off)
+        keepaliveCount: 3         # libvirt keepalive probes missed before the link is dropped
+      callTimeout: 60s            # one libvirt call; a call past it drops the link (Transient)
+      imageTimeout: 30m           # one image download+upload into the pool
+      installGuestAgent: true     # vendor-data installs and enables qemu-guest-agent
+      configureSquid: true        # vendor-data writes the operator's squid.conf and (re)starts Squid
+      images:
+        debian-12: {url: "https://...", sha256: "<64 hex>", format: qcow2, firmware: uefi}
+      machineTypes:
+        small: {vcpus: 1, memoryMiB: 512, diskGiB: 8}
+      hosts:
+        - name: lab1                      # required; [a-z0-9]([-a-z0-9]*[a-z0-9])?
+          address: lab1.example.internal  # required; what the operator dials (and known_hosts names)
+          port: 2222                      # overrides ssh.port for this host
+          pool: default
+          network: default                # or bridge: br0 (exactly one; default network "default")
+          domainType: kvm                 # kvm (host-passthrough CPU) | qemu (TCG, CPU "maximum")
+          libvirtSocket: /var/run/libvirt/libvirt-sock
+          libvirtURI: qemu:///system      # the driver URI the daemon is asked for
+
+Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the
+dotted field (``kvm.hosts[0].name``), so the operator refuses to start on a bad block.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from app.validation import IDENTIFIER, Reader
+
+DEFAULT_LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
+DEFAULT_LIBVIRT_URI = "qemu:///system"
+#: Profile used when no ``machineTypes`` are configured at all.
+DEFAULT_MACHINE_TYPE = {"vcpus": 1, "memoryMiB": 512, "diskGiB": 8}
+
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+#: ``<driver>:///<path>`` — a local libvirt driver URI the remote daemon serves.
+_LIBVIRT_URI = re.compile(r"^[a-z][a-z0-9]*:///[a-z][a-z0-9]*$")
+#: libvirt object names we paste into XML and volume paths: no slashes, spaces or quotes.
+_LIBVIRT_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
+IMAGE_FORMATS = ("qcow2", "raw")
+FIRMWARES = ("uefi", "bios")
+DOMAIN_TYPES = ("kvm", "qemu")
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How the operator reaches every host of this provider.
+
+    Attributes:
+        user: SSH user (needs access to the libvirt socket, e.g. group ``libvirt``).
+        port: default SSH port (a host's ``port`` overrides it).
+        key_file: private key path (OpenSSH or PEM; not a ``.pub``).  Loaded on each dial.
+        known_hosts_file: OpenSSH known_hosts path.  Host keys are checked strictly.
+        connect_timeout: seconds for the TCP connect.
+        handshake_timeout: seconds for SSH banner, key exchange and authentication, and
+            separately for the libvirt connection handshake.
+        keepalive_interval: seconds between SSH and libvirt keepalives (0 = off).
+        keepalive_count: libvirt keepalive probes without answer before libvirt closes the link.
+    """
+
+    user: str
+    key_file: str
+    known_hosts_file: str
+    port: int = 22
+    connect_timeout: float = 10.0
+    handshake_timeout: float = 15.0
+    keepalive_interval: float = 30.0
+    keepalive_count: int = 3
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """One cacheable image.
+
+    Attributes:
+        key: plain identifier; the cached volume is ``base-<key>.<format>``.
+        url: ``http(s)://`` source.
+        sha256: expected lowercase hex digest of the downloaded bytes, or ``None`` (only for
+            images given as a URL in a Proxy: then nothing is verified).
+        format: ``qcow2`` or ``raw``.
+        firmware: ``uefi`` (default: OVMF, secure boot off) or ``bios`` (SeaBIOS).
+    """
+
+    key: str
+    url: str
+    sha256: str | None
+    format: str = "qcow2"
+    firmware: str = "uefi"
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """A machine-type profile.
+
+    Attributes:
+        vcpus: virtual CPUs.
+        memory_mib: memory in MiB.
+        disk_gib: overlay disk size in GiB (grown to the base image's size if that is larger).
+    """
+
+    vcpus: int = 1
+    memory_mib: int = 512
+    disk_gib: int = 8
 
 
 @dataclass(frozen=True)
@@ -12,18 +123,28 @@ class KvmHost:
     """One hypervisor.
 
     Attributes:
-        name: plain identifier, used in provider IDs and queue names.
-        address: address the operator dials over SSH.
-        pool: libvirt storage pool name.
-        network: libvirt network name.
-        domain_type: ``"kvm"`` (default) or ``"qemu"`` (software emulation).
+        name: plain identifier, used in provider IDs (``hosts/<name>/domains/<vm>``) and queue
+            names (``kvm.<provider>.<name>``); equals ``spec.placement.zone``.
+        address: address the operator dials over SSH (known_hosts must list it under this name).
+        port: SSH port override, or ``None`` for ``ssh.port``.
+        pool: libvirt storage pool holding base images, overlays and seeds.
+        network: libvirt network for the NIC (leases come from it), or ``None`` with ``bridge``.
+        bridge: host bridge for the NIC instead of a libvirt network, or ``None``.
+        domain_type: ``"kvm"`` (CPU host-passthrough) or ``"qemu"`` (software emulation,
+            CPU ``maximum``) for hosts without hardware virtualisation.
+        libvirt_socket: path of libvirtd's read-write unix socket on the host.
+        libvirt_uri: the driver URI asked of that daemon (``qemu:///system``).
     """
 
     name: str
     address: str
+    port: int | None = None
     pool: str = "default"
-    network: str = "default"
+    network: str | None = "default"
+    bridge: str | None = None
     domain_type: str = "kvm"
+    libvirt_socket: str = DEFAULT_LIBVIRT_SOCKET
+    libvirt_uri: str = DEFAULT_LIBVIRT_URI
 
 
 @dataclass(frozen=True)
@@ -32,58 +153,128 @@ class KvmSettings:
 
     Attributes:
         hosts: configured hypervisors, in file order.
-        ssh: raw ssh settings ``{user, port, keyFile, knownHostsFile}``.
-        images: image key -> raw image settings.
-        machine_types: profile key -> raw profile settings.
+        ssh: :class:`SshSettings`.
+        images: image key -> :class:`ImageSettings`.
+        machine_types: profile key -> :class:`MachineType`.
+        call_timeout: seconds one libvirt call may take before the link is dropped.
+        image_timeout: seconds one image download and upload may take.
+        install_guest_agent: vendor-data installs and enables qemu-guest-agent.
+        configure_squid: vendor-data installs Squid if missing, writes the operator's
+            squid.conf and restarts it.
     """
 
     hosts: tuple[KvmHost, ...]
-    ssh: dict = field(default_factory=dict)
-    images: dict = field(default_factory=dict)
-    machine_types: dict = field(default_factory=dict)
+    ssh: SshSettings
+    images: dict[str, ImageSettings] = field(default_factory=dict)
+    machine_types: dict[str, MachineType] = field(default_factory=dict)
+    call_timeout: float = 60.0
+    image_timeout: float = 1800.0
+    install_guest_agent: bool = True
+    configure_squid: bool = True
 
-    def host(self, name: str) -> KvmHost | None:
+    def host(self, name: str | None) -> KvmHost | None:
         """Return the host called ``name`` or ``None``."""
         return next((h for h in self.hosts if h.name == name), None)
 
+    def ssh_port(self, host: KvmHost) -> int:
+        """Return the SSH port to dial for ``host`` (its override, else ``ssh.port``)."""
+        return host.port if host.port is not None else self.ssh.port
+
+
+def _positive(reader: Reader, key: str, default: float, *, allow_zero: bool = False) -> float:
+    value = reader.duration(key, default)
+    if value == 0 and not allow_zero:
+        raise reader.error(key, "must be greater than 0")
+    return value
+
 
 def parse(block: Reader) -> KvmSettings:
-    """Parse the block; raises :class:`app.validation.ConfigError` naming the field."""
+    """Parse the block.
+
+    Raises:
+        app.validation.ConfigError: naming the field, e.g. ``kvm.hosts[0].name`` for a host
+            name that is not a plain identifier or ``kvm.images.x.sha256`` for a bad digest.
+    """
     ssh = block.child("ssh", required=True)
-    ssh_settings = {
-        "user": ssh.str("user", required=True),
-        "port": ssh.int("port", 22, minimum=1, maximum=65535),
-        "keyFile": ssh.str("keyFile", required=True),
-        "knownHostsFile": ssh.str("knownHostsFile", required=True),
-    }
+    ssh_settings = SshSettings(
+        user=ssh.str("user", required=True),
+        port=ssh.int("port", 22, minimum=1, maximum=65535),
+        key_file=ssh.str("keyFile", required=True),
+        known_hosts_file=ssh.str("knownHostsFile", required=True),
+        connect_timeout=_positive(ssh, "connectTimeout", 10.0),
+        handshake_timeout=_positive(ssh, "handshakeTimeout", 15.0),
+        keepalive_interval=_positive(ssh, "keepaliveInterval", 30.0, allow_zero=True),
+        keepalive_count=ssh.int("keepaliveCount", 3, minimum=1),
+    )
+    if ssh_settings.key_file.endswith(".pub"):
+        raise ssh.error("keyFile", f"{ssh_settings.key_file!r} is a public key; give the private key file")
     ssh.done()
-    images = {}
+
+    images: dict[str, ImageSettings] = {}
     for key, img in block.mapping("images").items():
         if not IDENTIFIER.match(key):
             raise img.error(None, f"image key {key!r} is not a plain identifier matching {IDENTIFIER.pattern}")
-        images[key] = {
-            "url": img.str("url", required=True),
-            "sha256": img.str("sha256", required=True),
-            "format": img.str("format", "qcow2", choices=("qcow2", "raw")),
-            "firmware": img.str("firmware", "uefi", choices=("uefi", "bios")),
-        }
+        url = img.str("url", required=True)
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            raise img.error("url", f"{url!r} is not an http(s) URL")
+        digest = img.str("sha256", required=True)
+        if not _SHA256.match(digest):
+            raise img.error("sha256", "must be 64 hexadecimal characters (the image's SHA-256)")
+        images[key] = ImageSettings(
+            key=key, url=url, sha256=digest.lower(),
+            format=img.str("format", "qcow2", choices=IMAGE_FORMATS),
+            firmware=img.str("firmware", "uefi", choices=FIRMWARES),
+        )
         img.done()
-    machine_types = {}
+
+    machine_types: dict[str, MachineType] = {}
     for key, mt in block.mapping("machineTypes").items():
-        machine_types[key] = {
-            "vcpus": mt.int("vcpus", 1, minimum=1),
-            "memoryMiB": mt.int("memoryMiB", 512, minimum=64),
-            "diskGiB": mt.int("diskGiB", 8, minimum=1),
-        }
+        machine_types[key] = MachineType(
+            vcpus=mt.int("vcpus", 1, minimum=1),
+            memory_mib=mt.int("memoryMiB", 512, minimum=64),
+            disk_gib=mt.int("diskGiB", 8, minimum=1),
+        )
         mt.done()
-    hosts = []
+
+    hosts: list[KvmHost] = []
+    seen: set[str] = set()
     for h in block.items("hosts", required=True):
+        name = h.str("name", required=True, pattern=IDENTIFIER)
+        if name in seen:
+            raise h.error("name", f"duplicate host name {name!r}")
+        seen.add(name)
+        network = h.str("network")
+        bridge = h.str("bridge")
+        if network and bridge:
+            raise h.error("bridge", "give either network or bridge, not both")
+        for key, value in (("pool", h.raw("pool")), ("network", network), ("bridge", bridge)):
+            if isinstance(value, str) and not _LIBVIRT_NAME.match(value):
+                raise h.error(key, f"{value!r} is not a libvirt object name ([A-Za-z0-9][-A-Za-z0-9_.]*)")
+        socket_path = h.str("libvirtSocket", DEFAULT_LIBVIRT_SOCKET)
+        if not socket_path.startswith("/"):
+            raise h.error("libvirtSocket", f"{socket_path!r} is not an absolute path")
+        uri = h.str("libvirtURI", DEFAULT_LIBVIRT_URI)
+        if not _LIBVIRT_URI.match(uri):
+            raise h.error("libvirtURI", f"{uri!r} is not a local driver URI like qemu:///system")
         hosts.append(KvmHost(
-            name=h.str("name", required=True, pattern=IDENTIFIER),
+            name=name,
             address=h.str("address", required=True),
+            port=h.int("port", None, minimum=1, maximum=65535),
             pool=h.str("pool", "default"),
-            network=h.str("network", "default"),
-            domain_type=h.str("domainType", "kvm", choices=("kvm", "qemu")),
+            network=None if bridge else (network or "default"),
+            bridge=bridge,
+            domain_type=h.str("domainType", "kvm", choices=DOMAIN_TYPES),
+            libvirt_socket=socket_path,
+            libvirt_uri=uri,
         ))
         h.done()
-    return KvmSettings(tuple(hosts), ssh_settings, images, machine_types)
+    if not hosts:
+        raise block.error("hosts", "at least one host is required")
+
+    return KvmSettings(
+        hosts=tuple(hosts), ssh=ssh_settings, images=images, machine_types=machine_types,
+        call_timeout=_positive(block, "callTimeout", 60.0),
+        image_timeout=_positive(block, "imageTimeout", 1800.0),
+        install_guest_agent=block.bool("installGuestAgent", True),
+        configure_squid=block.bool("configureSquid", True),
+    )

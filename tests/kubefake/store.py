@@ -1,0 +1,732 @@
+"""The object store behind the fake API server: API semantics without HTTP.
+
+What it reproduces from kube-apiserver (and where upstream defines it):
+
+* ``metadata.resourceVersion``: one global, monotonic counter (etcd's revision); every
+  write takes the next value and produces exactly one watch event with it.  A write that
+  changes nothing is a no-op: no new resourceVersion, no event (upstream skips the etcd
+  write when the object is unchanged).
+* Optimistic concurrency: an update or patch whose object carries a resourceVersion other
+  than the stored one fails with 409 Conflict.  PUT without one is allowed only for types
+  that allow unconditional update (not custom resources: 422, as upstream).
+* ``metadata.generation`` (custom resources): 1 on create, +1 when anything but
+  ``metadata`` and ``status`` changes, +1 when deletion starts (``rest.BeforeDelete``).
+* Status subresource: create drops ``status`` (custom resources); main-resource writes keep
+  the stored status; ``/status`` writes change only status (``customresource`` strategies).
+* Finalizers: DELETE of an object with finalizers sets ``deletionTimestamp`` and keeps it
+  (MODIFIED); no new finalizer may be added afterwards (422); the write that removes the
+  last finalizer is stored (MODIFIED) and then the object is removed (DELETED).
+* Watch: events after a given resourceVersion; 410 Expired when that version is older than
+  the retained history (etcd compaction); label-selector watches turn "stopped matching"
+  into DELETED and "started matching" into ADDED (upstream's filtered watch).
+* Built-in defaulting/validation the operator could trip over: Pods get
+  ``status.phase: Pending`` on create and may only change container images in place;
+  Secret ``stringData`` is folded into ``data``; events.k8s.io/v1 Events need their
+  required fields.
+
+Objects are stored as immutable dicts with their JSON encoding; never mutate a stored dict.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+from tests.kubefake import resources as R
+from tests.kubefake.errors import ApiError, Invalid
+from tests.kubefake.patch import apply_patch
+from tests.kubefake.resources import ResourceType
+from tests.kubefake.selectors import field_matcher, label_matcher
+
+Admit = Callable[[dict, "dict | None"], dict]
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/rand
+_SYSTEM_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                "generation", "name", "namespace")
+
+
+def dumps(obj) -> bytes:
+    """Compact JSON encoding used for every body and event."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def now_rfc3339() -> str:
+    """Current UTC time as ``metav1.Time`` (RFC 3339, seconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored object and its JSON encoding."""
+
+    obj: dict
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change, as kept in the watch history.
+
+    Attributes:
+        rv: the resourceVersion this write took.
+        rtype / namespace / name: what changed.
+        type: ``ADDED``, ``MODIFIED`` or ``DELETED``.
+        obj / raw: the object after the change (for DELETED, its last state).
+        old: the object before the change (``None`` for ADDED).
+    """
+
+    rv: int
+    rtype: ResourceType
+    namespace: str
+    name: str
+    type: str
+    obj: dict
+    raw: bytes
+    old: dict | None
+
+
+class Closed(Exception):
+    """The store was closed while a subscriber waited."""
+
+
+class Store:
+    """In-memory API objects with kube-apiserver semantics (see the module docstring).
+
+    Args:
+        types: the resource types served.
+        history_limit: watch events retained; a watch from a resourceVersion older than the
+            retained window gets 410 Expired.  At least 90% of the limit is kept after a trim.
+        require_namespaces: reject creates in a namespace that does not exist (404), as a
+            real server does.  Off by default; ``default`` and ``kube-system`` exist anyway.
+    Thread-safe: one condition variable guards all state.
+    """
+
+    def __init__(self, types: Iterable[ResourceType] = R.DEFAULT_TYPES, *, history_limit: int = 10000,
+                 require_namespaces: bool = False) -> None:
+        if history_limit < 10:
+            raise ValueError("history_limit must be at least 10")
+        self.types: dict[tuple[str, str, str], ResourceType] = {(t.group, t.version, t.plural): t for t in types}
+        self.history_limit = history_limit
+        self.require_namespaces = require_namespaces
+        self.cond = threading.Condition()
+        self._rv = 1000                 # last resourceVersion issued
+        self._compacted = 1000          # events with rv <= this are no longer retained
+        self._history: list[Event] = []  # _history[i].rv == _compacted + 1 + i
+        self._objects: dict[ResourceType, dict[tuple[str, str], Entry]] = {t: {} for t in self.types.values()}
+        self._admission: dict[ResourceType, Admit] = {}
+        self._closed = False
+        for ns in ("default", "kube-system"):
+            if R.NAMESPACES in self._objects:
+                self.create(R.NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    # -- lookup ----------------------------------------------------------------------------
+    def resource(self, group: str, version: str, plural: str) -> ResourceType | None:
+        """Return the served type for ``group/version/plural`` or ``None``."""
+        return self.types.get((group, version, plural))
+
+    def type_named(self, name: str | ResourceType) -> ResourceType:
+        """Return a type by plural (``"proxies"``), ``plural.group`` or the type itself.
+
+        Raises:
+            KeyError: unknown or ambiguous name.
+        """
+        if isinstance(name, ResourceType):
+            return name
+        found = [t for t in self.types.values() if name in (t.plural, t.qualified)]
+        if len(found) != 1:
+            raise KeyError(f"resource {name!r} is {'ambiguous' if found else 'not served'}")
+        return found[0]
+
+    @property
+    def resource_version(self) -> int:
+        """The last resourceVersion issued."""
+        with self.cond:
+            return self._rv
+
+    @property
+    def compacted_rv(self) -> int:
+        """Watches from a resourceVersion below this get 410 Expired."""
+        with self.cond:
+            return self._compacted
+
+    # -- test hooks ------------------------------------------------------------------------
+    def set_admission(self, rtype: str | ResourceType, admit: Admit | None) -> None:
+        """Install (or remove with ``None``) the admission hook of a type.
+
+        ``admit(obj, old) -> obj`` runs on every create (``old`` is ``None``), update, patch
+        and status write, after the fake's own checks and before the write.  It may return a
+        defaulted copy, and raises :class:`tests.kubefake.errors.Invalid` to reject (422).
+        """
+        rt = self.type_named(rtype)
+        with self.cond:
+            if admit is None:
+                self._admission.pop(rt, None)
+            else:
+                self._admission[rt] = admit
+
+    def compact(self, keep: int = 0) -> int:
+        """Drop retained watch history (like an etcd compaction), keeping the newest ``keep`` events.
+
+        Returns the new compacted resourceVersion: watches from below it get 410.
+        """
+        with self.cond:
+            drop = max(0, len(self._history) - keep)
+            del self._history[:drop]
+            self._compacted += drop
+            self.cond.notify_all()
+            return self._compacted
+
+    def close(self) -> None:
+        """Wake every subscriber with :class:`Closed`."""
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+
+    # -- reads -----------------------------------------------------------------------------
+    def get(self, rt: ResourceType, namespace: str, name: str) -> Entry:
+        """Return the stored entry.
+
+        Raises:
+            ApiError: 404.
+        """
+        entry = self._objects[rt].get((namespace if rt.namespaced else "", name))
+        if entry is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        return entry
+
+    def find(self, rt: str | ResourceType, namespace: str, name: str) -> dict | None:
+        """Return a copy of an object, or ``None`` (a convenience for tests)."""
+        rt = self.type_named(rt)
+        entry = self._objects[rt].get((namespace if rt.namespaced else "", name))
+        return json.loads(entry.raw) if entry else None
+
+    def items(self, rt: str | ResourceType, namespace: str | None = None) -> list[dict]:
+        """Return copies of all objects of a type (optionally one namespace), by namespace/name."""
+        rt = self.type_named(rt)
+        with self.cond:
+            entries = sorted(self._objects[rt].items())
+        return [json.loads(e.raw) for (ns, _), e in entries if namespace is None or ns == namespace]
+
+    def list(self, rt: ResourceType, namespace: str | None, *, label_selector: str | None = None,
+             field_selector: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> bytes:
+        """Return a ``<Kind>List`` body.
+
+        Args:
+            namespace: ``None`` for all namespaces (or a cluster-scoped type).
+            limit / continue_token: pagination; continued pages are served from the current
+                state (upstream serves them from a snapshot), which can only repeat or add items.
+        Raises:
+            ApiError: 400 for a bad selector or continue token.
+        """
+        labels = label_matcher(label_selector)
+        fields = field_matcher(field_selector, rt.field_selectors)
+        start_after: tuple[str, str] | None = None
+        with self.cond:
+            rv = self._rv
+            entries = list(self._objects[rt].items())
+        if continue_token:
+            try:
+                tok = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                start_after, rv = tuple(tok["start"]), int(tok["rv"])
+            except (ValueError, KeyError, TypeError):
+                raise ApiError.bad_request(f"invalid continue token {continue_token!r}") from None
+        entries.sort(key=lambda kv: kv[0])
+        out: list[bytes] = []
+        more: tuple[str, str] | None = None
+        remaining = 0
+        for key, entry in entries:
+            if namespace is not None and key[0] != namespace:
+                continue
+            if start_after is not None and key <= start_after:
+                continue
+            if labels and not labels(entry.obj):
+                continue
+            if fields and not fields(entry.obj):
+                continue
+            if limit and len(out) >= limit:
+                if more is None:
+                    more = last
+                remaining += 1
+                continue
+            out.append(entry.raw)
+            last = key
+        meta: dict = {"resourceVersion": str(rv)}
+        if more is not None:
+            meta["continue"] = base64.urlsafe_b64encode(dumps({"rv": rv, "start": list(more)})).decode()
+            if not labels and not fields:
+                meta["remainingItemCount"] = remaining
+        head = dumps({"apiVersion": rt.api_version, "kind": rt.list_kind, "metadata": meta})
+        return head[:-1] + b',"items":[' + b",".join(out) + b"]}"
+
+    # -- writes ----------------------------------------------------------------------------
+    def create(self, rt: ResourceType, namespace: str, body, *, dry_run: bool = False) -> bytes:
+        """Create an object (POST) and return its JSON.
+
+        Raises:
+            ApiError: 400 (kind/namespace mismatch, resourceVersion set), 404 (namespace
+                missing when required), 409 AlreadyExists, 422 Invalid.
+        """
+        obj = self._check_body(rt, body)
+        meta = obj["metadata"]
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError.bad_request("the namespace of the provided object does not match the "
+                                           "namespace sent on the request")
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+            namespace = ""
+        if meta.get("resourceVersion"):
+            raise ApiError.bad_request("resourceVersion should not be set on objects to be created")
+        for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                    "generation", "managedFields"):
+            meta.pop(key, None)
+        with self.cond:
+            if not meta.get("name"):
+                prefix = meta.get("generateName")
+                if not prefix:
+                    raise self._invalid(rt, "", [("metadata.name", "Required value: name or generateName is required")])
+                for _ in range(10):
+                    name = prefix + "".join(random.choice(_GENERATE_ALPHABET) for _ in range(5))
+                    if (namespace, name) not in self._objects[rt]:
+                        break
+                meta["name"] = name
+            name = meta["name"]
+            self._check_name(rt, name)
+            if (namespace, name) in self._objects[rt]:
+                raise ApiError.already_exists(rt.group, rt.plural, name)
+            if rt.namespaced and self.require_namespaces and ("", namespace) not in self._objects.get(R.NAMESPACES, {}):
+                raise ApiError.not_found("", "namespaces", namespace)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_rfc3339()
+            if rt.track_generation:
+                meta["generation"] = 1
+            if rt.status_subresource and not rt.builtin:
+                obj.pop("status", None)
+            _prepare_create_builtin(rt, obj)
+            obj = self._admit(rt, obj, None)
+            if dry_run:
+                return dumps(obj)
+            return self._commit(rt, namespace, name, ADDED, obj, None).raw
+
+    def update(self, rt: ResourceType, namespace: str, name: str, body, *, subresource: str | None = None,
+               dry_run: bool = False) -> bytes:
+        """Replace an object (PUT) or its status (PUT ``/status``) and return its JSON.
+
+        Raises:
+            ApiError: 400 (name mismatch), 404, 409 Conflict (stale resourceVersion),
+                422 Invalid (missing resourceVersion for a type that needs one, new finalizer
+                on a deleting object, admission).
+        """
+        new = self._check_body(rt, body)
+        if new["metadata"].get("name") and new["metadata"]["name"] != name:
+            raise ApiError.bad_request(f"the name of the object ({new['metadata']['name']}) does not match "
+                                       f"the name on the URL ({name})")
+        with self.cond:
+            old = self.get(rt, namespace, name)
+            if not new["metadata"].get("resourceVersion") and not rt.unconditional_update and subresource is None:
+                raise self._invalid(rt, name, [("metadata.resourceVersion",
+                                                "Invalid value: 0: must be specified for an update")])
+            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run)
+
+    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, patch, *,
+              subresource: str | None = None, dry_run: bool = False) -> bytes:
+        """Patch an object or its status and return its JSON.
+
+        A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
+        Raises:
+            ApiError: 404, 409, 415 (patch type), 422.
+        """
+        with self.cond:
+            old = self.get(rt, namespace, name)
+            base = json.loads(old.raw)
+            new = apply_patch(content_type, base, patch, builtin=rt.builtin)
+            new = self._check_body(rt, new)
+            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run)
+
+    def delete(self, rt: ResourceType, namespace: str, name: str, options: dict | None = None, *,
+               dry_run: bool = False) -> bytes:
+        """Delete an object; with finalizers, only start its deletion.
+
+        Args:
+            options: ``DeleteOptions`` (``preconditions.uid`` / ``preconditions.resourceVersion``
+                are checked; propagation and grace period are accepted and ignored).
+        Returns:
+            The object's JSON when it stays (finalizers) or when the type returns deleted
+            objects (Pods), else a ``Status`` with ``status: Success``.
+        Raises:
+            ApiError: 404, 409 on a failed precondition.
+        """
+        options = options or {}
+        with self.cond:
+            entry = self.get(rt, namespace, name)
+            meta = entry.obj["metadata"]
+            pre = options.get("preconditions") or {}
+            if pre.get("uid") and pre["uid"] != meta.get("uid"):
+                raise ApiError.conflict(rt.group, rt.plural, name,
+                                        f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                        f"UID in object meta: {meta.get('uid')}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+                raise ApiError.conflict(rt.group, rt.plural, name,
+                                        f"Precondition failed: ResourceVersion in precondition: "
+                                        f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                        f"{meta.get('resourceVersion')}")
+            if meta.get("finalizers"):
+                if meta.get("deletionTimestamp"):
+                    return entry.raw
+                obj = json.loads(entry.raw)
+                obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+                obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                if obj["metadata"].get("generation"):
+                    obj["metadata"]["generation"] += 1
+                if dry_run:
+                    return dumps(obj)
+                return self._commit(rt, namespace, name, MODIFIED, obj, entry.obj).raw
+            if dry_run:
+                return entry.raw
+            gone = self._commit(rt, namespace, name, DELETED, json.loads(entry.raw), entry.obj)
+            if rt.return_deleted_object:
+                return gone.raw
+            return dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                          "details": {"name": name, "group": rt.group, "kind": rt.plural,
+                                      "uid": meta.get("uid")}})
+
+    # -- watch -----------------------------------------------------------------------------
+    def subscribe(self, rt: ResourceType | None, namespace: str | None = None, *,
+                  label_selector: str | None = None, field_selector: str | None = None,
+                  resource_version: str | None = None) -> "Subscription":
+        """Start a watch (see :class:`Subscription`).
+
+        Args:
+            rt: the type watched, or ``None`` for every type (in-process observers).
+            resource_version: ``None``/``""``/``"0"``: synthetic ADDED events for the current
+                objects, then changes; else changes after that version.
+        Raises:
+            ApiError: 400 for bad selectors or resourceVersion; 410 Expired when the version
+                is older than the retained history.
+        """
+        labels = label_matcher(label_selector)
+        fields = field_matcher(field_selector, rt.field_selectors if rt else frozenset())
+        with self.cond:
+            initial: list[Event] = []
+            if resource_version in (None, "", "0"):
+                start = self._rv
+                for t in ([rt] if rt else list(self._objects)):
+                    for (ns, name), e in sorted(self._objects[t].items()):
+                        initial.append(Event(int(e.obj["metadata"]["resourceVersion"]), t, ns, name, ADDED,
+                                             e.obj, e.raw, None))
+            else:
+                try:
+                    start = int(resource_version)
+                except ValueError:
+                    raise ApiError.bad_request(f"invalid resource version: {resource_version!r}") from None
+                if start < self._compacted:
+                    raise ApiError.gone(f"too old resource version: {start} ({self._compacted + 1})")
+        sub = Subscription(self, rt, namespace, labels, fields, start)
+        sub.pending = [e for e in (sub.filter(ev) for ev in initial) if e is not None]
+        return sub
+
+    # -- internals -------------------------------------------------------------------------
+    def _check_body(self, rt: ResourceType, body) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError.bad_request("the request body must be a JSON object")
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if not rt.builtin and not kind:
+            raise ApiError.bad_request("Object 'Kind' is missing in '" + json.dumps(body)[:200] + "'")
+        if not rt.builtin and not api_version:
+            raise ApiError.bad_request("Object 'apiVersion' is missing in '" + json.dumps(body)[:200] + "'")
+        if kind and kind != rt.kind:
+            raise ApiError.bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
+        if api_version and api_version != rt.api_version:
+            raise ApiError.bad_request(f"the API version in the data ({api_version}) does not match the "
+                                       f"expected API version ({rt.api_version})")
+        meta = body.get("metadata")
+        if meta is None:
+            body["metadata"] = meta = {}
+        if not isinstance(meta, dict):
+            raise ApiError.bad_request("metadata must be an object")
+        for key in ("labels", "annotations"):
+            value = meta.get(key)
+            if value is not None and (not isinstance(value, dict)
+                                      or not all(isinstance(v, str) for v in value.values())):
+                raise self._invalid(rt, meta.get("name", ""), [(f"metadata.{key}",
+                                                                "Invalid value: values must be strings")])
+        if meta.get("finalizers") is not None and not (isinstance(meta["finalizers"], list)
+                                                       and all(isinstance(f, str) for f in meta["finalizers"])):
+            raise self._invalid(rt, meta.get("name", ""), [("metadata.finalizers", "Invalid value: must be a list of strings")])
+        body["kind"], body["apiVersion"] = rt.kind, rt.api_version
+        return body
+
+    def _check_name(self, rt: ResourceType, name: str) -> None:
+        pattern, limit = (_DNS_LABEL, 63) if rt is R.NAMESPACES else (_DNS_SUBDOMAIN, 253)
+        if len(name) > limit or not pattern.match(name):
+            raise self._invalid(rt, name, [("metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
+                                            f"{'label' if limit == 63 else 'subdomain'} must consist of lower "
+                                            "case alphanumeric characters, '-' or '.', and must start and end "
+                                            "with an alphanumeric character")])
+
+    def _invalid(self, rt: ResourceType, name: str, causes) -> ApiError:
+        return ApiError.invalid(rt.group, rt.kind, name, Invalid(causes).causes)
+
+    def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
+        _validate_builtin(self, rt, obj, old)
+        hook = self._admission.get(rt)
+        if hook is None:
+            return obj
+        try:
+            out = hook(obj, old)
+        except Invalid as exc:
+            raise ApiError.invalid(rt.group, rt.kind, obj["metadata"].get("name", ""), exc.causes) from None
+        return obj if out is None else out
+
+    def _update_locked(self, rt: ResourceType, namespace: str, name: str, old: Entry, new: dict,
+                       subresource: str | None, dry_run: bool) -> bytes:
+        if subresource not in (None, "status"):
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
+        if subresource == "status" and not rt.status_subresource:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        old_meta = old.obj["metadata"]
+        want_rv = new["metadata"].get("resourceVersion")
+        if want_rv and want_rv != old_meta["resourceVersion"]:
+            raise ApiError.conflict(rt.group, rt.plural, name, "the object has been modified; please apply your "
+                                    "changes to the latest version and try again")
+        if subresource == "status":
+            result = json.loads(old.raw)
+            if "status" in new:
+                result["status"] = new["status"]
+            else:
+                result.pop("status", None)
+        else:
+            result = new
+            meta = result["metadata"]
+            for key in _SYSTEM_META:
+                if key in old_meta:
+                    meta[key] = old_meta[key]
+                else:
+                    meta.pop(key, None)
+            if rt.status_subresource:
+                if "status" in old.obj:
+                    result["status"] = old.obj["status"]
+                else:
+                    result.pop("status", None)
+        result["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        deleting = bool(old_meta.get("deletionTimestamp"))
+        if deleting:
+            added = [f for f in result["metadata"].get("finalizers") or [] if f not in (old_meta.get("finalizers") or [])]
+            if added:
+                raise self._invalid(rt, name, [("metadata.finalizers", "Forbidden: no new finalizers can be added "
+                                                f"if the object is being deleted, found new finalizers {added}")])
+        if not result["metadata"].get("finalizers"):
+            result["metadata"].pop("finalizers", None)
+        _prepare_update_builtin(self, rt, result, old.obj)
+        result = self._admit(rt, result, old.obj)
+        if rt.track_generation and _spec_part(result) != _spec_part(old.obj):
+            result["metadata"]["generation"] = int(old_meta.get("generation") or 0) + 1
+        if result == old.obj:
+            return old.raw  # no-op: no new resourceVersion, no event
+        if dry_run:
+            return dumps(result)
+        entry = self._commit(rt, namespace, name, MODIFIED, result, old.obj)
+        if deleting and not result["metadata"].get("finalizers"):
+            entry = self._commit(rt, namespace, name, DELETED, json.loads(entry.raw), entry.obj)
+        return entry.raw
+
+    def _commit(self, rt: ResourceType, namespace: str, name: str, etype: str, obj: dict,
+                old: dict | None) -> Entry:
+        """Store ``obj`` (or remove it for DELETED) under the next resourceVersion; caller holds the lock."""
+        key = (namespace if rt.namespaced else "", name)
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        entry = Entry(obj, dumps(obj))
+        if etype == DELETED:
+            self._objects[rt].pop(key, None)
+        else:
+            self._objects[rt][key] = entry
+        self._history.append(Event(self._rv, rt, key[0], name, etype, obj, entry.raw, old))
+        if len(self._history) > self.history_limit:
+            drop = len(self._history) - (self.history_limit * 9) // 10
+            del self._history[:drop]
+            self._compacted += drop
+        self.cond.notify_all()
+        return entry
+
+
+def _spec_part(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+class Subscription:
+    """One watcher's position in the event history.
+
+    Use :meth:`next` to get the events after the position (blocking up to a timeout);
+    ``rv`` is the last resourceVersion examined (what a BOOKMARK may report).
+    """
+
+    def __init__(self, store: Store, rt: ResourceType | None, namespace: str | None,
+                 labels, fields, start_rv: int) -> None:
+        self.store, self.rt, self.namespace = store, rt, namespace
+        self.labels, self.fields = labels, fields
+        self.rv = start_rv
+        self.pending: list[Event] = []
+
+    def _matches(self, obj: dict | None) -> bool:
+        if obj is None:
+            return False
+        return (not self.labels or self.labels(obj)) and (not self.fields or self.fields(obj))
+
+    def filter(self, ev: Event) -> Event | None:
+        """Return the event as this watcher sees it (type adjusted for selectors) or ``None``."""
+        if self.rt is not None and ev.rtype is not self.rt:
+            return None
+        if self.namespace is not None and ev.namespace != self.namespace:
+            return None
+        if not self.labels and not self.fields:
+            return ev
+        now, before = self._matches(ev.obj), self._matches(ev.old)
+        if ev.type == DELETED:
+            return ev if now or before else None
+        if ev.type == ADDED:
+            return ev if now else None
+        if now and before:
+            return ev
+        if now:
+            return Event(ev.rv, ev.rtype, ev.namespace, ev.name, ADDED, ev.obj, ev.raw, ev.old)
+        if before:
+            return Event(ev.rv, ev.rtype, ev.namespace, ev.name, DELETED, ev.obj, ev.raw, ev.old)
+        return None
+
+    def next(self, timeout: float | None) -> list[Event]:
+        """Return the next events (possibly none after ``timeout`` seconds).
+
+        Raises:
+            ApiError: 410 Expired when history this watcher had not read yet was compacted.
+            Closed: the store was closed.
+        """
+        if self.pending:
+            out, self.pending = self.pending, []
+            return out
+        store = self.store
+        with store.cond:
+            if not store._closed and store._rv <= self.rv and self.rv >= store._compacted:
+                store.cond.wait(timeout)
+            if store._closed:
+                raise Closed()
+            if self.rv < store._compacted:
+                raise ApiError.gone(f"too old resource version: {self.rv} ({store._compacted + 1})")
+            if store._rv <= self.rv:
+                return []
+            batch = store._history[self.rv - store._compacted:]
+            self.rv = store._rv
+        out = []
+        for ev in batch:
+            seen = self.filter(ev)
+            if seen is not None:
+                out.append(seen)
+        return out
+
+
+# -- built-in type behaviour ---------------------------------------------------------------
+def _prepare_create_builtin(rt: ResourceType, obj: dict) -> None:
+    if rt is R.PODS:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        for c in spec.get("containers") or []:
+            if isinstance(c, dict) and isinstance(c.get("image"), str):
+                tag = c["image"].rsplit("/", 1)[-1]
+                c.setdefault("imagePullPolicy", "Always" if ":" not in tag or tag.endswith(":latest")
+                             else "IfNotPresent")
+        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    elif rt is R.NAMESPACES:
+        obj["status"] = {"phase": "Active"}
+        obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+    elif rt is R.SECRETS:
+        _fold_string_data(obj)
+        obj.setdefault("type", "Opaque")
+
+
+def _prepare_update_builtin(store: Store, rt: ResourceType, obj: dict, old: dict) -> None:
+    if rt is R.SECRETS:
+        _fold_string_data(obj)
+    elif rt is R.PODS:
+        def mutable_removed(spec):
+            spec = json.loads(json.dumps(spec or {}))
+            for c in spec.get("containers") or []:
+                if isinstance(c, dict):
+                    c.pop("image", None)
+            spec.pop("activeDeadlineSeconds", None)
+            spec.pop("tolerations", None)
+            return spec
+        if mutable_removed(obj.get("spec")) != mutable_removed(old.get("spec")):
+            raise store._invalid(rt, obj["metadata"]["name"], [(
+                "spec", "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
+                "`spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing tolerations)")])
+
+
+def _fold_string_data(obj: dict) -> None:
+    string_data = obj.pop("stringData", None)
+    if string_data:
+        data = dict(obj.get("data") or {})
+        for k, v in string_data.items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        obj["data"] = data
+
+
+def _validate_builtin(store: Store, rt: ResourceType, obj: dict, old: dict | None) -> None:
+    name = obj["metadata"].get("name", "")
+    causes: list[tuple[str, str]] = []
+    if rt is R.PODS:
+        containers = (obj.get("spec") or {}).get("containers")
+        if not isinstance(containers, list) or not containers:
+            causes.append(("spec.containers", "Required value"))
+        else:
+            for i, c in enumerate(containers):
+                if not isinstance(c, dict):
+                    causes.append((f"spec.containers[{i}]", "Invalid value: must be an object"))
+                    continue
+                if not c.get("name") or not _DNS_LABEL.match(str(c["name"])):
+                    causes.append((f"spec.containers[{i}].name", "Required value" if not c.get("name")
+                                   else f'Invalid value: "{c["name"]}": must be a DNS label'))
+                if not c.get("image"):
+                    causes.append((f"spec.containers[{i}].image", "Required value"))
+                for j, port in enumerate(c.get("ports") or []):
+                    cp = port.get("containerPort") if isinstance(port, dict) else None
+                    if not isinstance(cp, int) or not 1 <= cp <= 65535:
+                        causes.append((f"spec.containers[{i}].ports[{j}].containerPort",
+                                       f"Invalid value: {cp!r}: must be between 1 and 65535, inclusive"))
+                for j, env in enumerate(c.get("env") or []):
+                    if not isinstance(env, dict) or not env.get("name"):
+                        causes.append((f"spec.containers[{i}].env[{j}].name", "Required value"))
+    elif rt is R.EVENTS and old is None:
+        for key in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+            if not obj.get(key):
+                causes.append((key, "Required value"))
+        if obj.get("type") not in ("Normal", "Warning"):
+            causes.append(("type", f'Unsupported value: "{obj.get("type")}": supported values: "Normal", "Warning"'))
+        if len(obj.get("note") or "") > 1024:
+            causes.append(("note", "Too long: may not be longer than 1024"))
+    elif rt is R.CORE_EVENTS:
+        inv_ns = (obj.get("involvedObject") or {}).get("namespace")
+        if inv_ns and inv_ns != obj["metadata"].get("namespace"):
+            causes.append(("involvedObject.namespace", f'Invalid value: "{inv_ns}": does not match event.namespace'))
+    elif rt is R.LEASES:
+        dur = (obj.get("spec") or {}).get("leaseDurationSeconds")
+        if dur is not None and (not isinstance(dur, int) or dur <= 0):
+            causes.append(("spec.leaseDurationSeconds", f"Invalid value: {dur!r}: must be greater than 0"))
+    if causes:
+        raise store._invalid(rt, name, causes)
