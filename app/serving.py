@@ -1,23 +1,46 @@
 """The Redis serving view: what the discovery/lease API knows about each proxy (SPEC §6-7).
 
 The reconciler :func:`publish` es a Proxy when it has an endpoint (Running and later) and
-:func:`withdraw` s it when it is deleted, fails or loses its instance; the health engine adds
-probe results to the same record.  The API reads only this view, never the Kubernetes API.
+:func:`withdraw` s it when it is deleted, fails or loses its instance; the health engine
+(:mod:`app.health`) adds probe results to the same record on every probe.  The API reads only
+this view (and the lease keys of :mod:`app.leases`), never the Kubernetes API.
 
 Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
 
-* ``po:proxy:<uid>`` — hash: ``uid namespace name provider zone address port labels``
-  (JSON object) ``maxLeases phase healthCheck`` (JSON) plus the health engine's fields.
+* ``po:proxy:<uid>`` — hash.  Identity, written by :func:`publish`: ``uid namespace name
+  generation provider zone mode address port labels`` (JSON object) ``maxLeases phase
+  healthCheck`` (JSON).  Health, written by the health engine (see :data:`HEALTH_DEFAULTS`):
+  ``health`` (``unknown``/``healthy``/``unhealthy``), ``healthy`` (``"1"``/``"0"``: the flag the
+  lease script reads), ``successes``/``failures`` (consecutive), ``everHealthy``,
+  ``runningSince``/``lastProbe``/``egressAt`` (epoch seconds), ``lastProbeTime`` (RFC 3339),
+  ``latencyMs``, ``lastReason``, ``lastMessage``, ``lastStatus``, ``egressIP``, ``statusKey``
+  (what the Proxy status last said, so status is written on change only).
 * ``po:proxies`` — set of every published uid.
+* ``po:health:due`` — sorted set uid → epoch second the next probe is due (the sweep reads
+  only the due part, so it costs O(due), not O(fleet)).
+* ``po:health:ok`` / ``po:health:failing`` — uids whose last probe succeeded / failed (the
+  latter only for proxies that were healthy once); together they detect a probe-side outage.
+* ``po:leases:<uid>`` — live leases of the proxy (owned by :mod:`app.leases`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from app.resources import Proxy
 
 PROXIES_KEY = "po:proxies"
+DUE_KEY = "po:health:due"
+OK_KEY = "po:health:ok"
+FAILING_KEY = "po:health:failing"
+
+#: Health fields a fresh (or re-addressed) record starts with.
+HEALTH_DEFAULTS = {
+    "health": "unknown", "healthy": "0", "successes": "0", "failures": "0", "everHealthy": "0",
+    "lastReason": "", "lastMessage": "", "lastStatus": "", "latencyMs": "", "lastProbe": "",
+    "lastProbeTime": "", "egressIP": "", "egressAt": "", "statusKey": "",
+}
 
 
 def proxy_key(uid: str) -> str:
@@ -25,21 +48,32 @@ def proxy_key(uid: str) -> str:
     return f"po:proxy:{uid}"
 
 
+def leases_key(uid: str) -> str:
+    """Return the key of the sorted set of live leases of ``uid`` (lease id → expiry, ms)."""
+    return f"po:leases:{uid}"
+
+
 def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
     """Record (or refresh) ``proxy``'s identity and endpoint in the serving view.
 
-    Health fields already present are kept, so a resync never resets a probe history.
+    Health fields already present are kept, so a resync never resets a probe history; when
+    the endpoint (address or port) changed — a replaced instance — the health fields are
+    reset and the proxy must pass its probes again before it is leased.  A newly published
+    proxy is due for a probe at once.
 
     Args:
-        r: ``redis.Redis``.
+        r: ``redis.Redis`` (``decode_responses=True``).
         proxy: the Proxy as just read from the API.
         address / port: its endpoint.
         phase: the phase written to its status.
     """
     s = proxy.spec
     hc = s.health
+    key = proxy_key(proxy.uid)
+    now = time.time()
     fields = {
         "uid": proxy.uid, "namespace": proxy.namespace, "name": proxy.name,
+        "generation": str(proxy.generation),
         "provider": s.provider or "", "zone": s.zone or "", "mode": s.mode,
         "address": address, "port": str(port), "labels": json.dumps(proxy.labels, sort_keys=True),
         "maxLeases": str(s.max_leases), "phase": phase,
@@ -49,17 +83,37 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
             "successThreshold": hc.success_threshold,
         }, sort_keys=True),
     }
+    old_address, old_port = r.hmget(key, "address", "port")
+    moved = old_address is not None and (old_address != address or old_port != str(port))
     pipe = r.pipeline(transaction=True)
-    pipe.hset(proxy_key(proxy.uid), mapping=fields)
+    pipe.hset(key, mapping=fields)
+    if moved:
+        pipe.hset(key, mapping={**HEALTH_DEFAULTS, "runningSince": repr(now)})
+        pipe.srem(OK_KEY, proxy.uid)
+        pipe.srem(FAILING_KEY, proxy.uid)
+        pipe.zadd(DUE_KEY, {proxy.uid: now})
+    else:
+        for name, value in HEALTH_DEFAULTS.items():
+            pipe.hsetnx(key, name, value)
+        pipe.hsetnx(key, "runningSince", repr(now))
+        pipe.zadd(DUE_KEY, {proxy.uid: now}, nx=True)
     pipe.sadd(PROXIES_KEY, proxy.uid)
     pipe.execute()
 
 
 def withdraw(r, uid: str) -> None:
-    """Remove the Proxy ``uid`` from the serving view (no error when absent)."""
+    """Remove the Proxy ``uid`` from the serving view, its probe schedule and its live leases.
+
+    No error when absent.  Lease records (``po:lease:<id>``) are left to expire; renewing one
+    then fails because its proxy is gone.
+    """
     pipe = r.pipeline(transaction=True)
     pipe.delete(proxy_key(uid))
     pipe.srem(PROXIES_KEY, uid)
+    pipe.zrem(DUE_KEY, uid)
+    pipe.srem(OK_KEY, uid)
+    pipe.srem(FAILING_KEY, uid)
+    pipe.delete(leases_key(uid))
     pipe.execute()
 
 
@@ -67,3 +121,34 @@ def get(r, uid: str) -> dict[str, str] | None:
     """Return the raw hash of ``uid`` or ``None`` when not published."""
     data = r.hgetall(proxy_key(uid))
     return data or None
+
+
+def records(r, uids: list[str]) -> dict[str, dict[str, str]]:
+    """Return ``{uid: hash}`` for those of ``uids`` that are published (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        pipe.hgetall(proxy_key(uid))
+    return {uid: data for uid, data in zip(uids, pipe.execute()) if data}
+
+
+def all_records(r) -> dict[str, dict[str, str]]:
+    """Return ``{uid: hash}`` for every published proxy (two round trips)."""
+    return records(r, sorted(r.smembers(PROXIES_KEY)))
+
+
+def labels_of(record: dict[str, str]) -> dict[str, str]:
+    """Return the labels of a record (``{}`` when missing or malformed)."""
+    try:
+        labels = json.loads(record.get("labels") or "{}")
+    except ValueError:
+        return {}
+    return labels if isinstance(labels, dict) else {}
+
+
+def health_check_of(record: dict[str, str]) -> dict:
+    """Return the ``healthCheck`` dict of a record (``{}`` when missing or malformed)."""
+    try:
+        hc = json.loads(record.get("healthCheck") or "{}")
+    except ValueError:
+        return {}
+    return hc if isinstance(hc, dict) else {}

@@ -2,17 +2,38 @@
 
 * ``proxy.resync`` every ``RESYNC_INTERVAL`` seconds: heals lost tasks and a flushed Redis.
 * ``gc.sweep`` every ``GC_INTERVAL`` seconds: orphan collection per provider.
-* entries contributed by ``workers.health_tasks.BEAT_SCHEDULE`` (probe sweeps, provider checks).
+* ``providers.check`` per provider every ``checkInterval`` (skipped when 0).
+* entries contributed by ``workers.health_tasks.BEAT_SCHEDULE`` (probe sweeps).
+
+The providers config is validated here, at import, so a worker or beat started on a bad
+file exits with the config error instead of half-starting.
 """
 
 from __future__ import annotations
 
+import sys
+
+from app.config import load
+from app.validation import ConfigError
+from workers import routing
 from workers.celery_app import celery_app, settings
+
+try:
+    providers_config = load(settings.providers_config)
+except ConfigError as exc:
+    print(f"proxy-operator: invalid providers config: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 SCHEDULE = {
     "proxy-resync": {"task": "proxy.resync", "schedule": settings.resync_interval},
     "gc-sweep": {"task": "gc.sweep", "schedule": settings.gc_interval},
 }
+for _pc in providers_config.providers:
+    if _pc.check_interval:
+        SCHEDULE[f"provider-check-{_pc.name}"] = {
+            "task": "providers.check", "schedule": _pc.check_interval, "args": [_pc.name],
+            "options": {"queue": routing.HEALTH, "expires": _pc.check_interval},
+        }
 
 try:
     from workers.health_tasks import BEAT_SCHEDULE as _HEALTH

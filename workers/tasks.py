@@ -153,3 +153,15 @@ def gc_collect(provider_name: str) -> dict:
     metrics.GC_DELETED.labels(provider_name).inc(len(report.deleted))
     return {"provider": provider_name, "listed": report.listed, "deleted": len(report.deleted),
             "partial": report.skipped_partial}
+
+
+@celery_app.task(name="providers.check")
+def provider_check(provider_name: str) -> dict:
+    """Check one provider (unwrapped: not counted as provider requests) and publish its ProviderHealth."""
+    from app.provider_health import ProviderHealthWriter, check
+
+    ctx = context()
+    pc = ctx.registry.configs[provider_name]
+    verdicts = check(ctx.registry.unwrapped[provider_name], provider_name, pc.check_timeout)
+    ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
+    return {"provider": provider_name, "ready": sum(v.ready for v in verdicts), "total": len(verdicts)}

@@ -1,0 +1,84 @@
+"""Settings of the health engine, from the environment (durations in seconds)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: Default IP-echo service: answers the caller's address as plain text.
+DEFAULT_ECHO_URL = "https://api.ipify.org"
+
+
+def _number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: not a{'n integer' if integer else ' number'}: {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name}: must be at least {minimum:g}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """How the health engine probes.
+
+    Attributes:
+        echo_url: IP-echo URL fetched through each proxy to learn its egress IP; the answer is
+            the address as text or JSON ``{"ip": ...}``/``{"origin": ...}``.  Empty disables
+            (``EGRESS_ECHO_URL``).
+        egress_refresh: seconds after which a healthy proxy's egress IP is learnt again
+            (``EGRESS_REFRESH_SECONDS``; 0 = on every probe).
+        provision_deadline: seconds a published proxy may stay never-healthy before it goes
+            Failed (``HEALTH_PROVISION_DEADLINE``).
+        batch_size: uids per ``health.probe_batch`` task (``HEALTH_BATCH_SIZE``).
+        concurrency: probes in flight at once inside one batch (``HEALTH_CONCURRENCY``).
+        claim_seconds: how long a claimed (enqueued) proxy is not due again; a lost task is
+            retried after this (``HEALTH_CLAIM_SECONDS``).
+        sweep_limit: most uids claimed by one sweep (``HEALTH_SWEEP_LIMIT``).
+        sweep_interval: beat period of ``health.sweep`` (``HEALTH_SWEEP_INTERVAL``).
+        outage_min_proxies: fewest failing once-healthy proxies that count as a probe-side
+            outage when none succeeds (``HEALTH_OUTAGE_MIN_PROXIES``).
+        ca_bundle: CA file for HTTPS health/echo URLs, ``None`` = system store
+            (``PROBE_CA_BUNDLE``).
+        status_concurrency: status writes in flight at once (``HEALTH_STATUS_CONCURRENCY``).
+    """
+
+    echo_url: str = DEFAULT_ECHO_URL
+    egress_refresh: float = 300.0
+    provision_deadline: float = 900.0
+    batch_size: int = 50
+    concurrency: int = 64
+    claim_seconds: float = 120.0
+    sweep_limit: int = 5000
+    sweep_interval: float = 5.0
+    outage_min_proxies: int = 3
+    ca_bundle: str | None = None
+    status_concurrency: int = 8
+
+    @classmethod
+    def from_env(cls) -> "HealthSettings":
+        """Read the settings from the environment (names in the attribute list).
+
+        Raises:
+            ValueError: a value that is not a number or is out of range, naming the variable.
+        """
+        echo = os.environ.get("EGRESS_ECHO_URL")
+        return cls(
+            echo_url=cls.echo_url if echo is None else echo.strip(),
+            egress_refresh=_number("EGRESS_REFRESH_SECONDS", cls.egress_refresh),
+            provision_deadline=_number("HEALTH_PROVISION_DEADLINE", cls.provision_deadline, minimum=1),
+            batch_size=int(_number("HEALTH_BATCH_SIZE", cls.batch_size, minimum=1, integer=True)),
+            concurrency=int(_number("HEALTH_CONCURRENCY", cls.concurrency, minimum=1, integer=True)),
+            claim_seconds=_number("HEALTH_CLAIM_SECONDS", cls.claim_seconds, minimum=1),
+            sweep_limit=int(_number("HEALTH_SWEEP_LIMIT", cls.sweep_limit, minimum=1, integer=True)),
+            sweep_interval=_number("HEALTH_SWEEP_INTERVAL", cls.sweep_interval, minimum=1),
+            outage_min_proxies=int(_number("HEALTH_OUTAGE_MIN_PROXIES", cls.outage_min_proxies,
+                                           minimum=1, integer=True)),
+            ca_bundle=os.environ.get("PROBE_CA_BUNDLE") or None,
+            status_concurrency=int(_number("HEALTH_STATUS_CONCURRENCY", cls.status_concurrency,
+                                           minimum=1, integer=True)),
+        )

@@ -1,0 +1,481 @@
+"""The gcp provider: Compute Engine instances through google-cloud-compute (REST transport).
+
+Implements the contract of :mod:`app.providers.base` (SPEC §4, gcp):
+
+* ``create`` inserts an instance named ``request.name`` in ``request.zone`` (else a zone of
+  ``gcp.zones`` picked from the name), labelled with ``request.tags``, with the Proxy's
+  cloud-init as ``user-data`` metadata, waits for the zone operation and returns the
+  instance; an instance that already exists (409) is fetched and returned (idempotent).
+* ``get`` maps the instance status and reads the external, else internal, IPv4.
+* ``delete`` waits for the zone operation; an instance already gone (404) is success.
+* ``list_by_tag`` reads every page of the aggregated list filtered on the managed-by label.
+* ``check`` reads one page of at most one managed instance.
+
+Nothing is dialled at construction: the SDK clients (and credentials) are built on first
+use, every one of them with the configured ``apiEndpoint``.  Operations are waited through a
+``ZoneOperationsClient``/``GlobalOperationsClient`` that *we* build with those client
+options; ``ExtendedOperation.result()`` is never used, because the zone-operations client the
+instances transport builds for it ignores ``client_options`` and would poll the public
+endpoint (see /work/shared/ENVIRONMENT.md).  ``operations.wait`` also returns as soon as the
+operation is done, instead of polling with client-side sleeps.
+
+Errors are mapped by :func:`app.providers.gcp.classify.to_provider_error` and raised ``from``
+the SDK error.  SDK types never leave this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import google.auth
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from app.config import ProviderConfig
+from app.naming import MANAGED_BY, TAG_MANAGED_BY
+from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
+from app.providers.errors import NotFound, Permanent, ProviderError, Transient
+from app.providers.gcp import ids, wire
+from app.providers.gcp.classify import operation_error, to_provider_error
+from app.providers.gcp.config import RFC1035, GcpSettings
+
+log = logging.getLogger("proxy_operator.gcp")
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+#: Metadata key of the Proxy's cloud-init (read by cloud-init's GCE datasource).
+USER_DATA_KEY = "user-data"
+#: Metadata key carrying the rendered squid.conf (:mod:`app.squid`) for the user's cloud-init.
+SQUID_CONF_KEY = "squid-conf"
+#: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
+_MAX_WAIT_CALL = 120.0
+#: Page size of the aggregated list used by GC.
+_LIST_PAGE_SIZE = 500
+
+_STATES = {
+    "PROVISIONING": InstanceState.PROVISIONING,
+    "STAGING": InstanceState.PROVISIONING,
+    "REPAIRING": InstanceState.PROVISIONING,
+    "RUNNING": InstanceState.RUNNING,
+    "STOPPING": InstanceState.STOPPED,
+    "STOPPED": InstanceState.STOPPED,
+    "SUSPENDING": InstanceState.STOPPED,
+    "SUSPENDED": InstanceState.STOPPED,
+    "TERMINATED": InstanceState.TERMINATED,
+}
+_DONE = compute_v1.Operation.Status.DONE
+
+
+@dataclass(frozen=True)
+class _Clients:
+    instances: compute_v1.InstancesClient
+    zone_operations: compute_v1.ZoneOperationsClient
+    firewalls: compute_v1.FirewallsClient
+    global_operations: compute_v1.GlobalOperationsClient
+
+
+def state_of(status: str) -> InstanceState:
+    """Map a GCE instance status onto :class:`InstanceState`.
+
+    PROVISIONING/STAGING/REPAIRING -> Provisioning, RUNNING -> Running,
+    STOPPING/STOPPED/SUSPENDING/SUSPENDED -> Stopped, TERMINATED -> Terminated (GCE instance
+    life cycle: https://cloud.google.com/compute/docs/instances/instance-life-cycle); an
+    unknown status counts as Provisioning, so no address is published for it.
+    """
+    return _STATES.get((status or "").upper(), InstanceState.PROVISIONING)
+
+
+def _address(inst: compute_v1.Instance) -> str | None:
+    for nic in inst.network_interfaces:
+        for ac in nic.access_configs:
+            if ac.nat_i_p:
+                return ac.nat_i_p
+    for nic in inst.network_interfaces:
+        if nic.network_i_p:
+            return nic.network_i_p
+    return None
+
+
+def _created(stamp: str) -> datetime | None:
+    if not stamp:
+        return None
+    try:
+        value = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def to_instance(inst: compute_v1.Instance, project: str, zone: str | None = None) -> Instance:
+    """Convert a GCE instance into an :class:`Instance` (provider ID, state, address, labels)."""
+    zone = ids.last_segment(inst.zone) if inst.zone else zone
+    return Instance(provider_id=ids.provider_id(project, zone or "", inst.name), name=inst.name,
+                    state=state_of(inst.status), address=_address(inst),
+                    created=_created(inst.creation_timestamp), tags=dict(inst.labels), zone=zone)
+
+
+def _same_rule(have: compute_v1.Firewall, want: compute_v1.Firewall) -> bool:
+    def allowed(fw: compute_v1.Firewall) -> set[tuple[str, tuple[str, ...]]]:
+        return {(a.I_p_protocol.lower(), tuple(sorted(a.ports))) for a in fw.allowed}
+
+    return (ids.last_segment(have.network) == ids.last_segment(want.network)
+            and (have.direction or "INGRESS") == want.direction and not have.disabled
+            and sorted(have.source_ranges) == sorted(want.source_ranges)
+            and sorted(have.target_tags) == sorted(want.target_tags)
+            and allowed(have) == allowed(want) and not have.denied)
+
+
+class GcpProvider:
+    """A configured gcp provider (see the module docstring).
+
+    Args:
+        pc: the provider's config entry; ``pc.settings`` is a :class:`GcpSettings`.
+    Raises:
+        TypeError: ``pc.settings`` is not a :class:`GcpSettings` (a wiring bug).
+    """
+
+    type = "gcp"
+
+    def __init__(self, pc: ProviderConfig) -> None:
+        if not isinstance(pc.settings, GcpSettings):
+            raise TypeError(f"GcpProvider needs GcpSettings, got {type(pc.settings).__name__}")
+        self.name = pc.name
+        self.settings: GcpSettings = pc.settings
+        self.check_timeout = pc.check_timeout or self.settings.request_timeout
+        self._lock = threading.Lock()
+        self._clients: _Clients | None = None
+        self._firewalls_ok: set[str] = set()
+        if self.settings.credentials_file and not os.access(self.settings.credentials_file, os.R_OK):
+            # Only a diagnostic: the file is read on first use, so a Secret mounted later heals.
+            log.warning("gcp provider %s: credentialsFile %s is not readable (yet)",
+                        self.name, self.settings.credentials_file)
+
+    # -- clients -----------------------------------------------------------------------
+    def _credentials(self) -> Any:
+        s = self.settings
+        if s.anonymous:
+            return AnonymousCredentials()
+        if s.credentials_file:
+            if not os.path.exists(s.credentials_file):
+                raise Transient(f"gcp provider {self.name}: credentialsFile {s.credentials_file} "
+                                "does not exist (yet)")
+            try:
+                creds, _ = google.auth.load_credentials_from_file(s.credentials_file, scopes=[CLOUD_PLATFORM_SCOPE])
+            except OSError as exc:
+                raise Transient(f"gcp provider {self.name}: cannot read credentialsFile "
+                                f"{s.credentials_file}: {exc.strerror or exc}") from exc
+            except google.auth.exceptions.GoogleAuthError as exc:
+                raise Permanent(f"gcp provider {self.name}: credentialsFile {s.credentials_file} "
+                                f"is not usable: {exc}") from exc
+            return creds
+        try:
+            creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+        except google.auth.exceptions.GoogleAuthError as exc:
+            raise Permanent(f"gcp provider {self.name}: no Application Default Credentials "
+                            f"(set gcp.credentialsFile or GOOGLE_APPLICATION_CREDENTIALS): {exc}") from exc
+        return creds
+
+    def _api(self) -> _Clients:
+        """Build the SDK clients once (thread-safe); a failure is retried on the next call."""
+        with self._lock:
+            if self._clients is None:
+                s = self.settings
+                wire.configure(enabled=s.wire_logging.enabled, full_payloads=s.wire_logging.full_payloads,
+                               api_endpoint=s.api_endpoint)
+                creds = self._credentials()
+                opts = ClientOptions(api_endpoint=s.api_endpoint) if s.api_endpoint else None
+
+                def make(cls: Callable[..., Any]) -> Any:
+                    return cls(credentials=creds, transport="rest", client_options=opts)
+
+                self._clients = _Clients(instances=make(compute_v1.InstancesClient),
+                                         zone_operations=make(compute_v1.ZoneOperationsClient),
+                                         firewalls=make(compute_v1.FirewallsClient),
+                                         global_operations=make(compute_v1.GlobalOperationsClient))
+            return self._clients
+
+    def _call(self, what: str, fn: Callable[[], Any], *, on_404: type[ProviderError] = NotFound) -> Any:
+        """Run one SDK call; log one DEBUG line with outcome and duration; classify failures."""
+        start = time.monotonic()
+        try:
+            result = fn()
+        except Exception as exc:
+            err = to_provider_error(exc, what, on_404=on_404)
+            log.debug("gcp %s: %s (%.3fs)", what, err.reason, time.monotonic() - start)
+            raise err from exc
+        log.debug("gcp %s: ok%s (%.3fs)", what,
+                  f" operation={result.name}" if isinstance(result, compute_v1.Operation) else "",
+                  time.monotonic() - start)
+        return result
+
+    def _wait(self, what: str, op: compute_v1.Operation, zone: str | None, *,
+              on_404: type[ProviderError] = NotFound) -> None:
+        """Wait until ``op`` is DONE (zone operation, or global when ``zone`` is None).
+
+        Raises:
+            Transient: still running after ``operationTimeout``, or the wait call failed.
+            ProviderError: the operation finished with an error (classified, cause kept).
+        """
+        api = self._api()
+        s = self.settings
+        deadline = time.monotonic() + s.operation_timeout
+        while op.status != _DONE:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Transient(f"gcp {what}: operation {op.name} still {op.status.name} after "
+                                f"{s.operation_timeout:g}s")
+            timeout = max(1.0, min(remaining, _MAX_WAIT_CALL)) + s.request_timeout
+            if zone is None:
+                request: Any = compute_v1.WaitGlobalOperationRequest(project=s.project, operation=op.name)
+                fn: Callable[[], Any] = lambda: api.global_operations.wait(request=request, timeout=timeout, retry=None)
+            else:
+                request = compute_v1.WaitZoneOperationRequest(project=s.project, zone=zone, operation=op.name)
+                fn = lambda: api.zone_operations.wait(request=request, timeout=timeout, retry=None)
+            op = self._call(f"wait {what}", fn)
+        failure = operation_error(op)
+        if failure is not None:
+            err = to_provider_error(failure, f"{what} (operation {op.name})", on_404=on_404)
+            log.debug("gcp %s: operation %s finished with %s", what, op.name, err.reason)
+            raise err from failure
+
+    # -- contract ----------------------------------------------------------------------
+    def queue_for(self, placement_zone: str | None) -> str | None:
+        """Return ``None``: gcp work runs on the default queues."""
+        return None
+
+    def create(self, request: CreateRequest) -> Instance:
+        """Create the instance ``request.name`` (idempotent by name) and return it.
+
+        Raises:
+            Permanent: no zone to use, a zone or name that is not an RFC 1035 label,
+                user-data that is not UTF-8, a rejected request (400/403/404).
+            QuotaExceeded: quota or capacity refused, at the call or in the operation.
+            Transient: 5xx, timeouts, connection errors, the operation still running.
+        """
+        s = self.settings
+        try:
+            zone = request.zone or ids.pick_zone(request.name, s.zones)
+        except ValueError as exc:
+            raise Permanent(f"gcp provider {self.name}: {exc}") from exc
+        if not RFC1035.match(zone):
+            raise Permanent(f"gcp provider {self.name}: zone {zone!r} is not a GCE zone name")
+        if not RFC1035.match(request.name):
+            raise Permanent(f"gcp provider {self.name}: instance name {request.name!r} is not an RFC 1035 label")
+        pid = ids.provider_id(s.project, zone, request.name)
+        if s.firewall.ensure:
+            self._ensure_firewall(request.port)
+        body = self._instance_body(request, zone)
+        api = self._api()
+        insert = compute_v1.InsertInstanceRequest(project=s.project, zone=zone, instance_resource=body)
+        try:
+            op = self._call(f"insert {pid}", lambda: api.instances.insert_unary(
+                request=insert, timeout=s.request_timeout, retry=None), on_404=Permanent)
+        except ProviderError as exc:
+            if isinstance(exc.__cause__, gexc.Conflict):
+                log.info("gcp insert %s: already exists; returning it", pid)
+                return self.get(pid)
+            raise
+        try:
+            self._wait(f"insert {pid}", op, zone, on_404=Permanent)
+        except ProviderError as exc:
+            if isinstance(exc.__cause__, gexc.Conflict):
+                return self.get(pid)
+            raise
+        return self.get(pid)
+
+    def _instance_body(self, request: CreateRequest, zone: str) -> compute_v1.Instance:
+        s = self.settings
+        items = []
+        if request.user_data is not None:
+            try:
+                text = request.user_data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise Permanent(f"gcp provider {self.name}: cloud-init user-data is not UTF-8 "
+                                f"(GCE metadata values are text): byte {exc.start}") from None
+            items.append(compute_v1.Items(key=USER_DATA_KEY, value=text))
+        if request.squid_config:
+            items.append(compute_v1.Items(key=SQUID_CONF_KEY, value=request.squid_config))
+        nic = compute_v1.NetworkInterface(network=ids.network_path(s.project, s.network))
+        if s.subnetwork:
+            nic.subnetwork = ids.subnetwork_path(s.project, zone, s.subnetwork)
+        if s.external_ip:
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        disk = compute_v1.AttachedDisk(
+            boot=True, auto_delete=True,
+            initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=request.image or s.image))
+        body = compute_v1.Instance(
+            name=request.name,
+            machine_type=ids.machine_type_path(zone, request.machine_type or s.machine_type),
+            labels=dict(request.tags),
+            metadata=compute_v1.Metadata(items=items),
+            disks=[disk],
+            network_interfaces=[nic],
+            tags=compute_v1.Tags(items=list(s.network_tags)),
+            description=f"proxy-operator provider {self.name}, namespace {request.namespace}",
+        )
+        if s.service_account:
+            body.service_accounts = [compute_v1.ServiceAccount(email=s.service_account,
+                                                               scopes=[CLOUD_PLATFORM_SCOPE])]
+        return body
+
+    def get(self, provider_id: str) -> Instance:
+        """Return the instance behind ``provider_id``.
+
+        Raises:
+            Permanent: a malformed provider ID, or a 4xx other than 404/429.
+            NotFound: the instance does not exist.
+            QuotaExceeded / Transient: see :func:`app.providers.gcp.classify.to_provider_error`.
+        """
+        project, zone, name = self._parse(provider_id)
+        api = self._api()
+        inst = self._call(f"get {provider_id}", lambda: api.instances.get(
+            project=project, zone=zone, instance=name, timeout=self.settings.request_timeout, retry=None))
+        return to_instance(inst, project, zone)
+
+    def delete(self, provider_id: str) -> None:
+        """Delete the instance and wait for the operation; an instance already gone is success.
+
+        Raises:
+            Permanent: a malformed provider ID, or a rejected request.
+            QuotaExceeded / Transient: rate limited, 5xx, timeouts, operation still running.
+        """
+        project, zone, name = self._parse(provider_id)
+        api = self._api()
+        request = compute_v1.DeleteInstanceRequest(project=project, zone=zone, instance=name)
+        try:
+            op = self._call(f"delete {provider_id}", lambda: api.instances.delete_unary(
+                request=request, timeout=self.settings.request_timeout, retry=None))
+            self._wait(f"delete {provider_id}", op, zone)
+        except NotFound:
+            log.debug("gcp delete %s: already gone", provider_id)
+
+    def list_by_tag(self, tag: str) -> ListResult:
+        """Return every instance of the project labelled ``managed-by=<tag>``, over every page.
+
+        Zones the API reports unreachable make the result partial (GC then deletes nothing).
+
+        Raises:
+            Permanent: ``tag`` is not a GCE label value, or a rejected request.
+            QuotaExceeded / Transient: the listing failed as a whole.
+        """
+        pager = self._aggregated(tag, _LIST_PAGE_SIZE, self.settings.request_timeout)
+        instances: list[Instance] = []
+        unreachable: list[str] = []
+        what = f"aggregatedList projects/{self.settings.project}"
+        pages = pager.pages
+        while True:
+            page = self._call(what, lambda: next(pages, None))
+            if page is None:
+                break
+            self._collect(page, instances, unreachable)
+        errors = [f"zone {z} unreachable" for z in unreachable]
+        return ListResult(instances=instances, partial=bool(unreachable), errors=errors)
+
+    def check(self) -> list[TargetVerdict]:
+        """Ask the Compute API for one page of at most one managed instance; never raises.
+
+        Returns:
+            one :class:`TargetVerdict` named after the project: ready with reason ``Ready``,
+            or not ready with the taxonomy reason and the classified message.
+        """
+        project = self.settings.project
+        try:
+            pager = self._aggregated(None, 1, self.check_timeout)
+            page = self._call(f"check projects/{project}", lambda: next(iter(pager.pages)))
+            found: list[Instance] = []
+            unreachable: list[str] = []
+            self._collect(page, found, unreachable)
+        except Exception as exc:  # noqa: BLE001 - a check reports, it never raises
+            err = to_provider_error(exc, f"check projects/{project}")
+            return [TargetVerdict(name=project, ready=False, reason=err.reason, message=str(err))]
+        details = {"managedInstancesOnFirstPage": str(len(found))}
+        if unreachable:
+            details["unreachableZones"] = ",".join(unreachable)
+        return [TargetVerdict(name=project, ready=True, reason="Ready",
+                              message=f"Compute API answered for project {project}", details=details)]
+
+    # -- firewall opt-in ---------------------------------------------------------------
+    def firewall_rule(self, port: int) -> compute_v1.Firewall:
+        """Return the ingress rule proxies on ``port`` need: TCP ``port`` from
+        ``firewall.sourceRanges`` to instances tagged with the first network tag."""
+        s = self.settings
+        name = ids.firewall_name(s.firewall.name or f"proxy-operator-{self.name}", port)
+        return compute_v1.Firewall(
+            name=name, network=ids.network_path(s.project, s.network), direction="INGRESS", priority=1000,
+            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=[str(port)])],
+            source_ranges=list(s.firewall.source_ranges), target_tags=[s.network_tags[0]],
+            description=f"proxy-operator provider {self.name}: clients to Squid on port {port}")
+
+    def _ensure_firewall(self, port: int) -> None:
+        """Create the rule of :meth:`firewall_rule`, or patch it when it differs; once per process and port.
+
+        Raises:
+            Permanent: the API refused (typically 403: the operator lacks
+                ``roles/compute.securityAdmin``).
+            QuotaExceeded / Transient: as for any call.
+        """
+        s = self.settings
+        want = self.firewall_rule(port)
+        if want.name in self._firewalls_ok:
+            return
+        api = self._api()
+        what = f"firewall projects/{s.project}/global/firewalls/{want.name}"
+        try:
+            have = self._call(f"get {what}", lambda: api.firewalls.get(
+                project=s.project, firewall=want.name, timeout=s.request_timeout, retry=None))
+        except NotFound:
+            have = None
+        op = None
+        if have is None:
+            try:
+                op = self._call(f"insert {what}", lambda: api.firewalls.insert_unary(
+                    project=s.project, firewall_resource=want, timeout=s.request_timeout, retry=None),
+                    on_404=Permanent)
+            except ProviderError as exc:
+                if not isinstance(exc.__cause__, gexc.Conflict):  # created concurrently: fine
+                    raise
+        elif not _same_rule(have, want):
+            log.info("gcp %s differs from the configuration; patching it", what)
+            op = self._call(f"patch {what}", lambda: api.firewalls.patch_unary(
+                project=s.project, firewall=want.name, firewall_resource=want,
+                timeout=s.request_timeout, retry=None), on_404=Permanent)
+        if op is not None:
+            self._wait(what, op, None, on_404=Permanent)
+        self._firewalls_ok.add(want.name)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _parse(self, provider_id: str) -> tuple[str, str, str]:
+        try:
+            return ids.parse_provider_id(provider_id)
+        except ValueError as exc:
+            raise Permanent(f"gcp provider {self.name}: {exc}") from exc
+
+    def _aggregated(self, tag: str | None, page_size: int, timeout: float) -> Any:
+        """Return a lazy pager over the aggregated list filtered on the managed-by label."""
+        value = MANAGED_BY if tag is None else tag
+        if not value or len(value) > 63 or not all(c.islower() or c.isdigit() or c in "-_" for c in value):
+            raise Permanent(f"gcp provider {self.name}: {value!r} is not a GCE label value")
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=self.settings.project, filter=f'labels.{TAG_MANAGED_BY} = "{value}"', max_results=page_size)
+        api = self._api()
+        return self._call(f"aggregatedList projects/{self.settings.project}",
+                          lambda: api.instances.aggregated_list(request=request, timeout=timeout, retry=None))
+
+    def _collect(self, page: Any, instances: list[Instance], unreachable: list[str]) -> None:
+        for scope, scoped in page.items.items():
+            zone = ids.last_segment(scope)
+            for inst in scoped.instances:
+                instances.append(to_instance(inst, self.settings.project, zone))
+            if scoped.warning and scoped.warning.code == "UNREACHABLE" and zone not in unreachable:
+                unreachable.append(zone)
+        for scope in page.unreachables:
+            zone = ids.last_segment(scope)
+            if zone not in unreachable:
+                unreachable.append(zone)

@@ -1,0 +1,486 @@
+"""HTTP front of the fake Kubernetes API (stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive).
+
+Paths follow the API server's layout: ``/api/v1/...`` for core and
+``/apis/<group>/<version>/...`` for the rest; collections per namespace
+(``/namespaces/<ns>/<plural>``) and across namespaces (``/<plural>``), objects
+(``.../<plural>/<name>``) and the ``status`` subresource; ``?watch=true`` (or the legacy
+``/watch/`` prefix) streams events as newline-delimited JSON over chunked encoding, like the
+real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``) and ``/version``
+answer too.
+
+Watch behaviour (k8s "Efficient detection of changes" in the API concepts doc):
+``resourceVersion=N`` streams changes after N; unset or ``"0"`` first sends the current
+objects as ADDED; ``allowWatchBookmarks=true`` adds BOOKMARK events every
+``bookmark_interval`` seconds carrying the newest resourceVersion the stream has passed;
+``timeoutSeconds`` ends the stream server-side; a version older than the retained history
+gets a single ERROR event holding a 410 Expired ``Status`` (what the real server sends).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterable
+from urllib.parse import parse_qs, urlsplit
+
+from tests.kubefake import resources as R
+from tests.kubefake.errors import ApiError
+from tests.kubefake.resources import ResourceType
+from tests.kubefake.store import Closed, Store, dumps
+
+log = logging.getLogger("kubefake")
+
+_TRUE = {"1", "t", "true"}
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            409: "Conflict", 410: "Gone", 415: "Unsupported Media Type", 422: "Unprocessable Entity",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+            504: "Gateway Timeout"}
+
+
+class _Fault:
+    """A scripted failure: the next ``times`` matching requests get ``code``."""
+
+    def __init__(self, verb: str | None, resource: str | None, code: int, times: int, reason: str) -> None:
+        self.verb, self.resource, self.code, self.times, self.reason = verb, resource, code, times, reason
+
+
+class _WatchStream:
+    """Bookkeeping for one open watch (so tests can hang it)."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self.hung = threading.Event()
+
+
+class FakeKube:
+    """An in-process fake of kube-apiserver for the official ``kubernetes`` client.
+
+    Args:
+        host / port: bind address (port 0 = a free port).
+        types: resource types served (default: pods, secrets, events, namespaces, leases,
+            events.k8s.io events, proxies, providerhealths).
+        history_limit: watch events retained before old ones are compacted (410 after that).
+        bookmark_interval: seconds between BOOKMARK events on watches that allow them.
+        default_watch_timeout: seconds a watch lasts when the client sends no timeoutSeconds.
+        require_namespaces: creates in a missing namespace get 404 (like a real cluster).
+        admission: ``{plural: admit}`` hooks, see :meth:`Store.set_admission`.
+
+    Use as a context manager or call :meth:`start` / :meth:`close`.  ``url`` is
+    ``http://127.0.0.1:<port>``.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
+                 types: Iterable[ResourceType] = R.DEFAULT_TYPES, history_limit: int = 10000,
+                 bookmark_interval: float = 1.0, default_watch_timeout: float = 1800.0,
+                 require_namespaces: bool = False, admission: dict | None = None) -> None:
+        self.store = Store(types, history_limit=history_limit, require_namespaces=require_namespaces)
+        self.bookmark_interval = bookmark_interval
+        self.default_watch_timeout = default_watch_timeout
+        self.requests: collections.Counter = collections.Counter()
+        self._host, self._port = host, port
+        self._faults: list[_Fault] = []
+        self._watches: set[_WatchStream] = set()
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        for name, hook in (admission or {}).items():
+            self.store.set_admission(name, hook)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "FakeKube":
+        """Bind and serve in a daemon thread; return self."""
+        handler = type("Handler", (_Handler,), {"fake": self})
+        server = ThreadingHTTPServer((self._host, self._port), handler, bind_and_activate=False)
+        server.daemon_threads = True
+        server.block_on_close = False
+        server.request_queue_size = 256
+        server.allow_reuse_address = True
+        server.server_bind()
+        server.server_activate()
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="kubefake", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving; open watches end."""
+        self.store.close()
+        self._release.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "FakeKube":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port."""
+        assert self._server is not None, "not started"
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self._host}:{self.port}"
+
+    # -- client helpers --------------------------------------------------------------------
+    def configuration(self):
+        """Return a :class:`kubernetes.client.Configuration` pointing at this server."""
+        from kubernetes import client as k8s
+
+        cfg = k8s.Configuration()
+        cfg.host = self.url
+        cfg.api_key = {"authorization": "Bearer kubefake"}
+        return cfg
+
+    def api_client(self):
+        """Return a new :class:`kubernetes.client.ApiClient` for this server (close it when done)."""
+        from kubernetes import client as k8s
+
+        return k8s.ApiClient(self.configuration())
+
+    def write_kubeconfig(self, path: str) -> str:
+        """Write a kubeconfig for this server to ``path`` (see :func:`write_kubeconfig`)."""
+        return write_kubeconfig(path, self.url)
+
+    # -- test hooks ------------------------------------------------------------------------
+    def set_admission(self, resource: str | ResourceType, admit) -> None:
+        """Install an admission hook (see :meth:`Store.set_admission`)."""
+        self.store.set_admission(resource, admit)
+
+    def compact(self, keep: int = 0) -> int:
+        """Compact the watch history (see :meth:`Store.compact`); return the compacted version."""
+        return self.store.compact(keep)
+
+    def hang_watches(self, resource: str | None = None) -> int:
+        """Make the currently open watch streams (optionally of one plural) go silent.
+
+        They send nothing more (no events, no bookmarks, no end of stream) but keep the
+        connection open, as a dead load balancer or a wedged server would.  Watches opened
+        later are unaffected.  Returns how many streams were hung.
+        """
+        with self._lock:
+            hung = [w for w in self._watches if resource is None or w.resource == resource]
+        for w in hung:
+            w.hung.set()
+        return len(hung)
+
+    def release_hung_watches(self) -> None:
+        """Drop the connections of hung watches (they end without a terminating chunk)."""
+        self._release.set()
+        self._release = threading.Event()
+
+    def open_watches(self, resource: str | None = None) -> int:
+        """Number of open watch streams (optionally of one plural), hung ones included."""
+        with self._lock:
+            return sum(1 for w in self._watches if resource is None or w.resource == resource)
+
+    def fail_next(self, verb: str | None = None, resource: str | None = None, *, code: int = 500,
+                  times: int = 1, reason: str = "InternalError") -> None:
+        """Answer the next ``times`` requests matching ``verb``/``resource`` with an error Status.
+
+        Args:
+            verb: ``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``
+                or ``None`` for any.
+            resource: plural, optionally ``plural/status``; ``None`` for any.
+            code / reason: HTTP status and ``Status.reason``.
+        """
+        with self._lock:
+            self._faults.append(_Fault(verb, resource, code, times, reason))
+
+    def request_count(self, verb: str | None = None, resource: str | None = None) -> int:
+        """Requests served so far, filtered by verb and/or resource (plural or ``plural/status``)."""
+        with self._lock:
+            return sum(n for (v, r), n in self.requests.items()
+                       if (verb is None or v == verb) and (resource is None or r == resource))
+
+    def _take_fault(self, verb: str, resource: str) -> ApiError | None:
+        with self._lock:
+            self.requests[(verb, resource)] += 1
+            for f in self._faults:
+                if (f.verb in (None, verb)) and (f.resource in (None, resource)):
+                    f.times -= 1
+                    if f.times <= 0:
+                        self._faults.remove(f)
+                    return ApiError(f.code, f.reason, f"injected failure ({f.code}) for {verb} {resource}")
+        return None
+
+
+def write_kubeconfig(path: str, url: str, *, namespace: str = "default") -> str:
+    """Write a kubeconfig that points ``kubectl``-style clients at ``url``; return ``path``.
+
+    ``KUBECONFIG=path`` then makes :func:`app.kube.api_client` (and subprocesses using it)
+    reach the fake.  The token is a placeholder: the fake does not authenticate.
+    """
+    import yaml
+
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "kubefake", "preferences": {},
+        "clusters": [{"name": "kubefake", "cluster": {"server": url}}],
+        "users": [{"name": "kubefake", "user": {"token": "kubefake"}}],
+        "contexts": [{"name": "kubefake", "context": {"cluster": "kubefake", "user": "kubefake",
+                                                      "namespace": namespace}}],
+    }
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    return path
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    fake: FakeKube  # set on the subclass made by FakeKube.start
+
+    def log_message(self, fmt, *args) -> None:  # quiet; errors are logged explicitly
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _send(self, code: int, body: bytes) -> None:
+        head = (f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.wfile.write(head + body)
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return None
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ApiError.bad_request(f"the request body is not valid JSON: {exc}") from None
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            code, out = self._route(method, [p for p in url.path.split("/") if p], query, body)
+        except ApiError as exc:
+            code, out = exc.code, dumps(exc.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            return
+        except Exception as exc:  # a bug in the fake: answer like an apiserver panic would
+            log.exception("kubefake: %s %s failed", method, self.path)
+            code, out = 500, dumps(ApiError(500, "InternalError", f"kubefake: {exc!r}").status())
+        if code is None:
+            return  # a watch stream wrote its own response
+        try:
+            self._send(code, out)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _route(self, method: str, parts: list[str], query: dict, body):
+        fake = self.fake
+        store = fake.store
+        if parts == ["version"]:
+            return 200, dumps({"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubefake",
+                               "platform": "linux/amd64"})
+        if parts and parts[0] == "api":
+            group, rest = "", parts[1:]
+            if not rest:
+                return 200, dumps({"kind": "APIVersions", "versions": ["v1"]})
+            version, rest = rest[0], rest[1:]
+        elif parts and parts[0] == "apis":
+            if len(parts) == 1:
+                return 200, self._group_list()
+            if len(parts) < 3:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rest:
+            return 200, self._resource_list(group, version)
+        watch = query.get("watch", "").lower() in _TRUE
+        if rest[0] == "watch":
+            watch, rest = True, rest[1:]
+        namespace: str | None = None
+        if (len(rest) >= 3 and rest[0] == "namespaces"
+                and store.resource(group, version, rest[2]) is not None
+                and store.resource(group, version, rest[2]).namespaced):
+            namespace, rest = rest[1], rest[2:]
+        rt = store.resource(group, version, rest[0]) if rest else None
+        if rt is None or len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rt.namespaced and namespace is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if rt.namespaced and name is not None and namespace is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        dry_run = query.get("dryRun") == "All"
+        if name is None:
+            if method == "GET":
+                verb = "watch" if watch else "list"
+                self._fault(verb, rt.plural)
+                if watch:
+                    self._watch(rt, namespace, query)
+                    return None, b""
+                limit = query.get("limit")
+                return 200, store.list(rt, namespace, label_selector=query.get("labelSelector"),
+                                       field_selector=query.get("fieldSelector"),
+                                       limit=int(limit) if limit else None,
+                                       continue_token=query.get("continue") or None)
+            if method == "POST":
+                if rt.namespaced and namespace is None:
+                    raise ApiError.method_not_allowed()
+                self._fault("create", rt.plural)
+                return 201, store.create(rt, namespace or "", body, dry_run=dry_run)
+            raise ApiError.method_not_allowed()
+        resource = rt.plural + (f"/{sub}" if sub else "")
+        if sub not in (None, "status") or (sub == "status" and not rt.status_subresource):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = namespace or ""
+        if method == "GET":
+            self._fault("get", resource)
+            return 200, store.get(rt, ns, name).raw
+        if method == "PUT":
+            self._fault("update", resource)
+            return 200, store.update(rt, ns, name, body, subresource=sub, dry_run=dry_run)
+        if method == "PATCH":
+            self._fault("patch", resource)
+            return 200, store.patch(rt, ns, name, self.headers.get("Content-Type", ""), body,
+                                    subresource=sub, dry_run=dry_run)
+        if method == "DELETE" and sub is None:
+            self._fault("delete", resource)
+            options = body if isinstance(body, dict) else {}
+            for key in ("propagationPolicy", "gracePeriodSeconds"):
+                if key in query:
+                    options.setdefault(key, query[key])
+            return 200, store.delete(rt, ns, name, options, dry_run=dry_run)
+        raise ApiError.method_not_allowed()
+
+    def _fault(self, verb: str, resource: str) -> None:
+        err = self.fake._take_fault(verb, resource)
+        if err is not None:
+            raise err
+
+    # -- discovery -------------------------------------------------------------------------
+    def _group_list(self) -> bytes:
+        groups: dict[str, list[str]] = {}
+        for t in self.fake.store.types.values():
+            if t.group:
+                groups.setdefault(t.group, [])
+                if t.version not in groups[t.group]:
+                    groups[t.group].append(t.version)
+        return dumps({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+            for g, vs in sorted(groups.items())]})
+
+    def _resource_list(self, group: str, version: str) -> bytes:
+        types = [t for t in self.fake.store.types.values() if t.group == group and t.version == version]
+        if not types:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        resources = []
+        for t in types:
+            resources.append({"name": t.plural, "singularName": t.kind.lower(), "namespaced": t.namespaced,
+                              "kind": t.kind, "verbs": verbs, "shortNames": list(t.short_names)})
+            if t.status_subresource:
+                resources.append({"name": f"{t.plural}/status", "singularName": "", "namespaced": t.namespaced,
+                                  "kind": t.kind, "verbs": ["get", "patch", "update"]})
+        return dumps({"kind": "APIResourceList", "apiVersion": "v1",
+                      "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
+
+    # -- watch -----------------------------------------------------------------------------
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _watch(self, rt: ResourceType, namespace: str | None, query: dict) -> None:
+        fake = self.fake
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in _TRUE
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else fake.default_watch_timeout
+        try:
+            sub = fake.store.subscribe(rt, namespace, label_selector=query.get("labelSelector"),
+                                       field_selector=query.get("fieldSelector"),
+                                       resource_version=query.get("resourceVersion"))
+            gone = None
+        except ApiError as exc:
+            if exc.code != 410:
+                raise
+            sub, gone = None, exc
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+        if gone is not None:
+            self._chunk(dumps({"type": "ERROR", "object": gone.status()}) + b"\n")
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        stream = _WatchStream(rt.plural)
+        with fake._lock:
+            fake._watches.add(stream)
+        release = fake._release
+        try:
+            self._stream(sub, stream, rt, bookmarks, timeout, release)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout, OSError):
+            self.close_connection = True
+        finally:
+            with fake._lock:
+                fake._watches.discard(stream)
+
+    def _stream(self, sub, stream: _WatchStream, rt: ResourceType, bookmarks: bool, timeout: float,
+                release: threading.Event) -> None:
+        fake = self.fake
+        now = time.monotonic()
+        deadline = now + timeout
+        next_bookmark = now + fake.bookmark_interval
+        while True:
+            if stream.hung.is_set():
+                # Say nothing, keep the socket open, until released or the server closes.
+                release.wait(3600)
+                self.close_connection = True
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            wait = deadline - now
+            if bookmarks:
+                wait = min(wait, max(0.0, next_bookmark - now))
+            try:
+                events = sub.next(min(wait, 0.5))
+            except ApiError as exc:  # history compacted under a slow watcher
+                self._chunk(dumps({"type": "ERROR", "object": exc.status()}) + b"\n")
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            except Closed:
+                self.close_connection = True
+                return
+            if stream.hung.is_set():
+                continue
+            out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), ev.raw) for ev in events]
+            if bookmarks and time.monotonic() >= next_bookmark:
+                out.append(dumps({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(sub.rv)}}}) + b"\n")
+                next_bookmark = time.monotonic() + fake.bookmark_interval
+            if out:
+                self._chunk(b"".join(out))
