@@ -61,8 +61,17 @@ def cmd_crds(args) -> int:
 def cmd_watch(args) -> int:
     from app.logs import setup
     os.environ["PROVIDERS_CONFIG"] = args.providers_config or ""
-    _validated(args.providers_config)
+    cfg = _validated(args.providers_config)
     setup("watch")
+    from app.kube import api_client
+    from app.provider_health import ProviderHealthWriter
+    try:
+        pruned = ProviderHealthWriter(api_client()).prune(
+            cfg.names(), {p.name for p in cfg.providers if p.check_interval})
+        if pruned:
+            log.info("deleted ProviderHealth of providers no longer checked: %s", ", ".join(pruned))
+    except Exception as exc:  # noqa: BLE001 - housekeeping must not stop the watcher
+        log.warning("could not prune ProviderHealth objects: %s", exc)
     from watchers.main import run
     from workers.watch_dispatch import make_on_event
     run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,

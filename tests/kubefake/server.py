@@ -355,6 +355,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._fault("create", rt.plural)
                 return 201, store.create(rt, namespace or "", body, dry_run=dry_run)
             raise ApiError.method_not_allowed()
+        if method == "GET" and watch and sub is None:
+            # a watch on one object: the collection watch narrowed to that name
+            self._fault("watch", rt.plural)
+            selector = f"metadata.name={name}"
+            query = {**query, "fieldSelector": ",".join(filter(None, [query.get("fieldSelector"), selector]))}
+            self._watch(rt, namespace, query)
+            return None, b""
         resource = rt.plural + (f"/{sub}" if sub else "")
         if sub not in (None, "status") or (sub == "status" and not rt.status_subresource):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")

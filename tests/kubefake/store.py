@@ -486,10 +486,20 @@ class Store:
         hook = self._admission.get(rt)
         if hook is None:
             return obj
+        name = obj["metadata"].get("name", "")
         try:
             out = hook(obj, old)
         except Invalid as exc:
-            raise ApiError.invalid(rt.group, rt.kind, obj["metadata"].get("name", ""), exc.causes) from None
+            raise ApiError.invalid(rt.group, rt.kind, name, exc.causes) from None
+        except ValueError as exc:
+            # tests.support.crd_validation: Invalid carries its own Status (422);
+            # StrictDecodingError (unknown fields under fieldValidation=Strict) is a 400.
+            if callable(getattr(exc, "status", None)):
+                body = exc.status(rt.kind, rt.group, name)
+                raise ApiError(422, "Invalid", body["message"], body.get("details")) from None
+            if hasattr(exc, "fields"):
+                raise ApiError.bad_request(str(exc)) from None
+            raise
         return obj if out is None else out
 
     def _update_locked(self, rt: ResourceType, namespace: str, name: str, old: Entry, new: dict,

@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# One image for every process of proxy-operator (SPEC §10): the watcher
+# (`proxy-operator watch`), Celery workers and beat (`celery -A workers ...`), the API
+# (`gunicorn ... 'api:create_app()'`) and Flower. Build with the commit stamped in:
+#   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t proxy-operator .
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# --- build: compile libvirt-python and install the project into a virtualenv -----------
+FROM ${PYTHON_IMAGE} AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev pkg-config libvirt-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app/ app/
+COPY api/ api/
+COPY watchers/ watchers/
+COPY workers/ workers/
+RUN /opt/venv/bin/pip install ".[kvm]"
+
+# --- runtime ------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE}
+ARG GIT_COMMIT=unknown
+LABEL org.opencontainers.image.title="proxy-operator" \
+      org.opencontainers.image.description="Keeps a fleet of Squid forward proxies alive on Kubernetes, GCP and KVM, and leases them to crawlers." \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.revision="${GIT_COMMIT}"
+# libvirt0: the shared library libvirt-python links against (the daemon runs on the hosts).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libvirt0 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 proxyop \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+            --shell /usr/sbin/nologin proxyop
+COPY --from=build /opt/venv /opt/venv
+# The CRDs travel with the image (e.g. for a job that applies them).
+COPY deploy/crd/ /opt/proxy-operator/crd/
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    GIT_COMMIT=${GIT_COMMIT}
+# Runs with a read-only root filesystem: only /tmp (an emptyDir / tmpfs) is written.
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 8080 8081 5555
+CMD ["proxy-operator", "version"]

@@ -1,0 +1,282 @@
+"""One probe: ``GET healthCheck.url`` through a proxy, and the egress IP it exposes (SPEC §6).
+
+Plain-HTTP URLs are sent to the proxy as absolute-URI requests; HTTPS URLs go through a
+``CONNECT`` tunnel (urllib3's ``ProxyManager`` does both).  Every failure is told apart by
+reason (:data:`REASONS`) so the Healthy condition says what went wrong.  Probes are I/O-bound:
+:func:`probe_many` runs a batch on a thread pool, never one after another.
+
+Credentials for proxies with basic auth come from the caller (a ``(user, password)`` pair on
+the :class:`ProbeTarget`); they are sent as ``Proxy-Authorization`` and never appear in a
+result, message or log.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import re
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import urllib3
+from urllib3 import exceptions as u3
+
+OK = "ProbeSucceeded"
+CONNECTION_REFUSED = "ConnectionRefused"
+TIMEOUT = "Timeout"
+PROXY_AUTH_REQUIRED = "ProxyAuthRequired"
+UNEXPECTED_STATUS = "UnexpectedStatus"
+TLS_ERROR = "TLSError"
+TUNNEL_FAILED = "TunnelFailed"
+CONNECTION_RESET = "ConnectionReset"
+CONNECTION_FAILED = "ConnectionFailed"
+
+#: Every failure reason, as shown in the Healthy condition and the failure metric.
+REASONS = (CONNECTION_REFUSED, TIMEOUT, PROXY_AUTH_REQUIRED, UNEXPECTED_STATUS, TLS_ERROR,
+           TUNNEL_FAILED, CONNECTION_RESET, CONNECTION_FAILED)
+
+_BODY_LIMIT = 64 * 1024
+_ECHO_LIMIT = 4096
+_TUNNEL = re.compile(r"Tunnel connection failed: (\d{3})\s*(.*)")
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What to probe.
+
+    Attributes:
+        uid: the Proxy's uid (for the caller's bookkeeping).
+        host / port: the proxy's endpoint.
+        url: ``healthCheck.url``.
+        expected_status: ``healthCheck.expectedStatus``.
+        timeout: ``healthCheck.timeoutSeconds`` (whole request: connect, tunnel, answer).
+        want_egress: whether to fetch the IP-echo URL too (only after a successful GET).
+        credentials: ``(user, password)`` for a proxy with basic auth, else ``None``.
+    """
+
+    uid: str
+    host: str
+    port: int
+    url: str
+    expected_status: int = 204
+    timeout: float = 10.0
+    want_egress: bool = False
+    credentials: tuple[str, str] | None = None
+
+    def __repr__(self) -> str:  # keep credentials out of any repr/log
+        return f"ProbeTarget(uid={self.uid!r}, host={self.host!r}, port={self.port}, url={self.url!r})"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The outcome of one probe.
+
+    Attributes:
+        uid: the target's uid.
+        ok: whether the GET answered ``expected_status``.
+        reason: :data:`OK` or one of :data:`REASONS`.
+        message: one human-readable line (no credentials).
+        status: HTTP status received (of the GET, or of a refused CONNECT), else ``None``.
+        latency_ms: time to the answer or the failure, milliseconds.
+        started: epoch seconds when the probe started.
+        egress_ip: the address the IP-echo URL saw, when asked and learnt.
+        egress_error: why the egress IP could not be learnt, when asked and not learnt.
+    """
+
+    uid: str
+    ok: bool
+    reason: str
+    message: str
+    status: int | None
+    latency_ms: float
+    started: float
+    egress_ip: str | None = None
+    egress_error: str | None = None
+
+
+_contexts: dict[str | None, ssl.SSLContext] = {}
+_contexts_lock = threading.Lock()
+
+
+def ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """Return a shared verifying client context (loading CA certificates costs milliseconds of
+    CPU, so one context per process and CA file is reused by every probe)."""
+    with _contexts_lock:
+        ctx = _contexts.get(ca_bundle)
+        if ctx is None:
+            ctx = ssl.create_default_context(cafile=ca_bundle)
+            _contexts[ca_bundle] = ctx
+        return ctx
+
+
+def _errno_in_chain(exc: BaseException) -> int | None:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def classify(exc: BaseException, where: str) -> tuple[str, str, int | None]:
+    """Map an exception raised by urllib3 (``retries=False``) to ``(reason, message, status)``.
+
+    Args:
+        exc: the exception.
+        where: ``"proxy H:P"`` — named in the message.
+    """
+    if isinstance(exc, u3.ProxyError):
+        inner = exc.original_error if getattr(exc, "original_error", None) is not None else exc.__cause__
+        if inner is not None and inner is not exc:
+            return classify(inner, where)
+    code = _errno_in_chain(exc)
+    # urllib3 2.x: NewConnectionError subclasses ConnectTimeoutError, so look at it first.
+    if isinstance(exc, u3.NewConnectionError) or code in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
+                                                           errno.ENETUNREACH):
+        if code == errno.ECONNREFUSED:
+            return CONNECTION_REFUSED, f"{where} refused the connection", None
+        if code == errno.ETIMEDOUT or (code is None and "timed out" in str(exc)):
+            return TIMEOUT, f"connecting to {where} timed out", None
+        return CONNECTION_FAILED, f"cannot connect to {where}: {_short(exc)}", None
+    if isinstance(exc, u3.ConnectTimeoutError):
+        return TIMEOUT, f"connecting to {where} timed out", None
+    if isinstance(exc, (u3.ReadTimeoutError, TimeoutError, u3.TimeoutError)):
+        return TIMEOUT, f"no answer through {where} within the timeout", None
+    if isinstance(exc, u3.SSLError) or isinstance(exc, ssl.SSLError):
+        return TLS_ERROR, f"TLS with the origin through {where} failed: {_short(exc)}", None
+    text = str(exc)
+    m = _TUNNEL.search(text)
+    if m:
+        status = int(m.group(1))
+        if status == 407:
+            return PROXY_AUTH_REQUIRED, f"{where} requires proxy authentication (407 on CONNECT)", 407
+        return TUNNEL_FAILED, f"{where} refused the CONNECT tunnel: {status} {m.group(2).strip()}", status
+    if isinstance(exc, u3.ProtocolError) or code in (errno.ECONNRESET, errno.EPIPE):
+        return CONNECTION_RESET, f"{where} closed or reset the connection: {_short(exc)}", None
+    return CONNECTION_FAILED, f"request through {where} failed: {_short(exc)}", None
+
+
+def _short(exc: BaseException) -> str:
+    inner = exc
+    for _ in range(5):  # the innermost cause is the informative part
+        nxt = getattr(inner, "reason", None) or inner.__cause__
+        if nxt is None or nxt is inner or not isinstance(nxt, BaseException):
+            break
+        inner = nxt
+    return (str(inner) or type(inner).__name__)[:300]
+
+
+def parse_egress(body: bytes) -> str:
+    """Return the IP address in an IP-echo answer.
+
+    Accepts the address as plain text, or JSON ``{"ip": ...}`` / ``{"origin": ...}`` (the first
+    address of a comma-separated ``origin`` counts).
+
+    Raises:
+        ValueError: no address in the answer.
+    """
+    text = body.decode("utf-8", "replace").strip()
+    candidate = text
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise ValueError("IP-echo answered malformed JSON") from None
+        candidate = str(doc.get("ip") or doc.get("origin") or "") if isinstance(doc, dict) else ""
+        candidate = candidate.split(",")[0].strip()
+    try:
+        return str(ipaddress.ip_address(candidate))
+    except ValueError:
+        raise ValueError(f"IP-echo answer is not an IP address: {text[:60]!r}") from None
+
+
+def _manager(target: ProbeTarget, ca_bundle: str | None) -> urllib3.ProxyManager:
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    headers = None
+    if target.credentials:
+        headers = urllib3.make_headers(proxy_basic_auth=f"{target.credentials[0]}:{target.credentials[1]}")
+    return urllib3.ProxyManager(
+        f"http://{host}:{target.port}", proxy_headers=headers, num_pools=2, maxsize=1, block=False,
+        retries=False, ssl_context=ssl_context(ca_bundle))
+
+
+def _get(pm: urllib3.ProxyManager, url: str, timeout: float, limit: int) -> tuple[int, dict, bytes]:
+    resp = pm.request("GET", url, redirect=False, retries=False, preload_content=False,
+                      timeout=urllib3.Timeout(total=timeout),
+                      headers={"User-Agent": "proxy-operator-probe", "Connection": "close"})
+    try:
+        body = resp.read(limit, decode_content=False) if resp.status != 204 else b""
+        return resp.status, dict(resp.headers.items()), body
+    finally:
+        resp.close()  # closes the connection too: a partly read body must never be reused
+        resp.release_conn()
+
+
+def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = None) -> ProbeResult:
+    """Probe one proxy; never raises for network problems.
+
+    Args:
+        target: what to probe.
+        echo_url: IP-echo URL fetched after a successful GET when ``target.want_egress``.
+        ca_bundle: CA file for HTTPS URLs (``None`` = system store).
+    Returns:
+        a :class:`ProbeResult`; ``latency_ms`` covers the health GET only.
+    """
+    where = f"proxy {target.host}:{target.port}"
+    started = time.time()
+    t0 = time.perf_counter()
+    pm = _manager(target, ca_bundle)
+    try:
+        try:
+            status, headers, _ = _get(pm, target.url, target.timeout, _BODY_LIMIT)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a reason
+            reason, message, status = classify(exc, where)
+            return ProbeResult(target.uid, False, reason, message, status,
+                               (time.perf_counter() - t0) * 1000, started)
+        latency = (time.perf_counter() - t0) * 1000
+        if status != target.expected_status:
+            if status == 407:
+                return ProbeResult(target.uid, False, PROXY_AUTH_REQUIRED,
+                                   f"{where} requires proxy authentication (407)", 407, latency, started)
+            squid_error = headers.get("X-Squid-Error") or headers.get("x-squid-error")
+            detail = f" ({where} says {squid_error})" if squid_error else ""
+            return ProbeResult(target.uid, False, UNEXPECTED_STATUS,
+                               f"GET {target.url} answered {status}, expected {target.expected_status}{detail}",
+                               status, latency, started)
+        egress_ip = egress_error = None
+        if target.want_egress and echo_url:
+            try:
+                estatus, _, body = _get(pm, echo_url, target.timeout, _ECHO_LIMIT)
+                if estatus != 200:
+                    raise ValueError(f"IP-echo answered {estatus}")
+                egress_ip = parse_egress(body)
+            except ValueError as exc:
+                egress_error = str(exc)
+            except Exception as exc:  # noqa: BLE001
+                egress_error = classify(exc, where)[1]
+        return ProbeResult(target.uid, True, OK,
+                           f"GET {target.url} answered {status} in {latency:.0f} ms", status, latency, started,
+                           egress_ip, egress_error)
+    finally:
+        pm.clear()
+
+
+def probe_many(targets: list[ProbeTarget], *, concurrency: int = 64, echo_url: str = "",
+               ca_bundle: str | None = None) -> list[ProbeResult]:
+    """Probe ``targets`` concurrently on a thread pool; return results in the same order.
+
+    Args:
+        targets: what to probe.
+        concurrency: most probes in flight at once.
+        echo_url / ca_bundle: see :func:`probe`.
+    """
+    if not targets:
+        return []
+    workers = max(1, min(concurrency, len(targets)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe") as pool:
+        return list(pool.map(lambda t: probe(t, echo_url=echo_url, ca_bundle=ca_bundle), targets))

@@ -1,0 +1,32 @@
+"""An HTTP fake of the Kubernetes API server for tests (SPEC §11).
+
+No kube-apiserver can run here, so the real ``kubernetes`` client talks to this fake, which
+behaves like the server wherever the operator depends on it: resourceVersion and 409
+conflicts, generation bumps on spec changes, the status subresource, finalizers and
+deletionTimestamp, merge and JSON patches, label and field selectors, list+watch from a
+resourceVersion, bookmarks, server-side watch timeouts and 410 Gone.
+
+Typical use::
+
+    with FakeKube() as kube:
+        api = kubernetes.client.CustomObjectsApi(kube.api_client())
+        ...
+        kube.write_kubeconfig(path)  # for subprocesses using app.kube.api_client()
+
+Test hooks: :meth:`FakeKube.compact` (force 410), :meth:`FakeKube.hang_watches` (a stream
+that stops answering), :meth:`FakeKube.fail_next` (scripted errors),
+:meth:`FakeKube.request_count`, :meth:`FakeKube.set_admission` (CRD validation/defaulting).
+Fixtures live in :mod:`tests.kubefake.fixtures`.
+"""
+
+from tests.kubefake.errors import ApiError, Invalid
+from tests.kubefake.resources import (CORE_EVENTS, DEFAULT_TYPES, EVENTS, LEASES, NAMESPACES, PODS,
+                                      PROVIDER_HEALTHS, PROXIES, SECRETS, ResourceType)
+from tests.kubefake.server import FakeKube, write_kubeconfig
+from tests.kubefake.store import ADDED, DELETED, MODIFIED, Event, Store, Subscription
+
+__all__ = [
+    "ADDED", "CORE_EVENTS", "DEFAULT_TYPES", "DELETED", "EVENTS", "LEASES", "MODIFIED", "NAMESPACES",
+    "PODS", "PROVIDER_HEALTHS", "PROXIES", "SECRETS", "ApiError", "Event", "FakeKube", "Invalid",
+    "ResourceType", "Store", "Subscription", "write_kubeconfig",
+]

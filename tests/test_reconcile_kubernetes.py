@@ -1,0 +1,221 @@
+"""Reconcile steps on the kubernetes provider, in-process, against the API fake and real Redis.
+
+The tests drive :mod:`app.reconcile` the way the Celery tasks do and play the kubelet by
+writing Pod status through the API, so every rule of SPEC §5 is pinned without a broker.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client as k8s
+
+from app import serving
+from app.config import ProvidersConfig, ProviderConfig
+from app.kube import Kube
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.providers.registry import build
+from app.reconcile import ABANDONED_KEY, CREATE, POLL, Context, Ref, create, decide, delete, poll
+from app.resources import FINALIZER, GROUP, PLURAL, VERSION, Proxy
+from app.settings import Settings
+from tests.kubefake.server import FakeKube
+
+NS = "default"
+
+
+@pytest.fixture()
+def fake():
+    with FakeKube() as server:
+        yield server
+
+
+@pytest.fixture()
+def api(fake):
+    client = fake.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def ctx(api, redis_client):
+    config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings()),))
+    registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
+    settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
+    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
+
+
+def apply(api, name: str, spec: dict, annotations: dict | None = None) -> Ref:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}}, "spec": spec}
+    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    return Ref(NS, name, obj["metadata"]["uid"])
+
+
+def read(api, ref: Ref) -> Proxy | None:
+    return Kube(api).get_proxy(ref.namespace, ref.name)
+
+
+def kubelet_runs(api, pod_name: str, ip: str, namespace: str = NS) -> None:
+    """Do what the kubelet does when the container starts: Running with a Pod IP."""
+    k8s.CoreV1Api(api).patch_namespaced_pod_status(pod_name, namespace,
+                                                   {"status": {"phase": "Running", "podIP": ip}})
+
+
+def pods(api) -> list:
+    return k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
+
+
+def test_create_poll_running_then_delete(ctx, api, redis_client):
+    ref = apply(api, "squid-1", {"provider": "k8s-local", "endpoint": {"port": 3130}})
+    assert decide(read(api, ref)) == CREATE
+
+    followup = create(ctx, ref)
+    assert followup.action == POLL and followup.delay == 5
+    proxy = read(api, ref)
+    assert FINALIZER in proxy.finalizers
+    assert proxy.phase == "Provisioning"
+    pod_name = proxy.status["instanceName"]
+    assert proxy.status["providerID"] == f"{NS}/{pod_name}"
+    assert proxy.status["specHash"] == proxy.spec_hash and proxy.status["observedGeneration"] == 1
+    [pod] = pods(api)
+    assert pod.metadata.labels[LABEL_PROXY_UID] == ref.uid
+    container = pod.spec.containers[0]
+    assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3130
+    squid_conf = next(e.value for e in container.env if e.name == "SQUID_CONF")
+    assert "http_port 3130" in squid_conf and "request_header_access Proxy-Authorization deny all" in squid_conf
+
+    # Pod not running yet: poll backs off 5 -> 10 s.
+    assert poll(ctx, ref, 0).delay == 10
+    kubelet_runs(api, pod_name, "10.1.2.3")
+    assert poll(ctx, ref, 1) is None
+    proxy = read(api, ref)
+    assert proxy.phase == "Running" and proxy.status["address"] == "10.1.2.3" and proxy.status["port"] == 3130
+    provisioned = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+    assert provisioned["status"] == "True"
+    assert serving.get(redis_client, ref.uid)["address"] == "10.1.2.3"
+    events = k8s.CoreV1Api(api).list_namespaced_event(NS).items
+    assert {"Provisioning", "Running"} <= {e.reason for e in events}
+
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "squid-1")
+    assert decide(read(api, ref)) == "delete"
+    assert delete(ctx, ref) is None
+    assert pods(api) == []
+    assert read(api, ref) is None
+    assert serving.get(redis_client, ref.uid) is None
+
+
+def test_create_is_idempotent(ctx, api):
+    ref = apply(api, "squid-2", {"provider": "k8s-local"})
+    create(ctx, ref)
+    # A redelivered create (status already written) and a create whose status write was lost
+    # both leave exactly one Pod.
+    create(ctx, ref)
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "squid-2", {"status": {"providerID": None, "specHash": None}})
+    create(ctx, ref)
+    assert len(pods(api)) == 1
+    assert read(api, ref).phase == "Provisioning"
+
+
+def test_skip_cleanup_releases_the_proxy_and_keeps_the_pod(ctx, api, redis_client):
+    ref = apply(api, "squid-3", {"provider": "k8s-local"})
+    create(ctx, ref)
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "squid-3",
+        {"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "squid-3")
+    delete(ctx, ref)
+    assert read(api, ref) is None
+    assert len(pods(api)) == 1
+    assert redis_client.sismember(ABANDONED_KEY, ref.uid)
+
+
+def test_unknown_provider_fails_once_and_recovers_on_a_spec_change(ctx, api):
+    ref = apply(api, "squid-4", {"provider": "nope"})
+    assert create(ctx, ref) is None
+    proxy = read(api, ref)
+    assert proxy.phase == "Failed"
+    cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+    assert cond["reason"] == "UnknownProvider" and "nope" in cond["message"]
+    assert decide(proxy) is None and decide(proxy, resync=True) is None  # no retry storm
+    # The user fixes the provider name? Immutable: the CRD forbids it.  A new generation (any spec
+    # change) is what re-enables work; here maxLeases.
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "squid-4",
+                                                             {"spec": {"maxLeases": 2}})
+    assert decide(read(api, ref)) == CREATE
+
+
+def test_delete_with_unknown_provider_keeps_finalizer_until_skip_cleanup(ctx, api):
+    ref = apply(api, "squid-5", {"provider": "k8s-local"})
+    create(ctx, ref)
+    # The provider disappears from the config (simulated by a context without providers).
+    empty = Context(kube=ctx.kube, registry=build(ProvidersConfig(()), {}), redis=ctx.redis, settings=ctx.settings)
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "squid-5")
+    followup = delete(empty, ref)
+    assert followup.action == "delete" and followup.delay == ctx.settings.quota_backoff
+    proxy = read(api, ref)
+    assert proxy is not None and "skip-cleanup" in next(
+        c["message"] for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "squid-5",
+        {"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})
+    assert delete(empty, ref) is None
+    assert read(api, ref) is None
+
+
+def test_lost_instance_is_recreated(ctx, api):
+    ref = apply(api, "squid-6", {"provider": "k8s-local"})
+    create(ctx, ref)
+    pod_name = read(api, ref).status["instanceName"]
+    kubelet_runs(api, pod_name, "10.1.2.4")
+    poll(ctx, ref)
+    assert read(api, ref).phase == "Running"
+    k8s.CoreV1Api(api).delete_namespaced_pod(pod_name, NS)
+    followup = poll(ctx, ref)
+    assert followup.action == CREATE
+    proxy = read(api, ref)
+    assert proxy.phase == "Provisioning" and "providerID" not in proxy.status
+    assert next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")["reason"] == "InstanceLost"
+    create(ctx, ref)
+    assert [p.metadata.name for p in pods(api)] == [pod_name]
+
+
+def test_spec_change_replaces_the_instance(ctx, api):
+    ref = apply(api, "squid-7", {"provider": "k8s-local"})
+    create(ctx, ref)
+    first = pods(api)[0].metadata.uid
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "squid-7", {"spec": {"placement": {"image": "example/squid:6"}}})
+    proxy = read(api, ref)
+    assert decide(proxy) == CREATE
+    create(ctx, ref)
+    [pod] = pods(api)
+    assert pod.metadata.uid != first and pod.spec.containers[0].image == "example/squid:6"
+    proxy = read(api, ref)
+    assert proxy.status["specHash"] == proxy.spec_hash and proxy.status["observedGeneration"] == 2
+
+
+def test_transient_api_failure_retries_with_backoff(ctx, api, fake):
+    ref = apply(api, "squid-8", {"provider": "k8s-local"})
+    fake.fail_next("create", "pods", code=500)
+    followup = create(ctx, ref)
+    assert followup.action == CREATE and followup.attempt == 1 and 2.5 <= followup.delay <= 5
+    cond = next(c for c in read(api, ref).status["conditions"] if c["type"] == "Provisioned")
+    assert cond["reason"] == "Transient"
+    fake.fail_next("create", "pods", code=503)
+    assert 5 <= create(ctx, ref, 1).delay <= 10
+    assert create(ctx, ref, 2).action == POLL
+    assert len(pods(api)) == 1
+
+
+def test_external_proxy_runs_without_an_instance(ctx, api, redis_client):
+    ref = apply(api, "ext-1", {"mode": "External", "endpoint": {"host": "127.0.0.9", "port": 3128}})
+    assert create(ctx, ref) is None
+    proxy = read(api, ref)
+    assert proxy.phase == "Running" and proxy.status["address"] == "127.0.0.9"
+    assert pods(api) == []
+    assert serving.get(redis_client, ref.uid)["address"] == "127.0.0.9"
+    redis_client.flushall()  # a flushed Redis heals at the next resync
+    assert decide(proxy, resync=True) == CREATE
+    create(ctx, ref)
+    assert serving.get(redis_client, ref.uid)["address"] == "127.0.0.9"
