@@ -1,0 +1,154 @@
+"""The NoCloud seed ISO and its vendor-data (pure: no libvirt, no I/O).
+
+cloud-init's NoCloud datasource reads a filesystem labelled ``cidata`` holding ``user-data``,
+``meta-data`` and optionally ``vendor-data``
+(https://cloudinit.readthedocs.io/en/latest/reference/datasources/nocloud.html).  The ISO is
+built in memory with pycdlib (ISO 9660 + Joliet + Rock Ridge, so every reader sees the
+lowercase names).
+
+user-data goes in byte for byte as the Proxy gave it — a cloud-config, a Jinja template, a
+shell script, a MIME archive — and is never parsed: merging our needs into it is what broke
+the Go operator twice (cloud-init's default mergers drop vendor-data keys the user also
+sets, and a YAML round-trip re-types scalars).  Our needs travel as vendor-data *scripts*
+instead: cloud-init runs vendor scripts (``cc_scripts_vendor``) after the user's packages and
+before the user's scripts, whatever the user-data says.  A user ``vendorData`` goes beside
+them in a MIME multipart, declared ``text/plain`` so cloud-init sniffs its type itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from email.mime.base import MIMEBase
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+from email import encoders
+
+import pycdlib
+
+LABEL = "cidata"
+
+_PKG_INSTALL = """\
+pkg_install() {
+  if command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q "$@" || { apt-get update -q && apt-get install -y -q "$@"; }
+  elif command -v dnf >/dev/null 2>&1; then dnf install -y "$@"
+  elif command -v yum >/dev/null 2>&1; then yum install -y "$@"
+  elif command -v zypper >/dev/null 2>&1; then zypper --non-interactive install "$@"
+  elif command -v apk >/dev/null 2>&1; then apk add "$@"
+  else echo "proxy-operator: no known package manager to install $*" >&2; return 1
+  fi
+}
+"""
+
+GUEST_AGENT_SCRIPT = ("""\
+#!/bin/sh
+# proxy-operator vendor-data: install and start the QEMU guest agent so the operator can
+# learn this VM's address (installGuestAgent: false in the kvm provider config turns it off).
+""" + _PKG_INSTALL + """\
+if ! command -v qemu-ga >/dev/null 2>&1 && [ ! -x /usr/sbin/qemu-ga ] && [ ! -x /usr/bin/qemu-ga ]; then
+  pkg_install qemu-guest-agent
+fi
+if command -v systemctl >/dev/null 2>&1; then
+  systemctl enable --now qemu-guest-agent 2>/dev/null || systemctl start qemu-guest-agent
+elif command -v rc-service >/dev/null 2>&1; then
+  rc-update add qemu-guest-agent default; rc-service qemu-guest-agent start
+fi
+""").encode("ascii")
+
+
+def squid_script(squid_conf: str) -> bytes:
+    """Return the vendor-data script that installs Squid if missing and runs it with ``squid_conf``.
+
+    The config travels base64-encoded, so no content can end a here-document early.
+    """
+    blob = base64.b64encode(squid_conf.encode("utf-8")).decode("ascii")
+    return ("""\
+#!/bin/sh
+# proxy-operator vendor-data: run Squid with the operator's squid.conf (app/squid.py);
+# configureSquid: false in the kvm provider config turns it off.
+""" + _PKG_INSTALL + """\
+command -v squid >/dev/null 2>&1 || [ -x /usr/sbin/squid ] || pkg_install squid
+mkdir -p /etc/squid
+echo '""" + blob + """' | base64 -d > /etc/squid/squid.conf
+if command -v systemctl >/dev/null 2>&1; then
+  systemctl enable squid 2>/dev/null; systemctl restart squid
+elif command -v rc-service >/dev/null 2>&1; then
+  rc-update add squid default; rc-service squid restart
+else
+  service squid restart
+fi
+""").encode("ascii")
+
+
+def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendor_data: bytes | None) -> bytes | None:
+    """Return the vendor-data document, or ``None`` when there is nothing to send.
+
+    Args:
+        install_guest_agent: include :data:`GUEST_AGENT_SCRIPT`.
+        squid_conf: when given, include :func:`squid_script` for it.
+        user_vendor_data: the Proxy's ``spec.vendorData`` bytes, or ``None``.
+    Returns:
+        one part alone, byte for byte (our script, or the user's vendorData); several parts as
+        a ``multipart/mixed`` MIME document: our scripts as ``text/x-shellscript``, the user's
+        vendorData as ``text/plain`` (base64 transfer encoding, so its bytes survive exactly).
+    """
+    scripts: list[tuple[str, bytes]] = []
+    if install_guest_agent:
+        scripts.append(("proxy-operator-guest-agent.sh", GUEST_AGENT_SCRIPT))
+    if squid_conf:
+        scripts.append(("proxy-operator-squid.sh", squid_script(squid_conf)))
+    count = len(scripts) + (1 if user_vendor_data else 0)
+    if count == 0:
+        return None
+    if count == 1:
+        return user_vendor_data if user_vendor_data else scripts[0][1]
+    msg = MIMEMultipart("mixed")
+    for filename, body in scripts:
+        part = MIMEText(body.decode("ascii"), "x-shellscript", "us-ascii")
+        part.add_header("Content-Disposition", "attachment", filename=filename)
+        msg.attach(part)
+    if user_vendor_data:
+        part = MIMEBase("text", "plain")
+        part.set_payload(user_vendor_data)
+        encoders.encode_base64(part)
+        part.add_header("Content-Disposition", "attachment", filename="vendor-data")
+        msg.attach(part)
+    return msg.as_bytes()
+
+
+def meta_data(instance_name: str) -> bytes:
+    """Return the NoCloud meta-data: ``instance-id`` and ``local-hostname`` are the instance name."""
+    return f"instance-id: {instance_name}\nlocal-hostname: {instance_name}\n".encode("ascii")
+
+
+def build_iso(files: dict[str, bytes]) -> bytes:
+    """Return an ISO 9660 image labelled ``cidata`` holding ``files`` (name -> bytes) at its root.
+
+    Names are written as Rock Ridge and Joliet names as given (``user-data``) and as ISO 9660
+    level-3 names upper-cased with ``-`` -> ``_``.
+    """
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=LABEL)
+    for name, data in files.items():
+        iso_name = "/" + name.upper().replace("-", "_") + ".;1"
+        iso.add_fp(io.BytesIO(data), len(data), iso_name, rr_name=name, joliet_path="/" + name)
+    out = io.BytesIO()
+    iso.write_fp(out)
+    iso.close()
+    return out.getvalue()
+
+
+def build_seed(instance_name: str, user_data: bytes | None, vendor: bytes | None) -> bytes:
+    """Return the seed ISO for one VM.
+
+    Args:
+        instance_name: the domain name (instance-id and hostname).
+        user_data: the Proxy's cloud-init, byte for byte (``None`` -> an empty user-data).
+        vendor: from :func:`vendor_data`, or ``None`` for no vendor-data file.
+    """
+    files = {"user-data": user_data or b"", "meta-data": meta_data(instance_name)}
+    if vendor is not None:
+        files["vendor-data"] = vendor
+    return build_iso(files)

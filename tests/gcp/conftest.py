@@ -1,0 +1,118 @@
+"""Fixtures of the gcp provider tests: the Compute REST fake, providers built from config,
+and a socket-level guard proving no request leaves loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from app.config import ProviderConfig, parse
+from tests.gcp.fake_compute import FakeCompute
+
+
+# -- loopback guard --------------------------------------------------------------------
+class _Guard:
+    """A ``sys.addaudithook`` hook refusing name lookups and connections off loopback.
+
+    Audit hooks cannot be removed, so the hook is installed once and only acts while
+    :attr:`active`; every refused attempt is recorded in :attr:`violations` (and raised as
+    ``PermissionError`` into the caller, so nothing is sent).
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.violations: list[str] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _loopback_host(host: Any) -> bool:
+        if host in (None, "", b"", "localhost", b"localhost"):
+            return True
+        if isinstance(host, bytes):
+            host = host.decode("ascii", "replace")
+        try:
+            return ipaddress.ip_address(str(host).split("%", 1)[0]).is_loopback
+        except ValueError:
+            return False
+
+    def _refuse(self, what: str) -> None:
+        with self._lock:
+            self.violations.append(what)
+        raise PermissionError(f"test network guard: {what} is not loopback")
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.active:
+            return
+        if event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+            sock, address = args[0], args[-1]
+            if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+                host = address[0] if isinstance(address, tuple) and address else address
+                if not self._loopback_host(host):
+                    self._refuse(f"{event} to {address!r}")
+        elif event == "socket.getaddrinfo":
+            if not self._loopback_host(args[0]):
+                self._refuse(f"name lookup of {args[0]!r}")
+        elif event in ("socket.gethostbyname", "socket.gethostbyaddr"):
+            if not self._loopback_host(args[0]):
+                self._refuse(f"{event} of {args[0]!r}")
+
+
+_GUARD = _Guard()
+sys.addaudithook(_GUARD)
+
+
+@pytest.fixture(autouse=True)
+def loopback_only():
+    """Every gcp test runs with the guard on and fails if anything tried to leave loopback."""
+    _GUARD.violations.clear()
+    _GUARD.active = True
+    try:
+        yield _GUARD
+    finally:
+        _GUARD.active = False
+    assert not _GUARD.violations, f"non-loopback network access attempted: {_GUARD.violations}"
+
+
+# -- the fake and providers ------------------------------------------------------------
+@pytest.fixture()
+def fake():
+    """A started :class:`FakeCompute` (page size 2, operations done after one poll)."""
+    with FakeCompute() as server:
+        yield server
+
+
+PROJECT = "demo-project"
+ZONES = ["europe-west1-b", "europe-west1-c", "europe-west1-d"]
+
+
+def gcp_config(fake: FakeCompute, name: str = "gcp-test", **block: Any) -> ProviderConfig:
+    """Build a gcp :class:`ProviderConfig` through the real config parser, pointed at ``fake``."""
+    gcp: dict[str, Any] = {"project": PROJECT, "zones": list(ZONES), "apiEndpoint": fake.url,
+                           "anonymous": True, "requestTimeout": "5s", "operationTimeout": "10s"}
+    gcp.update(block)
+    gcp = {k: v for k, v in gcp.items() if v is not None}
+    cfg = parse({"providers": [{"name": name, "type": "gcp", "checkTimeout": "5s", "gcp": gcp}]},
+                "providers-test.yaml")
+    return cfg.providers[0]
+
+
+@pytest.fixture()
+def make_provider(fake) -> Callable[..., Any]:
+    """``make_provider(**gcp_block_overrides)`` -> a :class:`GcpProvider` against ``fake``."""
+    from app.providers.gcp.provider import GcpProvider
+
+    def build(**block: Any) -> GcpProvider:
+        return GcpProvider(gcp_config(fake, **block))
+
+    return build
+
+
+@pytest.fixture()
+def provider(make_provider):
+    """A :class:`GcpProvider` with anonymous credentials against the fake."""
+    return make_provider()

@@ -1,0 +1,248 @@
+"""A kubelet stand-in for the Kubernetes API fake: Squid Pods become real Squids.
+
+When a Pod appears in the fake whose container has the env var ``SQUID_CONF`` (the
+squid.conf the kubernetes provider renders with :func:`app.squid.render`), the kubelet:
+
+1. reports the Pod ``Pending`` with the container waiting in ``ContainerCreating`` (the API
+   server already made it ``Pending`` without a ``podIP``);
+2. starts a real Squid (:class:`tests.support.squid.SquidProcess`) on a loopback address of
+   its own, ``127.0.0.N`` (allocated upward from ``127.0.0.10``, never reused), at the
+   container's first ``containerPort`` (else 3128);
+3. reports ``Running`` with ``podIP`` = that address, Ready conditions and a running
+   container status.
+
+All status writes go through the Pod's status subresource, so watchers see each step as a
+MODIFIED event.  When the Pod is deleted (or its deletion starts) the Squid is stopped.
+If Squid fails to start the Pod stays ``Pending`` with the container waiting in
+``CrashLoopBackOff`` and the failure is recorded in :attr:`Kubelet.errors`.
+
+``start_squid=False`` (benchmarks with hundreds of Pods) skips the processes: Squid Pods go
+straight to ``Running`` with an allocated ``podIP`` that nothing listens on.  Without a
+kubelet at all, Pods simply stay ``Pending``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.kubefake import resources as R
+from tests.kubefake.errors import ApiError
+from tests.kubefake.store import DELETED, Closed, Store, now_rfc3339
+from tests.support.squid import SquidProcess
+
+log = logging.getLogger("kubelet")
+
+SQUID_CONF_ENV = "SQUID_CONF"
+_MERGE = "application/merge-patch+json"
+
+
+class Kubelet:
+    """Runs the Squid Pods of a fake cluster.
+
+    Args:
+        fake: a :class:`tests.kubefake.FakeKube` or its :class:`tests.kubefake.Store`.
+        start_squid: start real Squid processes (else report Running without a process).
+        first_address: first loopback address handed out.
+        startup_timeout: seconds a Squid may take to accept connections.
+        host_ip: reported as ``status.hostIP``.
+
+    Attributes:
+        errors: one line per Squid that failed to start (``"<ns>/<pod>: <reason>"``).
+    """
+
+    def __init__(self, fake, *, start_squid: bool = True, first_address: str = "127.0.0.10",
+                 startup_timeout: float = 20.0, host_ip: str = "127.0.0.1") -> None:
+        self.store: Store = getattr(fake, "store", fake)
+        self.start_squid = start_squid
+        self.startup_timeout = startup_timeout
+        self.host_ip = host_ip
+        self.errors: list[str] = []
+        self._next = int(ipaddress.IPv4Address(first_address))
+        self._squids: dict[tuple[str, str, str], SquidProcess] = {}
+        self._addresses: dict[tuple[str, str, str], str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "Kubelet":
+        """Start following Pod events (existing Pods are picked up too); return self."""
+        sub = self.store.subscribe(R.PODS)
+        self._thread = threading.Thread(target=self._run, args=(sub,), name="kubelet", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop following events and stop every Squid."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            squids, self._squids = list(self._squids.values()), {}
+        for squid in squids:
+            squid.stop()
+
+    def __enter__(self) -> "Kubelet":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- queries ---------------------------------------------------------------------------
+    def address_of(self, namespace: str, name: str) -> str | None:
+        """The loopback address given to Pod ``namespace/name`` (``None`` if none)."""
+        with self._lock:
+            for (ns, n, _), addr in self._addresses.items():
+                if (ns, n) == (namespace, name):
+                    return addr
+        return None
+
+    def squid_of(self, namespace: str, name: str) -> SquidProcess | None:
+        """The running Squid of Pod ``namespace/name`` (``None`` if none)."""
+        with self._lock:
+            for (ns, n, _), squid in self._squids.items():
+                if (ns, n) == (namespace, name):
+                    return squid
+        return None
+
+    def running(self) -> int:
+        """How many Squids are running."""
+        with self._lock:
+            return sum(1 for s in self._squids.values() if s.running())
+
+    # -- event loop ------------------------------------------------------------------------
+    def _run(self, sub) -> None:
+        while not self._stop.is_set():
+            try:
+                events = sub.next(0.2)
+            except Closed:
+                return
+            except ApiError:  # history compacted under us: resubscribe from now
+                sub = self.store.subscribe(R.PODS, resource_version=str(self.store.resource_version))
+                continue
+            for ev in events:
+                meta = ev.obj["metadata"]
+                key = (ev.namespace, ev.name, meta.get("uid", ""))
+                if ev.type == DELETED or meta.get("deletionTimestamp"):
+                    self._pool.submit(self._stop_pod, key)
+                    continue
+                with self._lock:
+                    known = key in self._addresses
+                if known or ev.type != "ADDED":
+                    continue
+                container = _squid_container(ev.obj)
+                if container is None:
+                    continue
+                with self._lock:
+                    address = self._allocate()
+                    self._addresses[key] = address
+                self._pool.submit(self._start_pod, key, ev.obj, container, address)
+
+    def _allocate(self) -> str:
+        while True:
+            addr = ipaddress.IPv4Address(self._next)
+            self._next += 1
+            if addr.packed[-1] not in (0, 255):
+                return str(addr)
+
+    def _start_pod(self, key, pod: dict, container: dict, address: str) -> None:
+        ns, name, _ = key
+        port = _container_port(container)
+        if not self.start_squid:
+            self._set_status(key, _running_status(pod, address, self.host_ip))
+            return
+        self._set_status(key, {"phase": "Pending", "hostIP": self.host_ip, "conditions": [
+            _condition("PodScheduled", "True")], "containerStatuses": [
+            _container_status(container, waiting={"reason": "ContainerCreating"})]})
+        conf = _env_value(container, SQUID_CONF_ENV) or ""
+        squid = SquidProcess(address, port, conf)
+        try:
+            squid.start(timeout=self.startup_timeout)
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else "squid did not start"
+            self.errors.append(f"{ns}/{name}: {first}")
+            log.error("kubelet: squid for pod %s/%s failed: %s", ns, name, exc)
+            self._set_status(key, {"phase": "Pending", "containerStatuses": [_container_status(
+                container, waiting={"reason": "CrashLoopBackOff", "message": first[:200]})]})
+            return
+        with self._lock:
+            wanted = key in self._addresses
+            if wanted:
+                self._squids[key] = squid
+        if not wanted or not self._set_status(key, _running_status(pod, address, self.host_ip)):
+            self._stop_pod(key)
+            squid.stop()
+
+    def _stop_pod(self, key) -> None:
+        with self._lock:
+            squid = self._squids.pop(key, None)
+            self._addresses.pop(key, None)
+        if squid is not None:
+            squid.stop()
+
+    def _set_status(self, key, status: dict) -> bool:
+        """Merge-patch the Pod's status if the Pod (same uid) still exists; return whether it did."""
+        ns, name, uid = key
+        with self.store.cond:
+            try:
+                current = self.store.get(R.PODS, ns, name)
+            except ApiError:
+                return False
+            meta = current.obj["metadata"]
+            if meta.get("uid") != uid or meta.get("deletionTimestamp"):
+                return False
+            self.store.patch(R.PODS, ns, name, _MERGE, {"status": status}, subresource="status")
+            return True
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _squid_container(pod: dict) -> dict | None:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if any(isinstance(e, dict) and e.get("name") == SQUID_CONF_ENV for e in c.get("env") or []):
+            return c
+    return None
+
+
+def _env_value(container: dict, name: str) -> str | None:
+    for e in container.get("env") or []:
+        if e.get("name") == name:
+            return e.get("value")
+    return None
+
+
+def _container_port(container: dict) -> int:
+    for p in container.get("ports") or []:
+        if isinstance(p, dict) and p.get("containerPort"):
+            return int(p["containerPort"])
+    m = re.search(r"^http_port\s+(?:\S+:)?(\d+)", _env_value(container, SQUID_CONF_ENV) or "", re.M)
+    return int(m.group(1)) if m else 3128
+
+
+def _condition(ctype: str, status: str) -> dict:
+    return {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+
+
+def _container_status(container: dict, *, waiting: dict | None = None, running: bool = False) -> dict:
+    state = {"running": {"startedAt": now_rfc3339()}} if running else {"waiting": waiting or {}}
+    status = {"name": container.get("name"), "image": container.get("image"), "imageID": "",
+              "ready": running, "started": running, "restartCount": 0, "state": state}
+    if running:
+        status["containerID"] = f"kubefake://{uuid.uuid4().hex}"
+    return status
+
+
+def _running_status(pod: dict, address: str, host_ip: str) -> dict:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return {
+        "phase": "Running", "podIP": address, "podIPs": [{"ip": address}],
+        "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "startTime": now_rfc3339(),
+        "conditions": [_condition(t, "True") for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+        "containerStatuses": [_container_status(c, running=True) for c in containers],
+    }
