@@ -43,6 +43,23 @@ HEALTH_DEFAULTS = {
 }
 
 
+class Lua:
+    """A Lua script loaded once per process and run with any client (redis-py ``Script``).
+
+    ``Lua(source)(r, keys, args)`` runs ``EVALSHA`` on ``r`` (or a pipeline), loading the
+    script on ``NOSCRIPT``.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._script = None
+
+    def __call__(self, r, keys: list, args: list):
+        if self._script is None:
+            self._script = r.register_script(self.source)
+        return self._script(keys=keys, args=args, client=r)
+
+
 def proxy_key(uid: str) -> str:
     """Return the hash key of the Proxy ``uid``."""
     return f"po:proxy:{uid}"

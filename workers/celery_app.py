@@ -12,8 +12,10 @@ served by that host's dedicated worker (``-Q kvm.<provider>.<host>``).
 
 from __future__ import annotations
 
+import importlib.util
+
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from app.settings import Settings
 from workers import routing
@@ -36,7 +38,10 @@ celery_app.conf.update(
     task_soft_time_limit=settings.task_soft_time_limit,
     task_time_limit=settings.task_time_limit,
     task_default_queue=routing.PROXIES,
-    task_queues=[Queue(routing.PROXIES), Queue(routing.HEALTH), Queue(routing.GC)],
+    # One direct exchange per queue, bound by the queue's own name: a message for one queue
+    # is never copied into another (the shape task_create_missing_queues uses for kvm.* too).
+    task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q)
+                 for q in (routing.PROXIES, routing.HEALTH, routing.GC)],
     task_create_missing_queues=True,
     task_routes=(routing.route_task,),
     worker_hijack_root_logger=False,
@@ -46,5 +51,5 @@ celery_app.conf.update(
     redbeat_lock_timeout=max(30, int(settings.resync_interval) * 5),
     beat_scheduler="redbeat.RedBeatScheduler",
     timezone="UTC",
-    include=["workers.tasks", "workers.health_tasks"],
+    include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],
 )

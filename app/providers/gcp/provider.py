@@ -368,13 +368,17 @@ class GcpProvider:
         pager = self._aggregated(tag, _LIST_PAGE_SIZE, self.settings.request_timeout)
         instances: list[Instance] = []
         unreachable: list[str] = []
-        what = f"aggregatedList projects/{self.settings.project}"
-        pages = pager.pages
-        while True:
-            page = self._call(what, lambda: next(pages, None))
-            if page is None:
-                break
-            self._collect(page, instances, unreachable)
+
+        def drain() -> int:
+            pages = 0
+            for page in pager.pages:  # the pager fetches each next page lazily
+                pages += 1
+                self._collect(page, instances, unreachable)
+            return pages
+
+        pages = self._call(f"aggregatedList projects/{self.settings.project} (all pages)", drain)
+        log.debug("gcp list_by_tag %s: %d instance(s) in %d page(s)%s", tag, len(instances), pages,
+                  f", unreachable zones {unreachable}" if unreachable else "")
         errors = [f"zone {z} unreachable" for z in unreachable]
         return ListResult(instances=instances, partial=bool(unreachable), errors=errors)
 

@@ -239,6 +239,21 @@ def bridge() -> WireBridge:
         return _bridge
 
 
+def disable() -> None:
+    """Switch wire logging off again for the whole process (forget hosts and full payloads).
+
+    The bridge stays installed, so the ``google`` tree still only lets sanitized warnings out.
+    """
+    global _warned
+    b = bridge()
+    with _lock:
+        b.enabled = False
+        b.full_payloads = False
+        b.hosts.clear()
+        logging.getLogger(_COMPUTE).setLevel(logging.INFO)
+        _warned = False
+
+
 def configure(*, enabled: bool, full_payloads: bool, api_endpoint: str | None) -> bool:
     """Install the bridge and switch wire logging on for ``api_endpoint`` if asked for.
 
