@@ -13,8 +13,10 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
   ``health`` (``unknown``/``healthy``/``unhealthy``), ``healthy`` (``"1"``/``"0"``: the flag the
   lease script reads), ``successes``/``failures`` (consecutive), ``everHealthy``,
   ``runningSince``/``lastProbe``/``egressAt`` (epoch seconds), ``lastProbeTime`` (RFC 3339),
-  ``latencyMs``, ``lastReason``, ``lastMessage``, ``lastStatus``, ``egressIP``, ``statusKey``
-  (what the Proxy status last said, so status is written on change only).
+  ``latencyMs``, ``lastReason``/``lastMessage``/``lastStatus`` (of the last probe),
+  ``lastVerdictReason``/``lastVerdictMessage`` (of the current verdict), ``egressIP``,
+  ``egressError``, ``failed``, ``statusKey`` (what the Proxy status last said, so status is
+  written on change only).
 * ``po:proxies`` — set of every published uid.
 * ``po:health:due`` — sorted set uid → epoch second the next probe is due (the sweep reads
   only the due part, so it costs O(due), not O(fleet)).
@@ -39,7 +41,8 @@ FAILING_KEY = "po:health:failing"
 HEALTH_DEFAULTS = {
     "health": "unknown", "healthy": "0", "successes": "0", "failures": "0", "everHealthy": "0",
     "lastReason": "", "lastMessage": "", "lastStatus": "", "latencyMs": "", "lastProbe": "",
-    "lastProbeTime": "", "egressIP": "", "egressAt": "", "statusKey": "",
+    "lastProbeTime": "", "egressIP": "", "egressAt": "", "egressError": "", "statusKey": "",
+    "failed": "0", "lastVerdictReason": "", "lastVerdictMessage": "",
 }
 
 

@@ -178,12 +178,19 @@ def test_secret_string_data_becomes_data(kube_client):
     assert secret.type == "Opaque"
 
 
-def test_events_v1_requires_its_fields(kube_client):
+def test_events_v1_requires_its_fields(kube, kube_client):
+    import urllib.error
+    import urllib.request
+
+    # the typed client refuses this body itself, so send it raw
+    req = urllib.request.Request(kube.url + "/apis/events.k8s.io/v1/namespaces/default/events", method="POST",
+                                 data=json.dumps({"metadata": {"name": "e"}, "reason": "Created"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req)
+    fields = {c["field"] for c in json.load(err.value)["details"]["causes"]}
+    assert err.value.code == 422 and {"eventTime", "reportingController", "action", "type"} <= fields
     events = k8s.EventsV1Api(kube_client)
-    with pytest.raises(k8s.ApiException) as err:
-        events.create_namespaced_event("default", {"metadata": {"name": "e"}, "reason": "Created"})
-    fields = {c["field"] for c in status_of(err.value)["details"]["causes"]}
-    assert err.value.status == 422 and {"eventTime", "reportingController", "action", "type"} <= fields
     ok = events.create_namespaced_event("default", {
         "metadata": {"generateName": "px."}, "eventTime": "2024-01-01T00:00:00.000000Z",
         "reportingController": "crawl.example.com/proxy-operator", "reportingInstance": "w-1",

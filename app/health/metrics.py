@@ -9,14 +9,14 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 PROBE_LATENCY = Histogram(
-    "proxy_probe_duration_seconds", "Time of one health probe through a proxy, by outcome.",
+    "proxy_operator_probe_duration_seconds", "Time of one health probe through a proxy, by outcome.",
     ["outcome"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 PROBE_FAILURES = Counter(
-    "proxy_probe_failures_total", "Failed health probes, by reason (ConnectionRefused, Timeout, ...).",
+    "proxy_operator_probe_failures_total", "Failed health probes, by reason (ConnectionRefused, Timeout, ...).",
     ["reason"])
 PROBE_OUTAGE = Gauge(
-    "proxy_probe_outage", "1 while every probe of every proxy fails (a probe-side outage), else 0.",
+    "proxy_operator_probe_outage", "1 while every probe of every proxy fails (a probe-side outage), else 0.",
     multiprocess_mode="livemostrecent")
 STATUS_WRITES = Counter(
-    "proxy_health_status_writes_total", "Proxy status writes by the health engine, by outcome.",
+    "proxy_operator_health_status_writes_total", "Proxy status writes by the health engine, by outcome.",
     ["outcome"])

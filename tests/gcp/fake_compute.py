@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
@@ -327,7 +328,8 @@ class FakeCompute:
             "kind": "compute#instance", "id": str(next(self._ids)), "status": "PROVISIONING",
             "zone": self._self_link(f"projects/{project}/zones/{zone}"),
             "selfLink": self._self_link(f"projects/{project}/zones/{zone}/instances/{name}"),
-            "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-07:00", time.localtime()),
+            # GCE answers in US Pacific time with an offset, e.g. 2024-05-01T03:04:05.678-07:00.
+            "creationTimestamp": datetime.now(timezone(timedelta(hours=-7))).isoformat(timespec="milliseconds"),
         })
         inst.setdefault("networkInterfaces", [{"network": f"projects/{project}/global/networks/default"}])
         return inst

@@ -651,16 +651,7 @@ class Subscription:
 # -- built-in type behaviour ---------------------------------------------------------------
 def _prepare_create_builtin(rt: ResourceType, obj: dict) -> None:
     if rt is R.PODS:
-        spec = obj.setdefault("spec", {})
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("dnsPolicy", "ClusterFirst")
-        spec.setdefault("schedulerName", "default-scheduler")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
-        for c in spec.get("containers") or []:
-            if isinstance(c, dict) and isinstance(c.get("image"), str):
-                tag = c["image"].rsplit("/", 1)[-1]
-                c.setdefault("imagePullPolicy", "Always" if ":" not in tag or tag.endswith(":latest")
-                             else "IfNotPresent")
+        _default_pod_spec(obj)
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
     elif rt is R.NAMESPACES:
         obj["status"] = {"phase": "Active"}
@@ -670,10 +661,30 @@ def _prepare_create_builtin(rt: ResourceType, obj: dict) -> None:
         obj.setdefault("type", "Opaque")
 
 
+def _default_pod_spec(obj: dict) -> None:
+    """Apply the Pod defaults upstream sets on every decode (pkg/apis/core/v1/defaults.go)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        spec = obj["spec"] = {}
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict) and isinstance(c.get("image"), str):
+            tag = c["image"].rsplit("/", 1)[-1]
+            c.setdefault("imagePullPolicy", "Always" if ":" not in tag or tag.endswith(":latest")
+                         else "IfNotPresent")
+            for port in c.get("ports") or []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
+
+
 def _prepare_update_builtin(store: Store, rt: ResourceType, obj: dict, old: dict) -> None:
     if rt is R.SECRETS:
         _fold_string_data(obj)
     elif rt is R.PODS:
+        _default_pod_spec(obj)
         def mutable_removed(spec):
             spec = json.loads(json.dumps(spec or {}))
             for c in spec.get("containers") or []:

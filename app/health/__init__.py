@@ -1,0 +1,13 @@
+"""The health engine (SPEC §6): probes through each published proxy, thresholds, status.
+
+Modules, each with one job:
+
+* :mod:`app.health.probe` — one probe (``GET healthCheck.url`` through the proxy) and a
+  concurrent batch of them; failure reasons; the egress IP.
+* :mod:`app.health.state` — thresholds: results → health, phase, verdict (pure).
+* :mod:`app.health.status` — the verdict → a Proxy status patch (on change only).
+* :mod:`app.health.schedule` — the sweep: which proxies are due, in batches (O(due)).
+* :mod:`app.health.engine` — one batch end to end (what the ``health.probe_batch`` task runs).
+* :mod:`app.health.settings` — settings from the environment.
+* :mod:`app.health.metrics` — Prometheus metrics.
+"""

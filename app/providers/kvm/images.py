@@ -1,0 +1,279 @@
+"""Image resolution and the per-host image cache in the storage pool.
+
+A Proxy's ``placement.image`` is a key of the config's ``images`` map or an ``http(s)`` URL.
+Each host caches it in its pool as ``base-<key>.<format>``:
+
+* the download is streamed straight into the volume (``virStorageVolUpload``) through a
+  SHA-256 tee; a mismatch deletes the volume (Permanent: the configured checksum is wrong or
+  the URL serves something else);
+* only after verification is a marker volume ``base-<key>.<format>.sha256-<hex>`` written, so
+  an interrupted upload is never mistaken for a cached image;
+* the image is fetched again when its marker is missing or names another checksum than the
+  configured one;
+* a base that some other VM's overlay still uses is never replaced (the running VM would
+  read a different disk): that create fails Transient with reason ``ImageInUse`` until those
+  VMs are gone.  Rolling to a new image is done with a new image key.
+
+URL images carry no checksum: the digest is computed and recorded in the marker; the key is
+``url-`` + the first 12 hex characters of the URL's SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import libvirt
+import requests
+
+from app.providers.errors import NotFound, Permanent, Transient
+from app.providers.kvm.config import ImageSettings, KvmSettings
+from app.providers.kvm.domain import backing_path, volume_xml
+from app.providers.kvm.link import HostLink
+
+log = logging.getLogger("proxy_operator.kvm.images")
+
+_CHUNK = 1 << 20
+
+
+class ImageInUse(Transient):
+    """The cached base must be re-fetched but other VMs' overlays still use it."""
+
+    reason = "ImageInUse"
+
+
+def resolve(settings: KvmSettings, image: str | None) -> ImageSettings:
+    """Return the image a Proxy asks for.
+
+    Args:
+        settings: the provider's settings.
+        image: ``placement.image``: a configured key, an ``http(s)`` URL, or ``None`` (allowed
+            when exactly one image is configured).
+    Raises:
+        Permanent: unknown key, no image given with zero or several configured.
+    """
+    if image is None or image == "":
+        if len(settings.images) == 1:
+            return next(iter(settings.images.values()))
+        raise Permanent("placement.image is required: configured images are "
+                        f"{', '.join(sorted(settings.images)) or 'none'}")
+    if image in settings.images:
+        return settings.images[image]
+    parts = urlsplit(image)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        path = parts.path.lower()
+        fmt = "raw" if path.endswith(".raw") else "qcow2"
+        key = "url-" + hashlib.sha256(image.encode("utf-8")).hexdigest()[:12]
+        return ImageSettings(key=key, url=image, sha256=None, format=fmt, firmware="uefi")
+    raise Permanent(f"placement.image {image!r} is neither a configured image "
+                    f"({', '.join(sorted(settings.images)) or 'none'}) nor an http(s) URL")
+
+
+def base_name(img: ImageSettings) -> str:
+    """Return the cached volume's name: ``base-<key>.<format>``."""
+    return f"base-{img.key}.{img.format}"
+
+
+def marker_prefix(img: ImageSettings) -> str:
+    """Return the prefix of the marker volume names of ``img``."""
+    return base_name(img) + ".sha256-"
+
+
+def redacted(url: str) -> str:
+    """Return ``url`` without userinfo, query or fragment (signed URLs carry tokens there)."""
+    p = urlsplit(url)
+    host = p.hostname or ""
+    if p.port:
+        host = f"{host}:{p.port}"
+    return f"{p.scheme}://{host}{p.path}"
+
+
+@dataclass(frozen=True)
+class CachedImage:
+    """A verified base volume: its libvirt handle, path and capacity (bytes)."""
+
+    volume: libvirt.virStorageVol
+    path: str
+    capacity: int
+
+
+def ensure_base(link: HostLink, pool: libvirt.virStoragePool, img: ImageSettings, *, own_volumes: set[str],
+                timeout: float) -> CachedImage:
+    """Return the verified base of ``img`` in ``pool``, fetching it if needed.
+
+    Args:
+        link: the host's link.
+        pool: the storage pool (from ``link``).
+        img: the resolved image.
+        own_volumes: volume names of the VM being created; they are not "other users" of a
+            stale base (they are deleted with it and recreated).
+        timeout: seconds for the download+upload.
+    Raises:
+        ImageInUse: the base must be re-fetched but other overlays use it.
+        Permanent: HTTP 4xx, or the checksum does not match.
+        Transient: network trouble, truncated download, libvirt errors.
+    """
+    pool_name = link.call("virStoragePoolGetName", lambda c: pool.name())
+    names = set(link.call("virStoragePoolListVolumes", lambda c: pool.listVolumes(), pool=pool_name))
+    base = base_name(img)
+    prefix = marker_prefix(img)
+    markers = {n for n in names if n.startswith(prefix)}
+    wanted = prefix + img.sha256 if img.sha256 else None
+    if base in names and ((wanted and wanted in markers) or (not wanted and markers)):
+        return _cached(link, pool, pool_name, base)
+    if base in names:
+        _replaceable(link, pool, pool_name, base, names - {base} - markers, own_volumes)
+        for name in sorted(markers | (own_volumes & names)):
+            _delete_volume(link, pool, pool_name, name)
+        _delete_volume(link, pool, pool_name, base)
+        reason = "its marker is missing" if not markers else "the configured checksum changed"
+        log.info("kvm host %s: re-fetching %s: %s", link.host.name, base, reason)
+    else:
+        for name in sorted(markers):
+            _delete_volume(link, pool, pool_name, name)
+    digest = _fetch(link, pool, pool_name, base, img, timeout)
+    marker = prefix + digest
+    xml = volume_xml(marker, 0, "raw")
+    try:
+        link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0), pool=pool_name, volume=marker)
+    except Transient:
+        if marker not in link.call("virStoragePoolListVolumes", lambda c: pool.listVolumes(), pool=pool_name):
+            raise
+    return _cached(link, pool, pool_name, base)
+
+
+def _cached(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: str) -> CachedImage:
+    vol = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(base),
+                    pool=pool_name, volume=base)
+    path = link.call("virStorageVolGetPath", lambda c: vol.path(), volume=base)
+    capacity = link.call("virStorageVolGetInfo", lambda c: vol.info()[1], volume=base)
+    return CachedImage(vol, path, capacity)
+
+
+def _replaceable(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: str,
+                 candidates: set[str], own_volumes: set[str]) -> None:
+    """Raise :class:`ImageInUse` when a volume other than ``own_volumes`` is backed by ``base``."""
+    base_vol = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(base),
+                         pool=pool_name, volume=base)
+    base_path = link.call("virStorageVolGetPath", lambda c: base_vol.path(), volume=base)
+    users = []
+    for name in sorted(candidates - own_volumes):
+        try:
+            vol = link.call("virStorageVolLookupByName", lambda c, n=name: pool.storageVolLookupByName(n),
+                            pool=pool_name, volume=name)
+            xml = link.call("virStorageVolGetXMLDesc", lambda c: vol.XMLDesc(0), volume=name, trace_result=True)
+        except NotFound:
+            continue
+        if backing_path(xml) == base_path:
+            users.append(name)
+    if users:
+        raise ImageInUse(f"kvm host {link.host.name}: {base} must be re-fetched (its marker is missing or the "
+                         f"configured checksum changed) but {len(users)} overlay(s) still use it "
+                         f"({', '.join(users[:5])}{', ...' if len(users) > 5 else ''}); it is replaced once "
+                         f"they are deleted. To roll out a new image while old VMs run, add it under a new key.")
+
+
+def _delete_volume(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, name: str) -> None:
+    """Delete volume ``name``; a missing volume is fine."""
+    try:
+        vol = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(name),
+                        pool=pool_name, volume=name)
+        link.call("virStorageVolDelete", lambda c: vol.delete(0), pool=pool_name, volume=name)
+    except NotFound:
+        pass
+
+
+def _http_error(img: ImageSettings, status: int) -> Exception:
+    msg = f"image {img.key}: GET {redacted(img.url)} answered HTTP {status}"
+    if status in (408, 429) or status >= 500:
+        return Transient(msg)
+    return Permanent(msg)
+
+
+def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: str, img: ImageSettings,
+           timeout: float) -> str:
+    """Stream ``img`` into a new volume ``base``; return the verified hex digest."""
+    source = redacted(img.url)
+    try:
+        resp = requests.get(img.url, stream=True, timeout=(10, 60))
+    except requests.RequestException as exc:
+        raise Transient(f"image {img.key}: GET {source}: {type(exc).__name__}: {exc}") from exc
+    with resp:
+        if resp.status_code != 200:
+            raise _http_error(img, resp.status_code)
+        length = int(resp.headers.get("Content-Length") or 0)
+        xml = volume_xml(base, 0, "raw")
+        vol = link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0),
+                        pool=pool_name, volume=base, xml=xml)
+
+        def upload(conn: libvirt.virConnect) -> tuple[str, int]:
+            stream = conn.newStream(0)
+            vol.upload(stream, 0, 0, 0)
+            digest = hashlib.sha256()
+            total = 0
+            try:
+                try:
+                    for chunk in resp.iter_content(_CHUNK):
+                        digest.update(chunk)
+                        total += len(chunk)
+                        send_all(stream, chunk)
+                except requests.RequestException as exc:
+                    raise Transient(f"image {img.key}: download from {source} broke after {total} bytes: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+                if length and total != length:
+                    raise Transient(f"image {img.key}: download from {source} ended after {total} of "
+                                    f"{length} bytes")
+                if img.sha256 and digest.hexdigest() != img.sha256:
+                    raise Permanent(f"image {img.key}: SHA-256 of {source} is {digest.hexdigest()}, "
+                                    f"the config says {img.sha256}")
+                stream.finish()
+            except BaseException:
+                try:
+                    stream.abort()
+                except libvirt.libvirtError:
+                    pass
+                raise
+            return digest.hexdigest(), total
+
+        try:
+            hexdigest, total = link.call("virStorageVolUpload", upload, timeout=timeout,
+                                         pool=pool_name, volume=base, source=source)
+        except BaseException:
+            try:
+                _delete_volume(link, pool, pool_name, base)
+            except Exception as exc:  # noqa: BLE001 - the missing marker keeps it from being used
+                log.warning("kvm host %s: could not remove the partial %s: %s", link.host.name, base, exc)
+            raise
+    log.info("kvm host %s: cached %s (%d bytes, sha256 %s) from %s", link.host.name, base, total, hexdigest, source)
+    return hexdigest
+
+
+def send_all(stream: libvirt.virStream, data: bytes) -> None:
+    """Send all of ``data`` on a blocking libvirt stream."""
+    view = memoryview(data)
+    while view:
+        sent = stream.send(bytes(view))
+        if sent < 0:
+            raise Transient(f"libvirt stream send failed ({sent})")
+        view = view[sent:]
+
+
+def upload_bytes(link: HostLink, vol: libvirt.virStorageVol, data: bytes, **ids: str) -> None:
+    """Upload ``data`` into ``vol`` (one traced ``virStorageVolUpload``; the body is never logged)."""
+    def upload(conn: libvirt.virConnect) -> None:
+        stream = conn.newStream(0)
+        vol.upload(stream, 0, len(data), 0)
+        try:
+            for i in range(0, len(data), _CHUNK):
+                send_all(stream, data[i:i + _CHUNK])
+            stream.finish()
+        except BaseException:
+            try:
+                stream.abort()
+            except libvirt.libvirtError:
+                pass
+            raise
+
+    link.call("virStorageVolUpload", upload, bytes=len(data), **ids)

@@ -1,0 +1,68 @@
+"""A fake cluster for end-to-end tests: the API fake with the CRDs' admission and a kubelet.
+
+``FakeCluster`` = :class:`tests.kubefake.server.FakeKube` whose ``proxies`` are admitted by
+the real CRD (``deploy/crd/proxy.yaml``: pruning, defaults, OpenAPI and CEL rules via
+:mod:`tests.support.crd_validation`) plus a :class:`tests.support.kubelet.Kubelet` that runs
+real Squids for Squid Pods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.kubefake import errors as fake_errors
+from tests.kubefake.server import FakeKube
+from tests.support import crd_validation
+from tests.support.kubelet import Kubelet
+
+ROOT = Path(__file__).resolve().parents[2]
+PROXY_CRD = ROOT / "deploy" / "crd" / "proxy.yaml"
+
+
+def proxy_admission(crd_path: Path = PROXY_CRD):
+    """Return an admission hook ``admit(obj, old) -> obj`` enforcing the Proxy CRD."""
+    crd = crd_validation.load_crd(crd_path)
+
+    def admit(obj: dict, old: dict | None) -> dict:
+        try:
+            return crd_validation.admit(crd, obj, old)
+        except crd_validation.Invalid as exc:
+            raise fake_errors.Invalid([{"field": c.field, "message": c.body(), "reason": c.reason}
+                                       for c in exc.causes]) from None
+
+    return admit
+
+
+class FakeCluster:
+    """API fake + Proxy admission + kubelet stand-in.
+
+    Args:
+        start_squid: whether the kubelet starts real Squids (False: Pods go Running with an
+            address nothing listens on).
+        kubelet: whether to run a kubelet at all (False: Pods stay Pending).
+    """
+
+    def __init__(self, *, start_squid: bool = True, kubelet: bool = True, **fake_kwargs) -> None:
+        self.fake = FakeKube(**fake_kwargs)
+        self.kubelet: Kubelet | None = None
+        self._want_kubelet, self._start_squid = kubelet, start_squid
+
+    def start(self) -> "FakeCluster":
+        """Start the API fake, install admission, start the kubelet."""
+        self.fake.start()
+        self.fake.set_admission("proxies", proxy_admission())
+        if self._want_kubelet:
+            self.kubelet = Kubelet(self.fake, start_squid=self._start_squid).start()
+        return self
+
+    def close(self) -> None:
+        """Stop the kubelet (and its Squids) and the fake."""
+        if self.kubelet is not None:
+            self.kubelet.close()
+        self.fake.close()
+
+    def __enter__(self) -> "FakeCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
