@@ -89,3 +89,22 @@ def sweep(provider_name: str, provider, listing: ListResult, live_uids: set[str]
             report.errors.append(f"{inst.provider_id}: {describe(exc)}")
             log.warning("gc %s: deleting orphan %s failed: %s", provider_name, inst.provider_id, describe(exc))
     return report
+
+
+def collect(provider_name: str, provider, list_proxy_uids, abandoned: set[str], grace_seconds: float,
+            tag: str = naming.MANAGED_BY) -> SweepReport:
+    """One provider's GC pass: list by tag, then delete the orphans.
+
+    Args:
+        provider_name: for logs and the report.
+        provider: the (metered) provider.
+        list_proxy_uids: callable returning the UIDs of every existing Proxy; called *after*
+            the provider listing, so a Proxy created meanwhile is seen as live.
+        abandoned: UIDs released with skip-cleanup.
+        grace_seconds: minimum orphan age.
+    Raises:
+        Exception: when listing the Proxies fails (nothing is deleted then).
+    """
+    listing = provider.list_by_tag(tag)
+    live = set(list_proxy_uids())
+    return sweep(provider_name, provider, listing, live, abandoned, grace_seconds)

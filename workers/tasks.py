@@ -16,7 +16,7 @@ import uuid
 from celery.signals import worker_process_init
 
 from app import gc as gc_logic
-from app import metrics, naming, reconcile
+from app import metrics, reconcile
 from app.reconcile import Ref
 from workers import routing
 from workers.celery_app import celery_app
@@ -144,10 +144,9 @@ def gc_collect(provider_name: str) -> dict:
     """List one provider's managed instances and delete the orphans (see :mod:`app.gc`)."""
     ctx = context()
     provider = ctx.registry.get(provider_name)
-    listing = provider.list_by_tag(naming.MANAGED_BY)
-    live = {p.uid for p in ctx.kube.list_proxies()}
     abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
-    report = gc_logic.sweep(provider_name, provider, listing, live, abandoned, ctx.settings.gc_grace)
+    report = gc_logic.collect(provider_name, provider, lambda: [p.uid for p in ctx.kube.list_proxies()],
+                              abandoned, ctx.settings.gc_grace)
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
     metrics.GC_DELETED.labels(provider_name).inc(len(report.deleted))

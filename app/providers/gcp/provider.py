@@ -56,6 +56,9 @@ USER_DATA_KEY = "user-data"
 SQUID_CONF_KEY = "squid-conf"
 #: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
 _MAX_WAIT_CALL = 120.0
+#: A wait call that returns faster than this without a finished operation is followed by a
+#: pause growing from _MIN_PAUSE to _MAX_PAUSE seconds.
+_QUICK_WAIT, _MIN_PAUSE, _MAX_PAUSE = 1.0, 0.25, 5.0
 #: Page size of the aggregated list used by GC.
 _LIST_PAGE_SIZE = 500
 
@@ -226,7 +229,12 @@ class GcpProvider:
         api = self._api()
         s = self.settings
         deadline = time.monotonic() + s.operation_timeout
+        pause = 0.0
         while op.status != _DONE:
+            if pause:
+                # wait may return before the operation is done (it is documented as "at most
+                # two minutes, not guaranteed"); back off instead of spinning.
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Transient(f"gcp {what}: operation {op.name} still {op.status.name} after "
@@ -238,7 +246,10 @@ class GcpProvider:
             else:
                 request = compute_v1.WaitZoneOperationRequest(project=s.project, zone=zone, operation=op.name)
                 fn = lambda: api.zone_operations.wait(request=request, timeout=timeout, retry=None)
+            started = time.monotonic()
             op = self._call(f"wait {what}", fn)
+            quick = time.monotonic() - started < _QUICK_WAIT
+            pause = min(max(pause * 2, _MIN_PAUSE), _MAX_PAUSE) if quick else 0.0
         failure = operation_error(op)
         if failure is not None:
             err = to_provider_error(failure, f"{what} (operation {op.name})", on_404=on_404)

@@ -1,0 +1,330 @@
+"""Deployment artefacts: samples, the kustomize tree, the Dockerfile and docker-compose.yml.
+
+The kustomize render needs the ``kubectl`` client (offline: ``kubectl kustomize``); those
+tests skip when it is absent. No Docker engine runs here, so the Dockerfile and the
+compose file are checked by reading them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app import config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SAMPLES = DEPLOY / "samples"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (for `kubectl kustomize`) is not installed")
+
+pytestmark = pytest.mark.timeout(120)
+
+# The process commands of SPEC §1, as the Deployments run them.
+COMMANDS = {
+    "watcher": ["proxy-operator", "watch", "--health-bind", ":8081"],
+    "worker": ["celery", "-A", "workers", "worker", "-Q", "proxies,health,gc", "-E"],
+    "beat": ["celery", "-A", "workers", "beat", "-S", "redbeat.RedBeatScheduler"],
+    "api": ["gunicorn", "-w", "2", "-b", "0.0.0.0:8080", "api:create_app()"],
+    "flower": ["celery", "-A", "workers", "flower", "--address=0.0.0.0", "--port=5555"],
+}
+
+
+def _without_concurrency(cmd: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in cmd:
+        if skip:
+            skip = False
+            continue
+        if arg == "--concurrency":
+            skip = True
+            continue
+        if arg.startswith("--concurrency="):
+            continue
+        out.append(arg)
+    return out
+
+
+# -- every YAML file parses -----------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix()
+                                        for p in list(DEPLOY.rglob("*.yaml")) + [ROOT / "docker-compose.yml"]))
+def test_yaml_parses(path):
+    docs = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d is not None]
+    assert docs, f"{path} holds no document"
+    for doc in docs:
+        assert isinstance(doc, dict), f"{path}: a document is not a mapping"
+
+
+# -- samples ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/default/providers.yaml",
+                                  "deploy/compose/providers.yaml"])
+def test_providers_configs_load(path):
+    cfg = config.load(ROOT / path)
+    assert "k8s-local" in cfg.names()
+
+
+def test_providers_sample_shows_every_type():
+    cfg = config.load(SAMPLES / "providers.yaml")
+    assert {p.type for p in cfg.providers} == {"kubernetes", "gcp", "kvm"}
+    kvm = cfg.get("kvm-lab")
+    assert kvm.settings.host("lab1") is not None
+    assert kvm.settings.ssh["keyFile"].startswith("/etc/proxy-operator/kvm/")
+    assert cfg.get("gcp-eu").settings.project == "demo-project"
+
+
+def test_tokens_sample_has_only_marked_placeholders():
+    text = (SAMPLES / "tokens.yaml").read_text()
+    assert "EXAMPLE ONLY" in text
+    clients = yaml.safe_load(text)["clients"]
+    assert [c["name"] for c in clients] == ["crawler-a", "crawler-b"]
+    for client in clients:
+        assert set(client) in ({"name", "token"}, {"name", "tokenSHA256"})
+        if "token" in client:
+            assert "PLACEHOLDER" in client["token"]
+        else:
+            assert re.fullmatch(r"[0-9a-f]{64}", client["tokenSHA256"])
+
+
+def test_samples_document_skip_cleanup():
+    assert "crawl.example.com/skip-cleanup" in (SAMPLES / "proxy_kubernetes.yaml").read_text()
+
+
+# -- kustomize ------------------------------------------------------------------------------
+
+def render(path: str) -> list[dict]:
+    out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def default_render() -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed")
+    return render("default")
+
+
+def _kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def _assert_hardened(deploy: dict) -> None:
+    name = deploy["metadata"]["name"]
+    pod = deploy["spec"]["template"]["spec"]
+    pod_sc = pod.get("securityContext") or {}
+    tmp_volumes = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        sc = {**pod_sc, **(c.get("securityContext") or {})}
+        where = f"{name}/{c['name']}"
+        assert sc.get("runAsNonRoot") is True, f"{where}: runAsNonRoot"
+        assert sc.get("runAsUser", 0) != 0, f"{where}: runs as root"
+        assert sc.get("readOnlyRootFilesystem") is True, f"{where}: root filesystem is writable"
+        assert sc.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation"
+        assert "ALL" in (sc.get("capabilities") or {}).get("drop", []), f"{where}: capabilities not dropped"
+        assert not (sc.get("capabilities") or {}).get("add"), f"{where}: adds capabilities"
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        assert mounts.get("/tmp") in tmp_volumes, f"{where}: no emptyDir on /tmp"
+        res = c.get("resources") or {}
+        assert {"cpu", "memory"} <= set(res.get("requests", {})), f"{where}: resource requests"
+        assert {"cpu", "memory"} <= set(res.get("limits", {})), f"{where}: resource limits"
+
+
+@needs_kubectl
+def test_default_renders_every_process_hardened(default_render):
+    deployments = _kind(default_render, "Deployment")
+    assert set(deployments) == {"watcher", "worker", "beat", "api", "flower", "redis"}
+    for deploy in deployments.values():
+        assert deploy["metadata"]["namespace"] == "proxy-operator"
+        _assert_hardened(deploy)
+    for name, cmd in COMMANDS.items():
+        [container] = deployments[name]["spec"]["template"]["spec"]["containers"]
+        assert _without_concurrency(container["command"]) == cmd, name
+
+
+@needs_kubectl
+def test_default_wires_config_secrets_and_probes(default_render):
+    deployments = _kind(default_render, "Deployment")
+    [configmap] = [n for n in _kind(default_render, "ConfigMap") if n.startswith("proxy-operator-providers")]
+    cfg = yaml.safe_load(_kind(default_render, "ConfigMap")[configmap]["data"]["providers.yaml"])
+    assert cfg["providers"][0]["name"] == "k8s-local"
+    for name in ("watcher", "worker", "beat", "api", "flower"):
+        pod = deployments[name]["spec"]["template"]["spec"]
+        [c] = pod["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["PROVIDERS_CONFIG"] == "/etc/proxy-operator/providers/providers.yaml"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert volumes[mounts["/etc/proxy-operator/providers"]]["configMap"]["name"] == configmap
+        if name in ("watcher", "worker", "beat"):
+            assert pod["serviceAccountName"] == "proxy-operator"
+            kvm = volumes[mounts["/etc/proxy-operator/kvm"]]["secret"]
+            assert kvm == {**kvm, "secretName": "kvm-ssh", "optional": True}
+        else:
+            assert pod["automountServiceAccountToken"] is False
+    api = deployments["api"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in api["containers"][0]["env"]}
+    assert env["API_TOKENS_FILE"] == "/etc/proxy-operator/tokens/tokens.yaml"
+    tokens = {v["name"]: v for v in api["volumes"]}["tokens"]["secret"]
+    assert tokens["optional"] is True
+    assert api["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    watcher = deployments["watcher"]["spec"]["template"]["spec"]["containers"][0]
+    assert watcher["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8081} in watcher["ports"]
+    services = _kind(default_render, "Service")
+    assert {"api", "flower", "redis"} <= set(services)
+    assert services["flower"]["spec"]["ports"][0]["port"] == 5555
+
+
+@needs_kubectl
+def test_default_includes_the_crds(default_render):
+    crds = _kind(default_render, "CustomResourceDefinition")
+    assert set(crds) == {"proxies.crawl.example.com", "providerhealths.crawl.example.com"}
+    on_disk = yaml.safe_load((DEPLOY / "crd" / "proxy.yaml").read_text())
+    assert crds["proxies.crawl.example.com"]["spec"] == on_disk["spec"]
+
+
+def _rules(doc: dict) -> list[dict]:
+    return doc.get("rules") or []
+
+
+@needs_kubectl
+def test_rbac_is_least_privilege(default_render):
+    roles = list(_kind(default_render, "ClusterRole").values()) + list(_kind(default_render, "Role").values())
+    assert roles
+    for role in roles:
+        for rule in _rules(role):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']} grants * in {key}"
+    operator = _kind(default_render, "ClusterRole")["proxy-operator"]
+    grants = {(g, r, v) for rule in _rules(operator) for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    needed = {
+        ("crawl.example.com", "proxies", "watch"), ("crawl.example.com", "proxies", "patch"),
+        ("crawl.example.com", "proxies/status", "patch"),
+        ("crawl.example.com", "providerhealths", "create"), ("crawl.example.com", "providerhealths/status", "patch"),
+        ("crawl.example.com", "providerhealths", "delete"),
+        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "delete"),
+        ("", "secrets", "get"), ("", "events", "create"), ("events.k8s.io", "events", "create"),
+    }
+    assert needed <= grants
+    assert not any(r == "proxies" and v in ("create", "delete") for _, r, v in grants), \
+        "the operator never creates or deletes Proxies"
+    assert not any(r == "secrets" and v in ("list", "watch") for _, r, v in grants), \
+        "listing Secrets would expose every Secret of the cluster"
+    lease = _kind(default_render, "Role")["proxy-operator-leader-election"]
+    assert lease["metadata"]["namespace"] == "proxy-operator"
+    assert _rules(lease)[0]["apiGroups"] == ["coordination.k8s.io"]
+    binding = _kind(default_render, "ClusterRoleBinding")["proxy-operator"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "proxy-operator",
+                                    "namespace": "proxy-operator"}]
+    viewer = _kind(default_render, "ClusterRole")["proxy-operator-providerhealth-viewer"]
+    assert {v for rule in _rules(viewer) for v in rule["verbs"]} == {"get", "list", "watch"}
+
+
+@needs_kubectl
+def test_kvm_worker_overlay_consumes_one_host_queue():
+    docs = render("kvm-worker/kvm-lab-lab1")
+    [deploy] = [d for d in docs if d["kind"] == "Deployment"]
+    assert deploy["metadata"]["name"] == "kvm-worker-kvm-lab-lab1"
+    assert deploy["spec"]["replicas"] == 1
+    _assert_hardened(deploy)
+    [c] = deploy["spec"]["template"]["spec"]["containers"]
+    cmd = c["command"]
+    assert cmd[:4] == ["celery", "-A", "workers", "worker"]
+    assert cmd[cmd.index("-Q") + 1] == "kvm.kvm-lab.lab1"
+    assert cmd[cmd.index("--concurrency") + 1] == "1"
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert selector["crawl.example.com/kvm-queue"] == "kvm.kvm-lab.lab1"
+    assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert "kvm.kvm-lab.lab1" in (DEPLOY / "kvm-worker" / "README.md").read_text()
+
+
+@needs_kubectl
+def test_prometheus_service_monitor_selects_metrics_services(default_render):
+    [monitor] = render("prometheus")
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    services = _kind(default_render, "Service")
+    port = monitor["spec"]["endpoints"][0]["port"]
+    assert port in {p["name"] for p in services["api"]["spec"]["ports"]}
+
+
+# -- Dockerfile, .dockerignore, docker-compose.yml --------------------------------------------
+
+def test_dockerfile_builds_one_non_root_stamped_image():
+    text = (ROOT / "Dockerfile").read_text()
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert len(froms) == 2 and re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"pip install \"?\.(\[kvm\])?\"?", text)
+    assert "libvirt-dev" in text
+    assert re.search(r"^ARG GIT_COMMIT", text, re.M)
+    assert re.search(r"GIT_COMMIT=\$\{GIT_COMMIT\}", text)
+    assert 'org.opencontainers.image.revision="${GIT_COMMIT}"' in text
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] == "10001"
+
+
+def _dockerignored(path: str, patterns: list[str]) -> bool:
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern[1:] if negate else pattern
+        if fnmatch.fnmatch(path, pat) or path.startswith(pat.rstrip("/") + "/") or path == pat:
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies():
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    sources = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            sources += line.split()[1:-1]
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), f"Dockerfile copies {src}, which does not exist"
+        assert not _dockerignored(src.rstrip("/"), patterns), f".dockerignore drops {src}"
+    for private in (".venv", ".git", "tests"):
+        assert _dockerignored(private, patterns), f".dockerignore should drop {private}"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_runs_the_whole_stack(compose):
+    services = compose["services"]
+    assert {"redis", "k3s", "crds", "watcher", "worker", "beat", "api", "flower"} <= set(services)
+    assert services["k3s"]["image"].startswith("rancher/k3s:")
+    assert "5555:5555" in services["flower"]["ports"]
+    assert "8080:8080" in services["api"]["ports"]
+    for name, cmd in COMMANDS.items():
+        svc = services[name]
+        assert _without_concurrency(svc["command"]) == cmd, name
+        assert svc["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+        assert svc["environment"]["KUBECONFIG"] == "/kube/config"
+        assert svc["read_only"] is True and "/tmp" in svc["tmpfs"]
+        assert svc["build"]["args"]["GIT_COMMIT"].startswith("${GIT_COMMIT")
+        assert svc["depends_on"]["crds"]["condition"] == "service_completed_successfully"
+    crds = services["crds"]
+    assert "./deploy/crd:/crd:ro" in crds["volumes"] and "-k" in crds["command"]
+
+
+def test_compose_bind_mounts_exist(compose):
+    for name, svc in compose["services"].items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
