@@ -76,7 +76,10 @@ def test_providers_sample_shows_every_type():
     assert {p.type for p in cfg.providers} == {"kubernetes", "gcp", "kvm"}
     kvm = cfg.get("kvm-lab")
     assert kvm.settings.host("lab1") is not None
-    assert kvm.settings.ssh["keyFile"].startswith("/etc/proxy-operator/kvm/")
+    raw = yaml.safe_load((SAMPLES / "providers.yaml").read_text())
+    [kvm_raw] = [p for p in raw["providers"] if p["type"] == "kvm"]
+    for key in ("keyFile", "knownHostsFile"):  # where the deployments mount the kvm-ssh Secret
+        assert kvm_raw["kvm"]["ssh"][key].startswith("/etc/proxy-operator/kvm/")
     assert cfg.get("gcp-eu").settings.project == "demo-project"
 
 

@@ -10,6 +10,7 @@ from kubernetes import client as k8s
 from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
+JSON_PATCH = "application/json-patch+json"
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -96,11 +97,11 @@ def test_json_patch_with_a_test_operation(api, kube_client):
     api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
     out = api.patch_namespaced_custom_object(G, V, "default", P, "a", [
         {"op": "test", "path": "/spec/provider", "value": "k8s"},
-        {"op": "add", "path": "/metadata/labels", "value": {"tier": "a"}}])
+        {"op": "add", "path": "/metadata/labels", "value": {"tier": "a"}}], _content_type=JSON_PATCH)
     assert out["metadata"]["labels"] == {"tier": "a"}
     with pytest.raises(k8s.ApiException) as err:
         api.patch_namespaced_custom_object(G, V, "default", P, "a", [
-            {"op": "test", "path": "/spec/provider", "value": "gcp"}])
+            {"op": "test", "path": "/spec/provider", "value": "gcp"}], _content_type=JSON_PATCH)
     assert err.value.status == 422
 
 

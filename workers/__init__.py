@@ -6,6 +6,7 @@ registered and the beat schedule installed.
 
 from workers.celery_app import celery_app
 from workers import beat as _beat  # noqa: F401  (installs the beat schedule)
+from workers import metrics_server as _metrics  # noqa: F401  (serves /metrics when METRICS_BIND is set)
 
 celery = celery_app
 app = celery_app

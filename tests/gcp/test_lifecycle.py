@@ -222,10 +222,36 @@ def test_every_call_including_operation_polls_goes_to_the_api_endpoint(fake, pro
     inst = provider.create(_request("uid-endpoint", zone="europe-west1-b"))
     provider.list_by_tag(MANAGED_BY)
     provider.delete(inst.provider_id)
-    kinds = {re.sub(r"[a-z0-9-]+$", "", r.path.split("/")[-1]) for r in fake.requests}
-    assert fake.calls("POST", r"/zoneOperations|/operations/.*/wait$")
-    assert {r.method for r in fake.requests} == {"POST", "GET", "DELETE"}
-    assert kinds  # every request above was served by the fake ...
-    assert loopback_only.violations == []  # ... and nothing tried to go anywhere else
+    seen = {(r.method, re.sub(r"/(proxy|operation)-[a-z0-9-]+", "/{x}", r.path)) for r in fake.requests}
+    base = f"/compute/v1/projects/{PROJECT}"
+    assert seen == {
+        ("POST", f"{base}/zones/europe-west1-b/instances"),
+        ("POST", f"{base}/zones/europe-west1-b/operations/{{x}}/wait"),
+        ("GET", f"{base}/zones/europe-west1-b/instances/{{x}}"),
+        ("GET", f"{base}/aggregated/instances"),
+        ("DELETE", f"{base}/zones/europe-west1-b/instances/{{x}}"),
+    }
+    assert loopback_only.violations == []  # nothing tried to go anywhere but the fake
     # Anonymous credentials: no Authorization header was ever sent.
-    assert not any("Authorization" in r.headers for r in fake.requests)
+    assert not any(k.lower() == "authorization" for r in fake.requests for k in r.headers)
+
+
+def test_guard_catches_the_sdk_extended_operation_trap(fake, loopback_only):
+    """Why the provider waits through its own operations client: the SDK's
+    ExtendedOperation.result() polls through a zone-operations client built without our
+    client options, i.e. towards the public endpoint.  The loopback guard stops it."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+
+    client = compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest",
+                                        client_options=ClientOptions(api_endpoint=fake.url))
+    body = compute_v1.Instance(name="proxy-trap", machine_type="zones/europe-west1-b/machineTypes/e2-micro",
+                               disks=[compute_v1.AttachedDisk(boot=True)])
+    operation = client.insert(project=PROJECT, zone="europe-west1-b", instance_resource=body)
+    with pytest.raises(Exception):
+        operation.result(timeout=5, retry=None)
+    assert loopback_only.violations, "the SDK should have tried the public endpoint"
+    assert any("googleapis.com" in v for v in loopback_only.violations)
+    assert not fake.calls(path_regex=r"/operations/")  # the poll never reached the fake
+    loopback_only.violations.clear()
