@@ -83,12 +83,17 @@ def operator_env(cluster, redis_url, tmp_path):
 @pytest.fixture()
 def operator(operator_env, tmp_path):
     """watcher + worker + beat, started through their real commands."""
+    metrics_port = free_port()
+    (tmp_path / "prom").mkdir()
+    worker_env = {**operator_env, "METRICS_BIND": f"127.0.0.1:{metrics_port}",
+                  "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")}
     procs = {
-        "worker": celery_worker(operator_env).start(),
+        "worker": celery_worker(worker_env).start(),
         "beat": celery_beat(operator_env, str(tmp_path)).start(),
         "watcher": watcher(operator_env).start(),
     }
     procs["worker"].wait_for_log("ready", timeout=60)
+    procs["worker"].metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     yield procs
     for p in procs.values():
         p.stop()
@@ -170,6 +175,11 @@ def test_sample_proxy_goes_running_serves_traffic_and_is_deleted(cluster, operat
 
     response = requests.get(f"{origin}/through-the-proxy", proxies={"http": f"http://{squid_address}:3128"}, timeout=10)
     assert response.status_code == 200 and response.json()["path"] == "/through-the-proxy"
+
+    # Provider requests are counted by the metrics decorator, aggregated across prefork children.
+    scrape = requests.get(operator["worker"].metrics_url, timeout=5).text
+    assert ('proxy_operator_provider_requests_total{operation="create",outcome="ok",'
+            'provider="k8s-local",type="kubernetes"} 1.0') in scrape
 
     # kubectl delete: the Pod goes first, then the Proxy (finalizer released).
     custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-k8s-1")
