@@ -41,7 +41,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
-    GIT_COMMIT=${GIT_COMMIT}
+    GIT_COMMIT=${GIT_COMMIT} \
+    PROXY_OPERATOR_CRD_DIR=/opt/proxy-operator/crd
 # Runs with a read-only root filesystem: only /tmp (an emptyDir / tmpfs) is written.
 WORKDIR /tmp
 USER 10001:10001

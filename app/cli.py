@@ -49,7 +49,7 @@ def cmd_version(args) -> int:
 
 
 def cmd_crds(args) -> int:
-    crd_dir = ROOT / "deploy" / "crd"
+    crd_dir = Path(os.environ.get("PROXY_OPERATOR_CRD_DIR") or ROOT / "deploy" / "crd")
     docs = sorted(p for p in crd_dir.glob("*.yaml") if p.name != "kustomization.yaml")
     if not docs:
         print(f"proxy-operator: no CRD manifests under {crd_dir}", file=sys.stderr)

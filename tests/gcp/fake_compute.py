@@ -78,6 +78,7 @@ class OpFault:
     code: str
     message: str
     times: int
+    undo: bool = True
 
 
 @dataclass
@@ -187,12 +188,13 @@ class FakeCompute:
                                      message or f"injected {status} {reason or ''}".strip(), times, delay))
 
     def fail_operation(self, kind: str, status: int, code: str, message: str | None = None,
-                       *, times: int = 1) -> None:
+                       *, times: int = 1, undo: bool = True) -> None:
         """Make the next ``times`` operations of ``kind`` (``insert``, ``delete``,
         ``firewall.insert`` ...) finish DONE with ``httpErrorStatusCode=status`` and
-        ``error.errors[0].code=code``, without applying their effect."""
+        ``error.errors[0].code=code``, without applying their effect (and, for an insert,
+        removing the instance again unless ``undo`` is false)."""
         with self._lock:
-            self.op_faults.append(OpFault(kind, status, code, message or f"injected {code}", times))
+            self.op_faults.append(OpFault(kind, status, code, message or f"injected {code}", times, undo))
 
     # -- queries for tests -------------------------------------------------------------
     def calls(self, method: str | None = None, path_regex: str | None = None) -> list[Recorded]:
@@ -412,8 +414,9 @@ class FakeCompute:
                 f.times -= 1
                 failure = f
                 break
-        if failure is not None and undo is not None:
-            effect = lambda: undo()  # noqa: E731 - the failed insert leaves nothing behind
+        if failure is not None:
+            # A failed operation has no effect; a failed insert leaves nothing behind.
+            effect = undo if (undo is not None and failure.undo) else None
         self.operations[name] = Operation(body, self.op_polls, effect, failure)
         return body
 

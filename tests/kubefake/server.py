@@ -104,7 +104,7 @@ class FakeKube:
         server.server_bind()
         server.server_activate()
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="kubefake", daemon=True)
         self._thread.start()
         return self

@@ -88,6 +88,15 @@ def operation_error(op: Any) -> gexc.GoogleAPICallError | None:
     return gexc.GoogleAPICallError(f"operation {op.name} failed: {message}", errors=errors, response=op)
 
 
+def already_exists(exc: BaseException | None) -> bool:
+    """Return whether ``exc`` says the resource being inserted already exists (HTTP 409 with
+    reason ``alreadyExists``, or an operation error ``RESOURCE_ALREADY_EXISTS``)."""
+    if not isinstance(exc, gexc.GoogleAPICallError) or exc.code != 409:
+        return False
+    normed = {_norm(r) for r in reasons(exc)}
+    return not normed or bool(normed & {"alreadyexists", "resourcealreadyexists"})
+
+
 def to_provider_error(exc: BaseException, what: str, *,
                       on_404: type[ProviderError] = NotFound) -> ProviderError:
     """Return the taxonomy error for ``exc`` (raise it ``from exc``).

@@ -25,6 +25,7 @@ the SDK error.  SDK types never leave this module.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -34,6 +35,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 import google.auth
+import google.auth.exceptions
+from google.auth import aws, identity_pool
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
@@ -44,7 +49,7 @@ from app.naming import MANAGED_BY, TAG_MANAGED_BY
 from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
 from app.providers.errors import NotFound, Permanent, ProviderError, Transient
 from app.providers.gcp import ids, wire
-from app.providers.gcp.classify import operation_error, to_provider_error
+from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
 
 log = logging.getLogger("proxy_operator.gcp")
@@ -166,24 +171,49 @@ class GcpProvider:
         if s.anonymous:
             return AnonymousCredentials()
         if s.credentials_file:
-            if not os.path.exists(s.credentials_file):
-                raise Transient(f"gcp provider {self.name}: credentialsFile {s.credentials_file} "
-                                "does not exist (yet)")
-            try:
-                creds, _ = google.auth.load_credentials_from_file(s.credentials_file, scopes=[CLOUD_PLATFORM_SCOPE])
-            except OSError as exc:
-                raise Transient(f"gcp provider {self.name}: cannot read credentialsFile "
-                                f"{s.credentials_file}: {exc.strerror or exc}") from exc
-            except google.auth.exceptions.GoogleAuthError as exc:
-                raise Permanent(f"gcp provider {self.name}: credentialsFile {s.credentials_file} "
-                                f"is not usable: {exc}") from exc
-            return creds
+            return self._file_credentials(s.credentials_file)
         try:
             creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
         except google.auth.exceptions.GoogleAuthError as exc:
             raise Permanent(f"gcp provider {self.name}: no Application Default Credentials "
                             f"(set gcp.credentialsFile or GOOGLE_APPLICATION_CREDENTIALS): {exc}") from exc
         return creds
+
+    def _file_credentials(self, path: str) -> Any:
+        """Load a key file: ``service_account``, ``authorized_user`` or ``external_account`` JSON.
+
+        Raises:
+            Transient: the file does not exist or cannot be read (yet): a Secret mounted
+                later heals without a restart.
+            Permanent: the file is not JSON, or not a usable credentials document.
+        """
+        where = f"gcp provider {self.name}: credentialsFile {path}"
+        if not os.path.exists(path):
+            raise Transient(f"{where} does not exist (yet)")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                info = json.load(fh)
+        except OSError as exc:
+            raise Transient(f"{where}: cannot read: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise Permanent(f"{where} is not usable: not JSON ({exc.__class__.__name__})") from None
+        kind = info.get("type") if isinstance(info, dict) else None
+        scopes = [CLOUD_PLATFORM_SCOPE]
+        try:
+            if kind == "service_account":
+                return service_account.Credentials.from_service_account_info(info, scopes=scopes)
+            if kind == "authorized_user":
+                return user_credentials.Credentials.from_authorized_user_info(info, scopes=scopes)
+            if kind == "external_account":
+                source = info.get("credential_source") or {}
+                if str(source.get("environment_id", "")).startswith("aws"):
+                    return aws.Credentials.from_info(info, scopes=scopes)
+                return identity_pool.Credentials.from_info(info, scopes=scopes)
+        except (ValueError, KeyError, google.auth.exceptions.GoogleAuthError) as exc:
+            # Never echo the file's content: it holds a private key.
+            raise Permanent(f"{where} is not usable: {type(exc).__name__}") from None
+        raise Permanent(f"{where} is not usable: type {kind!r} is not service_account, "
+                        "authorized_user or external_account")
 
     def _api(self) -> _Clients:
         """Build the SDK clients once (thread-safe); a failure is retried on the next call."""
@@ -289,14 +319,14 @@ class GcpProvider:
             op = self._call(f"insert {pid}", lambda: api.instances.insert_unary(
                 request=insert, timeout=s.request_timeout, retry=None), on_404=Permanent)
         except ProviderError as exc:
-            if isinstance(exc.__cause__, gexc.Conflict):
+            if already_exists(exc.__cause__):
                 log.info("gcp insert %s: already exists; returning it", pid)
                 return self.get(pid)
             raise
         try:
             self._wait(f"insert {pid}", op, zone, on_404=Permanent)
         except ProviderError as exc:
-            if isinstance(exc.__cause__, gexc.Conflict):
+            if already_exists(exc.__cause__):
                 return self.get(pid)
             raise
         return self.get(pid)
@@ -454,7 +484,7 @@ class GcpProvider:
                     project=s.project, firewall_resource=want, timeout=s.request_timeout, retry=None),
                     on_404=Permanent)
             except ProviderError as exc:
-                if not isinstance(exc.__cause__, gexc.Conflict):  # created concurrently: fine
+                if not already_exists(exc.__cause__):  # created concurrently: fine
                     raise
         elif not _same_rule(have, want):
             log.info("gcp %s differs from the configuration; patching it", what)

@@ -60,13 +60,18 @@ def parse_provider_id(pid: str) -> tuple[str, str]:
     return parts[1], parts[3]
 
 
+def base_state(libvirt_state: int) -> InstanceState:
+    """Map a libvirt domain state onto :class:`InstanceState` without looking at the address."""
+    return _STATES.get(libvirt_state, InstanceState.PROVISIONING)
+
+
 def map_state(libvirt_state: int, address: str | None) -> InstanceState:
     """Map a libvirt domain state onto :class:`InstanceState`.
 
     A running domain without a known address is still Provisioning: an empty address is never
     published.
     """
-    state = _STATES.get(libvirt_state, InstanceState.PROVISIONING)
+    state = base_state(libvirt_state)
     if state is InstanceState.RUNNING and not address:
         return InstanceState.PROVISIONING
     return state

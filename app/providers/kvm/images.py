@@ -126,13 +126,13 @@ def ensure_base(link: HostLink, pool: libvirt.virStoragePool, img: ImageSettings
     if base in names:
         _replaceable(link, pool, pool_name, base, names - {base} - markers, own_volumes)
         for name in sorted(markers | (own_volumes & names)):
-            _delete_volume(link, pool, pool_name, name)
-        _delete_volume(link, pool, pool_name, base)
+            delete_volume(link, pool, pool_name, name)
+        delete_volume(link, pool, pool_name, base)
         reason = "its marker is missing" if not markers else "the configured checksum changed"
         log.info("kvm host %s: re-fetching %s: %s", link.host.name, base, reason)
     else:
         for name in sorted(markers):
-            _delete_volume(link, pool, pool_name, name)
+            delete_volume(link, pool, pool_name, name)
     digest = _fetch(link, pool, pool_name, base, img, timeout)
     marker = prefix + digest
     xml = volume_xml(marker, 0, "raw")
@@ -175,7 +175,7 @@ def _replaceable(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, b
                          f"they are deleted. To roll out a new image while old VMs run, add it under a new key.")
 
 
-def _delete_volume(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, name: str) -> None:
+def delete_volume(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, name: str) -> None:
     """Delete volume ``name``; a missing volume is fine."""
     try:
         vol = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(name),
@@ -242,7 +242,7 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                                          pool=pool_name, volume=base, source=source)
         except BaseException:
             try:
-                _delete_volume(link, pool, pool_name, base)
+                delete_volume(link, pool, pool_name, base)
             except Exception as exc:  # noqa: BLE001 - the missing marker keeps it from being used
                 log.warning("kvm host %s: could not remove the partial %s: %s", link.host.name, base, exc)
             raise

@@ -1,0 +1,67 @@
+"""Fixtures of the health tests: a local origin (health URL + IP echo), the Kubernetes API
+fake, real Redis (``redis_client`` from tests/conftest.py) and a :class:`Fleet` helper.
+
+Addresses: origins on 127.0.3.1, Squids on 127.0.3.10 and up (loopback only).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from app.health.settings import HealthSettings
+from tests.health.fleet import Fleet
+from tests.health.servers import OriginServer
+from tests.kubefake.server import FakeKube
+
+ORIGIN_ADDRESS = "127.0.3.1"
+_addresses = (f"127.0.3.{n}" for n in itertools.cycle(range(10, 250)))
+
+
+@pytest.fixture(scope="session")
+def origin():
+    """The HTTP origin: /generate_204, /status/<n>, /headers, /ip (the IP echo)."""
+    server = OriginServer(ORIGIN_ADDRESS).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def next_address():
+    """A function returning a fresh loopback address for a Squid."""
+    return lambda: next(_addresses)
+
+
+@pytest.fixture()
+def fake():
+    with FakeKube() as server:
+        yield server
+
+
+@pytest.fixture()
+def fleet(fake, redis_client, origin):
+    client = fake.api_client()
+    yield Fleet(client, redis_client, origin.url("/generate_204"))
+    client.close()
+
+
+@pytest.fixture()
+def settings(origin) -> HealthSettings:
+    """Health settings for tests: local IP echo, a long provisioning deadline."""
+    return HealthSettings(echo_url=origin.url("/ip"), provision_deadline=600, outage_min_proxies=3,
+                          concurrency=16)
+
+
+@pytest.fixture()
+def squids():
+    """Start Squids with ``squids(start_squid(...))``; all stopped after the test."""
+    started = []
+
+    def keep(proc):
+        started.append(proc)
+        return proc
+
+    yield keep
+    for proc in started:
+        proc.stop()

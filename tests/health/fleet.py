@@ -1,0 +1,130 @@
+"""A small fleet of Proxy objects for health and API tests.
+
+Proxies live in the Kubernetes API fake (the real ``kubernetes`` client talks to it); their
+endpoints are real Squids on loopback.  External Proxies go through the reconciler's own
+``create`` step (status Running, published to the serving view); Managed ones are written the
+way the reconciler leaves them once the provider reports the instance Running (the provider
+itself is outside these tests).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from kubernetes import client as k8s
+
+from app import serving
+from app import squid as squid_conf
+from app.config import ProvidersConfig
+from app.health import engine
+from app.health.settings import HealthSettings
+from app.kube import Kube
+from app.providers.registry import build
+from app.reconcile import Context, Ref, create
+from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
+from app.settings import Settings
+from tests.health.servers import free_port
+from tests.support.squid import SquidProcess
+
+
+def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
+                egress: bool = True) -> SquidProcess:
+    """Start a real Squid on ``address`` with the product policy; ``egress`` pins its outgoing
+    address to ``address`` so an IP-echo origin sees a per-proxy egress IP."""
+    policy = policy or squid_conf.SquidPolicy()
+    if egress:
+        policy = squid_conf.SquidPolicy(policy.allowed_ranges, policy.connect_ports, policy.basic_auth_file,
+                                        (*policy.extra, f"tcp_outgoing_address {address}"))
+    port = free_port(address)
+    return SquidProcess(address, port, squid_conf.render(port, policy)).start()
+
+
+def htpasswd_file(user: str, password: str) -> str:
+    """Write an htpasswd file Squid's helper (user ``proxy``) can read; return its path."""
+    d = tempfile.mkdtemp(prefix="htpasswd-")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "htpasswd")
+    with open(path, "w") as fh:
+        fh.write(squid_conf.htpasswd_entry(user, password) + "\n")
+    os.chmod(path, 0o644)
+    return path
+
+
+class Fleet:
+    """Proxy objects in the API fake, published to the serving view in Redis.
+
+    Args:
+        api_client: ``kubernetes.client.ApiClient`` of the fake.
+        r: ``redis.Redis`` (``decode_responses=True``).
+        health_url: default ``healthCheck.url``.
+    """
+
+    def __init__(self, api_client, r, health_url: str) -> None:
+        self.kube = Kube(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.r = r
+        self.health_url = health_url
+        self.ctx = Context(kube=self.kube, registry=build(ProvidersConfig(()), {}), redis=r, settings=Settings())
+
+    # -- Kubernetes access for the health engine ---------------------------------------
+    def get_proxy(self, namespace: str, name: str) -> dict | None:
+        """``app.kube.get_proxy`` against the fake."""
+        p = self.kube.get_proxy(namespace, name)
+        return p.raw if p else None
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> dict:
+        """``app.kube.patch_proxy_status`` against the fake."""
+        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                                 {"status": status})
+
+    def read(self, namespace: str, name: str) -> Proxy:
+        """Read a Proxy back."""
+        return self.kube.get_proxy(namespace, name)
+
+    # -- creating proxies ----------------------------------------------------------------
+    def _create(self, name: str, namespace: str, spec: dict, labels: dict | None) -> dict:
+        body = {"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def _health(self, health: dict | None) -> dict:
+        hc = {"url": self.health_url, "intervalSeconds": 1, "timeoutSeconds": 2,
+              "failureThreshold": 1, "successThreshold": 1}
+        hc.update(health or {})
+        return hc
+
+    def external(self, name: str, host: str, port: int, *, namespace: str = "default",
+                 labels: dict | None = None, max_leases: int | None = None, health: dict | None = None) -> Proxy:
+        """Apply an External Proxy for ``host:port`` and run the reconciler's create step."""
+        spec = {"mode": "External", "endpoint": {"host": host, "port": port}, "healthCheck": self._health(health)}
+        if max_leases is not None:
+            spec["maxLeases"] = max_leases
+        obj = self._create(name, namespace, spec, labels)
+        create(self.ctx, Ref(namespace, name, obj["metadata"]["uid"]))
+        return self.read(namespace, name)
+
+    def managed(self, name: str, host: str, port: int, *, provider: str, zone: str | None = None,
+                namespace: str = "default", labels: dict | None = None, max_leases: int | None = None,
+                health: dict | None = None) -> Proxy:
+        """Apply a Managed Proxy and leave it as the reconciler does once its instance runs at
+        ``host`` (status Running with the address, published to the serving view)."""
+        spec = {"mode": "Managed", "provider": provider, "endpoint": {"port": port},
+                "cloudInit": {"inline": "#cloud-config\n"}, "healthCheck": self._health(health)}
+        if zone:
+            spec["placement"] = {"zone": zone}
+        if max_leases is not None:
+            spec["maxLeases"] = max_leases
+        obj = self._create(name, namespace, spec, labels)
+        self.patch_status(namespace, name, {"phase": "Running", "address": host, "port": port,
+                                            "observedGeneration": obj["metadata"].get("generation", 1)})
+        proxy = self.read(namespace, name)
+        serving.publish(self.r, proxy, address=host, port=port, phase="Running")
+        return proxy
+
+    # -- probing -------------------------------------------------------------------------
+    def probe(self, proxies, settings: HealthSettings, **kw) -> engine.BatchReport:
+        """Run one health batch over ``proxies`` (Proxy objects or uids)."""
+        uids = [p if isinstance(p, str) else p.uid for p in proxies]
+        return engine.probe_batch(self.r, uids, settings, get_proxy=self.get_proxy,
+                                  patch_status=self.patch_status, **kw)
