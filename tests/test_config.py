@@ -17,7 +17,7 @@ KVM_OK = """
     kvm:
       ssh: {user: proxyop, keyFile: /k, knownHostsFile: /kh}
       images:
-        debian-12: {url: "http://127.0.0.1/i.qcow2", sha256: "ab", format: qcow2, firmware: uefi}
+        debian-12: {url: "http://127.0.0.1/i.qcow2", sha256: "abababababababababababababababababababababababababababababababab", format: qcow2, firmware: uefi}
       machineTypes:
         small: {vcpus: 1, memoryMiB: 512, diskGiB: 8}
       hosts:

@@ -51,6 +51,15 @@ def _without_concurrency(cmd: list[str]) -> list[str]:
     return out
 
 
+def _process_command(container: dict) -> list[str]:
+    """The process a container runs: its ``args`` behind an ``sh -c '... exec "$@"'`` wrapper
+    (the workers prepare PROMETHEUS_MULTIPROC_DIR that way), else its ``command``."""
+    cmd = container["command"]
+    if cmd[:2] == ["sh", "-c"] and cmd[2].rstrip().endswith('exec "$@"'):
+        return container["args"]
+    return cmd
+
+
 # -- every YAML file parses -----------------------------------------------------------------
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix()
@@ -150,7 +159,7 @@ def test_default_renders_every_process_hardened(default_render):
         _assert_hardened(deploy)
     for name, cmd in COMMANDS.items():
         [container] = deployments[name]["spec"]["template"]["spec"]["containers"]
-        assert _without_concurrency(container["command"]) == cmd, name
+        assert _without_concurrency(_process_command(container)) == cmd, name
 
 
 @needs_kubectl
@@ -242,7 +251,7 @@ def test_kvm_worker_overlay_consumes_one_host_queue():
     assert deploy["spec"]["replicas"] == 1
     _assert_hardened(deploy)
     [c] = deploy["spec"]["template"]["spec"]["containers"]
-    cmd = c["command"]
+    cmd = _process_command(c)
     assert cmd[:4] == ["celery", "-A", "workers", "worker"]
     assert cmd[cmd.index("-Q") + 1] == "kvm.kvm-lab.lab1"
     assert cmd[cmd.index("--concurrency") + 1] == "1"

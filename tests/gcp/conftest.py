@@ -116,3 +116,29 @@ def make_provider(fake) -> Callable[..., Any]:
 def provider(make_provider):
     """A :class:`GcpProvider` with anonymous credentials against the fake."""
     return make_provider()
+
+
+def write_service_account_key(path, fake: FakeCompute) -> str:
+    """Write a service-account key file whose token endpoint is ``fake`` (``POST /token``).
+
+    google-auth signs a JWT assertion with the generated RSA key and trades it at the fake
+    for a ``ya29.`` bearer token, exactly as against oauth2.googleapis.com.
+
+    Returns:
+        the key's client e-mail.
+    """
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    email = f"proxy-operator@{PROJECT}.iam.gserviceaccount.com"
+    path.write_text(json.dumps({
+        "type": "service_account", "project_id": PROJECT, "private_key_id": "0123456789abcdef",
+        "private_key": pem, "client_email": email, "client_id": "1234567890",
+        "token_uri": f"{fake.url}/token",
+    }))
+    return email

@@ -47,13 +47,14 @@ _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 @dataclass
 class Recorded:
-    """One request the fake received."""
+    """One request the fake received (header names lower-cased)."""
 
     method: str
     path: str
     query: dict[str, list[str]]
     headers: dict[str, str]
     body: Any
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -230,7 +231,8 @@ class FakeCompute:
                     body = raw.decode("utf-8", "replace")
             else:
                 body = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
-        rec = Recorded(h.command, parts.path, parse_qs(parts.query), dict(h.headers.items()), body)
+        rec = Recorded(h.command, parts.path, parse_qs(parts.query),
+                       {k.lower(): v for k, v in h.headers.items()}, body)
         with self._lock:
             self.requests.append(rec)
             fault = self._take_fault(h.command, parts.path)

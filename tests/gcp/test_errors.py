@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
@@ -11,7 +10,7 @@ from google.api_core import exceptions as gexc
 from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, Transient, describe
-from tests.gcp.conftest import PROJECT, gcp_config
+from tests.gcp.conftest import PROJECT, gcp_config, write_service_account_key
 
 ZONE = "europe-west1-b"
 PID = f"projects/{PROJECT}/zones/{ZONE}/instances/proxy-err"
@@ -242,9 +241,10 @@ def test_missing_credentials_file_is_transient_and_heals(fake, tmp_path):
     key.write_text("{not json")
     with pytest.raises(Permanent, match="not usable"):
         provider.get(PID)
-    key.write_text(json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s",
-                               "refresh_token": "r", "token_uri": f"{fake.url}/token"}))
-    # Usable now: the call reaches the fake (whose token endpoint refuses a refresh token).
-    with pytest.raises(Permanent):
-        provider.get(PID)
-    assert fake.calls("POST", r"^/token$")
+    write_service_account_key(key, fake)
+    fake.add_instance(PROJECT, ZONE, "proxy-err", tags_for("x"))
+    assert provider.get(PID).name == "proxy-err"
+    [call] = fake.calls("GET", r"/instances/proxy-err$")
+    # The key signed a bearer token (google-auth uses a self-signed JWT for the compute
+    # audience, or trades an assertion at the key's token_uri, which is the fake).
+    assert call.headers.get("authorization", "").startswith("Bearer ")

@@ -7,6 +7,7 @@ Addresses: origins on 127.0.3.1, Squids on 127.0.3.10 and up (loopback only).
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 
@@ -63,5 +64,8 @@ def squids():
         return proc
 
     yield keep
-    for proc in started:
-        proc.stop()
+    stoppers = [threading.Thread(target=proc.stop) for proc in started]  # ~2 s each: in parallel
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()

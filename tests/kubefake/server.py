@@ -200,6 +200,11 @@ class FakeKube:
         with self._lock:
             self._faults.append(_Fault(verb, resource, code, times, reason))
 
+    def clear_faults(self) -> None:
+        """Forget every scripted failure not used up yet."""
+        with self._lock:
+            self._faults.clear()
+
     def request_count(self, verb: str | None = None, resource: str | None = None) -> int:
         """Requests served so far, filtered by verb and/or resource (plural or ``plural/status``)."""
         with self._lock:

@@ -86,8 +86,11 @@ class Kubelet:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             squids, self._squids = list(self._squids.values()), {}
-        for squid in squids:
-            squid.stop()
+        stoppers = [threading.Thread(target=s.stop, daemon=True) for s in squids]  # ~2 s each: in parallel
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(timeout=15)
 
     def __enter__(self) -> "Kubelet":
         return self.start()

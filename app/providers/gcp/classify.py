@@ -74,12 +74,16 @@ def reasons(exc: BaseException) -> list[str]:
 def operation_error(op: Any) -> gexc.GoogleAPICallError | None:
     """Return the exception a finished Compute ``Operation`` carries, or ``None`` when it succeeded.
 
-    Built exactly like ``google.api_core.extended_operation.ExtendedOperation`` does, so an
-    operation error looks the same whether we or the SDK waited for it.
+    Built like ``google.api_core.extended_operation.ExtendedOperation`` does (same class from
+    ``httpErrorStatusCode``, the operation's ``Errors`` in ``.errors``), with the errors'
+    messages added to the status text so logs say what happened.
     """
     errors = list(op.error.errors) if op.error and op.error.errors else []
     code = int(op.http_error_status_code or 0)
-    message = op.http_error_message or "; ".join(e.message for e in errors if e.message)
+    # httpErrorMessage is only the status text ("FORBIDDEN"); the errors say what happened.
+    detail = "; ".join(e.message for e in errors if e.message)
+    message = f"{op.http_error_message}: {detail}" if op.http_error_message and detail else \
+        (detail or op.http_error_message)
     if not errors and not code:
         return None
     if code:

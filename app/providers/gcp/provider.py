@@ -282,7 +282,7 @@ class GcpProvider:
             pause = min(max(pause * 2, _MIN_PAUSE), _MAX_PAUSE) if quick else 0.0
         failure = operation_error(op)
         if failure is not None:
-            err = to_provider_error(failure, f"{what} (operation {op.name})", on_404=on_404)
+            err = to_provider_error(failure, what, on_404=on_404)  # stable message: no operation name
             log.debug("gcp %s: operation %s finished with %s", what, op.name, err.reason)
             raise err from failure
 

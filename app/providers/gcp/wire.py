@@ -160,34 +160,74 @@ def endpoint_host(url: str) -> tuple[str, int]:
     return (parts.hostname or "").lower(), port
 
 
-class WireBridge(logging.Handler):
-    """The only way out of the ``google`` logger tree (see the module docstring).
+class WireBridge(logging.Handler, logging.Filter):
+    """Sanitizes compute records where they are made, and is the way out of the ``google`` tree.
+
+    As a *filter* on every compute client/transport logger it runs before any handler sees a
+    record (logger filters apply to records logged on that logger): an allow-listed
+    request/response record has its ``httpRequest``/``httpResponse``/``metadata`` extras
+    replaced in place by the sanitized view (also kept as ``record.gcp_wire``), a WARNING+
+    record has its message scrubbed, and anything else is dropped.  So even a handler someone
+    attaches straight to a ``google`` logger only ever sees sanitized records.
+
+    As a *handler* on the ``google`` logger it forwards sanitized wire records to
+    ``proxy_operator.gcp.wire`` at DEBUG and WARNING+ messages to ``proxy_operator.gcp.sdk``.
 
     Attributes:
-        enabled: forward compute request/response records.
+        enabled: let compute request/response records through.
         full_payloads: keep long payload strings.
         hosts: allowed ``(hostname, port)`` API endpoints.
     """
 
     def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
+        logging.Handler.__init__(self, level=logging.DEBUG)
         self.enabled = False
         self.full_payloads = False
         self.hosts: set[tuple[str, int]] = set()
         self._wire = logging.getLogger(WIRE_LOGGER)
         self._sdk = logging.getLogger(SDK_LOGGER)
 
-    def emit(self, record: logging.LogRecord) -> None:
-        """Forward ``record`` if the allow-list admits it; drop it otherwise (never raises)."""
+    # -- filter: at the source ---------------------------------------------------------
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Sanitize ``record`` in place and keep it, or drop it (return False); never raises."""
         try:
+            if getattr(record, "gcp_sanitized", False):
+                return True
             if record.levelno >= logging.WARNING:
-                self._sdk.log(record.levelno, "%s: %s", record.name, scrub_text(record.getMessage()))
-            elif self.enabled and _TRANSPORT.match(record.name):
-                entry = self.wire_entry(record)
-                if entry is not None:
-                    self._wire.debug("gcp wire %s %s %s", entry["direction"], entry["rpc"],
-                                     json.dumps(entry, sort_keys=True, default=str),
-                                     extra={"gcp_wire": entry})
+                record.msg, record.args = scrub_text(record.getMessage()), ()
+                for attr in ("httpRequest", "httpResponse", "metadata", "request", "response",
+                             "credentialsInfo"):
+                    if hasattr(record, attr):
+                        setattr(record, attr, REDACTED)
+                record.gcp_sanitized = True
+                return True
+            if not (self.enabled and _TRANSPORT.match(record.name)):
+                return False
+            entry = self.wire_entry(record)
+            if entry is None:
+                return False
+            record.msg, record.args = "gcp wire %s %s", (entry["direction"], entry["rpc"])
+            record.httpRequest = entry if entry["direction"] == "request" else None
+            record.httpResponse = entry if entry["direction"] == "response" else None
+            record.metadata = entry["headers"]
+            record.gcp_wire = entry
+            record.gcp_sanitized = True
+            return True
+        except Exception:  # noqa: BLE001 - a log path must never fail the call; drop on doubt
+            return False
+
+    # -- handler: the way out ----------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        """Forward a sanitized record to our loggers; drop anything else (never raises)."""
+        try:
+            if not getattr(record, "gcp_sanitized", False) and not self.filter(record):
+                return
+            if record.levelno >= logging.WARNING:
+                self._sdk.log(record.levelno, "%s: %s", record.name, record.getMessage())
+            elif getattr(record, "gcp_wire", None) is not None:
+                entry = record.gcp_wire
+                self._wire.debug("gcp wire %s %s %s", entry["direction"], entry["rpc"],
+                                 json.dumps(entry, sort_keys=True, default=str), extra={"gcp_wire": entry})
         except Exception:  # noqa: BLE001 - a log path must never fail the call, nor print the record
             pass
 
@@ -216,6 +256,9 @@ class WireBridge(logging.Handler):
 _lock = threading.Lock()
 _bridge: WireBridge | None = None
 _warned = False
+_COMPUTE_LOGGER = re.compile(r"^google\.cloud\.compute_v1\.services\.[a-z0-9_]+\.(client|transports\.rest)$")
+#: google-auth and oauth2 log token exchanges at DEBUG: keep them from even making records.
+_QUIET = ("google", "google.auth", "google.oauth2")
 
 
 def _truthy(name: str) -> bool:
@@ -223,7 +266,15 @@ def _truthy(name: str) -> bool:
 
 
 def bridge() -> WireBridge:
-    """Install (once) and return the process's :class:`WireBridge` on the ``google`` logger."""
+    """Install (idempotently) and return the process's :class:`WireBridge`.
+
+    * handler on the ``google`` logger, which stops propagating (the SDK does the same);
+    * filter on every compute client and REST transport logger that exists (importing
+      ``google.cloud.compute_v1`` creates them all);
+    * ``google``, ``google.auth`` and ``google.oauth2`` at INFO unless set lower by us, so
+      token exchanges are never turned into DEBUG records;
+    * ``GOOGLE_SDK_PYTHON_LOGGING_SCOPE`` removed from the environment.
+    """
     global _bridge
     with _lock:
         if _bridge is None:
@@ -232,6 +283,11 @@ def bridge() -> WireBridge:
         if _bridge not in root.handlers:
             root.addHandler(_bridge)
         root.propagate = False
+        for name in _QUIET:
+            logging.getLogger(name).setLevel(logging.INFO)
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if isinstance(logger, logging.Logger) and _COMPUTE_LOGGER.match(name) and _bridge not in logger.filters:
+                logger.addFilter(_bridge)
         if os.environ.pop(SDK_SCOPE_ENV, None) is not None:
             logging.getLogger(SDK_LOGGER).warning(
                 "%s removed from the environment: it would print raw Compute API payloads "

@@ -1,0 +1,57 @@
+"""The discovery and lease API (Flask; gunicorn in production): ``gunicorn 'api:create_app()'``.
+
+Routes (details in :mod:`api.routes`, the schema at ``/openapi.json``, the guide in
+docs/discovery-api.md): ``GET /v1/proxies``, ``POST /v1/leases``,
+``POST /v1/leases/<id>/renew``, ``DELETE /v1/leases/<id>``; open: ``/healthz``, ``/metrics``,
+``/openapi.json``.  Every ``/v1`` route needs a bearer token from the tokens file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask
+
+from api import errors, routes
+from api.settings import ApiSettings
+from app.tokens import TokenStore
+from app.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+def create_app(settings: ApiSettings | None = None) -> Flask:
+    """Build the Flask application.
+
+    Args:
+        settings: :class:`api.settings.ApiSettings` (default: from the environment).
+    Raises:
+        app.validation.ConfigError: no tokens file configured, or the file is invalid (the
+            message names the file and field) — the API never starts without client tokens.
+        ValueError: a malformed setting in the environment.
+    """
+    settings = settings or ApiSettings.from_env()
+    if not settings.tokens_file:
+        raise ConfigError("<env>", None, "API_TOKENS_FILE",
+                          "required: the path of the clients' tokens file (--tokens-file)")
+    store = TokenStore(settings.tokens_file, settings.tokens_check_every)
+    r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
+                             socket_connect_timeout=2, health_check_interval=30)
+    app = Flask("proxy_operator_api")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.json.sort_keys = False
+    errors.install(app)
+    routes.register(app, routes.State(redis=r, tokens=store, settings=settings))
+    log.info("api: %d clients, Redis %s", len(store.clients), _redacted(settings.redis_url))
+    return app
+
+
+def _redacted(url: str) -> str:
+    """The Redis URL without a password."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

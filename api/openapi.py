@@ -1,0 +1,188 @@
+"""The OpenAPI 3.0 document served at ``/openapi.json``: every route, its inputs, its outputs
+and its errors.  Limits that come from settings (the maximum TTL) are filled in per app."""
+
+from __future__ import annotations
+
+from app.leases import OUTCOMES, LeaseSettings
+from api.inputs import MAX_FILTER_LENGTH
+
+_FILTER = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_LENGTH}
+
+
+def _error_response(description: str) -> dict:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _errors(*codes: int) -> dict:
+    words = {400: "Bad request: malformed JSON, an unknown or invalid field (named in `field`).",
+             401: "Missing or invalid bearer token.",
+             403: "The lease belongs to another client.",
+             404: "No such lease.",
+             409: "The lease's proxy is no longer healthy or leasable; the lease was ended.",
+             413: "Request body too large.",
+             415: "The body is not application/json.",
+             503: "No proxy fits (leases) or the lease store is unavailable."}
+    return {str(c): _error_response(words[c]) for c in codes}
+
+
+def document(settings: LeaseSettings) -> dict:
+    """Return the OpenAPI document for an API with these lease settings."""
+    filter_params = [
+        {"name": "provider", "in": "query", "required": False, "schema": _FILTER,
+         "description": "Only proxies of this provider."},
+        {"name": "zone", "in": "query", "required": False, "schema": _FILTER,
+         "description": "Only proxies in this zone (kvm: host)."},
+        {"name": "namespace", "in": "query", "required": False, "schema": _FILTER,
+         "description": "Only Proxies of this Kubernetes namespace."},
+        {"name": "selector", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 4096},
+         "description": "Kubernetes label selector: `k=v,k2!=v2,k3 in (a,b),k4 notin (c),k5,!k6`."},
+        {"name": "healthy", "in": "query", "required": False, "schema": {"type": "boolean"},
+         "description": "true: only healthy proxies; false: only the others."},
+    ]
+    lease_id = {"name": "leaseId", "in": "path", "required": True,
+                "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}
+    lease_ok = {"application/json": {"schema": {"$ref": "#/components/schemas/Lease"}}}
+    nullable_str = {"type": "string", "nullable": True}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "proxy-operator discovery and lease API", "version": "1",
+                 "description": "Lists healthy proxies and leases them to crawlers. See docs/discovery-api.md."},
+        "servers": [{"url": "/"}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object", "required": ["error", "message"], "additionalProperties": False,
+                    "properties": {
+                        "error": {"type": "string", "description": "Stable error code."},
+                        "message": {"type": "string"},
+                        "field": {"type": "string", "description": "The request field at fault."},
+                    },
+                },
+                "Health": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["healthy", "state", "reason", "lastProbeTime", "latencyMs"],
+                    "properties": {
+                        "healthy": {"type": "boolean"},
+                        "state": {"type": "string", "enum": ["healthy", "unhealthy", "unknown"]},
+                        "reason": {**nullable_str, "description": "Reason of the last probe result."},
+                        "lastProbeTime": {**nullable_str, "format": "date-time"},
+                        "latencyMs": {"type": "number", "nullable": True},
+                    },
+                },
+                "Proxy": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["namespace", "name", "address", "port", "provider", "zone", "egressIP",
+                                 "labels", "health", "leases"],
+                    "properties": {
+                        "namespace": {"type": "string"}, "name": {"type": "string"},
+                        "address": {"type": "string"}, "port": {"type": "integer"},
+                        "provider": nullable_str, "zone": nullable_str, "egressIP": nullable_str,
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "health": {"$ref": "#/components/schemas/Health"},
+                        "leases": {"type": "object", "additionalProperties": False, "required": ["used", "max"],
+                                   "properties": {"used": {"type": "integer", "minimum": 0},
+                                                  "max": {"type": "integer", "minimum": 0}}},
+                    },
+                },
+                "ProxyList": {
+                    "type": "object", "additionalProperties": False, "required": ["items"],
+                    "properties": {"items": {"type": "array", "items": {"$ref": "#/components/schemas/Proxy"}}},
+                },
+                "LeaseRequest": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "provider": _FILTER, "zone": _FILTER, "namespace": _FILTER,
+                        "selector": {"type": "string", "maxLength": 4096},
+                        "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": settings.max_ttl,
+                                       "description": f"Default {settings.default_ttl}."},
+                        "sessionKey": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+                                       "description": "Sticky session: the same key gets the same proxy "
+                                                      "while it stays eligible."},
+                    },
+                },
+                "RenewRequest": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"ttlSeconds": {"type": "integer", "minimum": 1, "maximum": settings.max_ttl,
+                                                  "description": "Default: the lease's current TTL."}},
+                },
+                "Lease": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["leaseId", "proxyUrl", "host", "port", "egressIP", "expiresAt", "ttlSeconds",
+                                 "sessionKey", "sticky", "proxy", "leases"],
+                    "properties": {
+                        "leaseId": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                        "proxyUrl": {"type": "string", "description": "http://host:port"},
+                        "host": {"type": "string"}, "port": {"type": "integer"},
+                        "egressIP": nullable_str,
+                        "expiresAt": {"type": "string", "format": "date-time"},
+                        "ttlSeconds": {"type": "integer"},
+                        "sessionKey": nullable_str,
+                        "sticky": {"type": "boolean", "description": "The session's existing proxy was reused."},
+                        "proxy": {"type": "object", "additionalProperties": False,
+                                  "required": ["namespace", "name", "provider", "zone"],
+                                  "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
+                                                 "provider": nullable_str, "zone": nullable_str}},
+                        "leases": {"type": "object", "additionalProperties": False, "required": ["used", "max"],
+                                   "properties": {"used": {"type": "integer"}, "max": {"type": "integer"}}},
+                    },
+                },
+                "Released": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["leaseId", "released", "outcome", "wasLive", "cooldownUntil"],
+                    "properties": {
+                        "leaseId": {"type": "string"}, "released": {"type": "boolean"},
+                        "outcome": {"type": "string", "enum": list(OUTCOMES)},
+                        "wasLive": {"type": "boolean", "description": "false if it had already expired."},
+                        "cooldownUntil": {**nullable_str, "format": "date-time"},
+                    },
+                },
+            },
+        },
+        "paths": {
+            "/healthz": {"get": {
+                "summary": "Liveness: the API answers and reaches Redis.", "security": [],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}},
+                    **_errors(503)}}},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics.", "security": [],
+                "responses": {"200": {"description": "Prometheus text format",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": {
+                "summary": "This document.", "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.0",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/v1/proxies": {"get": {
+                "summary": "List published proxies with health and lease usage.",
+                "security": [{"bearer": []}], "parameters": filter_params,
+                "responses": {
+                    "200": {"description": "Matching proxies",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProxyList"}}}},
+                    **_errors(400, 401, 503)}}},
+            "/v1/leases": {"post": {
+                "summary": "Lease a healthy proxy with free capacity (least-loaded first).",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/LeaseRequest"}}}},
+                "responses": {"201": {"description": "Lease granted", "content": lease_ok},
+                              **_errors(400, 401, 413, 415, 503)}}},
+            "/v1/leases/{leaseId}/renew": {"post": {
+                "summary": "Extend a live lease (owner only).", "security": [{"bearer": []}],
+                "parameters": [lease_id],
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/RenewRequest"}}}},
+                "responses": {"200": {"description": "Lease renewed", "content": lease_ok},
+                              **_errors(400, 401, 403, 404, 409, 413, 415, 503)}}},
+            "/v1/leases/{leaseId}": {"delete": {
+                "summary": "Release a lease (owner only); blocked/failed start a cooldown.",
+                "security": [{"bearer": []}],
+                "parameters": [lease_id, {"name": "outcome", "in": "query", "required": False,
+                                          "schema": {"type": "string", "enum": list(OUTCOMES)}}],
+                "responses": {"200": {"description": "Released", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Released"}}}},
+                    **_errors(400, 401, 403, 404, 503)}}},
+        },
+    }

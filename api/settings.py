@@ -1,0 +1,48 @@
+"""Settings of the discovery and lease API, from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from app.leases import LeaseSettings
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What the API needs.
+
+    Attributes:
+        redis_url: the Redis holding the serving view and leases (``REDIS_URL``).
+        tokens_file: the clients' bearer tokens (``API_TOKENS_FILE``; required).
+        leases: :class:`app.leases.LeaseSettings` (``LEASE_DEFAULT_TTL``, ``LEASE_MAX_TTL``,
+            ``LEASE_COOLDOWN_SECONDS``, ``LEASE_STICKY_TTL``, ``LEASE_RECORD_GRACE``).
+        tokens_check_every: seconds between checks for a changed tokens file
+            (``API_TOKENS_RELOAD_SECONDS``).
+    """
+
+    redis_url: str = DEFAULT_REDIS_URL
+    tokens_file: str | None = None
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
+    tokens_check_every: float = 5.0
+
+    @classmethod
+    def from_env(cls) -> "ApiSettings":
+        """Read the settings from the environment.
+
+        Raises:
+            ValueError: a malformed value, naming the variable.
+        """
+        raw = os.environ.get("API_TOKENS_RELOAD_SECONDS", "")
+        try:
+            check_every = float(raw) if raw.strip() else cls.tokens_check_every
+        except ValueError:
+            raise ValueError(f"environment variable API_TOKENS_RELOAD_SECONDS: not a number: {raw!r}") from None
+        return cls(
+            redis_url=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+            tokens_file=os.environ.get("API_TOKENS_FILE") or None,
+            leases=LeaseSettings.from_env(),
+            tokens_check_every=check_every,
+        )

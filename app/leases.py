@@ -1,0 +1,513 @@
+"""Leases: selection and reservation of proxies for crawlers, atomic in Redis (SPEC §7).
+
+Selection and reservation run in one Lua script (``EVALSHA``), so under any concurrency no
+proxy ever holds more than ``maxLeases`` live leases.  The script:
+
+1. drops this client's expired cooldowns;
+2. if a ``sessionKey`` is given and this client's session is bound to a proxy that is still
+   eligible, takes it (sticky session);
+3. otherwise scans the published proxies (``po:proxies``) and keeps the eligible one with the
+   fewest live leases (ties: the lower ``used/maxLeases``).  Eligible = healthy (``healthy``
+   flag of the serving view), ``maxLeases`` > 0, matching the filters (provider, zone,
+   namespace, label selector), not cooling down for this client, and — after purging its
+   expired leases — fewer live leases than ``maxLeases``;
+4. reserves: adds the lease to the proxy's sorted set of live leases, writes the lease record,
+   (re)binds the session.
+
+Keys (besides the serving view of :mod:`app.serving`):
+
+* ``po:leases:<uid>`` — sorted set lease id → expiry (ms since the epoch, Redis clock);
+* ``po:lease:<id>`` — hash ``uid client ttl expiresAt createdAt sessionKey``, kept
+  ``record_grace`` seconds past expiry so a late renew says "expired" and a late release can
+  still report an outcome;
+* ``po:cooldown:<client>`` — sorted set uid → end of the cooldown (ms);
+* ``po:sticky:<client>:<sessionKey>`` — the uid a session is bound to (expires after
+  ``sticky_ttl`` seconds without use).
+
+All times come from the Redis server's clock (``TIME``), so several API processes agree.
+The scripts touch keys derived from the arguments (per proxy, per lease), which is fine on a
+single Redis (the deployment here) but not on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from app import serving
+from app.selectors import Requirement, as_lua, matches
+
+OUTCOMES = ("ok", "blocked", "failed")
+#: Error codes raised as :class:`LeaseError` (the API maps them to HTTP statuses).
+NO_PROXY_AVAILABLE = "no_proxy_available"
+LEASE_NOT_FOUND = "lease_not_found"
+NOT_LEASE_OWNER = "not_lease_owner"
+LEASE_EXPIRED = "lease_expired"
+PROXY_UNAVAILABLE = "proxy_unavailable"
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_ACQUIRE = serving.Lua(_NOW + """
+local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local f = cjson.decode(ARGV[4])
+local session = ARGV[5]
+local cool = 'po:cooldown:' .. client
+redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
+local sel = f.selector or {}
+local stats = {matching = 0, cooling = 0, full = 0}
+
+local function labels_ok(raw)
+  if #sel == 0 then return true end
+  local ok, labels = pcall(cjson.decode, raw or '{}')
+  if not ok or type(labels) ~= 'table' then labels = {} end
+  for _, req in ipairs(sel) do
+    local key, op, vals = req[1], req[2], req[3]
+    local v = labels[key]
+    if type(v) ~= 'string' then v = nil end
+    if op == '=' then
+      if v ~= vals[1] then return false end
+    elseif op == '!=' then
+      if v ~= nil and v == vals[1] then return false end
+    elseif op == 'in' or op == 'notin' then
+      local found = false
+      if v ~= nil then
+        for _, x in ipairs(vals) do if x == v then found = true; break end end
+      end
+      if op == 'in' and not found then return false end
+      if op == 'notin' and found then return false end
+    elseif op == 'exists' then
+      if v == nil then return false end
+    elseif op == '!exists' then
+      if v ~= nil then return false end
+    else
+      return false
+    end
+  end
+  return true
+end
+
+-- returns live lease count and maxLeases when uid is eligible, else nil
+local function check(uid, count)
+  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
+  if h[1] ~= '1' then return nil end
+  local max = tonumber(h[2]) or 0
+  if max <= 0 then return nil end
+  if f.provider and h[3] ~= f.provider then return nil end
+  if f.zone and h[4] ~= f.zone then return nil end
+  if f.namespace and h[5] ~= f.namespace then return nil end
+  if not labels_ok(h[6]) then return nil end
+  if count then stats.matching = stats.matching + 1 end
+  if redis.call('ZSCORE', cool, uid) then
+    if count then stats.cooling = stats.cooling + 1 end
+    return nil
+  end
+  local lk = 'po:leases:' .. uid
+  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local used = redis.call('ZCARD', lk)
+  if used >= max then
+    if count then stats.full = stats.full + 1 end
+    return nil
+  end
+  return used, max
+end
+
+local chosen, chosen_used, sticky = nil, nil, 0
+local sticky_key = nil
+if session ~= '' then
+  sticky_key = 'po:sticky:' .. client .. ':' .. session
+  local bound = redis.call('GET', sticky_key)
+  if bound then
+    local used = check(bound, false)
+    if used then chosen, chosen_used, sticky = bound, used, 1 end
+  end
+end
+if not chosen then
+  local best_ratio = nil
+  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    local used, max = check(uid, true)
+    if used then
+      local ratio = used / max
+      if not chosen or used < chosen_used or (used == chosen_used and ratio < best_ratio) then
+        chosen, chosen_used, best_ratio = uid, used, ratio
+      end
+    end
+  end
+end
+if not chosen then
+  return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
+                       cooling = stats.cooling, full = stats.full})
+end
+local exp = now + ttl
+redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
+local lk = 'po:lease:' .. lease_id
+redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
+           'createdAt', now, 'sessionKey', session)
+redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
+if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
+local h = redis.call('HMGET', 'po:proxy:' .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
+                     'provider', 'zone', 'maxLeases')
+return cjson.encode({uid = chosen, used = chosen_used + 1, expiresAt = exp, ttl = ttl, address = h[1],
+                     port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
+                     zone = h[7], maxLeases = h[8], sticky = sticky})
+""")
+
+_RENEW = serving.Lua(_NOW + """
+local id, client = ARGV[1], ARGV[2]
+local lk = 'po:lease:' .. id
+local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
+if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
+if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
+local zk = 'po:leases:' .. h[1]
+local score = redis.call('ZSCORE', zk, id)
+if not score or tonumber(score) <= now then
+  redis.call('ZREM', zk, id)
+  return cjson.encode({error = 'lease_expired'})
+end
+local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
+                     'namespace', 'name', 'provider', 'zone')
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
+  redis.call('ZREM', zk, id)
+  redis.call('DEL', lk)
+  return cjson.encode({error = 'proxy_unavailable'})
+end
+local ttl = tonumber(ARGV[3]) or tonumber(h[3])
+local exp = now + ttl
+redis.call('ZADD', zk, 'XX', exp, id)
+redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
+redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
+if h[4] and h[4] ~= '' then
+  local sk = 'po:sticky:' .. client .. ':' .. h[4]
+  if redis.call('GET', sk) == h[1] then redis.call('EXPIRE', sk, tonumber(ARGV[5])) end
+end
+redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
+return cjson.encode({uid = h[1], used = redis.call('ZCARD', zk), expiresAt = exp, ttl = ttl,
+                     address = p[3], port = p[4], egressIP = p[5], namespace = p[6], name = p[7],
+                     provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4]})
+""")
+
+_RELEASE = serving.Lua(_NOW + """
+local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local lk = 'po:lease:' .. id
+local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
+if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
+if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
+local zk = 'po:leases:' .. h[1]
+local score = redis.call('ZSCORE', zk, id)
+local live = score and tonumber(score) > now
+redis.call('ZREM', zk, id)
+redis.call('DEL', lk)
+local until_ms = 0
+if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
+  local ck = 'po:cooldown:' .. client
+  until_ms = now + cooldown
+  redis.call('ZADD', ck, until_ms, h[1])
+  if redis.call('PTTL', ck) < cooldown then redis.call('PEXPIRE', ck, cooldown) end
+  if h[3] and h[3] ~= '' then
+    local sk = 'po:sticky:' .. client .. ':' .. h[3]
+    if redis.call('GET', sk) == h[1] then redis.call('DEL', sk) end
+  end
+end
+return cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})
+""")
+
+
+class LeaseError(Exception):
+    """A lease operation that cannot be done.
+
+    Attributes:
+        code: stable error code (:data:`NO_PROXY_AVAILABLE`, :data:`LEASE_NOT_FOUND`,
+            :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`).
+        message: human-readable explanation.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: not an integer: {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name}: must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Lease rules (seconds).
+
+    Attributes:
+        default_ttl: TTL when a request names none (``LEASE_DEFAULT_TTL``, 300).
+        max_ttl: largest TTL a request may ask for (``LEASE_MAX_TTL``, 3600).
+        cooldown: how long a proxy released as ``blocked``/``failed`` is not leased to that
+            client again (``LEASE_COOLDOWN_SECONDS``, 600; 0 = no cooldown).
+        sticky_ttl: how long a session stays bound to its proxy after its last use
+            (``LEASE_STICKY_TTL``, 3600).
+        record_grace: how long a lease record outlives its expiry (``LEASE_RECORD_GRACE``, 600).
+    Raises:
+        ValueError: ``default_ttl`` > ``max_ttl`` or a value below its minimum.
+    """
+
+    default_ttl: int = 300
+    max_ttl: int = 3600
+    cooldown: int = 600
+    sticky_ttl: int = 3600
+    record_grace: int = 600
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.default_ttl <= self.max_ttl:
+            raise ValueError(f"lease default TTL {self.default_ttl}s must be between 1 and the maximum "
+                             f"TTL {self.max_ttl}s")
+        if self.cooldown < 0 or self.sticky_ttl < 1 or self.record_grace < 1:
+            raise ValueError("lease cooldown must be >= 0, sticky TTL and record grace >= 1")
+
+    @classmethod
+    def from_env(cls) -> "LeaseSettings":
+        """Read the settings from the environment (names in the attribute list)."""
+        return cls(
+            default_ttl=_env_int("LEASE_DEFAULT_TTL", cls.default_ttl, 1),
+            max_ttl=_env_int("LEASE_MAX_TTL", cls.max_ttl, 1),
+            cooldown=_env_int("LEASE_COOLDOWN_SECONDS", cls.cooldown, 0),
+            sticky_ttl=_env_int("LEASE_STICKY_TTL", cls.sticky_ttl, 1),
+            record_grace=_env_int("LEASE_RECORD_GRACE", cls.record_grace, 1),
+        )
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which proxies a request accepts (``None`` = any).
+
+    Attributes:
+        provider / zone / namespace: exact matches.
+        selector: label requirements (:func:`app.selectors.parse`).
+    """
+
+    provider: str | None = None
+    zone: str | None = None
+    namespace: str | None = None
+    selector: tuple[Requirement, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> str:
+        """Encode for the lease script."""
+        doc: dict = {"selector": as_lua(self.selector)}
+        for key in ("provider", "zone", "namespace"):
+            value = getattr(self, key)
+            if value is not None:
+                doc[key] = value
+        return json.dumps(doc)
+
+    def matches(self, record: dict[str, str]) -> bool:
+        """Whether a serving-view record passes the filters (same rules as the script)."""
+        if self.provider is not None and record.get("provider", "") != self.provider:
+            return False
+        if self.zone is not None and record.get("zone", "") != self.zone:
+            return False
+        if self.namespace is not None and record.get("namespace", "") != self.namespace:
+            return False
+        return matches(self.selector, serving.labels_of(record))
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted (or renewed) lease.
+
+    Attributes:
+        id: lease id (32 hex digits).
+        uid / namespace / name / provider / zone: the proxy.
+        host / port: where to send requests.
+        egress_ip: the proxy's egress IP, if known.
+        expires_at: epoch seconds (Redis clock).
+        ttl: seconds the lease was granted or renewed for.
+        used / max_leases: the proxy's live leases (this one included) and its maximum.
+        session_key: the sticky session, if any.
+        sticky: whether the session's existing proxy was reused.
+    """
+
+    id: str
+    uid: str
+    namespace: str
+    name: str
+    provider: str
+    zone: str
+    host: str
+    port: int
+    egress_ip: str | None
+    expires_at: float
+    ttl: int
+    used: int
+    max_leases: int
+    session_key: str | None = None
+    sticky: bool = False
+
+    @property
+    def proxy_url(self) -> str:
+        """``http://host:port`` (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def expires_rfc3339(self) -> str:
+        """Expiry as RFC 3339 UTC with milliseconds."""
+        dt = datetime.fromtimestamp(self.expires_at, timezone.utc)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _str(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _lease(lease_id: str, doc: dict, session_key: str | None) -> Lease:
+    return Lease(
+        id=lease_id, uid=doc["uid"], namespace=_str(doc.get("namespace")), name=_str(doc.get("name")),
+        provider=_str(doc.get("provider")), zone=_str(doc.get("zone")), host=_str(doc.get("address")),
+        port=int(_str(doc.get("port")) or 0), egress_ip=_str(doc.get("egressIP")) or None,
+        expires_at=int(doc["expiresAt"]) / 1000.0, ttl=int(doc["ttl"]) // 1000, used=int(doc["used"]),
+        max_leases=int(_str(doc.get("maxLeases")) or 0), session_key=session_key or None,
+        sticky=bool(doc.get("sticky")),
+    )
+
+
+def new_lease_id() -> str:
+    """Return a fresh random lease id (32 hex digits)."""
+    return secrets.token_hex(16)
+
+
+def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
+            session_key: str | None = None) -> Lease:
+    """Pick an eligible proxy and reserve a lease on it for ``client`` (atomic).
+
+    Args:
+        r: ``redis.Redis`` (``decode_responses=True``).
+        client: the authenticated client's name.
+        filters: which proxies qualify.
+        ttl: lease TTL in seconds (the caller checked it against ``settings.max_ttl``).
+        settings: :class:`LeaseSettings`.
+        session_key: sticky-session key, or ``None``.
+    Raises:
+        LeaseError: ``no_proxy_available`` (the message says how many matched, were full or
+            were cooling down for this client).
+    """
+    lease_id = new_lease_id()
+    raw = _ACQUIRE(r, [serving.PROXIES_KEY], [
+        client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
+        settings.record_grace * 1000])
+    doc = json.loads(raw)
+    if "error" in doc:
+        raise LeaseError(NO_PROXY_AVAILABLE,
+                         f"no Ready proxy with free capacity fits: {doc['matching']} match the filters, "
+                         f"{doc['full']} of them at maxLeases, {doc['cooling']} cooling down for this client")
+    return _lease(lease_id, doc, session_key)
+
+
+_MESSAGES = {
+    LEASE_NOT_FOUND: "no such lease (never granted, released, or forgotten after expiry)",
+    NOT_LEASE_OWNER: "this lease belongs to another client",
+    LEASE_EXPIRED: "the lease expired; ask for a new one",
+    PROXY_UNAVAILABLE: "the lease's proxy is no longer healthy or leasable; the lease was ended",
+}
+
+
+def renew(r, client: str, lease_id: str, ttl: int | None, settings: LeaseSettings) -> Lease:
+    """Extend a live lease of ``client`` to ``ttl`` seconds from now (default: its last TTL).
+
+    Raises:
+        LeaseError: ``lease_not_found``, ``not_lease_owner``, ``lease_expired`` or
+            ``proxy_unavailable`` (the proxy turned unhealthy or was drained; the lease ends).
+    """
+    raw = _RENEW(r, [], [lease_id, client, "" if ttl is None else int(ttl) * 1000,
+                         settings.record_grace * 1000, settings.sticky_ttl])
+    doc = json.loads(raw)
+    if "error" in doc:
+        raise LeaseError(doc["error"], _MESSAGES[doc["error"]])
+    return _lease(lease_id, doc, _str(doc.get("sessionKey")))
+
+
+@dataclass(frozen=True)
+class Release:
+    """The result of a release: whether the lease was still live, and any cooldown started
+    (``cooldown_until`` epoch seconds, ``None`` for none)."""
+
+    uid: str
+    live: bool
+    cooldown_until: float | None
+
+
+def release(r, client: str, lease_id: str, outcome: str, settings: LeaseSettings) -> Release:
+    """End a lease of ``client``; ``blocked``/``failed`` start a cooldown of its proxy for this client.
+
+    A lease that already expired (but is still remembered) can be released, so its outcome
+    still counts.
+
+    Raises:
+        ValueError: ``outcome`` not in :data:`OUTCOMES`.
+        LeaseError: ``lease_not_found`` or ``not_lease_owner``.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
+    raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000])
+    doc = json.loads(raw)
+    if "error" in doc:
+        raise LeaseError(doc["error"], _MESSAGES[doc["error"]])
+    until = int(doc["cooldownUntil"])
+    return Release(doc["uid"], bool(doc["live"]), until / 1000.0 if until else None)
+
+
+def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
+    """Return the published proxies passing ``filters`` (and ``healthy``, when not ``None``).
+
+    Each item: ``namespace name address port provider zone egressIP labels`` plus
+    ``health {healthy state reason lastProbeTime latencyMs}`` and ``leases {used max}``
+    (live leases counted without modifying anything).  Sorted by namespace and name.
+    """
+    recs = serving.all_records(r)
+    chosen = [(uid, rec) for uid, rec in recs.items()
+              if filters.matches(rec) and (healthy is None or (rec.get("healthy") == "1") == healthy)]
+    if not chosen:
+        return []
+    now_s, now_us = r.time()
+    now_ms = now_s * 1000 + now_us // 1000
+    pipe = r.pipeline(transaction=False)
+    for uid, _ in chosen:
+        pipe.zcount(serving.leases_key(uid), f"({now_ms}", "+inf")
+    counts = pipe.execute()
+    out = []
+    for (uid, rec), used in zip(chosen, counts):
+        latency = rec.get("latencyMs")
+        out.append({
+            "namespace": rec.get("namespace", ""), "name": rec.get("name", ""),
+            "address": rec.get("address", ""), "port": int(rec.get("port") or 0),
+            "provider": rec.get("provider") or None, "zone": rec.get("zone") or None,
+            "egressIP": rec.get("egressIP") or None, "labels": serving.labels_of(rec),
+            "health": {
+                "healthy": rec.get("healthy") == "1", "state": rec.get("health") or "unknown",
+                "reason": rec.get("lastReason") or None, "lastProbeTime": rec.get("lastProbeTime") or None,
+                "latencyMs": float(latency) if latency else None,
+            },
+            "leases": {"used": int(used), "max": int(rec.get("maxLeases") or 0)},
+        })
+    out.sort(key=lambda item: (item["namespace"], item["name"]))
+    return out
+
+
+def live_leases(r) -> int:
+    """Return the number of live leases over all published proxies (for the metrics gauge)."""
+    uids = sorted(r.smembers(serving.PROXIES_KEY))
+    if not uids:
+        return 0
+    now_s, now_us = r.time()
+    now_ms = now_s * 1000 + now_us // 1000
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        pipe.zcount(serving.leases_key(uid), f"({now_ms}", "+inf")
+    return int(sum(pipe.execute()))

@@ -1,0 +1,135 @@
+"""Kubernetes label selectors for the discovery API (``selector=k=v,k2!=v2,k3 in (a,b)``).
+
+Syntax and meaning follow the Kubernetes "Labels and Selectors" concept page (equality- and
+set-based requirements, comma = AND):
+
+* ``k=v`` / ``k==v`` — label ``k`` present with value ``v``;
+* ``k!=v`` — label ``k`` absent or with another value;
+* ``k in (a,b)`` — present with one of the values; ``k notin (a,b)`` — absent or none of them;
+* ``k`` — present; ``!k`` — absent.
+
+:func:`parse` returns :class:`Requirement` s; :func:`matches` evaluates them in Python, and
+:func:`as_lua` encodes them for the lease script, which applies the same rules in Redis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_SET = re.compile(r"^\s*(?P<key>[^\s!=()]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)\s*$")
+_EQ = re.compile(r"^\s*(?P<key>[^\s!=()]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)\s*$")
+_EXISTS = re.compile(r"^\s*(?P<neg>!?)\s*(?P<key>[^\s!=(),]+)\s*$")
+
+EQ, NE, IN, NOTIN, EXISTS, NOT_EXISTS = "=", "!=", "in", "notin", "exists", "!exists"
+
+
+class SelectorError(ValueError):
+    """A label selector that does not parse; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement: ``key``, ``op`` (one of ``= != in notin exists !exists``), ``values``."""
+
+    key: str
+    op: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether ``labels`` satisfy this requirement."""
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.op == EQ:
+            return present and value == self.values[0]
+        if self.op == NE:
+            return not present or value != self.values[0]
+        if self.op == IN:
+            return present and value in self.values
+        if self.op == NOTIN:
+            return not present or value not in self.values
+        if self.op == EXISTS:
+            return present
+        return not present
+
+
+def _split(text: str) -> list[str]:
+    """Split on commas outside parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise SelectorError("unbalanced ')'")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise SelectorError("unbalanced '('")
+    parts.append("".join(cur))
+    return parts
+
+
+def _key(key: str, part: str) -> str:
+    if not _KEY.match(key):
+        raise SelectorError(f"{part.strip()!r}: {key!r} is not a valid label key")
+    return key
+
+
+def _value(value: str, part: str) -> str:
+    if not _VALUE.match(value):
+        raise SelectorError(f"{part.strip()!r}: {value!r} is not a valid label value")
+    return value
+
+
+def parse(text: str | None) -> tuple[Requirement, ...]:
+    """Parse a selector string (``None``/empty = no requirement).
+
+    Raises:
+        SelectorError: naming the offending requirement.
+    """
+    if text is None or not text.strip():
+        return ()
+    if len(text) > 4096:
+        raise SelectorError("selector longer than 4096 characters")
+    out = []
+    for part in _split(text):
+        if not part.strip():
+            raise SelectorError("empty requirement (two commas in a row or a trailing comma)")
+        m = _SET.match(part)
+        if m:
+            values = [v.strip() for v in m.group("values").split(",")]
+            if not values or any(v == "" for v in values):
+                raise SelectorError(f"{part.strip()!r}: the value list must not be empty or have empty items")
+            out.append(Requirement(_key(m.group("key"), part), m.group("op"),
+                                   tuple(_value(v, part) for v in values)))
+            continue
+        m = _EQ.match(part)
+        if m:
+            op = NE if m.group("op") == "!=" else EQ
+            out.append(Requirement(_key(m.group("key"), part), op, (_value(m.group("value"), part),)))
+            continue
+        m = _EXISTS.match(part)
+        if m:
+            out.append(Requirement(_key(m.group("key"), part), NOT_EXISTS if m.group("neg") else EXISTS))
+            continue
+        raise SelectorError(f"{part.strip()!r} is not a requirement (use k=v, k!=v, k in (a,b), "
+                            "k notin (a,b), k or !k)")
+    return tuple(out)
+
+
+def matches(requirements: tuple[Requirement, ...], labels: dict[str, str]) -> bool:
+    """Whether ``labels`` satisfy every requirement (AND)."""
+    return all(req.matches(labels) for req in requirements)
+
+
+def as_lua(requirements: tuple[Requirement, ...]) -> list[list]:
+    """Encode requirements as ``[[key, op, [values...]], ...]`` (JSON for the lease script)."""
+    return [[req.key, req.op, list(req.values)] for req in requirements]

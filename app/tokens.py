@@ -1,0 +1,191 @@
+"""API bearer tokens: a YAML file naming each client (SPEC §3, §7, §9).
+
+File shape (mounted from a Secret)::
+
+    clients:
+      - name: crawler-a
+        token: "a-long-random-string"          # at least 16 characters
+      - name: crawler-b
+        tokenSHA256: "<64 hex digits>"         # sha256 of the token, instead of the token
+
+Validation is strict: an unknown key, a missing or duplicate name, neither or both of
+``token``/``tokenSHA256``, a short token, a malformed digest or a token shared by two clients
+is rejected with :class:`app.validation.ConfigError` naming the file and the field (never the
+token's value).  Only SHA-256 digests are kept in memory after loading; a presented token is
+hashed and compared with every client's digest with :func:`hmac.compare_digest`, without an
+early exit, so the time taken does not depend on which client (if any) matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from app.validation import ConfigError, Reader
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN_LENGTH = 16
+CLIENT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+@dataclass(frozen=True)
+class Client:
+    """One API client.
+
+    Attributes:
+        name: the client's name (leases and cooldowns are kept per name).
+        digest: SHA-256 of its token (32 bytes).
+    """
+
+    name: str
+    digest: bytes
+
+    def __repr__(self) -> str:
+        return f"Client(name={self.name!r})"
+
+
+def digest(token: str) -> bytes:
+    """Return the SHA-256 digest of ``token`` (UTF-8)."""
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def parse(data, file: str) -> tuple[Client, ...]:
+    """Validate a decoded tokens document and return its clients.
+
+    Raises:
+        ConfigError: the first problem, naming ``file`` and the field (``clients[2].token``).
+    """
+    top = Reader(data, file)
+    entries = top.items("clients", required=True)
+    top.done()
+    if not entries:
+        raise top.error("clients", "must list at least one client")
+    clients: list[Client] = []
+    names: dict[str, int] = {}
+    digests: dict[bytes, int] = {}
+    for i, r in enumerate(entries):
+        name = r.str("name", required=True)
+        if not CLIENT_NAME.match(name):
+            raise r.error("name", f"{name!r} is not a valid client name (letters, digits, '.', '_', '-'; "
+                                  "at most 64 characters)")
+        if name in names:
+            raise r.error("name", f"duplicate client name {name!r} (also clients[{names[name]}])")
+        has_token, has_digest = r.has("token"), r.has("tokenSHA256")
+        if has_token == has_digest:
+            raise r.error(None, "needs exactly one of token or tokenSHA256")
+        if has_token:
+            token = r.raw("token")
+            if not isinstance(token, str):
+                raise r.error("token", f"must be a string, got {type(token).__name__}")
+            if len(token) < MIN_TOKEN_LENGTH:
+                raise r.error("token", f"too short (at least {MIN_TOKEN_LENGTH} characters)")
+            if token != token.strip():
+                raise r.error("token", "has leading or trailing whitespace")
+            d = digest(token)
+        else:
+            hexd = r.raw("tokenSHA256")
+            if not isinstance(hexd, str) or not _HEX64.match(hexd):
+                raise r.error("tokenSHA256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
+            d = bytes.fromhex(hexd)
+        r.done()
+        if d in digests:
+            raise r.error("token" if has_token else "tokenSHA256",
+                          f"same token as clients[{digests[d]}]: every client needs its own")
+        names[name], digests[d] = i, i
+        clients.append(Client(name, d))
+    return tuple(clients)
+
+
+def load(path: str) -> tuple[Client, ...]:
+    """Read and validate the tokens file at ``path``.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML or bad content (naming file and field).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read tokens file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(path, None, None, f"not valid YAML{where}") from None
+    return parse(data, path)
+
+
+def authenticate(clients: tuple[Client, ...], token: str | None) -> Client | None:
+    """Return the client whose token is ``token``, or ``None``.
+
+    Every client's digest is compared (``hmac.compare_digest``) whatever the outcome.
+    """
+    if not token:
+        return None
+    presented = digest(token)
+    match = None
+    for c in clients:
+        if hmac.compare_digest(presented, c.digest):
+            match = c
+    return match
+
+
+class TokenStore:
+    """The clients of a tokens file, reloaded when the file changes (a rotated Secret).
+
+    Args:
+        path: the tokens file.
+        check_every: seconds between checks of the file's modification time.
+    Raises:
+        ConfigError: the file is invalid at construction (the API refuses to start).  A file
+            that turns invalid later is logged and the previous clients stay in force.
+    """
+
+    def __init__(self, path: str, check_every: float = 5.0) -> None:
+        self.path = path
+        self.check_every = check_every
+        self._stamp = self._mtime()
+        self.clients = load(path)
+        self._next_check = time.monotonic() + check_every
+        self._lock = threading.Lock()
+
+    def _mtime(self) -> tuple[float, int] | None:
+        try:
+            st = os.stat(self.path)
+            return st.st_mtime, st.st_ino
+        except OSError:
+            return None
+
+    def _maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        with self._lock:
+            if now < self._next_check:
+                return
+            self._next_check = now + self.check_every
+            stamp = self._mtime()
+            if stamp == self._stamp:
+                return
+            try:
+                self.clients = load(self.path)
+                self._stamp = stamp
+                log.info("api: tokens file %s reloaded (%d clients)", self.path, len(self.clients))
+            except ConfigError as exc:
+                log.error("api: tokens file changed but is invalid, keeping the previous clients: %s", exc)
+
+    def authenticate(self, token: str | None) -> Client | None:
+        """Return the client presenting ``token`` or ``None`` (see :func:`authenticate`)."""
+        self._maybe_reload()
+        return authenticate(self.clients, token)

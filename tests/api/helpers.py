@@ -1,0 +1,33 @@
+"""Constants and small helpers shared by the API tests."""
+
+from __future__ import annotations
+
+TOKEN_A = "token-of-crawler-a-0123456789"
+TOKEN_B = "token-of-crawler-b-9876543210"
+TOKEN_C = "token-of-crawler-c-hashed-5555"
+SQUID_ADDRESSES = [f"127.0.4.{n}" for n in range(10, 15)]
+
+
+def auth(token: str = TOKEN_A) -> dict:
+    """The Authorization header for ``token``."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def healthy(fleet, squids, settings, *, count: int = 5, max_leases: int = 3, labels=None, provider=None,
+            zones=None, namespace: str = "default", prefix: str = "px"):
+    """Create ``count`` Proxies on ``squids`` (round robin) and probe them once: all healthy."""
+    proxies = []
+    for i in range(count):
+        sq = squids[i % len(squids)]
+        lab = labels(i) if callable(labels) else labels
+        if provider:
+            zone = zones[i % len(zones)] if zones else None
+            px = fleet.managed(f"{prefix}{i}", sq.address, sq.port, provider=provider, zone=zone,
+                               namespace=namespace, labels=lab, max_leases=max_leases)
+        else:
+            px = fleet.external(f"{prefix}{i}", sq.address, sq.port, namespace=namespace, labels=lab,
+                                max_leases=max_leases)
+        proxies.append(px)
+    report = fleet.probe(proxies, settings)
+    assert report.succeeded == count, report
+    return proxies

@@ -1,0 +1,145 @@
+"""The kubelet stand-in: Squid Pods in the fake become real Squids on 127.0.0.N."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import watch
+
+from app import squid as squid_conf
+from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
+from tests.support.kubelet import Kubelet
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def squid_pod(name: str, port: int = 3128, conf: str | None = None) -> dict:
+    return {"metadata": {"name": name, "labels": {"app": "squid"}}, "spec": {"containers": [{
+        "name": "squid", "image": "ubuntu/squid:latest", "ports": [{"containerPort": port}],
+        "env": [{"name": "SQUID_CONF", "value": conf or squid_conf.render(port)}]}]}}
+
+
+def wait_for(fn, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def origin():
+    """A local HTTP origin answering 204 on 127.0.0.1."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/generate_204"
+    server.shutdown()
+    server.server_close()
+
+
+def port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_squid_pod_runs_a_real_squid_and_reports_its_address(kube, kube_client, origin):
+    core = k8s.CoreV1Api(kube_client)
+    mark = core.list_pod_for_all_namespaces().metadata.resource_version
+    with Kubelet(kube) as kubelet:
+        created = core.create_namespaced_pod("proxies", squid_pod("px-1"))
+        assert created.status.phase == "Pending" and created.status.pod_ip is None
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("px-1", "proxies")).status.phase == "Running" and p,
+                       what="pod Running")
+        address = pod.status.pod_ip
+        assert address.startswith("127.0.0.") and int(address.rsplit(".", 1)[1]) >= 10
+        assert kubelet.address_of("proxies", "px-1") == address
+        assert pod.status.container_statuses[0].ready is True
+        # watchers saw Pending -> Pending(ContainerCreating) -> Running through the status path
+        phases = [(e["type"], e["object"].status.phase, e["object"].status.pod_ip) for e in watch.Watch().stream(
+            core.list_pod_for_all_namespaces, resource_version=mark, timeout_seconds=1)]
+        assert phases[0] == ("ADDED", "Pending", None)
+        assert phases[-1] == ("MODIFIED", "Running", address)
+        assert all(ip is None for _, phase, ip in phases if phase == "Pending")
+        # an HTTP request through that address reaches the local origin
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{address}:3128"}))
+        with opener.open(origin, timeout=10) as resp:
+            assert resp.status == 204
+        squid = kubelet.squid_of("proxies", "px-1")
+        assert squid is not None and squid.running()
+        core.delete_namespaced_pod("px-1", "proxies")
+        wait_for(lambda: not squid.running(), what="squid stopped")
+        wait_for(lambda: not port_open(address, 3128), what="port closed")
+        assert kubelet.address_of("proxies", "px-1") is None
+
+
+def test_each_pod_gets_its_own_address_and_port(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube) as kubelet:
+        core.create_namespaced_pod("a", squid_pod("one"))
+        core.create_namespaced_pod("b", squid_pod("two", port=8080))
+        pods = wait_for(lambda: (ps := core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items)
+                        and len(ps) == 2 and ps, what="both pods Running")
+        addresses = {p.metadata.name: p.status.pod_ip for p in pods}
+        assert len(set(addresses.values())) == 2
+        assert port_open(addresses["one"], 3128) and port_open(addresses["two"], 8080)
+        assert kubelet.running() == 2
+    # closing the kubelet stops its Squids
+    assert not port_open(addresses["one"], 3128)
+
+
+def test_pods_without_squid_conf_are_left_pending(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube):
+        core.create_namespaced_pod("a", {"metadata": {"name": "plain"}, "spec": {"containers": [
+            {"name": "c", "image": "busybox"}]}})
+        core.create_namespaced_pod("a", squid_pod("sq"))
+        wait_for(lambda: core.read_namespaced_pod("sq", "a").status.phase == "Running", what="squid pod Running")
+        assert core.read_namespaced_pod("plain", "a").status.phase == "Pending"
+
+
+def test_without_squid_processes_pods_run_with_an_address_only(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube, start_squid=False) as kubelet:
+        core.create_namespaced_pod("a", squid_pod("fast"))
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("fast", "a")).status.phase == "Running" and p,
+                       timeout=5, what="pod Running")
+        assert pod.status.pod_ip and kubelet.running() == 0
+        assert not port_open(pod.status.pod_ip, 3128)
+
+
+def test_a_squid_that_cannot_start_leaves_the_pod_pending(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube, startup_timeout=5) as kubelet:
+        core.create_namespaced_pod("a", squid_pod("broken", conf="this_is_not_a_directive yes\n"))
+        status = wait_for(lambda: (s := core.read_namespaced_pod("broken", "a").status).container_statuses
+                          and s.container_statuses[0].state.waiting.reason == "CrashLoopBackOff" and s,
+                          what="CrashLoopBackOff")
+        assert status.phase == "Pending" and status.pod_ip is None
+        assert kubelet.errors and kubelet.errors[0].startswith("a/broken:")
+
+
+def test_pods_that_existed_before_the_kubelet_are_started(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    core.create_namespaced_pod("a", squid_pod("early"))
+    with Kubelet(kube, start_squid=False):
+        wait_for(lambda: core.read_namespaced_pod("early", "a").status.phase == "Running", timeout=5,
+                 what="pod Running")

@@ -1,0 +1,6 @@
+"""The watcher: list+watch Proxies cluster-wide and hand each change to a callback.
+
+Modules: :mod:`watchers.stream` (the list+watch loop), :mod:`watchers.leader` (Lease-based
+leader election), :mod:`watchers.health` (``/healthz``), :mod:`watchers.main` (the process:
+:func:`watchers.main.run`).
+"""
