@@ -247,3 +247,17 @@ def test_kubeconfig_lets_a_subprocess_reach_the_fake(kube, api, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['from-test']"
+
+
+def test_a_watch_whose_client_left_is_closed_server_side(kube, api):
+    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    conn = urllib.request.urlopen(f"{kube.url}/apis/{G}/{V}/{P}?watch=true&resourceVersion={mark}", timeout=5)
+    deadline = time.monotonic() + 3
+    while kube.open_watches(P) != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kube.open_watches(P) == 1
+    conn.close()
+    deadline = time.monotonic() + 3
+    while kube.open_watches(P) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kube.open_watches(P) == 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -424,6 +425,14 @@ class _Handler(BaseHTTPRequestHandler):
                       "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
 
     # -- watch -----------------------------------------------------------------------------
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end (readable with EOF); never blocks."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
@@ -466,8 +475,10 @@ class _Handler(BaseHTTPRequestHandler):
         next_bookmark = now + fake.bookmark_interval
         while True:
             if stream.hung.is_set():
-                # Say nothing, keep the socket open, until released or the server closes.
-                release.wait(3600)
+                # Say nothing, keep the socket open, until released, the client goes away or
+                # the server closes.
+                while not release.wait(0.5) and not self._client_gone():
+                    pass
                 self.close_connection = True
                 return
             now = time.monotonic()
@@ -488,6 +499,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if stream.hung.is_set():
                 continue
+            if not events and self._client_gone():
+                self.close_connection = True
+                return
             out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), ev.raw) for ev in events]
             if bookmarks and time.monotonic() >= next_bookmark:
                 out.append(dumps({"type": "BOOKMARK", "object": {

@@ -30,12 +30,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NETWORK_XML = """<network>
+# no-ping: dnsmasq otherwise pings every address for 3 s before offering it.
+NETWORK_XML = """<network xmlns:dnsmasq="http://libvirt.org/schemas/network/dnsmasq/1.0">
   <name>default</name>
   <bridge name="virbr-po" stp="off"/>
   <ip address="10.213.0.1" netmask="255.255.255.0">
     <dhcp><range start="10.213.0.10" end="10.213.0.250"/></dhcp>
   </ip>
+  <dnsmasq:options><dnsmasq:option value="no-ping"/></dnsmasq:options>
 </network>
 """
 BRIDGE = "br-po"

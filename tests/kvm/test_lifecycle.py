@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import subprocess
+import uuid
 import xml.etree.ElementTree as ET
 
 import pycdlib
@@ -58,9 +59,10 @@ def _backing_file(path) -> str | None:
 
 def test_lifecycle_uefi(rig, make_provider, image, request_for):
     path, url, sha, data = image()
-    provider = make_provider(rig.entry(images={"tiny": {"url": url, "sha256": sha}}))
+    key = "life-" + uuid.uuid4().hex[:8]  # a key no earlier test cached
+    provider = make_provider(rig.entry(images={key: {"url": url, "sha256": sha}}))
     user_data = b"#cloud-config\npackages: [squid]\n"
-    req = request_for(image="tiny", machine_type="small", user_data=user_data)
+    req = request_for(image=key, machine_type="small", user_data=user_data)
 
     inst = provider.create(req)
 
@@ -68,10 +70,10 @@ def test_lifecycle_uefi(rig, make_provider, image, request_for):
     assert inst.state is InstanceState.PROVISIONING and inst.zone == "h1"
     # Image fetched once, verified, marker written after it.
     pool = rig.daemon.pool_dir
-    base = pool / "base-tiny.qcow2"
+    base = pool / f"base-{key}.qcow2"
     assert rig.images.gets[path] == 1
     assert hashlib.sha256(base.read_bytes()).hexdigest() == sha
-    assert (pool / f"base-tiny.qcow2.sha256-{sha}").exists()
+    assert (pool / f"base-{key}.qcow2.sha256-{sha}").exists()
     # Overlay backed by the base; seed holds the user-data byte for byte.
     overlay, seed_iso = pool / f"{req.name}.qcow2", pool / f"{req.name}-seed.iso"
     assert _backing_file(overlay) == str(base)
