@@ -3,7 +3,8 @@
 The worker and KVM worker Deployments set ``METRICS_BIND`` (workers/metrics_server.py) and
 ``PROMETHEUS_MULTIPROC_DIR``, and wrap the Celery command in a shell line that wipes and
 recreates that directory before ``exec``-ing the process (prometheus-client's multiprocess
-mode needs an existing, empty directory at start).  The wrapper is run here for real with
+mode needs an existing, empty directory at start).  The api (gunicorn with two workers) does
+the same, so its counters are summed over its workers on every scrape.  The wrapper is run here for real with
 ``sh``; the ServiceMonitor is matched against the rendered Services the way the Prometheus
 Operator does (label selector, then port name).
 """
@@ -108,13 +109,30 @@ def test_kvm_worker_serves_metrics_and_is_scraped(kvm_docs):
     assert _scraped(monitor, [service]) == {service["metadata"]["name"]: {"metrics"}}
 
 
-@pytest.mark.parametrize("which", ["worker", "kvm-worker"])
+def test_multiprocess_processes_get_a_multiproc_dir(default_docs, kvm_docs):
+    """Every process that forks (Celery prefork, gunicorn -w N) aggregates metrics over its children."""
+    deployments = {**_kind(default_docs, "Deployment"),
+                   **{d["metadata"]["name"]: d for d in kvm_docs if d["kind"] == "Deployment"}}
+    forking = {}
+    for name, deploy in deployments.items():
+        [c] = deploy["spec"]["template"]["spec"]["containers"]
+        cmd = _process_command(c) if "command" in c else c["args"]  # redis: image entrypoint + args
+        prefork = cmd[:4] == ["celery", "-A", "workers", "worker"]
+        if prefork or (cmd[0] == "gunicorn" and int(cmd[cmd.index("-w") + 1]) > 1):
+            forking[name] = c
+    assert set(forking) == {"worker", "api", "kvm-worker-kvm-lab-lab1"}
+    for name, c in forking.items():
+        assert _env(c).get("PROMETHEUS_MULTIPROC_DIR", "").startswith("/tmp/"), name
+        assert c["command"][:2] == ["sh", "-c"] and "mkdir -p" in c["command"][2], name
+
+
+@pytest.mark.parametrize("which", ["worker", "kvm-worker", "api"])
 def test_wrapper_starts_the_process_with_an_empty_multiproc_dir(which, default_docs, kvm_docs, tmp_path):
     """Run the container's real command line with sh: stale files of a previous run are gone."""
-    if which == "worker":
-        deploy = _kind(default_docs, "Deployment")["worker"]
-    else:
+    if which == "kvm-worker":
         [deploy] = [d for d in kvm_docs if d["kind"] == "Deployment"]
+    else:
+        deploy = _kind(default_docs, "Deployment")[which]
     [c] = deploy["spec"]["template"]["spec"]["containers"]
     assert c["command"][:2] == ["sh", "-c"] and shutil.which("sh")
     prom = tmp_path / "prometheus"
@@ -127,8 +145,8 @@ def test_wrapper_starts_the_process_with_an_empty_multiproc_dir(which, default_d
     assert out.returncode == 0, out.stderr
     assert out.stdout == "argv: -Q x\n"  # the directory exists, is empty, and the args arrive intact
     missing = tmp_path / "not" / "yet"
-    out = subprocess.run(c["command"] + ["true"], env={"PATH": "/usr/bin:/bin", "PROMETHEUS_MULTIPROC_DIR": str(missing)},
-                         capture_output=True, text=True, timeout=10)
+    out = subprocess.run(c["command"] + ["true"], capture_output=True, text=True, timeout=10,
+                         env={"PATH": "/usr/bin:/bin", "PROMETHEUS_MULTIPROC_DIR": str(missing)})
     assert out.returncode == 0 and missing.is_dir()
     out = subprocess.run(c["command"] + ["true"], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                          timeout=10)

@@ -98,8 +98,9 @@ def test_secrets_reach_scripts_only_through_env(workflow):
     for job_name, job in workflow["jobs"].items():
         for step in job["steps"]:
             run = step.get("run", "")
-            assert "secrets." not in run, f"{job_name}/{step.get('name')}: a secret is interpolated into the script"
-            assert not re.search(r"^\s*set -[a-z]*x", run, re.M), f"{job_name}/{step.get('name')}: set -x echoes secrets"
+            where = f"{job_name}/{step.get('name')}"
+            assert "secrets." not in run, f"{where}: a secret is interpolated into the script"
+            assert not re.search(r"^\s*set -[a-z]*x", run, re.M), f"{where}: set -x echoes secrets"
             if "REGISTRY_PASSWORD" in run:
                 [line] = [ln for ln in run.splitlines() if "$REGISTRY_PASSWORD" in ln]
                 assert re.search(r"printf '%s' \"\$REGISTRY_PASSWORD\" \| docker login .* --password-stdin", line)

@@ -238,3 +238,31 @@ def test_every_libvirt_call_is_traced_at_debug_without_payloads(rig, make_provid
     assert any("<domain" in r.getMessage() for r in caplog.records if r.levelno == 5)
     assert secret_marker not in caplog.text
     provider.delete(inst.provider_id)
+
+
+def test_libvirt_handshake_deadline_when_the_daemon_does_not_answer(rig, make_provider):
+    provider = make_provider(rig.entry(ssh={"handshakeTimeout": "1s"}))
+    os.kill(rig.daemon.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        err = _dial_error(provider)
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(rig.daemon.pid, signal.SIGCONT)
+    assert err.stage == STAGE_LIBVIRT and "did not answer" in str(err)
+    assert elapsed < 5
+    assert provider.check_host("h1").ready
+
+
+def test_keepalives_notice_a_silent_daemon_between_calls(rig, make_provider):
+    """libvirt keepalives (1 s, 1 miss) close a link whose daemon stopped answering even while
+    no call is running, so the next call after it recovers dials afresh."""
+    provider = make_provider(rig.entry(ssh={"keepaliveInterval": "1s", "keepaliveCount": 1}))
+    assert provider.check_host("h1").ready
+    os.kill(rig.daemon.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.5)
+    finally:
+        os.kill(rig.daemon.pid, signal.SIGCONT)
+    assert provider.check_host("h1").ready
+    assert provider.link("h1").dials == 2
