@@ -70,6 +70,26 @@ class Kube:
         self.client = client or api_client()
         self.custom = k8s.CustomObjectsApi(self.client)
         self.core = k8s.CoreV1Api(self.client)
+        self._local = threading.local()
+
+    # -- own writes ----------------------------------------------------------------------
+    def _wrote(self, proxy: Proxy) -> Proxy:
+        written = getattr(self._local, "written", None)
+        if written is None:
+            written = self._local.written = []
+        written.append(proxy.resource_version)
+        return proxy
+
+    def take_written(self) -> list[str]:
+        """Return and forget the resourceVersions of the Proxy writes this thread made.
+
+        The task layer publishes them so the watcher can recognise the events its own
+        writes cause (resourceVersions are compared for equality only, as the API
+        conventions require: they are opaque).
+        """
+        written = getattr(self._local, "written", None) or []
+        self._local.written = []
+        return written
 
     # -- Proxy objects -----------------------------------------------------------------
     def get_proxy(self, namespace: str, name: str) -> Proxy | None:
@@ -95,7 +115,7 @@ class Kube:
         """
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": proxy.resource_version}}
         obj = self.custom.patch_namespaced_custom_object(GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, patch)
-        return Proxy.from_dict(obj)
+        return self._wrote(Proxy.from_dict(obj))
 
     def add_finalizer(self, proxy: Proxy) -> Proxy:
         """Ensure :data:`app.resources.FINALIZER` is present; return the (possibly updated) Proxy."""
@@ -117,7 +137,7 @@ class Kube:
         """Merge-patch ``status`` through the status subresource; return the updated Proxy."""
         obj = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, {"status": status})
-        return Proxy.from_dict(obj)
+        return self._wrote(Proxy.from_dict(obj))
 
     # -- Secrets -------------------------------------------------------------------------
     def read_secret_key(self, namespace: str, name: str, key: str) -> bytes | None:

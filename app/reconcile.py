@@ -90,6 +90,8 @@ def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
     observed = status.get("observedGeneration")
     if proxy.phase == FAILED and observed == proxy.generation:
         return None
+    if not resync and retry_scheduled(proxy):
+        return None
     if FINALIZER not in proxy.finalizers or observed != proxy.generation:
         return CREATE
     if not proxy.spec.managed:
@@ -102,6 +104,18 @@ def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
     if proxy.phase in LIVE_PHASES:
         return POLL if resync else None
     return None
+
+
+def retry_scheduled(proxy: Proxy) -> bool:
+    """Whether a Transient/QuotaExceeded retry of this generation is already scheduled.
+
+    The step that failed wrote ``Provisioned=False`` with that reason and queued its own
+    retry; until the generation changes, events about the object must not cut the backoff
+    short (only the periodic resync re-checks, and only when no message is queued).
+    """
+    cond = conditions.find(proxy.status.get("conditions"), COND_PROVISIONED)
+    return bool(cond and cond.get("status") == "False" and cond.get("reason") in ("Transient", "QuotaExceeded")
+                and cond.get("observedGeneration") == proxy.generation)
 
 
 def backoff(settings: Settings, attempt: int, *, rng: random.Random | None = None) -> float:

@@ -58,7 +58,7 @@ class CeleryEvents(threading.Thread):
         self.ready = threading.Event()
         self.stop_flag = False
 
-    def _received(self, event) -> None:
+    def on_received(self, event) -> None:
         if event.get("name") != "proxy.create":
             return
         args = event.get("args") or ""
@@ -70,7 +70,7 @@ class CeleryEvents(threading.Thread):
             if event["uuid"] in self.pending_start:
                 self.started.setdefault(uid, self.pending_start.pop(event["uuid"]))
 
-    def _started(self, event) -> None:
+    def on_started(self, event) -> None:
         uid = self.uuid_to_uid.get(event["uuid"])
         if uid is None:
             self.pending_start[event["uuid"]] = event["timestamp"]
@@ -79,14 +79,15 @@ class CeleryEvents(threading.Thread):
 
     def run(self) -> None:
         with self.app.connection() as conn:
-            recv = self.app.events.Receiver(conn, handlers={"task-received": self._received,
-                                                             "task-started": self._started})
+            recv = self.app.events.Receiver(conn, handlers={"task-received": self.on_received,
+                                                             "task-started": self.on_started})
             self.ready.set()
             while not self.stop_flag:
                 try:
                     recv.capture(limit=None, timeout=1, wakeup=False)
-                except Exception:  # noqa: BLE001 - socket timeout: loop and check stop_flag
-                    pass
+                except Exception as exc:  # noqa: BLE001 - socket timeout: loop and check stop_flag
+                    if not isinstance(exc, (TimeoutError, OSError)):
+                        print(f"event receiver: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def main() -> int:
@@ -115,8 +116,10 @@ def main() -> int:
             procs.append(celery_worker(env, pool=args.pool, concurrency=args.concurrency, name=f"worker{i}").start())
         for p in procs:
             p.wait_for_log("ready", timeout=60)
-        procs.append(watcher(env).start())
-        time.sleep(2)  # leader election + initial list
+        w = watcher({**env, "LOG_LEVEL": "INFO"}).start()
+        procs.append(w)
+        w.wait_for_log("leading: streaming Proxy events", timeout=60)
+        time.sleep(1)  # initial list done, watch open
 
         api = fake.api_client()
         custom = k8s.CustomObjectsApi(api)

@@ -57,6 +57,11 @@ def test_decide():
     assert decide(proxy(status=running), resync=True) == POLL
     assert decide(proxy(status=running, generation=2)) == CREATE
     assert decide(proxy(status={**running, "specHash": "other"})) == CREATE
+    quota = {"phase": "Pending", "conditions": [{"type": "Provisioned", "status": "False", "reason": "QuotaExceeded",
+                                                "observedGeneration": 1}]}
+    assert decide(proxy(status=quota)) is None                 # a retry is scheduled: events wait for it
+    assert decide(proxy(status=quota), resync=True) == CREATE  # the resync still heals a lost retry
+    assert decide(proxy(status=quota, generation=2)) == CREATE  # a new generation goes at once
     failed = {"observedGeneration": 1, "phase": "Failed"}
     assert decide(proxy(status=failed)) is None
     assert decide(proxy(status=failed, generation=2)) == CREATE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import socket
 import threading
 import time
@@ -70,7 +71,8 @@ def test_squid_pod_runs_a_real_squid_and_reports_its_address(kube, kube_client, 
         pod = wait_for(lambda: (p := core.read_namespaced_pod("px-1", "proxies")).status.phase == "Running" and p,
                        what="pod Running")
         address = pod.status.pod_ip
-        assert address.startswith("127.0.0.") and int(address.rsplit(".", 1)[1]) >= 10
+        assert ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
+        assert ipaddress.ip_address(address) >= ipaddress.ip_address("127.0.0.10")
         assert kubelet.address_of("proxies", "px-1") == address
         assert pod.status.container_statuses[0].ready is True
         # watchers saw Pending -> Pending(ContainerCreating) -> Running through the status path

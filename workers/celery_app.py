@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 
 from celery import Celery
+from celery.signals import setup_logging
 from kombu import Exchange, Queue
 
 from app.settings import Settings
@@ -53,3 +54,15 @@ celery_app.conf.update(
     timezone="UTC",
     include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],
 )
+
+
+@setup_logging.connect
+def _logging(**_):
+    """Use the operator's logging (``LOG_LEVEL``, ``LOG_FORMAT=json``) in workers and beat.
+
+    Connecting this signal makes Celery leave logging configuration to us (Celery docs,
+    "Signals: setup_logging").
+    """
+    from app.logs import setup
+
+    setup("celery")

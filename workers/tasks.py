@@ -9,7 +9,6 @@ host's queue.
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 
@@ -20,12 +19,13 @@ from app import metrics, reconcile
 from app.reconcile import Ref
 from workers import routing
 from workers.celery_app import celery_app
-from workers.enqueue import Enqueuer
+from workers.enqueue import Enqueuer, OwnWrites
 from workers.runtime import context
 
 log = logging.getLogger(__name__)
 
 _enqueuer: Enqueuer | None = None
+_own: OwnWrites | None = None
 
 
 def enqueuer() -> Enqueuer:
@@ -37,11 +37,20 @@ def enqueuer() -> Enqueuer:
     return _enqueuer
 
 
+def own_writes() -> OwnWrites:
+    """Return this process's :class:`OwnWrites` (shares the context's Redis client)."""
+    global _own
+    ctx = context()
+    if _own is None or _own.redis is not ctx.redis:
+        _own = OwnWrites(ctx.redis)
+    return _own
+
+
 @worker_process_init.connect
 def _fresh_process(**_):
     """Forget anything inherited from the parent across fork."""
-    global _enqueuer
-    _enqueuer = None
+    global _enqueuer, _own
+    _enqueuer = _own = None
 
 
 def queue_for_proxy(ctx, proxy) -> str:
@@ -68,13 +77,22 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
     enq.started(action, uid)
     lock = ctx.redis.lock(f"po:lock:{uid}", timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     if not lock.acquire():
-        enq.send(action, ref, queue=queue, delay=1 + random.uniform(0, 1), attempt=attempt)
+        # Another task is working on this Proxy.  Park the request instead of re-sending it:
+        # the holder re-reads and re-decides when it finishes, so nothing is lost and a backoff
+        # it schedules is not cut short.  If the holder died, the resync heals after the lock
+        # expires.
+        own_writes().park(uid, f"task:{action}")
         metrics.RECONCILES.labels(action, "locked").inc()
         return
+    own = own_writes()
+    own.begin(uid, _lock_timeout(ctx))
+    ctx.kube.take_written()
+    changed_meanwhile = False
     try:
         step = {"create": reconcile.create, "poll": reconcile.poll, "delete": reconcile.delete}[action]
         followup = step(ctx, ref, attempt)
     finally:
+        changed_meanwhile = own.finish(uid, ctx.kube.take_written())
         try:
             lock.release()
         except Exception:  # noqa: BLE001 - expired lock: another worker may own it now
@@ -82,6 +100,11 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
     metrics.RECONCILES.labels(action, "followup" if followup else "done").inc()
     if followup:
         enq.send(followup.action, ref, queue=queue, delay=followup.delay, attempt=followup.attempt)
+    if changed_meanwhile:
+        # Someone else changed the Proxy while we worked: look again.
+        proxy = ctx.kube.get_proxy(namespace, name)
+        if proxy is not None and proxy.uid == uid:
+            dispatch(ctx, enq, proxy)
 
 
 @celery_app.task(name="proxy.create", bind=True)
@@ -103,10 +126,15 @@ def delete(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
 
 
 def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
-    """Queue what ``proxy`` needs now (de-duplicated); return the action or ``None``."""
+    """Queue what ``proxy`` needs now (de-duplicated); return the action or ``None``.
+
+    The resync only sends when nothing is queued for the action, so it heals lost messages
+    without cutting scheduled backoffs short.
+    """
     action = reconcile.decide(proxy, resync=resync)
     if action:
-        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy))
+        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy),
+                 only_if_idle=resync)
     return action
 
 

@@ -12,10 +12,13 @@ log = logging.getLogger(__name__)
 def make_on_event():
     """Return ``on_event(event_type, obj)`` for :func:`watchers.main.run`.
 
-    ``DELETED`` events need nothing (the finalizer guarantees we saw the deletion earlier);
-    every other event queues what :func:`app.reconcile.decide` says the Proxy needs.
+    ``DELETED`` events need nothing (the finalizer guarantees we saw the deletion earlier).
+    Events caused by the operator's own writes are skipped (see
+    :class:`workers.enqueue.OwnWrites`); every other event queues what
+    :func:`app.reconcile.decide` says the Proxy needs.  ``SYNC`` items from a (re)list are
+    always dispatched.
     """
-    from workers.tasks import context, dispatch, enqueuer
+    from workers.tasks import context, dispatch, enqueuer, own_writes
 
     def on_event(event_type: str, obj: dict) -> None:
         if event_type == "DELETED":
@@ -25,6 +28,11 @@ def make_on_event():
         except ValueError as exc:
             log.warning("ignoring malformed Proxy event: %s", exc)
             return
+        if event_type != "SYNC":
+            verdict = own_writes().observe(proxy.uid, proxy.resource_version)
+            if verdict != "send":
+                log.debug("%s %s rv=%s: %s", event_type, proxy.key, proxy.resource_version, verdict)
+                return
         action = dispatch(context(), enqueuer(), proxy)
         log.debug("%s %s -> %s", event_type, proxy.key, action)
 

@@ -79,3 +79,14 @@ def test_bad_block_is_rejected_naming_file_provider_and_field(gcp, field, proble
     assert (err.file, err.provider, err.field) == ("providers.yaml", "gcp-eu", field)
     assert problem in err.problem
     assert str(err).startswith(f'providers.yaml: provider "gcp-eu": {field}: ')
+
+
+def test_the_gcp_sample_is_a_valid_config():
+    from pathlib import Path
+
+    from app.config import load
+
+    cfg = load(Path(__file__).resolve().parents[2] / "deploy" / "samples" / "providers_gcp.yaml")
+    s = cfg.get("gcp-eu").settings
+    assert s.firewall.ensure and s.firewall.source_ranges == ("10.0.0.0/8",)
+    assert len(s.zones) == 3 and s.credentials_file == "/var/run/secrets/gcp/key.json"

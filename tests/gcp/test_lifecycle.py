@@ -91,14 +91,17 @@ def test_create_uses_configured_defaults_network_and_service_account(fake, make_
     assert inst.address and inst.address.startswith("127.1.0.")
 
 
-def test_zone_is_spread_over_configured_zones_deterministically(fake, provider):
+def test_zone_is_spread_over_configured_zones_deterministically(fake, provider, make_provider):
     names = [instance_name(f"uid-spread-{i}") for i in range(12)]
     chosen = {name: ids.pick_zone(name, ZONES) for name in names}
     assert set(chosen.values()) == set(ZONES), "twelve hashed names should use every zone"
     for i, name in enumerate(names[:4]):
         inst = provider.create(_request(f"uid-spread-{i}"))
         assert inst.zone == chosen[name]
-        assert inst.zone == ids.pick_zone(name, list(reversed(ZONES))[::-1])  # same input, same zone
+    # Another worker process retrying the same create picks the same zone: no duplicate.
+    again = make_provider().create(_request("uid-spread-0"))
+    assert again.zone == chosen[names[0]]
+    assert len(fake.instances) == 4
 
 
 def test_create_is_idempotent_by_name(fake, provider):
@@ -147,10 +150,13 @@ def test_get_unknown_instance_is_not_found(fake, provider):
         provider.get(f"projects/{PROJECT}/zones/europe-west1-b/instances/proxy-nothere")
 
 
-def test_get_uses_the_project_and_zone_of_the_provider_id(fake, provider):
+def test_get_and_delete_use_the_project_and_zone_of_the_provider_id(fake, provider):
     fake.add_instance("other-project", "us-east1-b", "proxy-elsewhere", tags_for("u"))
     inst = provider.get("projects/other-project/zones/us-east1-b/instances/proxy-elsewhere")
     assert inst.provider_id == "projects/other-project/zones/us-east1-b/instances/proxy-elsewhere"
+    provider.delete(inst.provider_id)
+    assert fake.calls("POST", r"/projects/other-project/zones/us-east1-b/operations/[^/]+/wait$")
+    assert ("other-project", "us-east1-b", "proxy-elsewhere") not in fake.instances
 
 
 def test_delete_waits_and_is_idempotent(fake, provider):

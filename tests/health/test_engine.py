@@ -20,6 +20,14 @@ from tests.support.squid import SquidProcess
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.fixture(scope="module")
+def steady_squid():
+    """A Squid that stays up for the tests that never stop it."""
+    proc = start_squid("127.0.3.9")
+    yield proc
+    proc.stop()
+
+
 def conds(proxy):
     return {c["type"]: c for c in proxy.status.get("conditions") or ()}
 
@@ -28,8 +36,8 @@ def status_patches(fake) -> int:
     return fake.request_count("patch", "proxies/status")
 
 
-def test_healthy_after_the_success_threshold_with_egress_ip(fleet, settings, squids, next_address):
-    sq = squids(start_squid(next_address()))
+def test_healthy_after_the_success_threshold_with_egress_ip(fleet, settings, steady_squid):
+    sq = steady_squid
     px = fleet.external("a", sq.address, sq.port, health={"successThreshold": 2})
     assert px.phase == "Running"
 
@@ -90,8 +98,8 @@ def start_again(stopped: SquidProcess) -> SquidProcess:
     return SquidProcess(stopped.address, stopped.port, squid_conf.render(stopped.port, policy)).start()
 
 
-def test_status_is_written_on_transitions_only(fake, fleet, settings, squids, next_address):
-    sq = squids(start_squid(next_address()))
+def test_status_is_written_on_transitions_only(fake, fleet, settings, steady_squid):
+    sq = steady_squid
     px = fleet.external("c", sq.address, sq.port)
     fleet.probe([px], settings)
     after_ready = status_patches(fake)
@@ -128,7 +136,7 @@ def test_never_healthy_goes_failed_after_the_provisioning_deadline(fleet, settin
     assert read.phase == "Failed"
     assert c["Healthy"]["reason"] == p.CONNECTION_REFUSED and "not healthy within" in c["Healthy"]["message"]
     assert serving.get(fleet.r, px.uid) is None  # withdrawn: never leased, never probed again
-    assert px.uid not in schedule.sweep(fleet.r, settings, now=time.time() + 10_000)[0:1]
+    assert px.uid not in {u for b in schedule.sweep(fleet.r, settings, now=time.time() + 10_000) for u in b}
 
 
 def test_probe_side_outage_marks_nothing_unhealthy(fleet, settings, squids, next_address, caplog):
@@ -163,8 +171,8 @@ def test_failure_reasons_are_counted_in_the_metric(fleet, settings):
     assert after == before + 1
 
 
-def test_sweep_claims_due_proxies_once_in_batches(fleet, settings, squids, next_address):
-    sq = squids(start_squid(next_address()))
+def test_sweep_claims_due_proxies_once_in_batches(fleet, settings, steady_squid):
+    sq = steady_squid
     pxs = [fleet.external(f"s{i}", sq.address, sq.port, health={"intervalSeconds": 30}) for i in range(5)]
     small = type(settings)(**{**settings.__dict__, "batch_size": 2})
     batches = schedule.sweep(fleet.r, small)
@@ -183,8 +191,8 @@ def test_sweep_claims_due_proxies_once_in_batches(fleet, settings, squids, next_
     assert pxs[0].uid not in {u for b in schedule.sweep(fleet.r, small, now=now + 10_000) for u in b}
 
 
-def test_a_withdrawn_or_readdressed_proxy_is_not_resurrected(fleet, settings, squids, next_address):
-    sq = squids(start_squid(next_address()))
+def test_a_withdrawn_or_readdressed_proxy_is_not_resurrected(fleet, settings, steady_squid):
+    sq = steady_squid
     px = fleet.external("w", sq.address, sq.port)
     serving.withdraw(fleet.r, px.uid)
     report = fleet.probe([px], settings)

@@ -337,7 +337,7 @@ class Store:
                                        f"the name on the URL ({name})")
         with self.cond:
             old = self.get(rt, namespace, name)
-            if not new["metadata"].get("resourceVersion") and not rt.unconditional_update and subresource is None:
+            if not new["metadata"].get("resourceVersion") and not rt.unconditional_update:
                 raise self._invalid(rt, name, [("metadata.resourceVersion",
                                                 "Invalid value: 0: must be specified for an update")])
             return self._update_locked(rt, namespace, name, old, new, subresource, dry_run)

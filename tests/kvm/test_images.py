@@ -114,3 +114,16 @@ def harness_qcow2(tmp_path):
     def make(size: str) -> bytes:
         return qcow2(tmp_path / f"v-{size}.qcow2", size)
     return make
+
+
+def test_concurrent_creates_in_one_worker_fetch_the_image_once(rig, make_provider, image, request_for):
+    from concurrent.futures import ThreadPoolExecutor
+    path, url, sha, _ = image()
+    provider = make_provider(rig.entry(images={"shared": {"url": url, "sha256": sha}}))
+    reqs = [request_for(image="shared") for _ in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        made = list(pool.map(provider.create, reqs))
+    assert rig.images.gets[path] == 1
+    assert {i.name for i in made} == {r.name for r in reqs}
+    for inst in made:
+        provider.delete(inst.provider_id)

@@ -121,9 +121,10 @@ def test_lifecycle_uefi(rig, make_provider, image, request_for):
     provider.delete(inst.provider_id)  # already gone: success
 
 
-def test_bios_image_boots_without_ovmf(rig, make_provider, image, request_for):
+def test_bios_image_on_a_bridged_host(rig, make_provider, image, request_for):
     _, url, sha, _ = image()
-    provider = make_provider(rig.entry(images={"legacy": {"url": url, "sha256": sha, "firmware": "bios"}}))
+    provider = make_provider(rig.entry(hosts=[rig.host(bridge="br-po")],
+                                       images={"legacy": {"url": url, "sha256": sha, "firmware": "bios"}}))
     req = request_for(image="legacy")
 
     inst = provider.create(req)
@@ -131,6 +132,8 @@ def test_bios_image_boots_without_ovmf(rig, make_provider, image, request_for):
     root = ET.fromstring(_domain_xml(provider, "h1", req.name))
     assert root.find("./os").get("firmware") is None
     assert root.find("./os/loader") is None and root.find("./os/nvram") is None
+    nic = root.find("./devices/interface")
+    assert nic.get("type") == "bridge" and nic.find("source").get("bridge") == "br-po"
     assert _is_active(provider, "h1", req.name)
     provider.delete(inst.provider_id)
     with pytest.raises(NotFound):

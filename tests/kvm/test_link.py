@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -73,6 +74,14 @@ def test_stage_handshake_for_an_unknown_host_and_a_wrong_host_key(rig, make_prov
     assert err.stage == STAGE_HANDSHAKE and "host key mismatch" in str(err)
     assert "SSH handshake" in str(err)
     assert rig.sshd.accepted() == before, "the client stops before authenticating to an impostor"
+
+
+def test_hashed_known_hosts_entries_are_accepted(rig, make_provider, tmp_path):
+    hashed = tmp_path / "hashed_known_hosts"
+    hashed.write_text(rig.known_hosts.read_text())
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert "127.0.0.1" not in hashed.read_text()
+    assert make_provider(rig.entry(known_hosts_file=hashed)).check_host("h1").ready
 
 
 def test_stage_handshake_when_authentication_is_refused(rig, make_provider, tmp_path):
@@ -190,6 +199,10 @@ def test_a_dead_host_does_not_stop_the_other_and_listing_is_partial(rig, make_pr
     assert listing.partial
     assert any("h2" in e and "TCP" in e for e in listing.errors)
     assert {i.zone for i in listing.instances} == {"h1"}
+    # A per-host GC sweep (on the host's own queue) sees only its host.
+    assert provider.list_by_tag(MANAGED_BY, host="h2").partial
+    only_h1 = provider.list_by_tag(MANAGED_BY, host="h1")
+    assert not only_h1.partial and created.provider_id in {i.provider_id for i in only_h1.instances}
     verdicts = {v.name: v.ready for v in provider.check()}
     assert verdicts == {"h1": True, "h2": False}
     with pytest.raises(DialError):

@@ -6,8 +6,9 @@ squid.conf the kubernetes provider renders with :func:`app.squid.render`), the k
 1. reports the Pod ``Pending`` with the container waiting in ``ContainerCreating`` (the API
    server already made it ``Pending`` without a ``podIP``);
 2. starts a real Squid (:class:`tests.support.squid.SquidProcess`) on a loopback address of
-   its own, ``127.0.0.N`` (allocated upward from ``127.0.0.10``, never reused), at the
-   container's first ``containerPort`` (else 3128);
+   its own, ``127.0.0.N`` (allocated upward from ``127.0.0.10``, never reused within a
+   process, skipping addresses where something already listens on the port: other test
+   runs may share the loopback), at the container's first ``containerPort`` (else 3128);
 3. reports ``Running`` with ``podIP`` = that address, Ready conditions and a running
    container status.
 
@@ -26,7 +27,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +41,11 @@ from tests.support.squid import SquidProcess
 log = logging.getLogger("kubelet")
 
 SQUID_CONF_ENV = "SQUID_CONF"
+
+# Addresses are handed out once per process (across Kubelet instances), so a test never gets
+# the address of a Squid an earlier test is still stopping.
+_allocation_lock = threading.Lock()
+_last_allocated = 0
 _MERGE = "application/merge-patch+json"
 
 
@@ -104,7 +112,7 @@ class Kubelet:
         with self._lock:
             for (ns, n, _), addr in self._addresses.items():
                 if (ns, n) == (namespace, name):
-                    return addr
+                    return addr or None
         return None
 
     def squid_of(self, namespace: str, name: str) -> SquidProcess | None:
@@ -144,40 +152,75 @@ class Kubelet:
                 if container is None:
                     continue
                 with self._lock:
-                    address = self._allocate()
-                    self._addresses[key] = address
-                self._pool.submit(self._start_pod, key, ev.obj, container, address)
+                    self._addresses[key] = ""  # claimed; the address is picked when starting
+                self._pool.submit(self._start_pod, key, ev.obj, container)
 
     def _allocate(self) -> str:
-        while True:
-            addr = ipaddress.IPv4Address(self._next)
+        global _last_allocated
+        with _allocation_lock:
+            n = max(self._next, _last_allocated + 1)
+            while ipaddress.IPv4Address(n).packed[-1] in (0, 255):
+                n += 1
+            _last_allocated = self._next = n
             self._next += 1
-            if addr.packed[-1] not in (0, 255):
-                return str(addr)
+        return str(ipaddress.IPv4Address(n))
 
-    def _start_pod(self, key, pod: dict, container: dict, address: str) -> None:
+    def _free_address(self, port: int) -> str:
+        """Allocate an address where nothing listens on ``port`` yet (other test runs may share lo)."""
+        for _ in range(1000):
+            address = self._allocate()
+            probe = socket.socket()
+            try:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((address, port))
+                return address
+            except OSError:
+                continue
+            finally:
+                probe.close()
+        raise RuntimeError(f"no free loopback address for port {port}")
+
+    def _start_pod(self, key, pod: dict, container: dict) -> None:
         ns, name, _ = key
         port = _container_port(container)
         if not self.start_squid:
+            address = self._allocate()
+            with self._lock:
+                if key not in self._addresses:
+                    return
+                self._addresses[key] = address
             self._set_status(key, _running_status(pod, address, self.host_ip))
             return
         self._set_status(key, {"phase": "Pending", "hostIP": self.host_ip, "conditions": [
             _condition("PodScheduled", "True")], "containerStatuses": [
             _container_status(container, waiting={"reason": "ContainerCreating"})]})
         conf = _env_value(container, SQUID_CONF_ENV) or ""
-        squid = SquidProcess(address, port, conf)
-        try:
-            squid.start(timeout=self.startup_timeout)
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else "squid did not start"
-            self.errors.append(f"{ns}/{name}: {first}")
-            log.error("kubelet: squid for pod %s/%s failed: %s", ns, name, exc)
+        squid, failure = None, ""
+        for _ in range(3):  # another process may grab the address between probe and bind
+            address = self._free_address(port)
+            squid = SquidProcess(address, port, conf)
+            try:
+                squid.start(timeout=self.startup_timeout)
+            except RuntimeError as exc:
+                failure = str(exc).splitlines()[0] if str(exc) else "squid did not start"
+                log.error("kubelet: squid for pod %s/%s failed: %s", ns, name, exc)
+                squid = None
+                break
+            time.sleep(0.2)  # a Squid that lost the bind race exits right after start
+            if squid.running():
+                break
+            failure = f"squid on {address}:{port} exited after start: {squid.log()[-300:]}"
+            squid.stop()
+            squid = None
+        if squid is None:
+            self.errors.append(f"{ns}/{name}: {failure}")
             self._set_status(key, {"phase": "Pending", "containerStatuses": [_container_status(
-                container, waiting={"reason": "CrashLoopBackOff", "message": first[:200]})]})
+                container, waiting={"reason": "CrashLoopBackOff", "message": failure[:200]})]})
             return
         with self._lock:
             wanted = key in self._addresses
             if wanted:
+                self._addresses[key] = address
                 self._squids[key] = squid
         if not wanted or not self._set_status(key, _running_status(pod, address, self.host_ip)):
             self._stop_pod(key)

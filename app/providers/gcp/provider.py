@@ -39,7 +39,6 @@ import google.auth.exceptions
 from google.auth import aws, identity_pool
 from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
-from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
@@ -248,9 +247,9 @@ class GcpProvider:
                   time.monotonic() - start)
         return result
 
-    def _wait(self, what: str, op: compute_v1.Operation, zone: str | None, *,
+    def _wait(self, what: str, op: compute_v1.Operation, project: str, zone: str | None, *,
               on_404: type[ProviderError] = NotFound) -> None:
-        """Wait until ``op`` is DONE (zone operation, or global when ``zone`` is None).
+        """Wait until ``op`` of ``project`` is DONE (a zone operation, or global when ``zone`` is None).
 
         Raises:
             Transient: still running after ``operationTimeout``, or the wait call failed.
@@ -271,10 +270,10 @@ class GcpProvider:
                                 f"{s.operation_timeout:g}s")
             timeout = max(1.0, min(remaining, _MAX_WAIT_CALL)) + s.request_timeout
             if zone is None:
-                request: Any = compute_v1.WaitGlobalOperationRequest(project=s.project, operation=op.name)
+                request: Any = compute_v1.WaitGlobalOperationRequest(project=project, operation=op.name)
                 fn: Callable[[], Any] = lambda: api.global_operations.wait(request=request, timeout=timeout, retry=None)
             else:
-                request = compute_v1.WaitZoneOperationRequest(project=s.project, zone=zone, operation=op.name)
+                request = compute_v1.WaitZoneOperationRequest(project=project, zone=zone, operation=op.name)
                 fn = lambda: api.zone_operations.wait(request=request, timeout=timeout, retry=None)
             started = time.monotonic()
             op = self._call(f"wait {what}", fn)
@@ -324,7 +323,7 @@ class GcpProvider:
                 return self.get(pid)
             raise
         try:
-            self._wait(f"insert {pid}", op, zone, on_404=Permanent)
+            self._wait(f"insert {pid}", op, s.project, zone, on_404=Permanent)
         except ProviderError as exc:
             if already_exists(exc.__cause__):
                 return self.get(pid)
@@ -393,7 +392,7 @@ class GcpProvider:
         try:
             op = self._call(f"delete {provider_id}", lambda: api.instances.delete_unary(
                 request=request, timeout=self.settings.request_timeout, retry=None))
-            self._wait(f"delete {provider_id}", op, zone)
+            self._wait(f"delete {provider_id}", op, project, zone)
         except NotFound:
             log.debug("gcp delete %s: already gone", provider_id)
 
@@ -492,7 +491,7 @@ class GcpProvider:
                 project=s.project, firewall=want.name, firewall_resource=want,
                 timeout=s.request_timeout, retry=None), on_404=Permanent)
         if op is not None:
-            self._wait(what, op, None, on_404=Permanent)
+            self._wait(what, op, s.project, None, on_404=Permanent)
         self._firewalls_ok.add(want.name)
 
     # -- helpers -----------------------------------------------------------------------

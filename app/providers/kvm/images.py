@@ -99,13 +99,14 @@ class CachedImage:
     capacity: int
 
 
-def ensure_base(link: HostLink, pool: libvirt.virStoragePool, img: ImageSettings, *, own_volumes: set[str],
-                timeout: float) -> CachedImage:
+def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, img: ImageSettings, *,
+                own_volumes: set[str], timeout: float) -> CachedImage:
     """Return the verified base of ``img`` in ``pool``, fetching it if needed.
 
     Args:
         link: the host's link.
         pool: the storage pool (from ``link``).
+        pool_name: its name (for traces).
         img: the resolved image.
         own_volumes: volume names of the VM being created; they are not "other users" of a
             stale base (they are deleted with it and recreated).
@@ -115,7 +116,6 @@ def ensure_base(link: HostLink, pool: libvirt.virStoragePool, img: ImageSettings
         Permanent: HTTP 4xx, or the checksum does not match.
         Transient: network trouble, truncated download, libvirt errors.
     """
-    pool_name = link.call("virStoragePoolGetName", lambda c: pool.name())
     names = set(link.call("virStoragePoolListVolumes", lambda c: pool.listVolumes(), pool=pool_name))
     base = base_name(img)
     prefix = marker_prefix(img)

@@ -162,10 +162,15 @@ class HostLink:
                 log.info("kvm %s host %s: dial failed: %s", self.provider, host.name, exc)
             raise
         if ssh.keepalive_interval:
+            ka_started = time.monotonic()
+            interval = int(max(1, ssh.keepalive_interval))
             try:
-                conn.setKeepAlive(int(max(1, ssh.keepalive_interval)), ssh.keepalive_count)
+                conn.setKeepAlive(interval, ssh.keepalive_count)
+                self._trace("virConnectSetKeepAlive", {"interval": interval, "count": ssh.keepalive_count},
+                            ka_started)
             except libvirt.libvirtError as exc:
-                log.debug("kvm %s host %s: libvirt keepalive not set: %s", self.provider, host.name, exc)
+                self._trace("virConnectSetKeepAlive", {"interval": interval, "count": ssh.keepalive_count},
+                            ka_started, error=exc.get_error_message() or str(exc), code=exc.get_error_code())
         self.dials += 1
         log.info("kvm %s host %s: connected to %s@%s:%d (%s) in %.2fs", self.provider, host.name, ssh.user,
                  host.address, port, host.libvirt_uri, time.monotonic() - started)
@@ -174,14 +179,21 @@ class HostLink:
     def _open_libvirt(self, local_socket: str) -> libvirt.virConnect:
         _ensure_event_loop()
         uri = libvirt_uri(self.host.libvirt_uri, local_socket)
+        ids = {"uri": self.host.libvirt_uri, "socket": self.host.libvirt_socket}
+        started = time.monotonic()
         future = self._pool().submit(libvirt.open, uri)
         try:
-            return future.result(timeout=self.settings.ssh.handshake_timeout)
+            conn = future.result(timeout=self.settings.ssh.handshake_timeout)
+            self._trace("virConnectOpen", ids, started)
+            return conn
         except concurrent.futures.TimeoutError:
+            self._trace("virConnectOpen", ids, started, error="no answer")
             raise DialError(self.host.name, STAGE_LIBVIRT,
                             f"libvirt did not answer {self.host.libvirt_uri} within "
                             f"{self.settings.ssh.handshake_timeout:g}s") from None
         except libvirt.libvirtError as exc:
+            self._trace("virConnectOpen", ids, started, error=exc.get_error_message() or str(exc),
+                        code=exc.get_error_code())
             raise DialError(self.host.name, STAGE_LIBVIRT,
                             f"{self.host.libvirt_uri} via {self.host.libvirt_socket}: "
                             f"{exc.get_error_message() or exc} ({code_name(exc.get_error_code())})") from exc

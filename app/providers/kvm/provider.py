@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 from datetime import datetime, timezone
 
 import libvirt
@@ -27,6 +28,8 @@ from app.providers.kvm.link import HostLink
 log = logging.getLogger("proxy_operator.kvm")
 
 _GIB = 1024 ** 3
+#: Seconds a guest-agent query may take before libvirt gives up on it.
+AGENT_TIMEOUT = 5
 _RUNNING_STATES = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)
 _UNDEFINE_FLAGS = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
                    | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
@@ -65,6 +68,8 @@ class KvmProvider:
         self.settings: KvmSettings = pc.settings
         self.check_timeout = pc.check_timeout
         self._links = {h.name: HostLink(pc.name, h, self.settings) for h in self.settings.hosts}
+        self._image_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._image_locks_guard = threading.Lock()
         problems = sshlink.material_problems(self.settings.ssh.key_file, self.settings.ssh.known_hosts_file)
         if problems:
             log.warning("kvm provider %s: %s; its hosts are unreachable until the files appear "
@@ -106,6 +111,10 @@ class KvmProvider:
         """Close every host link (they redial on next use)."""
         for link in self._links.values():
             link.close()
+
+    def _image_lock(self, host: str, key: str) -> threading.Lock:
+        with self._image_locks_guard:
+            return self._image_locks.setdefault((host, key), threading.Lock())
 
     # -- resolution -----------------------------------------------------------------------------
     def _host_for(self, zone: str | None) -> KvmHost:
@@ -221,8 +230,9 @@ class KvmProvider:
         pool = self._pool(link)
         pool_name = host.pool
         ov_name, sd_name = overlay_name(name), seed_name(name)
-        base = images.ensure_base(link, pool, img, own_volumes={ov_name, sd_name},
-                                  timeout=self.settings.image_timeout)
+        with self._image_lock(host.name, img.key):  # one fetch of a base at a time in this process
+            base = images.ensure_base(link, pool, pool_name, img, own_volumes={ov_name, sd_name},
+                                      timeout=self.settings.image_timeout)
 
         try:
             overlay = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(ov_name),
@@ -281,6 +291,15 @@ class KvmProvider:
                         meta.created if meta else None, dict(meta.tags) if meta else {}, host_name)
 
     def _address(self, link: HostLink, dom: libvirt.virDomain, name: str) -> str | None:
+        try:
+            # Agent commands block forever by default; a hung agent must not hang (and so drop)
+            # the link.  The setting is per running domain, so it is renewed on every poll.
+            link.call("virDomainAgentSetResponseTimeout",
+                      lambda c: dom.agentSetResponseTimeout(AGENT_TIMEOUT, 0), domain=name, seconds=AGENT_TIMEOUT)
+        except (DialError, BadSSHMaterial):
+            raise
+        except ProviderError:
+            pass
         try:
             ifaces = link.call("virDomainInterfaceAddresses",
                                lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0),
@@ -369,13 +388,21 @@ class KvmProvider:
             except NotFound:
                 pass
 
-    def list_by_tag(self, tag: str) -> ListResult:
-        """Return every domain whose metadata carries ``managed-by=<tag>`` on every host.
+    def list_by_tag(self, tag: str, host: str | None = None) -> ListResult:
+        """Return every domain whose metadata carries ``managed-by=<tag>``.
 
-        Hosts are listed concurrently; an unreachable host makes the result ``partial`` (GC then
-        deletes nothing of this provider in that sweep).  Domains without our metadata are
-        skipped.
+        Args:
+            tag: the managed-by value.
+            host: only this host (what a per-host GC task on ``kvm.<provider>.<host>`` asks);
+                ``None`` = every host, listed concurrently.
+        Returns:
+            the instances; ``partial`` when a host could not be listed (GC then deletes nothing
+            of this provider in that sweep).  Domains without our metadata are skipped.
+        Raises:
+            Permanent: ``host`` is not configured.
         """
+        if host is not None:
+            return self.list_host(host, tag)
         instances, errors = [], []
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self._links)),
                                                    thread_name_prefix="kvm-list") as pool:

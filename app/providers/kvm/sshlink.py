@@ -253,8 +253,9 @@ class UnixForward:
             self._ready.put(open_streamlocal(self._transport, self._remote, self._timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise DialError(self.host, STAGE_LIBVIRT,
-                            f"cannot reach the libvirt socket {self._remote} over SSH "
-                            f"(is libvirtd running, and AllowStreamLocalForwarding on?): {exc}") from exc
+                            f"cannot reach the libvirt socket {self._remote} over SSH (is libvirtd running "
+                            f"there, and does sshd permit unix-socket forwarding for this key? see "
+                            f"docs/kvm-provider.md): {exc}") from exc
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():

@@ -1,0 +1,183 @@
+"""Lease API benchmark: gunicorn with 2 workers, 32 client threads doing lease + release pairs.
+
+Starts a private Redis, publishes N proxies to the serving view and marks them healthy (as
+the health engine leaves a healthy proxy), starts ``gunicorn 'api:create_app()'`` with two
+workers, and runs 32 client threads, each on its own keep-alive connection, doing
+``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the measured period.  Prints:
+
+* lease + release pairs per second (all threads together);
+* p50 / p99 of one pair (both requests), milliseconds;
+* one raw Redis round trip (``PING``) p50, measured in the same run, idle and under load.
+
+Targets (issue 3): at least 1,500 pairs/s and p99 under 50 ms.
+
+Usage: ``python bench/leases.py [--seconds 10] [--threads 32] [--proxies 20] [--worker-class gthread]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from app import serving  # noqa: E402
+from app.resources import Proxy  # noqa: E402
+from tests.support.processes import BIN, Process  # noqa: E402
+from tests.support.redis_server import RedisServer, free_port  # noqa: E402
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (q in 0..100)."""
+    ordered = sorted(values)
+    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def seed(r: redis.Redis, count: int, max_leases: int) -> None:
+    """Publish ``count`` healthy proxies."""
+    for i in range(count):
+        proxy = Proxy.from_dict({
+            "metadata": {"name": f"bench-{i}", "namespace": "bench", "uid": f"uid-{i:05d}", "labels": {"pool": "a"}},
+            "spec": {"mode": "External", "endpoint": {"host": f"127.0.9.{i % 250 + 1}", "port": 3128},
+                     "maxLeases": max_leases},
+        })
+        serving.publish(r, proxy, address=proxy.spec.host, port=3128, phase="Ready")
+        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": "192.0.2.1"})
+
+
+def ping_p50(r: redis.Redis, n: int = 500) -> float:
+    """Median PING round trip in milliseconds."""
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r.ping()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+def wait_http(host: str, port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=1)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("gunicorn did not answer /healthz")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--proxies", type=int, default=20)
+    ap.add_argument("--max-leases", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--worker-class", default="gthread")
+    ap.add_argument("--worker-threads", type=int, default=16)
+    args = ap.parse_args()
+
+    redis_server = RedisServer()
+    workdir = tempfile.mkdtemp(prefix="bench-leases-")
+    tokens = Path(workdir) / "tokens.yaml"
+    tokens.write_text(f"clients:\n  - name: bench\n    token: {TOKEN}\n")
+    r = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    seed(r, args.proxies, args.max_leases)
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "-w", str(args.workers), "-k", args.worker_class, "-b", f"127.0.0.1:{port}",
+            "--log-level", "warning", "--keep-alive", "30"]
+    if args.worker_class == "gthread":
+        argv += ["--threads", str(args.worker_threads)]
+    gunicorn = Process("gunicorn", argv + ["api:create_app()"],
+                       {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}, workdir).start()
+    try:
+        wait_http("127.0.0.1", port)
+        idle_ping = ping_p50(r)
+        stop_at = [0.0]
+        record_from = [0.0]
+        lat: list[list[float]] = [[] for _ in range(args.threads)]
+        errors: list[str] = []
+        body = json.dumps({"ttlSeconds": 60}).encode()
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        start = threading.Barrier(args.threads + 1)
+
+        def client(i: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            start.wait()
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at[0]:
+                    break
+                try:
+                    conn.request("POST", "/v1/leases", body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    if resp.status != 201:
+                        errors.append(f"lease {resp.status} {data[:200]!r}")
+                        continue
+                    lease_id = json.loads(data)["leaseId"]
+                    conn.request("DELETE", f"/v1/leases/{lease_id}", headers=headers)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status != 200:
+                        errors.append(f"release {resp.status}")
+                        continue
+                except (OSError, http.client.HTTPException) as exc:
+                    errors.append(repr(exc))
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    continue
+                if t0 >= record_from[0]:
+                    lat[i].append((time.perf_counter() - t0) * 1000)
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
+        for t in threads:
+            t.start()
+        now = time.perf_counter()
+        record_from[0] = now + args.warmup
+        stop_at[0] = now + args.warmup + args.seconds
+        cpu0 = os.times()
+        start.wait()
+        time.sleep(args.warmup + args.seconds / 2)
+        loaded_ping = ping_p50(r, 200)
+        for t in threads:
+            t.join()
+        all_lat = [x for per in lat for x in per]
+        pairs = len(all_lat)
+        print(f"lease bench: gunicorn {args.workers} workers ({args.worker_class}"
+              f"{f', {args.worker_threads} threads' if args.worker_class == 'gthread' else ''}), "
+              f"{args.threads} client threads, {args.proxies} proxies x maxLeases {args.max_leases}, "
+              f"{args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up, {os.cpu_count()} CPUs")
+        print(f"  pairs/s (lease+release): {pairs / args.seconds:,.0f}")
+        if all_lat:
+            print(f"  pair latency p50: {percentile(all_lat, 50):.1f} ms   p99: {percentile(all_lat, 99):.1f} ms")
+        print(f"  raw Redis round trip (PING) p50: idle {idle_ping:.3f} ms, under load {loaded_ping:.3f} ms")
+        print(f"  errors: {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
+        cpu1 = os.times()
+        print(f"  client CPU: {cpu1.user - cpu0.user + cpu1.system - cpu0.system:.1f} s")
+    finally:
+        gunicorn.stop()
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()
