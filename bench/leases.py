@@ -69,6 +69,29 @@ def ping_p50(r: redis.Redis, n: int = 500) -> float:
     return statistics.median(samples)
 
 
+def group_cpu(pgid: int) -> float:
+    """CPU seconds (user + system) of every live process in process group ``pgid`` (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 (pgrp) is the third after the command
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def redis_cpu(r: redis.Redis) -> float:
+    """CPU seconds Redis has used (INFO cpu)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def wait_http(host: str, port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,12 +178,14 @@ def main() -> None:
         now = time.perf_counter()
         record_from[0] = now + args.warmup
         stop_at[0] = now + args.warmup + args.seconds
-        cpu0 = os.times()
         start.wait()
-        time.sleep(args.warmup + args.seconds / 2)
+        time.sleep(args.warmup)
+        cpu0, srv0, red0 = os.times(), group_cpu(gunicorn.proc.pid), redis_cpu(r)
+        time.sleep(args.seconds / 2)
         loaded_ping = ping_p50(r, 200)
         for t in threads:
             t.join()
+        cpu1, srv1, red1 = os.times(), group_cpu(gunicorn.proc.pid), redis_cpu(r)
         all_lat = [x for per in lat for x in per]
         pairs = len(all_lat)
         print(f"lease bench: gunicorn {args.workers} workers ({args.worker_class}"
@@ -172,8 +197,12 @@ def main() -> None:
             print(f"  pair latency p50: {percentile(all_lat, 50):.1f} ms   p99: {percentile(all_lat, 99):.1f} ms")
         print(f"  raw Redis round trip (PING) p50: idle {idle_ping:.3f} ms, under load {loaded_ping:.3f} ms")
         print(f"  errors: {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
-        cpu1 = os.times()
-        print(f"  client CPU: {cpu1.user - cpu0.user + cpu1.system - cpu0.system:.1f} s")
+        client_cpu = cpu1.user - cpu0.user + cpu1.system - cpu0.system
+        if pairs:
+            per = lambda cpu: cpu / pairs * 1000  # noqa: E731
+            print(f"  CPU per pair: gunicorn {per(srv1 - srv0):.2f} ms, Redis {per(red1 - red0):.2f} ms, "
+                  f"client {per(client_cpu):.2f} ms (measured window)")
+        print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         gunicorn.stop()
         redis_server.stop()

@@ -157,12 +157,6 @@ def test_quota_exceeded_from_the_call_and_the_operation_shows_as_condition(clust
     assert _condition(cluster, "squid-gcp-quota", "Provisioned")["status"] == "True"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "pipeline defect (intermittent): the proxy.create queued by the watch event of the first "
-    "create's own finalizer write finds the per-Proxy lock held and re-sends itself with a 1-2 s "
-    "delay (workers/tasks.py run_step); that message holds the dedup mark, so the quota-backoff "
-    "followup is refused by Enqueuer.send ('an earlier message is queued') and the second insert "
-    "comes ~2 s after the first instead of QUOTA_BACKOFF"))
 def test_quota_exceeded_backs_off_before_the_next_insert(cluster, compute, operator):
     message = "Quota 'CPUS' exceeded.  Limit: 8.0 in region europe-west1."
     compute.fail("POST", r"/zones/europe-west1-b/instances$", 403, "QUOTA_EXCEEDED", message, times=2)

@@ -51,10 +51,9 @@ def _seed_files(path) -> dict[str, bytes]:
         iso.close()
 
 
-def _backing_file(path) -> str | None:
-    info = json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
+def _qemu_img_info(path) -> dict:
+    return json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
                                      check=True, capture_output=True, text=True).stdout)
-    return info.get("backing-filename")
 
 
 def test_lifecycle_uefi(rig, make_provider, image, request_for):
@@ -76,7 +75,10 @@ def test_lifecycle_uefi(rig, make_provider, image, request_for):
     assert (pool / f"base-{key}.qcow2.sha256-{sha}").exists()
     # Overlay backed by the base; seed holds the user-data byte for byte.
     overlay, seed_iso = pool / f"{req.name}.qcow2", pool / f"{req.name}-seed.iso"
-    assert _backing_file(overlay) == str(base)
+    info = _qemu_img_info(overlay)
+    assert info["format"] == "qcow2" and info["backing-filename"] == str(base)
+    assert info["backing-filename-format"] == "qcow2"
+    assert info["virtual-size"] == 1 << 30, "machine type small: diskGiB 1"
     assert _seed_files(seed_iso)["user-data"] == user_data
 
     # Domain XML: file disks at the paths libvirt reported, seed as a cdrom on virtio-scsi, UEFI.
