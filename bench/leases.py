@@ -7,7 +7,11 @@ workers, and runs 32 client threads, each on its own keep-alive connection, doin
 
 * lease + release pairs per second (all threads together);
 * p50 / p99 of one pair (both requests), milliseconds;
-* one raw Redis round trip (``PING``) p50, measured in the same run, idle and under load.
+* one raw Redis round trip (``PING``) p50, measured in the same run, idle and under load;
+* CPU milliseconds per pair spent by gunicorn (all workers), Redis and the client threads;
+* the floor of the serving stack: the same gunicorn configuration serving a trivial WSGI app
+  (one static response), driven by the same client threads, in requests/s (``--no-floor``
+  skips it).
 
 Targets (issue 3): at least 1,500 pairs/s and p99 under 50 ms.
 
@@ -106,6 +110,55 @@ def wait_http(host: str, port: int, timeout: float = 30) -> None:
     raise SystemExit("gunicorn did not answer /healthz")
 
 
+FLOOR_APP = """def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")])
+    return [b"{}"]
+"""
+
+
+def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> tuple[float, float]:
+    """Requests/s and gunicorn CPU ms per request of a trivial WSGI app under ``argv_head``."""
+    Path(workdir, "floorapp.py").write_text(FLOOR_APP)
+    port = free_port()
+    proc = Process("gunicorn-floor", argv_head + ["-b", f"127.0.0.1:{port}", "--chdir", workdir, "floorapp:app"],
+                   {}, workdir).start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                conn.request("GET", "/")
+                conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("floor gunicorn did not answer") from None
+                time.sleep(0.1)
+        counts = [0] * threads
+        stop = time.monotonic() + seconds
+
+        def hammer(i: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            while time.monotonic() < stop:
+                conn.request("GET", "/")
+                conn.getresponse().read()
+                counts[i] += 1
+            conn.close()
+
+        cpu0 = group_cpu(proc.proc.pid)
+        ts = [threading.Thread(target=hammer, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        cpu = group_cpu(proc.proc.pid) - cpu0
+        total = sum(counts)
+        return total / seconds, cpu / max(total, 1) * 1000
+    finally:
+        proc.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -116,6 +169,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worker-class", default="gthread")
     ap.add_argument("--worker-threads", type=int, default=16)
+    ap.add_argument("--no-floor", action="store_true", help="skip the trivial-app floor measurement")
     args = ap.parse_args()
 
     redis_server = RedisServer()
@@ -125,11 +179,11 @@ def main() -> None:
     r = redis.Redis.from_url(redis_server.url, decode_responses=True)
     seed(r, args.proxies, args.max_leases)
     port = free_port()
-    argv = [str(BIN / "gunicorn"), "-w", str(args.workers), "-k", args.worker_class, "-b", f"127.0.0.1:{port}",
+    head = [str(BIN / "gunicorn"), "-w", str(args.workers), "-k", args.worker_class,
             "--log-level", "warning", "--keep-alive", "30"]
     if args.worker_class == "gthread":
-        argv += ["--threads", str(args.worker_threads)]
-    gunicorn = Process("gunicorn", argv + ["api:create_app()"],
+        head += ["--threads", str(args.worker_threads)]
+    gunicorn = Process("gunicorn", head + ["-b", f"127.0.0.1:{port}", "api:create_app()"],
                        {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}, workdir).start()
     try:
         wait_http("127.0.0.1", port)
@@ -203,6 +257,11 @@ def main() -> None:
             print(f"  CPU per pair: gunicorn {per(srv1 - srv0):.2f} ms, Redis {per(red1 - red0):.2f} ms, "
                   f"client {per(client_cpu):.2f} ms (measured window)")
         print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
+        if not args.no_floor:
+            gunicorn.stop()
+            rps, ms = floor(head, workdir, args.threads, min(args.seconds, 6))
+            print(f"  serving floor (same gunicorn, trivial WSGI app, {args.threads} threads): {rps:,.0f} requests/s "
+                  f"= {rps / 2:,.0f} pairs/s at most; gunicorn CPU {ms:.2f} ms per request")
     finally:
         gunicorn.stop()
         redis_server.stop()

@@ -103,9 +103,11 @@ def test_cluster_wide_list_spans_namespaces(kube_client):
     api.create_namespaced_custom_object(G, V, "ns-b", P, proxy("b"))
     every = api.list_cluster_custom_object(G, V, P)
     assert every["kind"] == "ProxyList"
-    assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in every["items"]] == [("ns-a", "a"), ("ns-b", "b")]
+    keys = [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in every["items"]]
+    assert keys == [("ns-a", "a"), ("ns-b", "b")]
     assert [o["metadata"]["name"] for o in api.list_namespaced_custom_object(G, V, "ns-b", P)["items"]] == ["b"]
-    assert int(every["metadata"]["resourceVersion"]) >= max(int(o["metadata"]["resourceVersion"]) for o in every["items"])
+    newest = max(int(o["metadata"]["resourceVersion"]) for o in every["items"])
+    assert int(every["metadata"]["resourceVersion"]) >= newest
 
 
 def test_delete_without_finalizers_removes_the_object(kube_client):
@@ -164,7 +166,8 @@ def test_pod_spec_is_immutable_but_image_may_change(kube_client):
 
 def test_pod_delete_returns_the_pod(kube_client):
     core = k8s.CoreV1Api(kube_client)
-    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"},
+                                           "spec": {"containers": [{"name": "c", "image": "i"}]}})
     out = core.delete_namespaced_pod("p", "default")
     assert out.metadata.name == "p"
     assert core.list_namespaced_pod("default").items == []
@@ -172,7 +175,8 @@ def test_pod_delete_returns_the_pod(kube_client):
 
 def test_secret_string_data_becomes_data(kube_client):
     core = k8s.CoreV1Api(kube_client)
-    core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "stringData": {"user-data": "#cloud-config\n"}})
+    core.create_namespaced_secret("default", {"metadata": {"name": "s"},
+                                              "stringData": {"user-data": "#cloud-config\n"}})
     secret = core.read_namespaced_secret("s", "default")
     assert secret.data == {"user-data": "I2Nsb3VkLWNvbmZpZwo="} and secret.string_data is None
     assert secret.type == "Opaque"
@@ -201,8 +205,9 @@ def test_events_v1_requires_its_fields(kube, kube_client):
 
 def test_core_events_and_leases(kube_client):
     core = k8s.CoreV1Api(kube_client)
-    ev = core.create_namespaced_event("default", {"metadata": {"name": "e1"}, "reason": "Ready", "message": "m",
-                                                  "involvedObject": {"kind": "Proxy", "name": "a", "namespace": "default"}})
+    ev = core.create_namespaced_event("default", {
+        "metadata": {"name": "e1"}, "reason": "Ready", "message": "m",
+        "involvedObject": {"kind": "Proxy", "name": "a", "namespace": "default"}})
     assert ev.involved_object.name == "a"
     coord = k8s.CoordinationV1Api(kube_client)
     lease = coord.create_namespaced_lease("default", {"metadata": {"name": "l"}, "spec": {

@@ -83,7 +83,8 @@ def test_delete_preconditions(api):
     with pytest.raises(k8s.ApiException) as err:
         api.delete_namespaced_custom_object(G, V, "default", P, "a", body={"preconditions": {"uid": "someone-else"}})
     assert err.value.status == 409
-    api.delete_namespaced_custom_object(G, V, "default", P, "a", body={"preconditions": {"uid": obj["metadata"]["uid"]}})
+    api.delete_namespaced_custom_object(G, V, "default", P, "a",
+                                        body={"preconditions": {"uid": obj["metadata"]["uid"]}})
     assert api.list_cluster_custom_object(G, V, P)["items"] == []
 
 

@@ -77,7 +77,8 @@ def test_field_selector_metadata_name_and_status_phase(pods):
     assert names(pods.list_namespaced_pod("ns1", field_selector="metadata.name!=a")) == ["c"]
     pods.patch_namespaced_pod_status("b", "ns2", {"status": {"phase": "Running"}})
     assert names(pods.list_pod_for_all_namespaces(field_selector="status.phase=Running")) == ["b"]
-    assert names(pods.list_pod_for_all_namespaces(field_selector="status.phase!=Running,metadata.namespace=ns2")) == ["d"]
+    selector = "status.phase!=Running,metadata.namespace=ns2"
+    assert names(pods.list_pod_for_all_namespaces(field_selector=selector)) == ["d"]
 
 
 def test_unsupported_field_selector_is_400(kube_client):

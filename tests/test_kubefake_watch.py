@@ -87,7 +87,8 @@ def test_events_arrive_while_the_stream_is_open(api):
 def test_bookmarks_carry_the_newest_resource_version(kube, api, kube_client):
     mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     core = k8s.CoreV1Api(kube_client)
-    pod = core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    pod = core.create_namespaced_pod("default", {"metadata": {"name": "p"},
+                                                 "spec": {"containers": [{"name": "c", "image": "i"}]}})
     w = watch.Watch()
     events = list(w.stream(api.list_cluster_custom_object, G, V, P, resource_version=mark,
                            allow_watch_bookmarks=True, timeout_seconds=1))
@@ -261,3 +262,20 @@ def test_a_watch_whose_client_left_is_closed_server_side(kube, api):
     while kube.open_watches(P) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert kube.open_watches(P) == 0
+
+
+def test_a_delayed_write_lands_even_when_its_client_gave_up(kube, api):
+    kube.delay_next("create", P, seconds=1.0)
+    start = time.monotonic()
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        api.create_namespaced_custom_object(G, V, "ns1", P, proxy("slow"), _request_timeout=(2, 0.3))
+    assert kube.request_count("create", P) == 1  # counted on arrival
+    assert kube.store.find(P, "ns1", "slow") is None  # still in flight
+    deadline = time.monotonic() + 3
+    while kube.store.find(P, "ns1", "slow") is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kube.store.find(P, "ns1", "slow") is not None and time.monotonic() - start >= 1.0
+    # only the next request was delayed
+    t = time.monotonic()
+    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("fast"))
+    assert time.monotonic() - t < 0.5

@@ -89,7 +89,8 @@ def test_a_no_op_write_keeps_the_resource_version(api):
 def test_merge_patch_semantics(api):
     api.create_namespaced_custom_object(G, V, "default", P, proxy(
         "a", provider="k8s", placement={"zone": "z1", "image": "i"}))
-    out = api.patch_namespaced_custom_object(G, V, "default", P, "a", {"spec": {"placement": {"zone": None, "machineType": "m"}}})
+    patch = {"spec": {"placement": {"zone": None, "machineType": "m"}}}
+    out = api.patch_namespaced_custom_object(G, V, "default", P, "a", patch)
     assert out["spec"]["placement"] == {"image": "i", "machineType": "m"}
 
 
@@ -177,7 +178,8 @@ def test_status_writes_change_only_status(api):
 
 def test_pod_status_goes_through_its_subresource(kube_client):
     core = k8s.CoreV1Api(kube_client)
-    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"},
+                                           "spec": {"containers": [{"name": "c", "image": "i"}]}})
     out = core.patch_namespaced_pod("p", "default", {"status": {"phase": "Running"}})
     assert out.status.phase == "Pending"
     out = core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Running", "podIP": "127.0.0.9"}})

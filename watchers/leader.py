@@ -182,7 +182,8 @@ class LeaderElector:
             if exc.status == 409:
                 log.debug("lease %s/%s changed under us (409); next round", self.namespace, self.name)
             else:
-                log.warning("updating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status, exc.reason)
+                log.warning("updating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status,
+                            exc.reason)
             return False
         except Exception as exc:  # noqa: BLE001
             log.warning("updating lease %s/%s failed: %s", self.namespace, self.name, type(exc).__name__)
@@ -201,7 +202,8 @@ class LeaderElector:
             created = self.api.create_namespaced_lease(self.namespace, body, _request_timeout=s.request_timeout)
         except k8s.ApiException as exc:
             if exc.status != 409:
-                log.warning("creating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status, exc.reason)
+                log.warning("creating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status,
+                            exc.reason)
             return False
         except Exception as exc:  # noqa: BLE001
             log.warning("creating lease %s/%s failed: %s", self.namespace, self.name, type(exc).__name__)

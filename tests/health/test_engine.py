@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app import serving
-from app.conditions import find
-from app.health import engine, schedule
+from app import squid as squid_conf
+from app.health import schedule
 from app.health import probe as p
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole, free_port
@@ -93,7 +93,6 @@ def test_unhealthy_after_the_failure_threshold_and_back(fleet, settings, squids,
 
 def start_again(stopped: SquidProcess) -> SquidProcess:
     """Start a fresh Squid on a stopped one's address and port (the same policy)."""
-    from app import squid as squid_conf
     policy = squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {stopped.address}",))
     return SquidProcess(stopped.address, stopped.port, squid_conf.render(stopped.port, policy)).start()
 

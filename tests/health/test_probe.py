@@ -145,7 +145,7 @@ def test_a_batch_is_probed_concurrently(origin):
             h.stop()
     assert [r.uid for r in results] == [str(i) for i in range(8)]
     assert all(r.reason == p.TIMEOUT for r in results)
-    assert elapsed < 4, f"8 one-second timeouts took {elapsed:.1f}s: probes ran one after another"
+    assert elapsed < 6, f"8 one-second timeouts took {elapsed:.1f}s: probes ran one after another"
 
 
 @pytest.mark.parametrize("body,expected", [

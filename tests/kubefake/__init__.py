@@ -14,7 +14,7 @@ Typical use::
         kube.write_kubeconfig(path)  # for subprocesses using app.kube.api_client()
 
 Test hooks: :meth:`FakeKube.compact` (force 410), :meth:`FakeKube.hang_watches` (a stream
-that stops answering), :meth:`FakeKube.fail_next` (scripted errors),
+that stops answering), :meth:`FakeKube.fail_next` (scripted errors), :meth:`FakeKube.delay_next` (a request in flight),
 :meth:`FakeKube.request_count`, :meth:`FakeKube.set_admission` (CRD validation/defaulting).
 Fixtures live in :mod:`tests.kubefake.fixtures`.
 """

@@ -70,7 +70,8 @@ class ApiError(Exception):
         return cls(410, "Expired", message)
 
     @classmethod
-    def method_not_allowed(cls, message: str = "the server does not allow this method on the requested resource") -> "ApiError":
+    def method_not_allowed(cls, message: str = "the server does not allow this method on the requested "
+                                               "resource") -> "ApiError":
         return cls(405, "MethodNotAllowed", message)
 
     @classmethod

@@ -44,10 +44,12 @@ _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found", 405
 
 
 class _Fault:
-    """A scripted failure: the next ``times`` matching requests get ``code``."""
+    """A scripted failure (the next ``times`` matching requests get ``code``) or delay."""
 
-    def __init__(self, verb: str | None, resource: str | None, code: int, times: int, reason: str) -> None:
+    def __init__(self, verb: str | None, resource: str | None, code: int, times: int, reason: str,
+                 delay: float = 0.0) -> None:
         self.verb, self.resource, self.code, self.times, self.reason = verb, resource, code, times, reason
+        self.delay = delay
 
 
 class _WatchStream:
@@ -201,8 +203,19 @@ class FakeKube:
         with self._lock:
             self._faults.append(_Fault(verb, resource, code, times, reason))
 
+    def delay_next(self, verb: str | None = None, resource: str | None = None, *, seconds: float,
+                   times: int = 1) -> None:
+        """Hold the next ``times`` matching requests for ``seconds`` before processing them.
+
+        The request is counted on arrival and carried out after the delay even if the client
+        has gone meanwhile (a write in flight at the server when its client dies), so a test
+        can kill a worker between sending a request and seeing its answer.
+        """
+        with self._lock:
+            self._faults.append(_Fault(verb, resource, 0, times, "", delay=seconds))
+
     def clear_faults(self) -> None:
-        """Forget every scripted failure not used up yet."""
+        """Forget every scripted failure and delay not used up yet."""
         with self._lock:
             self._faults.clear()
 
@@ -213,15 +226,26 @@ class FakeKube:
                        if (verb is None or v == verb) and (resource is None or r == resource))
 
     def _take_fault(self, verb: str, resource: str) -> ApiError | None:
+        delay = 0.0
+        error = None
         with self._lock:
             self.requests[(verb, resource)] += 1
-            for f in self._faults:
+            for f in list(self._faults):
                 if (f.verb in (None, verb)) and (f.resource in (None, resource)):
+                    if f.delay and delay:
+                        continue
+                    if not f.delay and error is not None:
+                        continue
                     f.times -= 1
                     if f.times <= 0:
                         self._faults.remove(f)
-                    return ApiError(f.code, f.reason, f"injected failure ({f.code}) for {verb} {resource}")
-        return None
+                    if f.delay:
+                        delay = f.delay
+                    else:
+                        error = ApiError(f.code, f.reason, f"injected failure ({f.code}) for {verb} {resource}")
+        if delay:
+            time.sleep(delay)
+        return error
 
 
 def write_kubeconfig(path: str, url: str, *, namespace: str = "default") -> str:

@@ -34,7 +34,6 @@ import json
 import random
 import re
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -246,6 +245,7 @@ class Store:
         entries.sort(key=lambda kv: kv[0])
         out: list[bytes] = []
         more: tuple[str, str] | None = None
+        last: tuple[str, str] | None = None
         remaining = 0
         for key, entry in entries:
             if namespace is not None and key[0] != namespace:
@@ -466,7 +466,8 @@ class Store:
                                                                 "Invalid value: values must be strings")])
         if meta.get("finalizers") is not None and not (isinstance(meta["finalizers"], list)
                                                        and all(isinstance(f, str) for f in meta["finalizers"])):
-            raise self._invalid(rt, meta.get("name", ""), [("metadata.finalizers", "Invalid value: must be a list of strings")])
+            raise self._invalid(rt, meta.get("name", ""),
+                                [("metadata.finalizers", "Invalid value: must be a list of strings")])
         body["kind"], body["apiVersion"] = rt.kind, rt.api_version
         return body
 
@@ -535,7 +536,8 @@ class Store:
         result["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
         deleting = bool(old_meta.get("deletionTimestamp"))
         if deleting:
-            added = [f for f in result["metadata"].get("finalizers") or [] if f not in (old_meta.get("finalizers") or [])]
+            before = old_meta.get("finalizers") or []
+            added = [f for f in result["metadata"].get("finalizers") or [] if f not in before]
             if added:
                 raise self._invalid(rt, name, [("metadata.finalizers", "Forbidden: no new finalizers can be added "
                                                 f"if the object is being deleted, found new finalizers {added}")])

@@ -252,6 +252,7 @@ class ImageServer:
         return f"http://127.0.0.1:{self.port}{path}", hashlib.sha256(data).hexdigest()
 
     def stop(self) -> None:
+        """Stop serving."""
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -404,12 +405,14 @@ class Rig:
         self.known_hosts = directory / "known_hosts"
 
     def start(self) -> "Rig":
+        """Start the daemon and sshd; write known_hosts for the sshd."""
         self.daemon.start()
         self.sshd.start()
         self.known_hosts.write_text(known_hosts_line("127.0.0.1", self.sshd.port, self.keys.host_pub))
         return self
 
     def stop(self) -> None:
+        """Stop everything (best effort, each part regardless of the others)."""
         for stop in (self.sshd.stop, self.daemon.stop, self.images.stop):
             try:
                 stop()

@@ -158,8 +158,13 @@ class HostLink:
             if forward is not None:
                 forward.close()
             transport.close()
-            if not isinstance(exc, ProviderError):
+            if isinstance(exc, ProviderError):
                 log.info("kvm %s host %s: dial failed: %s", self.provider, host.name, exc)
+                raise
+            if isinstance(exc, Exception):
+                err = DialError(host.name, STAGE_LIBVIRT, f"local forward: {type(exc).__name__}: {exc}")
+                log.info("kvm %s host %s: dial failed: %s", self.provider, host.name, err)
+                raise err from exc
             raise
         if ssh.keepalive_interval:
             ka_started = time.monotonic()
