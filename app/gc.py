@@ -108,3 +108,75 @@ def collect(provider_name: str, provider, list_proxy_uids, abandoned: set[str], 
     listing = provider.list_by_tag(tag)
     live = set(list_proxy_uids())
     return sweep(provider_name, provider, listing, live, abandoned, grace_seconds)
+
+
+# -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------
+#
+# A provider that offers ``hosts()`` is listed one host per task, on that host's queue (the
+# worker that owns the host's connection).  Each shard stores its listing under the sweep's id;
+# the shard that completes the set decides for the whole provider: if any shard was partial or
+# failed, nothing of that provider is deleted in this sweep.
+
+_SHARD_DONE = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if redis.call('HLEN', KEYS[1]) == tonumber(ARGV[3]) then
+  local all = redis.call('HGETALL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  return all
+end
+return false
+"""
+
+
+def _encode(listing: ListResult | None, error: str | None) -> str:
+    import json
+
+    if listing is None:
+        return json.dumps({"partial": True, "errors": [error or "listing failed"], "instances": []})
+    return json.dumps({
+        "partial": listing.partial, "errors": listing.errors,
+        "instances": [{"provider_id": i.provider_id, "name": i.name, "tags": i.tags,
+                       "created": i.created.isoformat() if i.created else None, "zone": i.zone}
+                      for i in listing.instances],
+    })
+
+
+def _decode(blob: str) -> ListResult:
+    import json
+
+    from app.providers.base import InstanceState
+
+    d = json.loads(blob)
+    return ListResult([Instance(i["provider_id"], i["name"], InstanceState.RUNNING,
+                                created=datetime.fromisoformat(i["created"]) if i["created"] else None,
+                                tags=i["tags"], zone=i["zone"]) for i in d["instances"]],
+                      partial=d["partial"], errors=d["errors"])
+
+
+def record_shard(redis, sweep_id: str, shard: str, shards: int, listing: ListResult | None,
+                 error: str | None = None, ttl: float = 3600) -> ListResult | None:
+    """Store one shard's listing; when it completes the sweep, return the merged listing.
+
+    Args:
+        redis: ``redis.Redis`` (decode_responses=True).
+        sweep_id: identifies one sweep of one provider.
+        shard: the shard (host) name.
+        shards: how many shards the sweep has.
+        listing: the shard's listing, or ``None`` when listing raised (``error`` says why).
+    Returns:
+        ``None`` while shards are missing; else the merged :class:`ListResult` (``partial``
+        when any shard was).  Exactly one caller gets it.
+    """
+    script = redis.register_script(_SHARD_DONE)
+    done = script(keys=[f"po:gc:{sweep_id}"], args=[shard, _encode(listing, error), shards, int(ttl * 1000)])
+    if not done:
+        return None
+    merged = ListResult([])
+    for blob in done[1::2]:
+        part = _decode(blob)
+        merged.instances.extend(part.instances)
+        merged.errors.extend(part.errors)
+        if part.partial:
+            merged = ListResult(merged.instances, partial=True, errors=merged.errors)
+    return merged

@@ -133,3 +133,50 @@ class ProviderHealthWriter:
                     if exc.status != 404:
                         raise
         return deleted
+
+
+def record_target(redis, provider: str, verdict: TargetVerdict, targets: list[str], stale_after: float,
+                  now: float | None = None) -> list[TargetVerdict]:
+    """Store one target's verdict (a per-host check on its own queue) and return every target's.
+
+    Targets whose last verdict is older than ``stale_after`` seconds (or that never reported:
+    no worker serves that host's queue) are reported not ready with reason ``CheckStale``.
+
+    Args:
+        redis: ``redis.Redis`` (decode_responses=True).
+        provider: provider name.
+        verdict: the fresh verdict.
+        targets: every target name configured, in order.
+    """
+    import json
+
+    now = time.time() if now is None else now
+    key = f"po:health:{provider}"
+    redis.hset(key, verdict.name, json.dumps({"at": now, "ready": verdict.ready, "reason": verdict.reason,
+                                              "message": verdict.message, "details": verdict.details}))
+    stored = redis.hgetall(key)
+    out = []
+    for name in targets:
+        raw = stored.get(name)
+        if raw is None:
+            out.append(TargetVerdict(name, False, "CheckStale", "no check result yet (is its worker running?)"))
+            continue
+        d = json.loads(raw)
+        if now - d["at"] > stale_after:
+            out.append(TargetVerdict(name, False, "CheckStale",
+                                     f"last check {now - d['at']:.0f}s ago (is its worker running?)"))
+        else:
+            out.append(TargetVerdict(name, d["ready"], d["reason"], d["message"], d["details"]))
+    return out
+
+
+def check_target(fn, provider: str, target: str, timeout: float) -> TargetVerdict:
+    """Run ``fn() -> TargetVerdict`` for one target under ``timeout``; never raises; updates the gauges."""
+    class _One:
+        def check(self):
+            return [fn()]
+
+    [verdict] = check(_One(), provider, timeout)
+    if verdict.name == "provider":  # timeout / failure verdicts are named generically
+        verdict = TargetVerdict(target, verdict.ready, verdict.reason, verdict.message, verdict.details)
+    return verdict

@@ -9,13 +9,13 @@ host's queue.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
+from datetime import datetime, timezone
 
 from celery.signals import worker_process_init
 
 from app import gc as gc_logic
-from app import metrics, reconcile
+from app import metrics, naming, reconcile
 from app.reconcile import Ref
 from workers import routing
 from workers.celery_app import celery_app
@@ -159,12 +159,57 @@ def resync() -> int:
 
 @celery_app.task(name="gc.sweep")
 def gc_sweep() -> None:
-    """Queue one GC collection per configured provider (beat), on the provider's queue."""
+    """Queue GC for every configured provider (beat).
+
+    Providers with hosts (kvm) are listed one host per task on that host's queue
+    (``gc.collect_shard``); the others in one ``gc.collect`` on the ``gc`` queue.
+    """
     ctx = context()
     for name in ctx.registry.names():
         provider = ctx.registry.get(name)
-        queue = getattr(provider, "gc_queue", lambda: None)() or routing.GC
-        gc_collect.apply_async(args=[name], queue=queue)
+        hosts = provider.hosts() if hasattr(provider, "hosts") else None
+        if not hosts:
+            gc_collect.apply_async(args=[name], queue=routing.GC)
+            continue
+        sweep_id = f"{name}:{uuid.uuid4().hex}"
+        for host in hosts:
+            gc_collect_shard.apply_async(args=[name, host, sweep_id, len(hosts)],
+                                         queue=routing.queue_for(provider, host))
+
+
+@celery_app.task(name="gc.collect_shard")
+def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) -> None:
+    """List one host of a provider; the last shard of the sweep decides and queues the deletions."""
+    ctx = context()
+    provider = ctx.registry.get(provider_name)
+    listing, error = None, None
+    try:
+        listing = provider.list_by_tag(naming.MANAGED_BY, host=host)
+    except Exception as exc:  # noqa: BLE001 - a failed shard makes the sweep partial
+        error = f"{host}: {exc}"
+    merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards, listing, error)
+    if merged is None:
+        return
+    if merged.partial:
+        metrics.GC_PARTIAL.labels(provider_name).inc()
+        log.warning("gc %s: listing partial (%s); deleting nothing this sweep", provider_name,
+                    "; ".join(merged.errors))
+        return
+    live = {p.uid for p in ctx.kube.list_proxies()}
+    abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
+    for inst in gc_logic.orphans(merged.instances, live, abandoned, datetime.now(timezone.utc),
+                                 ctx.settings.gc_grace):
+        gc_delete.apply_async(args=[provider_name, inst.provider_id],
+                              queue=routing.queue_for(provider, inst.zone))
+
+
+@celery_app.task(name="gc.delete")
+def gc_delete(provider_name: str, provider_id: str) -> None:
+    """Delete one orphan found by a sharded sweep (on its host's queue)."""
+    ctx = context()
+    ctx.registry.get(provider_name).delete(provider_id)
+    metrics.GC_DELETED.labels(provider_name).inc()
+    log.info("gc %s: deleted orphan %s", provider_name, provider_id)
 
 
 @celery_app.task(name="gc.collect")
@@ -184,11 +229,36 @@ def gc_collect(provider_name: str) -> dict:
 
 @celery_app.task(name="providers.check")
 def provider_check(provider_name: str) -> dict:
-    """Check one provider (unwrapped: not counted as provider requests) and publish its ProviderHealth."""
+    """Check one provider (unwrapped: not counted as provider requests) and publish its ProviderHealth.
+
+    Providers with hosts (kvm) are checked one host per task on the host's queue
+    (``providers.check_host``), so the check uses the connection that worker owns.
+    """
     from app.provider_health import ProviderHealthWriter, check
 
     ctx = context()
     pc = ctx.registry.configs[provider_name]
-    verdicts = check(ctx.registry.unwrapped[provider_name], provider_name, pc.check_timeout)
+    provider = ctx.registry.unwrapped[provider_name]
+    if hasattr(provider, "hosts") and hasattr(provider, "check_host"):
+        for host in provider.hosts():
+            provider_check_host.apply_async(args=[provider_name, host], queue=routing.queue_for(provider, host),
+                                            expires=pc.check_interval or None)
+        return {"provider": provider_name, "fanned_out": len(provider.hosts())}
+    verdicts = check(provider, provider_name, pc.check_timeout)
     ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
     return {"provider": provider_name, "ready": sum(v.ready for v in verdicts), "total": len(verdicts)}
+
+
+@celery_app.task(name="providers.check_host")
+def provider_check_host(provider_name: str, host: str) -> dict:
+    """Check one host of a provider and publish the provider's ProviderHealth with every host's latest verdict."""
+    from app.provider_health import ProviderHealthWriter, check_target, record_target
+
+    ctx = context()
+    pc = ctx.registry.configs[provider_name]
+    provider = ctx.registry.unwrapped[provider_name]
+    verdict = check_target(lambda: provider.check_host(host), provider_name, host, pc.check_timeout)
+    stale_after = 3 * max(pc.check_interval, pc.check_timeout)
+    verdicts = record_target(ctx.redis, provider_name, verdict, provider.hosts(), stale_after)
+    ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
+    return {"provider": provider_name, "host": host, "ready": verdict.ready}
