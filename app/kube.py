@@ -134,9 +134,15 @@ class Kube:
                 raise
 
     def patch_status(self, proxy: Proxy, status: dict) -> Proxy:
-        """Merge-patch ``status`` through the status subresource; return the updated Proxy."""
+        """Merge-patch ``status`` through the status subresource; return the updated Proxy.
+
+        The patch carries ``proxy``'s resourceVersion as a precondition: a merge patch replaces
+        the whole ``conditions`` list, so a write based on a stale read (the health engine
+        may have written meanwhile) must fail with 409 and be retried, not drop a condition.
+        """
+        body = {"metadata": {"resourceVersion": proxy.resource_version}, "status": status}
         obj = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, {"status": status})
+            GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body)
         return self._wrote(Proxy.from_dict(obj))
 
     # -- Secrets -------------------------------------------------------------------------
@@ -203,7 +209,13 @@ def patch_proxy(namespace: str, name: str, patch: dict) -> dict:
     return Kube().custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
 
-def patch_proxy_status(namespace: str, name: str, status: dict) -> dict:
-    """Merge-patch ``status`` through the status subresource and return the result."""
-    return Kube().custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+def patch_proxy_status(namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
+    """Merge-patch ``status`` through the status subresource and return the result.
+
+    Args:
+        resource_version: when given, a precondition (409 Conflict if the object changed).
+    """
+    body: dict = {"status": status}
+    if resource_version:
+        body["metadata"] = {"resourceVersion": resource_version}
+    return Kube().custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)

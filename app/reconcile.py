@@ -209,14 +209,32 @@ def _handle_error(ctx: Context, proxy: Proxy, exc: BaseException, action: str, a
     return Followup(action, backoff(ctx.settings, attempt), attempt + 1)
 
 
-def _guard(ctx: Context, proxy: Proxy, action: str, attempt: int, fn) -> Followup | None:
+class _Latest:
+    """Holds the newest version of the Proxy a step has written, for its error handling."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    def __call__(self, proxy: Proxy) -> Proxy:
+        self.proxy = proxy
+        return proxy
+
+
+def _guard(ctx: Context, latest: _Latest, action: str, attempt: int, fn) -> Followup | None:
     try:
         return fn()
     except (ProviderError, ApiException) as exc:
-        return _handle_error(ctx, proxy, exc, action, attempt)
+        error = exc
     except Exception as exc:  # noqa: BLE001 - unclassified means Transient (SPEC §4)
-        log.exception("proxy %s: %s: unexpected error", proxy.key, action)
-        return _handle_error(ctx, proxy, Transient(f"{type(exc).__name__}: {exc}"), action, attempt)
+        log.exception("proxy %s: %s: unexpected error", latest.proxy.key, action)
+        error = Transient(f"{type(exc).__name__}: {exc}")
+    try:
+        return _handle_error(ctx, latest.proxy, error, action, attempt)
+    except ApiException as exc:
+        # Recording the error raced another writer (409) or the API failed: retry the step soon.
+        log.info("proxy %s: %s: recording %s failed (%s); retrying", latest.proxy.key, action,
+                 type(error).__name__, exc.status)
+        return Followup(action, 0.5 + random.uniform(0, 1), attempt)
 
 
 # -- create ----------------------------------------------------------------------------------
@@ -276,39 +294,41 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     if proxy.deleting:
         return Followup(DELETE, 0)
 
+    latest = _Latest(proxy)
+
     def step() -> Followup | None:
-        p = ctx.kube.add_finalizer(proxy)
+        p = latest(ctx.kube.add_finalizer(proxy))
         if not p.spec.managed:
             address = p.spec.host or ""
             inst = Instance(provider_id="", name=p.name, state=InstanceState.RUNNING, address=address)
             _mark_running(ctx, p, inst, {"providerID": None, "specHash": p.spec_hash})
             return None
         if not p.status.get("phase"):
-            p = _write_status(ctx, p, {"phase": PENDING, "conditions": _provisioned(
-                p, "False", "Pending", "accepted; waiting for the provider")})
+            p = latest(_write_status(ctx, p, {"phase": PENDING, "conditions": _provisioned(
+                p, "False", "Pending", "accepted; waiting for the provider")}))
         provider = ctx.registry.get(p.spec.provider)
         old_id = p.status.get("providerID")
         if old_id and p.status.get("specHash") == p.spec_hash:
             # Nothing about the instance changed (e.g. healthCheck or maxLeases did): record the
             # generation and let poll confirm the instance.
-            p = _write_status(ctx, p, {"observedGeneration": p.generation})
+            latest(_write_status(ctx, p, {"observedGeneration": p.generation}))
             return Followup(POLL, 0)
         if old_id:
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
             provider.delete(old_id)
         inst = provider.create(_request(ctx, p))
-        p = _write_status(ctx, p, {
+        p = latest(_write_status(ctx, p, {
             "phase": PROVISIONING, "providerID": inst.provider_id, "instanceName": inst.name,
             "specHash": p.spec_hash, "observedGeneration": p.generation, "address": None,
             "conditions": _provisioned(p, "False", "Provisioning", f"instance {inst.name} requested"),
-        })
+        }))
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, p, inst)
             return None
         return Followup(POLL, poll_delay(ctx.settings, 0), 0)
 
-    return _guard(ctx, proxy, CREATE, attempt, step)
+    return _guard(ctx, latest, CREATE, attempt, step)
 
 
 # -- poll ------------------------------------------------------------------------------------
@@ -350,7 +370,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             return None
         return Followup(POLL, poll_delay(ctx.settings, attempt + 1), attempt + 1)
 
-    return _guard(ctx, proxy, POLL, attempt, step)
+    return _guard(ctx, _Latest(proxy), POLL, attempt, step)
 
 
 # -- delete ----------------------------------------------------------------------------------
@@ -366,6 +386,8 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     if proxy is None or not proxy.deleting or FINALIZER not in proxy.finalizers:
         return None
 
+    latest = _Latest(proxy)
+
     def step() -> Followup | None:
         serving.withdraw(ctx.redis, proxy.uid)
         if proxy.skip_cleanup:
@@ -374,7 +396,7 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             ctx.kube.record_event(proxy, "Normal", "SkipCleanup", "instance left in place (skip-cleanup)")
             ctx.kube.remove_finalizer(proxy)
             return None
-        p = _write_status(ctx, proxy, {"phase": TERMINATING})
+        p = latest(_write_status(ctx, proxy, {"phase": TERMINATING}))
         provider_id = p.status.get("providerID")
         if p.spec.managed and provider_id:
             ctx.registry.get(p.spec.provider).delete(provider_id)
@@ -382,4 +404,4 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         ctx.kube.remove_finalizer(p)
         return None
 
-    return _guard(ctx, proxy, DELETE, attempt, step)
+    return _guard(ctx, latest, DELETE, attempt, step)

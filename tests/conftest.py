@@ -7,6 +7,8 @@ import redis as redis_lib
 
 from tests.support.redis_server import RedisServer
 
+pytest_plugins = ["tests.kubefake.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def redis_server():

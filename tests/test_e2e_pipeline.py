@@ -244,6 +244,8 @@ def test_no_user_data_or_credentials_in_logs_task_messages_or_flower(cluster, op
     flower = Process("flower", [str(BIN / "celery"), "-A", "workers", "flower", "--address=127.0.0.1",
                                 f"--port={port}"], {**operator_env, "FLOWER_UNAUTHENTICATED_API": "true"}).start()
     try:
+        # Flower shows tasks only from events it received: wait until it sees the beat's resync.
+        wait_for(lambda: _flower_tasks(port), 60, "Flower to receive task events")
         core = k8s.CoreV1Api(cluster.fake.api_client())
         core.create_namespaced_secret("default", k8s.V1Secret(
             metadata=k8s.V1ObjectMeta(name="ci-secret"), string_data={"user-data": SECRET_USER_DATA}))
@@ -256,8 +258,9 @@ def test_no_user_data_or_credentials_in_logs_task_messages_or_flower(cluster, op
         for name in ("squid-inline", "squid-secret"):
             wait_for(lambda: (p := get_proxy(cluster, name)) and (p.get("status") or {}).get("phase") == "Running",
                      60, f"{name} Running")
-        tasks = wait_for(lambda: _flower_tasks(port), 30, "Flower to list tasks")
-        assert any(t.get("name") == "proxy.create" for t in tasks.values())
+        tasks = wait_for(lambda: (t := _flower_tasks(port)) and any(v.get("name") == "proxy.create"
+                                                                  for v in t.values()) and t,
+                         30, "Flower to list the create tasks")
         flower_text = json.dumps(tasks)
         broker = redis_lib.Redis.from_url(redis_url)
         broker_text = " ".join(_dump(broker, k) for k in broker.scan_iter(count=1000))

@@ -7,7 +7,6 @@ import json
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
 pytestmark = pytest.mark.timeout(30)

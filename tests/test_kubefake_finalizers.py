@@ -8,7 +8,6 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.kubefake import FakeKube
-from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
 FIN = "crawl.example.com/cleanup"

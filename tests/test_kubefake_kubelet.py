@@ -14,7 +14,6 @@ from kubernetes import client as k8s
 from kubernetes import watch
 
 from app import squid as squid_conf
-from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 from tests.support.kubelet import Kubelet
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 from tests.kubefake.selectors import parse_label_selector
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"

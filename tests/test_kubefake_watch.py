@@ -16,7 +16,6 @@ from kubernetes import client as k8s
 from kubernetes import watch
 
 from tests.kubefake import FakeKube
-from tests.kubefake.fixtures import kube, kube_client  # noqa: F401
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
 pytestmark = pytest.mark.timeout(30)

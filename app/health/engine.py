@@ -189,7 +189,7 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetP
         uids: Proxy uids (unpublished ones are skipped).
         settings: :class:`HealthSettings`.
         get_proxy: ``(namespace, name) -> dict | None`` (:func:`app.kube.get_proxy`).
-        patch_status: ``(namespace, name, status) -> ...`` (:func:`app.kube.patch_proxy_status`).
+        patch_status: ``(namespace, name, status, resource_version) -> ...`` (:func:`app.kube.patch_proxy_status`).
         credentials: basic-auth credentials per record, for proxies that need them.
         clock: epoch-seconds clock.
     Returns:

@@ -23,7 +23,7 @@ from app.resources import COND_HEALTHY, COND_READY, FAILED, READY, RUNNING, UNHE
 log = logging.getLogger(__name__)
 
 GetProxy = Callable[[str, str], "dict | None"]
-PatchStatus = Callable[[str, str, dict], object]
+PatchStatus = Callable[[str, str, dict, str], object]
 
 #: Phases in which health owns the phase; in any other phase the writer leaves the object alone
 #: (the reconciler is creating, replacing or deleting it).
@@ -94,7 +94,9 @@ def write_status(get_proxy: GetProxy, patch_status: PatchStatus, *, uid: str, na
                  ", deleting" if proxy.deleting else "")
         return False
     patch = build_status(proxy, v, last_probe=last_probe, latency_ms=latency_ms)
-    patch_status(namespace, name, patch)
+    # The read's resourceVersion is a precondition: a reconciler write in between makes this
+    # a 409 (retried on the next probe) instead of silently dropping its condition.
+    patch_status(namespace, name, patch, proxy.resource_version)
     if v.phase and v.phase != proxy.phase:
         level = logging.WARNING if v.phase in (UNHEALTHY, FAILED) else logging.INFO
         log.log(level, "health: %s/%s %s -> %s (%s: %s)", namespace, name, proxy.phase, v.phase,

@@ -73,10 +73,12 @@ class Fleet:
         p = self.kube.get_proxy(namespace, name)
         return p.raw if p else None
 
-    def patch_status(self, namespace: str, name: str, status: dict) -> dict:
-        """``app.kube.patch_proxy_status`` against the fake."""
-        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                                 {"status": status})
+    def patch_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
+        """``app.kube.patch_proxy_status`` against the fake (resourceVersion as a precondition)."""
+        body: dict = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
 
     def read(self, namespace: str, name: str) -> Proxy:
         """Read a Proxy back."""
