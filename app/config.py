@@ -7,6 +7,7 @@ Shape::
         type: kubernetes         # kubernetes | gcp | kvm
         checkInterval: 1m        # optional; 0 = off; else >= 10s
         checkTimeout: 15s        # optional
+        squid: {allowedSourceRanges: [...], connectPorts: [443]}   # optional
         kubernetes: {...}        # exactly the block matching ``type``
 
 :func:`load` parses and validates the whole file or raises one :class:`ConfigError` that
@@ -17,7 +18,7 @@ SDK import), listed in :data:`BLOCK_PARSERS`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import yaml
 from app.providers.gcp import config as gcp_config
 from app.providers.kubernetes import config as kubernetes_config
 from app.providers.kvm import config as kvm_config
+from app.squid import SquidPolicy, parse_policy
 from app.validation import IDENTIFIER, ConfigError, ParseBlock, Reader
 
 #: type name -> parser of that type's block (``Reader -> settings dataclass``).
@@ -50,6 +52,7 @@ class ProviderConfig:
         check_interval: seconds between health checks; 0 = checks off.
         check_timeout: seconds one health-check round may take.
         settings: the parsed type block (``KubernetesSettings``, ``GcpSettings``, ``KvmSettings``).
+        squid: the policy rendered into every instance's squid.conf (optional ``squid:`` block).
     """
 
     name: str
@@ -57,6 +60,7 @@ class ProviderConfig:
     check_interval: float
     check_timeout: float
     settings: Any
+    squid: SquidPolicy = field(default_factory=SquidPolicy)
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,12 @@ def parse(data: Any, file: str) -> ProvidersConfig:
         block = entry.child(ptype, required=ptype != "kubernetes")
         settings = BLOCK_PARSERS[ptype](block)
         block.done()
+        squid = parse_policy(entry.child("squid"))
+        if squid.basic_auth_file:
+            raise entry.error("squid.basicAuth", "not supported yet: credentials are not distributed to "
+                                                 "instances and probes (see CHANGELOG, Known gaps)")
         entry.done()
-        result.append(ProviderConfig(name, ptype, interval, timeout, settings))
+        result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
     return ProvidersConfig(tuple(result), file)
 
 

@@ -66,7 +66,7 @@ class Context:
         registry: built providers.
         redis: ``redis.Redis`` (serving view).
         settings: :class:`app.settings.Settings`.
-        squid_policy: the policy rendered into every instance's squid.conf.
+        squid_policy: fallback squid policy when the provider's config entry has none.
     """
 
     kube: Any
@@ -251,6 +251,11 @@ def _user_data(ctx: Context, proxy: Proxy) -> bytes | None:
     return None
 
 
+def _policy(ctx: Context, proxy: Proxy) -> squid_conf.SquidPolicy | None:
+    pc = ctx.registry.configs.get(proxy.spec.provider or "")
+    return pc.squid if pc is not None else ctx.squid_policy
+
+
 def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
     spec = proxy.spec
     return CreateRequest(
@@ -258,7 +263,7 @@ def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
         zone=spec.zone, image=spec.image, machine_type=spec.machine_type, port=spec.port,
         user_data=_user_data(ctx, proxy),
         vendor_data=spec.vendor_data.encode("utf-8") if spec.vendor_data is not None else None,
-        squid_config=squid_conf.render(spec.port, ctx.squid_policy),
+        squid_config=squid_conf.render(spec.port, _policy(ctx, proxy)),
     )
 
 

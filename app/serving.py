@@ -73,6 +73,15 @@ def leases_key(uid: str) -> str:
     return f"po:leases:{uid}"
 
 
+def _health_json(hc) -> str:
+    """``spec.healthCheck`` (defaults applied) as the JSON stored in the serving view."""
+    return json.dumps({
+        "url": hc.url, "expectedStatus": hc.expected_status, "intervalSeconds": hc.interval_seconds,
+        "timeoutSeconds": hc.timeout_seconds, "failureThreshold": hc.failure_threshold,
+        "successThreshold": hc.success_threshold,
+    }, sort_keys=True)
+
+
 def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
     """Record (or refresh) ``proxy``'s identity and endpoint in the serving view.
 
@@ -88,7 +97,6 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
         phase: the phase written to its status.
     """
     s = proxy.spec
-    hc = s.health
     key = proxy_key(proxy.uid)
     now = time.time()
     fields = {
@@ -97,11 +105,7 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
         "provider": s.provider or "", "zone": s.zone or "", "mode": s.mode,
         "address": address, "port": str(port), "labels": json.dumps(proxy.labels, sort_keys=True),
         "maxLeases": str(s.max_leases), "phase": phase,
-        "healthCheck": json.dumps({
-            "url": hc.url, "expectedStatus": hc.expected_status, "intervalSeconds": hc.interval_seconds,
-            "timeoutSeconds": hc.timeout_seconds, "failureThreshold": hc.failure_threshold,
-            "successThreshold": hc.success_threshold,
-        }, sort_keys=True),
+        "healthCheck": _health_json(s.health),
     }
     old_address, old_port = r.hmget(key, "address", "port")
     moved = old_address is not None and (old_address != address or old_port != str(port))
@@ -119,6 +123,30 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
         pipe.zadd(DUE_KEY, {proxy.uid: now}, nx=True)
     pipe.sadd(PROXIES_KEY, proxy.uid)
     pipe.execute()
+
+
+_REFRESH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'labels', ARGV[1], 'maxLeases', ARGV[2], 'healthCheck', ARGV[3], 'generation', ARGV[4])
+return 1
+"""
+
+
+def refresh(r, proxy: Proxy) -> bool:
+    """Update the fields of a published Proxy that change without a new instance.
+
+    Labels (no generation bump), ``maxLeases`` and ``healthCheck`` are copied from ``proxy``;
+    nothing happens when the Proxy is not published (atomic: a concurrent :func:`withdraw`
+    is never undone).
+
+    Returns:
+        whether the Proxy was published and updated.
+    """
+    health = _health_json(proxy.spec.health)
+    script = r.register_script(_REFRESH)
+    return bool(script(keys=[proxy_key(proxy.uid)],
+                       args=[json.dumps(proxy.labels, sort_keys=True), str(proxy.spec.max_leases), health,
+                             str(proxy.generation)]))
 
 
 def withdraw(r, uid: str) -> None:

@@ -109,3 +109,17 @@ def test_worker_refuses_to_start_on_a_bad_config(tmp_path):
     out = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--providers-config", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "bogus: unknown key" in out.stderr
+
+
+def test_squid_policy_per_provider(tmp_path):
+    path = write(tmp_path, """
+        providers:
+          - name: k
+            type: kubernetes
+            squid: {allowedSourceRanges: [10.20.0.0/16], connectPorts: [443, 8443]}
+    """)
+    policy = load(path).get("k").squid
+    assert policy.allowed_ranges == ("10.20.0.0/16",) and policy.connect_ports == (443, 8443)
+    bad = write(tmp_path, "providers:\n  - {name: k, type: kubernetes, squid: {allowedSourceRanges: [nonsense]}}\n")
+    with pytest.raises(ConfigError, match=r'provider "k": squid.allowedSourceRanges\[0\]: .*not a CIDR'):
+        load(bad)

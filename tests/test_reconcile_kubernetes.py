@@ -219,3 +219,18 @@ def test_external_proxy_runs_without_an_instance(ctx, api, redis_client):
     assert decide(proxy, resync=True) == CREATE
     create(ctx, ref)
     assert serving.get(redis_client, ref.uid)["address"] == "127.0.0.9"
+
+
+def test_label_and_max_leases_changes_refresh_the_serving_view(ctx, api, redis_client):
+    ref = apply(api, "ext-2", {"mode": "External", "endpoint": {"host": "127.0.0.9"}, "maxLeases": 2})
+    create(ctx, ref)
+    custom = k8s.CustomObjectsApi(api)
+    custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "ext-2",
+                                          {"metadata": {"labels": {"pool": "blue"}}, "spec": {"maxLeases": 0}})
+    proxy = read(api, ref)
+    assert serving.refresh(redis_client, proxy)
+    record = serving.get(redis_client, ref.uid)
+    assert record["labels"] == '{"pool": "blue"}' and record["maxLeases"] == "0"
+    serving.withdraw(redis_client, ref.uid)
+    assert not serving.refresh(redis_client, proxy)  # never resurrects a withdrawn Proxy
+    assert serving.get(redis_client, ref.uid) is None

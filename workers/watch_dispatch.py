@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from app import serving
+from app.reconcile import LIVE_PHASES
 from app.resources import Proxy
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,11 @@ def make_on_event():
             if verdict != "send":
                 log.debug("%s %s rv=%s: %s", event_type, proxy.key, proxy.resource_version, verdict)
                 return
-        action = dispatch(context(), enqueuer(), proxy)
+        ctx = context()
+        action = dispatch(ctx, enqueuer(), proxy)
+        if action is None and proxy.phase in LIVE_PHASES:
+            # Labels, maxLeases and healthCheck change what the API hands out, not the instance.
+            serving.refresh(ctx.redis, proxy)
         log.debug("%s %s -> %s", event_type, proxy.key, action)
 
     return on_event
