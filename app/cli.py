@@ -80,12 +80,27 @@ def cmd_watch(args) -> int:
 
 
 def cmd_api(args) -> int:
-    from app.logs import setup
-    setup("api")
-    host, _, port = args.bind.rpartition(":")
+    if args.tokens_file:
+        os.environ["API_TOKENS_FILE"] = args.tokens_file
+    if not os.environ.get("API_TOKENS_FILE"):
+        print("proxy-operator: api: no tokens file (--tokens-file or API_TOKENS_FILE)", file=sys.stderr)
+        return 2
+    # Validate settings and tokens before handing over to gunicorn, so a bad file is one clear line.
     from api import create_app
-    create_app().run(host=host or "127.0.0.1", port=int(port), threaded=True)
-    return 0
+    try:
+        create_app()
+    except (ValueError, OSError) as exc:
+        print(f"proxy-operator: api: {exc}", file=sys.stderr)
+        return 2
+    argv = [sys.executable, "-m", "gunicorn", "--bind", args.bind, "--workers", str(args.workers), "--access-logfile", "-",
+            "--access-logformat", '%(h)s "%(r)s" %(s)s %(b)s %(L)ss', "api:create_app()"]
+    os.execvp(argv[0], argv)
+    return 0  # not reached
+
+
+def cmd_kvm_ssh_secret(args) -> int:
+    from app.providers.kvm import secret_helper
+    return secret_helper.run(args)
 
 
 def cmd_worker(args) -> int:
@@ -101,7 +116,7 @@ def cmd_worker(args) -> int:
             return 2
         from workers.routing import kvm_queue
         queues = kvm_queue(provider, host)
-    argv = ["celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip", "--without-mingle",
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip", "--without-mingle",
             "-E", "--concurrency", str(args.concurrency), *args.extra]
     os.execvp(argv[0], argv)
     return 0  # not reached
@@ -131,9 +146,17 @@ def parser() -> argparse.ArgumentParser:
                    help="host:port serving /healthz (liveness)")
     s.set_defaults(fn=cmd_watch)
 
-    s = sub.add_parser("api", help="run the discovery/lease API (development server; use gunicorn in production)")
+    s = sub.add_parser("api", help="run the discovery/lease API under gunicorn")
     s.add_argument("--bind", default=os.environ.get("API_BIND", "127.0.0.1:8080"))
+    s.add_argument("--workers", type=int, default=int(os.environ.get("API_WORKERS", "2")))
+    s.add_argument("--tokens-file", default=os.environ.get("API_TOKENS_FILE"),
+                   help="API tokens file (env API_TOKENS_FILE)")
     s.set_defaults(fn=cmd_api)
+
+    s = sub.add_parser("kvm-ssh-secret", help="print the kvm-ssh Secret from a private key and known_hosts")
+    from app.providers.kvm import secret_helper
+    secret_helper.add_arguments(s)
+    s.set_defaults(fn=cmd_kvm_ssh_secret)
 
     s = sub.add_parser("worker", help="run a Celery worker")
     _config_arg(s)

@@ -15,6 +15,9 @@ import time
 
 from app.version import banner
 
+#: More verbose than DEBUG: payloads such as libvirt domain XML (``LOG_LEVEL=TRACE``).
+TRACE = 5
+
 
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object: ``time level logger message`` (+ ``exc``)."""
@@ -36,6 +39,7 @@ def setup(process: str, level: str | None = None) -> None:
         process: process name for the banner (``"watch"``, ``"api"``, ...).
         level: level name; default ``LOG_LEVEL`` or ``INFO``.
     """
+    logging.addLevelName(TRACE, "TRACE")
     handler = logging.StreamHandler(sys.stderr)
     if os.environ.get("LOG_FORMAT", "").lower() == "json":
         handler.setFormatter(JsonFormatter())
@@ -43,7 +47,8 @@ def setup(process: str, level: str | None = None) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel((level or os.environ.get("LOG_LEVEL") or "INFO").upper())
+    name = (level or os.environ.get("LOG_LEVEL") or "INFO").upper()
+    root.setLevel(TRACE if name == "TRACE" else name)
     for noisy in ("urllib3", "kubernetes.client.rest"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("proxy_operator").info(banner(process))

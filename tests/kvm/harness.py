@@ -432,3 +432,41 @@ class Rig:
         kwargs.setdefault("key_file", self.keys.client_key)
         kwargs.setdefault("known_hosts_file", self.known_hosts)
         return kvm_entry(hosts=hosts or [self.host()], **kwargs)
+
+
+DHCP_CLIENT = Path(__file__).with_name("dhcp_client.py")
+
+
+class FakeGuest:
+    """Plays a guest on the rig's network: a DHCP client in its own namespace with the domain's MAC.
+
+    The namespace hangs off the network's bridge through a veth, so the real dnsmasq of the
+    libvirt network hands it a lease recorded for that MAC, exactly as for a booted guest
+    without the agent.  Use as a context manager; the namespace is removed on exit.
+    """
+
+    def __init__(self, rig: "Rig", tag: str, bridge: str = "virbr-po") -> None:
+        self.rig, self.bridge = rig, bridge
+        self.veth, self.netns = "vpo" + tag[-6:], "guest-" + tag[-6:]
+
+    def __enter__(self) -> "FakeGuest":
+        ns = self.rig.daemon.nsenter
+        ns("ip", "netns", "add", self.netns, check=True)
+        ns("ip", "link", "add", self.veth, "type", "veth", "peer", "name", self.veth + "p", check=True)
+        ns("ip", "link", "set", self.veth + "p", "master", self.bridge, "up", check=True)
+        ns("ip", "link", "set", self.veth, "netns", self.netns, check=True)
+        ns("ip", "netns", "exec", self.netns, "ip", "link", "set", self.veth, "up", check=True)
+        return self
+
+    def lease(self, mac: str, client_id: str) -> str:
+        """Acquire a lease for ``mac`` (DHCP client-id ``client_id``); return the address."""
+        import sys as _sys
+
+        out = self.rig.daemon.nsenter("ip", "netns", "exec", self.netns, _sys.executable, str(DHCP_CLIENT),
+                                      self.veth, mac, client_id, capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"dhcp client failed: {out.stderr}")
+        return out.stdout.strip()
+
+    def __exit__(self, *exc) -> None:
+        self.rig.daemon.nsenter("ip", "netns", "del", self.netns)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
-import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
@@ -14,10 +12,10 @@ from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import InstanceState
 from app.providers.errors import NotFound
 from app.providers.kvm import domain as dom_xml
+from tests.kvm import harness
 
 pytestmark = pytest.mark.timeout(120)
 
-DHCP_CLIENT = Path(__file__).with_name("dhcp_client.py")
 
 
 def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make_provider):
@@ -48,13 +46,6 @@ def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make
         provider.get(inst.provider_id)
 
 
-def _lease(rig, netns: str, iface: str, mac: str, client_id: str) -> str:
-    out = rig.daemon.nsenter("ip", "netns", "exec", netns, sys.executable, str(DHCP_CLIENT), iface, mac, client_id,
-                             capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider, image, request_for):
     """A guest without an agent that booted twice with different client-ids holds two leases
     from the real dnsmasq; the address is the newer one."""
@@ -68,17 +59,10 @@ def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider,
 
     # The "guest" is a DHCP client in its own namespace on a veth plugged into the network's
     # bridge (a source address of its own would be a martian to the bridge's stack).
-    veth, netns = "vpo" + inst.name[-6:], "guest-" + inst.name[-6:]
-    ns = rig.daemon.nsenter
-    ns("ip", "netns", "add", netns, check=True)
-    try:
-        ns("ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p", check=True)
-        ns("ip", "link", "set", veth + "p", "master", "virbr-po", "up", check=True)
-        ns("ip", "link", "set", veth, "netns", netns, check=True)
-        ns("ip", "netns", "exec", netns, "ip", "link", "set", veth, "up", check=True)
-        first = _lease(rig, netns, veth, mac, "boot-1")
+    with harness.FakeGuest(rig, inst.name) as guest:
+        first = guest.lease(mac, "boot-1")
         time.sleep(1.1)  # leases are stamped in seconds
-        second = _lease(rig, netns, veth, mac, "boot-2")
+        second = guest.lease(mac, "boot-2")
         assert first != second
 
         def address():
@@ -92,8 +76,6 @@ def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider,
             time.sleep(0.1)
         assert got is not None, "the newest lease was not reported"
         assert got.state is InstanceState.RUNNING
-    finally:
-        ns("ip", "netns", "del", netns)
     provider.delete(inst.provider_id)
 
 

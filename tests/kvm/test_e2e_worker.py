@@ -1,0 +1,101 @@
+"""End to end on KVM: watcher + a dedicated host worker on ``kvm.<provider>.<host>``.
+
+The Proxy is applied to the API fake; the watcher routes its tasks to the host's queue; the
+worker started with ``proxy-operator worker --kvm-host kvm-lab/h1`` defines and starts a real
+domain on the libvirt daemon over SSH.  A fake guest then takes a DHCP lease for the domain's
+MAC from the network's real dnsmasq (a disk without an OS never would), the poll reports it,
+and the Proxy goes Running; deleting it removes the domain.
+"""
+
+from __future__ import annotations
+
+import time
+
+import libvirt
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from app.providers.kvm import domain as dom_xml
+from app.resources import GROUP, PLURAL, VERSION
+from tests.kvm import harness
+from tests.support.cluster import FakeCluster
+from tests.support.processes import BIN, Process, celery_worker, watcher
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image, tmp_path, redis_url):
+    _, url, sha, _ = image()
+    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")],
+                      images={"tiny": {"url": url, "sha256": sha, "format": "qcow2", "firmware": "bios"}})
+    providers = tmp_path / "providers.yaml"
+    providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}]}))
+
+    with FakeCluster(kubelet=False) as cluster:
+        env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
+               "PROVIDERS_CONFIG": str(providers), "POLL_INITIAL": "0.5", "POLL_MAX": "1",
+               "RETRY_INITIAL": "0.5", "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "100", "TASK_TIME_LIMIT": "120"}
+        general = celery_worker(env, name="general")
+        host_worker = Process("kvm-worker", [str(BIN / "proxy-operator"), "worker", "--kvm-host", "kvm-lab/h1",
+                                             "--concurrency", "1"], env)
+        procs = [general.start(), host_worker.start(), watcher(env).start()]
+        try:
+            general.wait_for_log("ready", 60)
+            host_worker.wait_for_log("ready", 60)
+            assert "kvm.kvm-lab.h1" in host_worker.log()
+            custom = k8s.CustomObjectsApi(cluster.fake.api_client())
+            created = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "squid-kvm-1"},
+                "spec": {"provider": "kvm-lab", "placement": {"zone": "h1", "image": "tiny", "machineType": "small"},
+                         "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"}}})
+
+            def status():
+                obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-kvm-1")
+                return obj.get("status") or {}
+
+            st = wait_for(lambda: (s := status()).get("providerID") and s, 120, "the domain to be created")
+            assert st["phase"] == "Provisioning"
+            name = st["instanceName"]
+            assert st["providerID"] == f"hosts/h1/domains/{name}"
+            assert f"proxy.create[" in host_worker.log() and "proxy.create[" not in general.log()
+
+            conn = libvirt.open(f"qemu+unix:///system?socket={rig.daemon.socket}")
+            try:
+                dom = conn.lookupByName(name)
+                assert dom.isActive()
+                [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
+                with harness.FakeGuest(rig, name) as guest:
+                    address = guest.lease(mac, "boot-1")
+                    st = wait_for(lambda: (s := status()).get("phase") == "Running" and s, 60, "Proxy Running")
+                assert st["address"] == address
+                assert created["metadata"]["uid"] in dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                                                                  dom_xml.METADATA_NS, 0)
+
+                custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-kvm-1")
+
+                def gone():
+                    try:
+                        custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-kvm-1")
+                        return False
+                    except k8s.ApiException as exc:
+                        return exc.status == 404
+
+                wait_for(gone, 60, "the Proxy to be deleted")
+                with pytest.raises(libvirt.libvirtError):
+                    conn.lookupByName(name)
+            finally:
+                conn.close()
+        finally:
+            for p in procs:
+                p.stop()

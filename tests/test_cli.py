@@ -1,0 +1,71 @@
+"""The ``proxy-operator`` command as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from tests.support.processes import BIN, Process
+from tests.support.redis_server import free_port
+
+CLI = str(BIN / "proxy-operator")
+
+
+def run(*args, env=None):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_version_names_release_and_commit():
+    out = run("version")
+    assert out.returncode == 0 and out.stdout.startswith("proxy-operator ") and "commit " in out.stdout
+
+
+def test_crds_prints_both_definitions():
+    out = run("crds")
+    assert out.returncode == 0
+    assert "name: proxies.crawl.example.com" in out.stdout and "name: providerhealths.crawl.example.com" in out.stdout
+
+
+def test_kvm_ssh_secret_refuses_a_public_key(tmp_path):
+    pub = tmp_path / "id_ed25519.pub"
+    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB example\n")
+    hosts = tmp_path / "known_hosts"
+    hosts.write_text("")
+    out = run("kvm-ssh-secret", "--key", str(pub), "--known-hosts", str(hosts))
+    assert out.returncode == 2 and "public key" in out.stderr
+
+
+def test_api_serves_under_gunicorn_with_a_tokens_file(tmp_path, redis_url):
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("clients:\n  - {name: crawler-a, token: cli-test-token-123}\n")
+    port = free_port()
+    api = Process("api", [CLI, "api", "--bind", f"127.0.0.1:{port}", "--tokens-file", str(tokens)],
+                  {"REDIS_URL": redis_url}).start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline and api.alive(), api.log()
+            time.sleep(0.2)
+        assert requests.get(f"http://127.0.0.1:{port}/v1/proxies", timeout=5).status_code == 401
+        ok = requests.get(f"http://127.0.0.1:{port}/v1/proxies", timeout=5,
+                          headers={"Authorization": "Bearer cli-test-token-123"})
+        assert ok.status_code == 200
+        assert "cli-test-token-123" not in api.log()
+    finally:
+        api.stop()
+
+
+def test_api_refuses_to_start_on_a_bad_tokens_file(tmp_path):
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("clients:\n  - {name: crawler-a}\n")
+    out = run("api", "--tokens-file", str(tokens))
+    assert out.returncode == 2 and str(tokens) in out.stderr
