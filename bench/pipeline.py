@@ -10,7 +10,9 @@ and prints:
   the fake delivers the ADDED event; the task start is the ``task-started`` Celery event of
   the ``proxy.create`` task carrying that Proxy's UID.
 
-Usage: ``python bench/pipeline.py [--proxies 500] [--pool threads] [--concurrency 16]``.
+Usage: ``python bench/pipeline.py [--proxies 500] [--workers 2] [--pool threads] [--concurrency 8] [--rate 0]``
+(``--rate R`` paces the applies at R per second, to see the latency at a steady rate rather
+than the queueing of one burst).
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--proxies", type=int, default=500)
     parser.add_argument("--pool", default="threads", choices=("threads", "prefork"))
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=1, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--clients", type=int, default=4, help="threads applying Proxies")
+    parser.add_argument("--rate", type=float, default=0, help="applies per second (0 = as fast as possible)")
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="bench-pipeline-")
@@ -114,8 +117,10 @@ def main() -> int:
         events.ready.wait(10)
         for i in range(args.workers):
             procs.append(celery_worker(env, pool=args.pool, concurrency=args.concurrency, name=f"worker{i}").start())
-        for p in procs:
-            p.wait_for_log("ready", timeout=60)
+        deadline = time.monotonic() + 60
+        while len(events.app.control.ping(timeout=1) or []) < args.workers:  # workers log only warnings here
+            if time.monotonic() > deadline:
+                raise SystemExit("workers did not answer ping:\n" + "\n".join(p.log()[-2000:] for p in procs))
         w = watcher({**env, "LOG_LEVEL": "INFO"}).start()
         procs.append(w)
         w.wait_for_log("leading: streaming Proxy events", timeout=60)
@@ -146,6 +151,8 @@ def main() -> int:
         time.sleep(0.5)
 
         def apply(i: int) -> None:
+            if args.rate:
+                time.sleep(max(0.0, start + i / args.rate - time.time()))
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
                     "metadata": {"name": f"bench-{i:04d}", "namespace": "default"},
                     "spec": {"provider": "k8s-local"}}
@@ -160,7 +167,8 @@ def main() -> int:
         events.stop_flag = True
 
         lat = [events.started[uid] - t for uid, t in added.items() if uid in events.started]
-        print(f"proxies: {args.proxies} (worker pool {args.pool} x{args.concurrency}, {args.workers} worker process(es))")
+        print(f"proxies: {args.proxies} (worker pool {args.pool} x{args.concurrency}, {args.workers} worker "
+              f"process(es), applied {'at %.0f/s' % args.rate if args.rate else 'as fast as possible'})")
         print(f"apply phase: {applied - start:.2f}s ({args.proxies / (applied - start):.1f} applies/s)")
         print(f"reached Provisioning: {len(provisioning)}/{args.proxies}{'' if finished else ' (TIMED OUT)'}")
         print(f"apply -> Provisioning: {end - start:.2f}s = {len(provisioning) / (end - start):.1f} Proxies/s")
