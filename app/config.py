@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from app.providers.gcp import config as gcp_config
 from app.providers.kubernetes import config as kubernetes_config
 from app.providers.kvm import config as kvm_config
 from app.squid import SquidPolicy, parse_policy
-from app.validation import IDENTIFIER, ConfigError, ParseBlock, Reader
+from app.validation import IDENTIFIER, ConfigError, ParseBlock, Reader, load_yaml
 
 #: type name -> parser of that type's block (``Reader -> settings dataclass``).
 BLOCK_PARSERS: dict[str, ParseBlock] = {
@@ -138,14 +136,5 @@ def load(path: str | Path | None) -> ProvidersConfig:
     if path is None or str(path) == "":
         return ProvidersConfig(())
     file = str(path)
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(file, None, None, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(file, None, None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(file)
     return parse(data, file)

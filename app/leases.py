@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 
 from app import serving
 from app.selectors import Requirement, as_lua, matches
+from app.settings import env_number
 
 OUTCOMES = ("ok", "blocked", "failed")
 #: Error codes raised as :class:`LeaseError` (the API maps them to HTTP statuses).
@@ -231,19 +232,6 @@ class LeaseError(Exception):
         self.code, self.message = code, message
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}: not an integer: {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"environment variable {name}: must be at least {minimum}, got {value}")
-    return value
-
-
 @dataclass(frozen=True)
 class LeaseSettings:
     """Lease rules (seconds).
@@ -277,11 +265,11 @@ class LeaseSettings:
     def from_env(cls) -> "LeaseSettings":
         """Read the settings from the environment (names in the attribute list)."""
         return cls(
-            default_ttl=_env_int("LEASE_DEFAULT_TTL", cls.default_ttl, 1),
-            max_ttl=_env_int("LEASE_MAX_TTL", cls.max_ttl, 1),
-            cooldown=_env_int("LEASE_COOLDOWN_SECONDS", cls.cooldown, 0),
-            sticky_ttl=_env_int("LEASE_STICKY_TTL", cls.sticky_ttl, 1),
-            record_grace=_env_int("LEASE_RECORD_GRACE", cls.record_grace, 1),
+            default_ttl=int(env_number("LEASE_DEFAULT_TTL", cls.default_ttl, minimum=1, integer=True)),
+            max_ttl=int(env_number("LEASE_MAX_TTL", cls.max_ttl, minimum=1, integer=True)),
+            cooldown=int(env_number("LEASE_COOLDOWN_SECONDS", cls.cooldown, minimum=0, integer=True)),
+            sticky_ttl=int(env_number("LEASE_STICKY_TTL", cls.sticky_ttl, minimum=1, integer=True)),
+            record_grace=int(env_number("LEASE_RECORD_GRACE", cls.record_grace, minimum=1, integer=True)),
         )
 
 

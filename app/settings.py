@@ -9,14 +9,27 @@ import os
 from dataclasses import dataclass, field
 
 
-def _float(name: str, default: float) -> float:
+def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False) -> float:
+    """Return the number in environment variable ``name`` (``default`` when unset or blank).
+
+    Raises:
+        ValueError: not a number (an integer when ``integer``), or below ``minimum``; the
+            message names the variable.
+    """
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
     try:
-        return float(raw)
+        value = int(raw) if integer else float(raw)
     except ValueError:
-        raise SystemExit(f"environment variable {name}: not a number: {raw!r}") from None
+        raise ValueError(f"environment variable {name}: not a{'n integer' if integer else ' number'}: {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name}: must be at least {minimum:g}, got {raw!r}")
+    return value
+
+
+def _float(name: str, default: float) -> float:
+    return env_number(name, default)
 
 
 @dataclass(frozen=True)

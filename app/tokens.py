@@ -27,9 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import yaml
-
-from app.validation import ConfigError, Reader
+from app.validation import ConfigError, Reader, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +110,7 @@ def load(path: str) -> tuple[Client, ...]:
     Raises:
         ConfigError: unreadable file, bad YAML or bad content (naming file and field).
     """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError(path, None, None, f"cannot read tokens file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(path, None, None, f"not valid YAML{where}") from None
+    data = load_yaml(path, "tokens file")
     return parse(data, path)
 
 

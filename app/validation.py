@@ -195,3 +195,27 @@ class Reader:
 
 
 ParseBlock = Callable[[Reader], Any]
+
+
+def load_yaml(path: str, what: str = "") -> Any:
+    """Read and decode the YAML file ``path``.
+
+    Args:
+        what: what the file is, for messages (``"tokens file"``); may be empty.
+    Raises:
+        ConfigError: the file cannot be read or is not valid YAML (with line and column).
+    """
+    import yaml
+
+    label = f" {what}" if what else ""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read{label}: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(path, None, None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None

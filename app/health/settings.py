@@ -5,21 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from app.settings import env_number
+
 #: Default IP-echo service: answers the caller's address as plain text.
 DEFAULT_ECHO_URL = "https://api.ipify.org"
-
-
-def _number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}: not a{'n integer' if integer else ' number'}: {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"environment variable {name}: must be at least {minimum:g}, got {raw!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -69,16 +58,16 @@ class HealthSettings:
         echo = os.environ.get("EGRESS_ECHO_URL")
         return cls(
             echo_url=cls.echo_url if echo is None else echo.strip(),
-            egress_refresh=_number("EGRESS_REFRESH_SECONDS", cls.egress_refresh),
-            provision_deadline=_number("HEALTH_PROVISION_DEADLINE", cls.provision_deadline, minimum=1),
-            batch_size=int(_number("HEALTH_BATCH_SIZE", cls.batch_size, minimum=1, integer=True)),
-            concurrency=int(_number("HEALTH_CONCURRENCY", cls.concurrency, minimum=1, integer=True)),
-            claim_seconds=_number("HEALTH_CLAIM_SECONDS", cls.claim_seconds, minimum=1),
-            sweep_limit=int(_number("HEALTH_SWEEP_LIMIT", cls.sweep_limit, minimum=1, integer=True)),
-            sweep_interval=_number("HEALTH_SWEEP_INTERVAL", cls.sweep_interval, minimum=1),
-            outage_min_proxies=int(_number("HEALTH_OUTAGE_MIN_PROXIES", cls.outage_min_proxies,
+            egress_refresh=env_number("EGRESS_REFRESH_SECONDS", cls.egress_refresh),
+            provision_deadline=env_number("HEALTH_PROVISION_DEADLINE", cls.provision_deadline, minimum=1),
+            batch_size=int(env_number("HEALTH_BATCH_SIZE", cls.batch_size, minimum=1, integer=True)),
+            concurrency=int(env_number("HEALTH_CONCURRENCY", cls.concurrency, minimum=1, integer=True)),
+            claim_seconds=env_number("HEALTH_CLAIM_SECONDS", cls.claim_seconds, minimum=1),
+            sweep_limit=int(env_number("HEALTH_SWEEP_LIMIT", cls.sweep_limit, minimum=1, integer=True)),
+            sweep_interval=env_number("HEALTH_SWEEP_INTERVAL", cls.sweep_interval, minimum=1),
+            outage_min_proxies=int(env_number("HEALTH_OUTAGE_MIN_PROXIES", cls.outage_min_proxies,
                                            minimum=1, integer=True)),
             ca_bundle=os.environ.get("PROBE_CA_BUNDLE") or None,
-            status_concurrency=int(_number("HEALTH_STATUS_CONCURRENCY", cls.status_concurrency,
+            status_concurrency=int(env_number("HEALTH_STATUS_CONCURRENCY", cls.status_concurrency,
                                            minimum=1, integer=True)),
         )
