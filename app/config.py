@@ -26,7 +26,7 @@ from app.providers.gcp import config as gcp_config
 from app.providers.kubernetes import config as kubernetes_config
 from app.providers.kvm import config as kvm_config
 from app.squid import SquidPolicy, parse_policy
-from app.validation import IDENTIFIER, ConfigError, ParseBlock, Reader, load_yaml
+from app.validation import IDENTIFIER, ParseBlock, Reader, load_yaml
 
 #: type name -> parser of that type's block (``Reader -> settings dataclass``).
 BLOCK_PARSERS: dict[str, ParseBlock] = {

@@ -32,7 +32,6 @@ single Redis (the deployment here) but not on Redis Cluster.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import requests
 

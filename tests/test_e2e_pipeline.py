@@ -25,6 +25,7 @@ from kubernetes import watch as k8s_watch
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
+from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.redis_server import free_port
 
@@ -109,16 +110,6 @@ def apply_file(cluster, path: Path, **overrides) -> dict:
     body["metadata"].update(overrides)
     ns = body["metadata"].get("namespace", "default")
     return custom(cluster).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def get_proxy(cluster, name: str, ns: str = "default") -> dict | None:

@@ -9,7 +9,6 @@ and the Proxy goes Running; deleting it removes the domain.
 
 from __future__ import annotations
 
-import time
 
 import libvirt
 import pytest
@@ -20,19 +19,10 @@ from app.providers.kvm import domain as dom_xml
 from app.resources import GROUP, PLURAL, VERSION
 from tests.kvm import harness
 from tests.support.cluster import FakeCluster
+from tests.support.waiting import wait_for
 from tests.support.processes import BIN, Process, celery_worker, watcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image, tmp_path, redis_url):
@@ -68,7 +58,7 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
             assert st["phase"] == "Provisioning"
             name = st["instanceName"]
             assert st["providerID"] == f"hosts/h1/domains/{name}"
-            assert f"proxy.create[" in host_worker.log() and "proxy.create[" not in general.log()
+            assert "proxy.create[" in host_worker.log() and "proxy.create[" not in general.log()
 
             conn = libvirt.open(f"qemu+unix:///system?socket={rig.daemon.socket}")
             try:

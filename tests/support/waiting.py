@@ -1,0 +1,20 @@
+"""Polling helper for tests that wait on real processes."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    """Call ``predicate`` until it returns a truthy value and return that value.
+
+    Raises:
+        AssertionError: ``timeout`` seconds passed; the message names ``what``.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
