@@ -116,8 +116,22 @@ def cmd_worker(args) -> int:
             return 2
         from workers.routing import kvm_queue
         queues = kvm_queue(provider, host)
-    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip", "--without-mingle",
-            "-E", "--concurrency", str(args.concurrency), *args.extra]
+        # A first image fetch may take up to kvm.imageTimeout inside one create: the task time
+        # limits (and the broker visibility timeout above them) must leave room for it.
+        image_timeout = pc.settings.image_timeout
+        soft = float(os.environ.get("TASK_SOFT_TIME_LIMIT") or image_timeout + 300)
+        if soft <= image_timeout:
+            print(f"proxy-operator: --kvm-host {args.kvm_host}: TASK_SOFT_TIME_LIMIT={soft:g}s must exceed "
+                  f"kvm.imageTimeout={image_timeout:g}s of provider {provider!r}", file=sys.stderr)
+            return 2
+        hard = float(os.environ.get("TASK_TIME_LIMIT") or soft + 60)
+        os.environ["TASK_SOFT_TIME_LIMIT"], os.environ["TASK_TIME_LIMIT"] = f"{soft:g}", f"{max(hard, soft + 1):g}"
+        visibility = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT") or 0)
+        if visibility <= hard:
+            os.environ["BROKER_VISIBILITY_TIMEOUT"] = f"{max(3600.0, hard + 600):g}"
+    concurrency = args.concurrency or (1 if args.kvm_host else 2)
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip",
+            "--without-mingle", "-E", "--concurrency", str(concurrency), *args.extra]
     os.execvp(argv[0], argv)
     return 0  # not reached
 
@@ -162,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     _config_arg(s)
     s.add_argument("--queues", "-Q", default="proxies,health,gc")
     s.add_argument("--kvm-host", help="PROVIDER/HOST: a dedicated worker for one KVM host's queue")
-    s.add_argument("--concurrency", type=int, default=2)
+    s.add_argument("--concurrency", type=int, default=None,
+                   help="worker processes (default 2; 1 with --kvm-host: one process owns the host's "
+                        "connection and image cache)")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="extra celery worker arguments")
     s.set_defaults(fn=cmd_worker)
     return p

@@ -151,7 +151,7 @@ def record_target(redis, provider: str, verdict: TargetVerdict, targets: list[st
     import json
 
     now = time.time() if now is None else now
-    key = f"po:health:{provider}"
+    key = f"po:phealth:{provider}"
     redis.hset(key, verdict.name, json.dumps({"at": now, "ready": verdict.ready, "reason": verdict.reason,
                                               "message": verdict.message, "details": verdict.details}))
     stored = redis.hgetall(key)

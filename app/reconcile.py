@@ -27,8 +27,8 @@ from app import squid as squid_conf
 from app.providers.base import CreateRequest, Instance, InstanceState
 from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
 from app.providers.registry import Registry
-from app.resources import (COND_PROVISIONED, FAILED, FINALIZER, PENDING, PROVISIONING, READY, RUNNING,
-                           TERMINATING, UNHEALTHY, Proxy)
+from app.resources import (COND_HEALTHY, COND_PROVISIONED, COND_READY, FAILED, FINALIZER, PENDING, PROVISIONING,
+                           READY, RUNNING, TERMINATING, UNHEALTHY, Proxy)
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -153,9 +153,20 @@ def _write_status(ctx: Context, proxy: Proxy, changes: dict, *, event: tuple[str
     return updated
 
 
-def _provisioned(proxy: Proxy, status: str, reason: str, message: str) -> list[dict]:
-    return conditions.set_condition(proxy.status.get("conditions"), COND_PROVISIONED, status, reason,
-                                    message, proxy.generation)
+def _provisioned(proxy: Proxy, status: str, reason: str, message: str, *, withdrawn: bool = False) -> list[dict]:
+    """The conditions with Provisioned set; ``withdrawn`` also turns Healthy and Ready Unknown.
+
+    Used when the reconciler takes the Proxy out of service (failed, instance lost or being
+    replaced): the health engine stops probing it, so its last verdict must not linger.
+    """
+    conds = conditions.set_condition(proxy.status.get("conditions"), COND_PROVISIONED, status, reason,
+                                     message, proxy.generation)
+    if withdrawn:
+        for ctype in (COND_HEALTHY, COND_READY):
+            if conditions.find(conds, ctype) is not None:
+                conds = conditions.set_condition(conds, ctype, "Unknown", reason,
+                                                 "not probed while the instance is " + reason, proxy.generation)
+    return conds
 
 
 def _load(ctx: Context, ref: Ref) -> Proxy | None:
@@ -173,7 +184,7 @@ def _fail(ctx: Context, proxy: Proxy, exc: ProviderError) -> None:
     serving.withdraw(ctx.redis, proxy.uid)
     _write_status(ctx, proxy, {
         "phase": FAILED, "observedGeneration": proxy.generation,
-        "conditions": _provisioned(proxy, "False", reason, message),
+        "conditions": _provisioned(proxy, "False", reason, message, withdrawn=True),
     }, event=("Warning", reason, message))
 
 
@@ -290,8 +301,8 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     Returns:
         the followup to enqueue, or ``None``.
     Raises:
-        kubernetes.client.ApiException: only for errors reading the Proxy itself (the caller
-            retries the task).
+        Exception: only for errors reading the Proxy itself; ``workers.tasks.run_step``
+            retries the step with backoff.
     """
     proxy = _load(ctx, ref)
     if proxy is None:
@@ -315,12 +326,19 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         old_id = p.status.get("providerID")
         if old_id and p.status.get("specHash") == p.spec_hash:
             # Nothing about the instance changed (e.g. healthCheck or maxLeases did): record the
-            # generation and let poll confirm the instance.
-            latest(_write_status(ctx, p, {"observedGeneration": p.generation}))
+            # generation and let poll confirm the instance.  A Failed Proxy gets another chance
+            # with the new generation: back to Provisioning, and the poll re-publishes it.
+            changes: dict = {"observedGeneration": p.generation}
+            if p.phase == FAILED:
+                changes.update(phase=PROVISIONING, conditions=_provisioned(
+                    p, "False", "Provisioning", "new generation: re-checking the instance"))
+            latest(_write_status(ctx, p, changes))
             return Followup(POLL, 0)
         if old_id:
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
+            p = latest(_write_status(ctx, p, {"conditions": _provisioned(
+                p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)}))
             provider.delete(old_id)
         inst = provider.create(_request(ctx, p))
         p = latest(_write_status(ctx, p, {
@@ -367,7 +385,8 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 provider.delete(provider_id)
             _write_status(ctx, proxy, {
                 "phase": PROVISIONING, "providerID": None, "address": None,
-                "conditions": _provisioned(proxy, "False", "InstanceLost", f"instance {provider_id} is {what}"),
+                "conditions": _provisioned(proxy, "False", "InstanceLost", f"instance {provider_id} is {what}",
+                                           withdrawn=True),
             }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating"))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:

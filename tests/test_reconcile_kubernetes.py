@@ -234,3 +234,45 @@ def test_label_and_max_leases_changes_refresh_the_serving_view(ctx, api, redis_c
     serving.withdraw(redis_client, ref.uid)
     assert not serving.refresh(redis_client, proxy)  # never resurrects a withdrawn Proxy
     assert serving.get(redis_client, ref.uid) is None
+
+
+def test_failed_proxy_gets_another_chance_with_any_new_generation(ctx, api, redis_client):
+    ref = apply(api, "squid-9", {"provider": "k8s-local"})
+    create(ctx, ref)
+    pod_name = read(api, ref).status["instanceName"]
+    kubelet_runs(api, pod_name, "10.1.2.9")
+    poll(ctx, ref)
+    # The health engine fails it (never healthy within the deadline) and withdraws it.
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "squid-9", {"status": {"phase": "Failed"}})
+    serving.withdraw(redis_client, ref.uid)
+    assert decide(read(api, ref)) is None and decide(read(api, ref), resync=True) is None
+    # A change that keeps the instance (maxLeases) is still a new generation: try again.
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "squid-9",
+                                                             {"spec": {"maxLeases": 3}})
+    assert decide(read(api, ref)) == CREATE
+    assert create(ctx, ref).action == POLL
+    assert read(api, ref).phase == "Provisioning"
+    assert poll(ctx, ref) is None
+    proxy = read(api, ref)
+    assert proxy.phase == "Running" and proxy.status["observedGeneration"] == 2
+    assert serving.get(redis_client, ref.uid)["maxLeases"] == "3"
+    assert len(pods(api)) == 1
+
+
+def test_replacing_an_instance_withdraws_its_health(ctx, api):
+    ref = apply(api, "squid-10", {"provider": "k8s-local"})
+    create(ctx, ref)
+    kubelet_runs(api, read(api, ref).status["instanceName"], "10.1.2.10")
+    poll(ctx, ref)
+    healthy = [{"type": t, "status": "True", "reason": "ProbeSucceeded", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1} for t in ("Healthy", "Ready")]
+    conds = read(api, ref).status["conditions"] + healthy
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "squid-10", {"status": {"phase": "Ready", "conditions": conds}})
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "squid-10", {"spec": {"placement": {"image": "example/squid:7"}}})
+    create(ctx, ref)
+    status = {c["type"]: c for c in read(api, ref).status["conditions"]}
+    assert status["Healthy"]["status"] == "Unknown" and status["Ready"]["status"] == "Unknown"
+    assert status["Healthy"]["reason"] == "Replacing"

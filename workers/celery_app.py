@@ -49,7 +49,10 @@ celery_app.conf.update(
     worker_send_task_events=False,
     redbeat_redis_url=settings.redis_url,
     redbeat_key_prefix="po:redbeat",
-    redbeat_lock_timeout=max(30, int(settings.resync_interval) * 5),
+    # The leader extends its lock every tick (the health sweep ticks every few seconds), so a
+    # short lock lets a standby take over within a minute of a beat dying.
+    redbeat_lock_timeout=60,
+    beat_max_loop_interval=10,
     beat_scheduler="redbeat.RedBeatScheduler",
     timezone="UTC",
     include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],

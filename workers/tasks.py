@@ -53,15 +53,23 @@ def _fresh_process(**_):
     _enqueuer = _own = None
 
 
-def queue_for_proxy(ctx, proxy) -> str:
-    """Return the queue that must run work for ``proxy`` (its KVM host's queue, else ``proxies``)."""
+def queue_for_proxy(ctx, proxy, action: str | None = None) -> str:
+    """Return the queue that must run ``action`` for ``proxy`` (its KVM host's queue, else ``proxies``).
+
+    Polls and deletes follow the instance that exists (the host in ``status.providerID``);
+    creates go where the spec places the Proxy (``placement.zone``).
+    """
     if not proxy.spec.managed:
         return routing.PROXIES
     try:
         provider = ctx.registry.get(proxy.spec.provider)
     except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
         return routing.PROXIES
-    return routing.queue_for(provider, proxy.spec.zone)
+    zone = proxy.spec.zone
+    provider_id = proxy.status.get("providerID")
+    if action in (reconcile.POLL, reconcile.DELETE) and provider_id and hasattr(provider, "host_of"):
+        zone = provider.host_of(provider_id) or zone
+    return routing.queue_for(provider, zone)
 
 
 def _lock_timeout(ctx) -> float:
@@ -91,6 +99,11 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
     try:
         step = {"create": reconcile.create, "poll": reconcile.poll, "delete": reconcile.delete}[action]
         followup = step(ctx, ref, attempt)
+    except Exception as exc:  # noqa: BLE001 - e.g. the API or Redis down while reading: retry the step
+        # Only the class and a status code: an API error body may quote the object (user-data).
+        log.warning("proxy %s/%s: %s failed before it could record an outcome: %s %s; retrying",
+                    namespace, name, action, type(exc).__name__, getattr(exc, "status", "") or "")
+        followup = reconcile.Followup(action, reconcile.backoff(ctx.settings, attempt), attempt + 1)
     finally:
         changed_meanwhile = own.finish(uid, ctx.kube.take_written())
         try:
@@ -133,7 +146,7 @@ def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
     """
     action = reconcile.decide(proxy, resync=resync)
     if action:
-        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy),
+        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy, action),
                  only_if_idle=resync)
     return action
 
@@ -169,12 +182,12 @@ def gc_sweep() -> None:
         provider = ctx.registry.get(name)
         hosts = provider.hosts() if hasattr(provider, "hosts") else None
         if not hosts:
-            gc_collect.apply_async(args=[name], queue=routing.GC)
+            gc_collect.apply_async(args=[name], queue=routing.GC, expires=ctx.settings.gc_interval)
             continue
         sweep_id = f"{name}:{uuid.uuid4().hex}"
         for host in hosts:
             gc_collect_shard.apply_async(args=[name, host, sweep_id, len(hosts)],
-                                         queue=routing.queue_for(provider, host))
+                                         queue=routing.queue_for(provider, host), expires=ctx.settings.gc_interval)
 
 
 @celery_app.task(name="gc.collect_shard")
@@ -200,7 +213,7 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
     for inst in gc_logic.orphans(merged.instances, live, abandoned, datetime.now(timezone.utc),
                                  ctx.settings.gc_grace):
         gc_delete.apply_async(args=[provider_name, inst.provider_id],
-                              queue=routing.queue_for(provider, inst.zone))
+                              queue=routing.queue_for(provider, inst.zone), expires=ctx.settings.gc_interval)
 
 
 @celery_app.task(name="gc.delete")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import (content_type_conformance, negative_data_rejection, response_schema_conformance,
                                  status_code_conformance)
@@ -48,6 +48,13 @@ CHECKS = [no_unexpected_server_error, status_code_conformance, content_type_conf
           response_schema_conformance, negative_data_rejection]
 
 
+def _negative_in(case, location: str) -> bool:
+    """Whether schemathesis made the ``location`` component (``"header"``, ``"query"``...) invalid."""
+    components = getattr(getattr(case, "meta", None), "components", None) or {}
+    return any(getattr(loc, "value", str(loc)) == location and info.mode is GenerationMode.NEGATIVE
+               for loc, info in components.items())
+
+
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_api_conforms_to_its_schema(api_schema, mode):
     operations = [result.ok() for result in api_schema.get_all_operations()]
@@ -62,6 +69,13 @@ def test_api_conforms_to_its_schema(api_schema, mode):
                   suppress_health_check=list(HealthCheck), phases=[Phase.generate])
         @given(case=op.as_strategy(generation_mode=mode))
         def run(case):
+            if mode is GenerationMode.NEGATIVE:
+                # The test always sends a valid token, so a case whose only invalidity is in the
+                # headers (e.g. Authorization removed) is valid by the time it is sent; and a
+                # query key whose value is an empty list is not sent at all.  Neither case tests
+                # the API.
+                assume(not _negative_in(case, "header"))
+                assume(not any(isinstance(v, list) and not v for v in (case.query or {}).values()))
             response = case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN_A}"}, checks=CHECKS)
             seen.setdefault(case.operation.label, set()).add(response.status_code)
 
