@@ -199,16 +199,6 @@ def get_proxy(namespace: str, name: str) -> dict | None:
     return p.raw if p else None
 
 
-def list_proxies() -> list[dict]:
-    """Return every Proxy (as dicts) in every namespace."""
-    return [p.raw for p in Kube().list_proxies()]
-
-
-def patch_proxy(namespace: str, name: str, patch: dict) -> dict:
-    """Merge-patch the Proxy's main resource (metadata/spec) and return the result."""
-    return Kube().custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
-
-
 def patch_proxy_status(namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
     """Merge-patch ``status`` through the status subresource and return the result.
 

@@ -23,7 +23,7 @@ GC_DELETED = Counter("proxy_operator_gc_deleted_total", "Orphans deleted by GC."
 GC_PARTIAL = Counter("proxy_operator_gc_partial_sweeps_total", "GC sweeps skipped for a partial listing.",
                      ["provider"])
 PROXIES_BY_PHASE = Gauge("proxy_operator_proxies", "Proxies by phase and provider (set by resync).",
-                         ["phase", "provider"], multiprocess_mode="livemax")
+                         ["phase", "provider"], multiprocess_mode="mostrecent")
 
 
 def registry_for_scrape() -> CollectorRegistry:

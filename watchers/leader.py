@@ -135,10 +135,6 @@ class LeaderElector:
                 if release:
                     self.release()
 
-    def step_down(self) -> None:
-        """Stop leading now (without releasing); the next round may win again."""
-        self._leading.clear()
-
     # -- one round -------------------------------------------------------------------------
     def _try_acquire_or_renew(self) -> bool:
         s = self.settings

@@ -17,6 +17,7 @@ from celery.signals import worker_process_init
 from app import gc as gc_logic
 from app import metrics, naming, reconcile
 from app.reconcile import Ref
+from app.resources import PHASES
 from workers import routing
 from workers.celery_app import celery_app
 from workers.enqueue import Enqueuer, OwnWrites
@@ -163,9 +164,12 @@ def resync() -> int:
             queued += 1
         key = (proxy.phase, proxy.spec.provider or "external")
         counts[key] = counts.get(key, 0) + 1
-    metrics.PROXIES_BY_PHASE.clear()
-    for (phase, provider), n in counts.items():
-        metrics.PROXIES_BY_PHASE.labels(phase, provider).set(n)
+    # Every (phase, provider) pair is set, zeros included: clearing labels does not work in
+    # multiprocess mode, and a drained phase must read 0, not its last count.
+    providers = set(ctx.registry.names()) | {provider for _, provider in counts} | {"external"}
+    for provider in providers:
+        for phase in PHASES:
+            metrics.PROXIES_BY_PHASE.labels(phase, provider).set(counts.get((phase, provider), 0))
     log.info("resync queued %d task(s)", queued)
     return queued
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -88,6 +89,19 @@ def redacted(url: str) -> str:
     if p.port:
         host = f"{host}:{p.port}"
     return f"{p.scheme}://{host}{p.path}"
+
+
+def _scrubbed(exc: Exception, url: str) -> Exception:
+    """Return a stand-in for ``exc`` whose text carries no URL userinfo or query string.
+
+    requests puts the request path and query in its messages ("Max retries exceeded with url:
+    /img.qcow2?X-Goog-Signature=..."), and the classified error's message and cause reach the
+    Proxy's conditions and the logs.  The stand-in keeps the class name and the rest of the text.
+    """
+    text = str(exc).replace(url, redacted(url))
+    text = re.sub(r"\?[^\s'\")]*", "?<redacted>", text)
+    text = re.sub(r"//[^/@\s]*@", "//", text)
+    return type(exc.__class__.__name__, (RuntimeError,), {})(text)
 
 
 @dataclass(frozen=True)
@@ -199,7 +213,8 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
     try:
         resp = requests.get(img.url, stream=True, timeout=(10, 60))
     except requests.RequestException as exc:
-        raise Transient(f"image {img.key}: GET {source}: {type(exc).__name__}: {exc}") from exc
+        cause = _scrubbed(exc, img.url)
+        raise Transient(f"image {img.key}: GET {source}: {type(exc).__name__}: {cause}") from cause
     with resp:
         if resp.status_code != 200:
             raise _http_error(img, resp.status_code)
@@ -220,8 +235,9 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                         total += len(chunk)
                         send_all(stream, chunk)
                 except requests.RequestException as exc:
+                    cause = _scrubbed(exc, img.url)
                     raise Transient(f"image {img.key}: download from {source} broke after {total} bytes: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+                                    f"{type(exc).__name__}: {cause}") from cause
                 if length and total != length:
                     raise Transient(f"image {img.key}: download from {source} ended after {total} of "
                                     f"{length} bytes")
