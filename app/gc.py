@@ -66,9 +66,12 @@ def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str],
     return out
 
 
-def sweep(provider_name: str, provider, listing: ListResult, live_uids: set[str], abandoned: set[str],
+def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], abandoned: set[str],
           grace_seconds: float, now: datetime | None = None) -> SweepReport:
-    """Delete the orphans in ``listing`` through ``provider.delete``.
+    """Delete the orphans in ``listing`` with ``delete(provider_id)``.
+
+    ``delete`` is the provider's own ``delete``, or (sharded sweeps) a function that queues
+    the deletion on the instance's host queue.
 
     Returns:
         a :class:`SweepReport`; delete failures are collected, never raised.
@@ -81,7 +84,7 @@ def sweep(provider_name: str, provider, listing: ListResult, live_uids: set[str]
         return report
     for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds):
         try:
-            provider.delete(inst.provider_id)
+            delete(inst.provider_id)
             report.deleted.append(inst.provider_id)
             log.info("gc %s: deleted orphan %s (proxy uid %s)", provider_name, inst.provider_id,
                      inst.tags.get(naming.TAG_PROXY_UID))
@@ -107,7 +110,7 @@ def collect(provider_name: str, provider, list_proxy_uids, abandoned: set[str], 
     """
     listing = provider.list_by_tag(tag)
     live = set(list_proxy_uids())
-    return sweep(provider_name, provider, listing, live, abandoned, grace_seconds)
+    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds)
 
 
 # -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------

@@ -98,7 +98,8 @@ def test_gc_partial_listing_deletes_nothing():
     orphan = Instance("id-x", "x", InstanceState.RUNNING, created=old,
                       tags={naming.TAG_MANAGED_BY: naming.MANAGED_BY, naming.TAG_PROXY_UID: "gone"})
     provider = RecordingProvider()
-    report = gc.sweep("kvm", provider, ListResult([orphan], partial=True, errors=["lab2: dial"]), set(), set(), 60)
+    report = gc.sweep("kvm", provider.delete, ListResult([orphan], partial=True, errors=["lab2: dial"]),
+                      set(), set(), 60)
     assert report.skipped_partial and provider.deleted == []
-    report = gc.sweep("kvm", provider, ListResult([orphan]), set(), set(), 60)
+    report = gc.sweep("kvm", provider.delete, ListResult([orphan]), set(), set(), 60)
     assert provider.deleted == ["id-x"] and report.deleted == ["id-x"]

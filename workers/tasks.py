@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timezone
 
 from celery.signals import worker_process_init
 
@@ -207,17 +206,16 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
     merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards, listing, error)
     if merged is None:
         return
-    if merged.partial:
+    live = set() if merged.partial else {p.uid for p in ctx.kube.list_proxies()}
+
+    def queue_delete(provider_id: str) -> None:
+        gc_delete.apply_async(args=[provider_name, provider_id], expires=ctx.settings.gc_interval,
+                              queue=routing.queue_for(provider, provider.host_of(provider_id)))
+
+    report = gc_logic.sweep(provider_name, queue_delete, merged, live,
+                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace)
+    if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
-        log.warning("gc %s: listing partial (%s); deleting nothing this sweep", provider_name,
-                    "; ".join(merged.errors))
-        return
-    live = {p.uid for p in ctx.kube.list_proxies()}
-    abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
-    for inst in gc_logic.orphans(merged.instances, live, abandoned, datetime.now(timezone.utc),
-                                 ctx.settings.gc_grace):
-        gc_delete.apply_async(args=[provider_name, inst.provider_id],
-                              queue=routing.queue_for(provider, inst.zone), expires=ctx.settings.gc_interval)
 
 
 @celery_app.task(name="gc.delete")
