@@ -16,7 +16,10 @@ class KubernetesSettings:
     Attributes:
         namespace: namespace for the Pods, or ``None`` to use each Proxy's own namespace.
         image: Squid container image.
-        port: container port Squid listens on when the Proxy does not set ``endpoint.port``.
+        port: container port Squid listens on when a request carries no port.  The CRD
+            defaults ``spec.endpoint.port`` to 3128, so Proxies admitted by the API server
+            always carry one and this value is only a fallback (kept for the config contract
+            of SPEC §3).
     """
 
     namespace: str | None = None
