@@ -67,3 +67,25 @@ def test_api_refuses_to_start_on_a_bad_tokens_file(tmp_path):
     tokens.write_text("clients:\n  - {name: crawler-a}\n")
     out = run("api", "--tokens-file", str(tokens))
     assert out.returncode == 2 and str(tokens) in out.stderr
+
+
+KVM_CONFIG = """providers:
+  - name: kvm-lab
+    type: kvm
+    kvm:
+      ssh: {user: op, keyFile: /nonexistent/id, knownHostsFile: /nonexistent/kh}
+      imageTimeout: 10m
+      hosts: [{name: lab1, address: 127.0.0.1}]
+"""
+
+
+def test_kvm_worker_checks_its_host_and_its_time_limits(tmp_path):
+    import os
+
+    cfg = tmp_path / "providers.yaml"
+    cfg.write_text(KVM_CONFIG)
+    out = run("worker", "--providers-config", str(cfg), "--kvm-host", "kvm-lab/lab9")
+    assert out.returncode == 2 and "no kvm provider 'kvm-lab' with host 'lab9'" in out.stderr
+    env = {**os.environ, "TASK_SOFT_TIME_LIMIT": "120"}
+    out = run("worker", "--providers-config", str(cfg), "--kvm-host", "kvm-lab/lab1", env=env)
+    assert out.returncode == 2 and "TASK_SOFT_TIME_LIMIT=120s must exceed kvm.imageTimeout=600s" in out.stderr

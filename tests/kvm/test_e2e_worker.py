@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image, tmp_path, redis_url):
     _, url, sha, _ = image()
-    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")],
+    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s",
                       images={"tiny": {"url": url, "sha256": sha, "format": "qcow2", "firmware": "bios"}})
     providers = tmp_path / "providers.yaml"
     providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}]}))
@@ -35,7 +35,7 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
     with FakeCluster(kubelet=False) as cluster:
         env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
                "PROVIDERS_CONFIG": str(providers), "POLL_INITIAL": "0.5", "POLL_MAX": "1",
-               "RETRY_INITIAL": "0.5", "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "100", "TASK_TIME_LIMIT": "120"}
+               "RETRY_INITIAL": "0.5", "RETRY_MAX": "2"}
         general = celery_worker(env, name="general")
         host_worker = Process("kvm-worker", [str(BIN / "proxy-operator"), "worker", "--kvm-host", "kvm-lab/h1",
                                              "--concurrency", "1"], env)
@@ -44,6 +44,8 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
             general.wait_for_log("ready", 60)
             host_worker.wait_for_log("ready", 60)
             assert "kvm.kvm-lab.h1" in host_worker.log()
+            # One process owns the host's connection and image cache.
+            assert "concurrency: 1 (prefork)" in host_worker.log()
             custom = k8s.CustomObjectsApi(cluster.fake.api_client())
             created = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "squid-kvm-1"},
