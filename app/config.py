@@ -119,9 +119,9 @@ def parse(data: Any, file: str) -> ProvidersConfig:
         settings = BLOCK_PARSERS[ptype](block)
         block.done()
         squid = parse_policy(entry.child("squid"))
-        if squid.basic_auth_file:
-            raise entry.error("squid.basicAuth", "not supported yet: credentials are not distributed to "
-                                                 "instances and probes (see CHANGELOG, Known gaps)")
+        if squid.basic_auth_file and ptype != "kubernetes":
+            raise entry.error("squid.basicAuth", f"supported on kubernetes providers only so far (not {ptype}): "
+                                                 "credentials are not yet shipped to VM instances")
         entry.done()
         result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
     return ProvidersConfig(tuple(result), file)

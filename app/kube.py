@@ -166,6 +166,50 @@ class Kube:
             return string_data[key].encode()
         return None
 
+    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str]:
+        """Return ``(secret_name, username, password)`` of the Proxy's basic-auth Secret, creating it.
+
+        The Secret ``<proxy>-proxy-auth`` holds ``username``, ``password`` and ``htpasswd``
+        (:func:`app.squid.credentials_secret`); it is owned by the Proxy (ownerReferences), so
+        the cluster deletes it with the Proxy.  An existing Secret is reused as is, so a
+        recreated instance keeps the credentials crawlers already mounted.  Never log the values.
+        """
+        from app import squid
+
+        name = f"{proxy.name}-proxy-auth"
+        try:
+            secret = self.core.read_namespaced_secret(name, proxy.namespace)
+            data = secret.data or {}
+            if all(k in data for k in (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY,
+                                       squid.SECRET_HTPASSWD_KEY)):
+                return (name, base64.b64decode(data[squid.SECRET_USERNAME_KEY]).decode(),
+                        base64.b64decode(data[squid.SECRET_PASSWORD_KEY]).decode())
+            self.core.delete_namespaced_secret(name, proxy.namespace)  # incomplete: make it anew
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+        username, password = squid.generate_credentials()
+        body = squid.credentials_secret(name, proxy.namespace, username, password,
+                                        labels={"app.kubernetes.io/managed-by": "proxy-operator"})
+        body["metadata"]["ownerReferences"] = [{
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": proxy.name, "uid": proxy.uid,
+            "controller": True, "blockOwnerDeletion": False}]
+        try:
+            self.core.create_namespaced_secret(proxy.namespace, body)
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+            return self.ensure_proxy_credentials(proxy)  # created concurrently: read that one
+        return name, username, password
+
+    def delete_proxy_credentials(self, proxy: Proxy) -> None:
+        """Delete the Proxy's basic-auth Secret (absent is fine)."""
+        try:
+            self.core.delete_namespaced_secret(f"{proxy.name}-proxy-auth", proxy.namespace)
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+
     # -- Events --------------------------------------------------------------------------
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         """Create a core/v1 Event about ``proxy`` (best effort: failures are logged, not raised).

@@ -269,12 +269,16 @@ def _policy(ctx: Context, proxy: Proxy) -> squid_conf.SquidPolicy | None:
 
 def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
     spec = proxy.spec
+    policy = _policy(ctx, proxy)
+    auth_secret = None
+    if policy is not None and policy.basic_auth_file:
+        auth_secret, _, _ = ctx.kube.ensure_proxy_credentials(proxy)
     return CreateRequest(
         name=naming.instance_name(proxy.uid), tags=naming.tags_for(proxy.uid), namespace=proxy.namespace,
         zone=spec.zone, image=spec.image, machine_type=spec.machine_type, port=spec.port,
         user_data=_user_data(ctx, proxy),
         vendor_data=spec.vendor_data.encode("utf-8") if spec.vendor_data is not None else None,
-        squid_config=squid_conf.render(spec.port, _policy(ctx, proxy)),
+        squid_config=squid_conf.render(spec.port, policy), auth_secret=auth_secret,
     )
 
 
@@ -288,6 +292,11 @@ def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None
     }
     updated = _write_status(ctx, proxy, changes)
     serving.publish(ctx.redis, updated, address=inst.address or "", port=proxy.spec.port, phase=phase)
+    policy = _policy(ctx, proxy)
+    if policy is not None and policy.basic_auth_file:
+        # The health probes authenticate like a crawler; the API never returns these fields.
+        _, username, password = ctx.kube.ensure_proxy_credentials(updated)
+        serving.set_credentials(ctx.redis, proxy.uid, username, password)
     return updated
 
 
@@ -418,6 +427,7 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             ctx.redis.sadd(ABANDONED_KEY, proxy.uid)
             log.info("proxy %s: skip-cleanup set; releasing without deleting the instance", proxy.key)
             ctx.kube.record_event(proxy, "Normal", "SkipCleanup", "instance left in place (skip-cleanup)")
+            ctx.kube.delete_proxy_credentials(proxy)
             ctx.kube.remove_finalizer(proxy)
             return None
         p = latest(_write_status(ctx, proxy, {"phase": TERMINATING}))
@@ -425,6 +435,7 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         if p.spec.managed and provider_id:
             ctx.registry.get(p.spec.provider).delete(provider_id)
             ctx.kube.record_event(p, "Normal", "InstanceDeleted", f"instance {provider_id} deleted")
+        ctx.kube.delete_proxy_credentials(p)
         ctx.kube.remove_finalizer(p)
         return None
 

@@ -149,6 +149,19 @@ def refresh(r, proxy: Proxy) -> bool:
                              str(proxy.generation)]))
 
 
+def set_credentials(r, uid: str, username: str, password: str) -> None:
+    """Store the basic-auth credentials the health probes use for ``uid`` (fields ``authUser``,
+    ``authPassword``).  Only the probes read them; the API never returns them."""
+    r.hset(proxy_key(uid), mapping={"authUser": username, "authPassword": password})
+
+
+def credentials_of(record: dict[str, str]) -> tuple[str, str] | None:
+    """Return ``(username, password)`` of a serving record with basic auth, else ``None``."""
+    if record.get("authUser") and record.get("authPassword"):
+        return record["authUser"], record["authPassword"]
+    return None
+
+
 def withdraw(r, uid: str) -> None:
     """Remove the Proxy ``uid`` from the serving view, its probe schedule and its live leases.
 

@@ -17,7 +17,7 @@ import threading
 
 import redis as redis_lib
 
-from app import kube
+from app import kube, serving
 from app.health import engine, schedule
 from app.health.settings import HealthSettings
 from app.settings import Settings
@@ -71,7 +71,7 @@ def probe_batch(uids: list[str]) -> dict:
     """Probe the proxies ``uids``; return counts only (no addresses, no messages)."""
     r, settings = _runtime()
     report = engine.probe_batch(r, list(uids), settings, get_proxy=kube.get_proxy,
-                                patch_status=kube.patch_proxy_status)
+                                patch_status=kube.patch_proxy_status, credentials=serving.credentials_of)
     return {"probed": report.probed, "succeeded": report.succeeded, "failed": report.failed,
             "statusWritten": report.status_written, "statusErrors": report.status_errors,
             "wentFailed": report.went_failed, "outage": report.outage}

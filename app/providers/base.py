@@ -71,6 +71,9 @@ class CreateRequest:
         user_data: the resolved cloud-init document (bytes as given) or ``None``.  Never log it.
         vendor_data: extra vendor-data (kvm) or ``None``.  Never log it.
         squid_config: the squid.conf the instance must run (see :mod:`app.squid`), or ``None``.
+        auth_secret: name of the Secret (in ``namespace``) whose ``htpasswd`` key the instance
+            must install at :data:`app.squid.DEFAULT_HTPASSWD_PATH` when the squid.conf
+            requires basic auth, else ``None``.
     """
 
     name: str
@@ -83,6 +86,7 @@ class CreateRequest:
     user_data: bytes | None = None
     vendor_data: bytes | None = None
     squid_config: str | None = None
+    auth_secret: str | None = None
 
     def __repr__(self) -> str:  # keep user-data out of every repr that might reach a log
         return (f"CreateRequest(name={self.name!r}, namespace={self.namespace!r}, zone={self.zone!r}, "

@@ -180,6 +180,14 @@ class Kubelet:
                 probe.close()
         raise RuntimeError(f"no free loopback address for port {port}")
 
+    def _env(self, namespace: str, container: dict, name: str) -> str | None:
+        """A container env var: its ``value``, or its ``valueFrom.secretKeyRef`` resolved."""
+        for e in container.get("env") or []:
+            if e.get("name") == name:
+                ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                return _secret_value(self.store, namespace, ref) if ref else e.get("value")
+        return None
+
     def _start_pod(self, key, pod: dict, container: dict) -> None:
         ns, name, _ = key
         port = _container_port(container)
@@ -198,7 +206,7 @@ class Kubelet:
         squid, failure = None, ""
         for _ in range(3):  # another process may grab the address between probe and bind
             address = self._free_address(port)
-            squid = SquidProcess(address, port, conf)
+            squid = SquidProcess(address, port, conf, htpasswd=self._env(ns, container, "SQUID_HTPASSWD"))
             try:
                 squid.start(timeout=self.startup_timeout)
             except RuntimeError as exc:
@@ -254,6 +262,20 @@ def _squid_container(pod: dict) -> dict | None:
         if any(isinstance(e, dict) and e.get("name") == SQUID_CONF_ENV for e in c.get("env") or []):
             return c
     return None
+
+
+def _secret_value(store, namespace: str, ref: dict) -> str | None:
+    """Resolve ``valueFrom.secretKeyRef`` from the fake's store, as the kubelet does at start."""
+    import base64
+
+    try:
+        with store.cond:
+            secret = store.get(R.SECRETS, namespace, ref.get("name", "")).obj
+    except ApiError:
+        return None
+    data = secret.get("data") or {}
+    value = data.get(ref.get("key", ""))
+    return base64.b64decode(value).decode() if value is not None else None
 
 
 def _env_value(container: dict, name: str) -> str | None:

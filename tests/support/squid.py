@@ -36,13 +36,19 @@ def test_overrides(workdir: str) -> tuple[str, ...]:
     )
 
 
-def localize(conf: str, address: str, workdir: str) -> str:
-    """Rewrite a product squid.conf to bind ``address`` and keep its files in ``workdir``."""
+def localize(conf: str, address: str, workdir: str, htpasswd_path: str | None = None) -> str:
+    """Rewrite a product squid.conf to bind ``address`` and keep its files in ``workdir``.
+
+    With ``htpasswd_path``, the basic-auth helper reads that file instead of the instance path.
+    """
     out = []
     for line in conf.splitlines():
         m = re.match(r"^http_port\s+(?:\S+:)?(\d+)(.*)$", line)
         if m:
             line = f"http_port {address}:{m.group(1)}{m.group(2)}"
+        m = re.match(r"^(auth_param basic program \S+) \S+$", line)
+        if m and htpasswd_path:
+            line = f"{m.group(1)} {htpasswd_path}"
         if line.split(" ", 1)[0] in {"pid_filename", "cache_log", "access_log", "coredump_dir"}:
             continue
         out.append(line)
@@ -56,16 +62,24 @@ class SquidProcess:
         address: loopback address such as ``"127.0.0.5"``.
         port: TCP port.
         conf: product squid.conf text (default: :func:`app.squid.render` with loopback allowed).
+        htpasswd: content of the basic-auth password file the conf refers to (written into the
+            workdir, readable by Squid's helper), or ``None``.
     """
 
-    def __init__(self, address: str, port: int, conf: str | None = None) -> None:
+    def __init__(self, address: str, port: int, conf: str | None = None, htpasswd: str | None = None) -> None:
         self.address, self.port = address, port
         self.workdir = tempfile.mkdtemp(prefix="squid-")
         os.chmod(self.workdir, 0o777)
         conf = conf or squid_conf.render(port)
+        htpasswd_path = None
+        if htpasswd is not None:
+            htpasswd_path = os.path.join(self.workdir, "htpasswd")
+            with open(htpasswd_path, "w") as fh:
+                fh.write(htpasswd)
+            os.chmod(htpasswd_path, 0o644)
         self.conf_path = os.path.join(self.workdir, "squid.conf")
         with open(self.conf_path, "w") as fh:
-            fh.write(localize(conf, address, self.workdir))
+            fh.write(localize(conf, address, self.workdir, htpasswd_path))
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -4,7 +4,9 @@
 * Labels carry the tags (``app.kubernetes.io/managed-by``, ``crawl.example.com/proxy-uid``),
   so GC lists by label across all namespaces (hence a ClusterRole).
 * The Squid config travels in the ``SQUID_CONF`` environment variable; the container writes
-  it to /tmp and runs ``squid -N -f`` on it (the root filesystem may be read-only).
+  it to /tmp and runs ``squid -N -f`` on it.  With basic auth, ``SQUID_HTPASSWD`` comes from
+  the Proxy's credentials Secret (``valueFrom.secretKeyRef``) and is written to the path the
+  squid.conf names.
 * Phase mapping: Running with a Pod IP -> Running; Running without an IP or Pending ->
   Provisioning; Succeeded/Failed/Unknown -> Terminated.  A Pod being deleted is Terminated.
 * provider ID ``<namespace>/<pod>``.
@@ -22,6 +24,7 @@ from app.config import ProviderConfig
 from app.kube import api_client
 from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, Transient
+from app.squid import DEFAULT_HTPASSWD_PATH, SECRET_HTPASSWD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,9 @@ LABEL_NAME = "app.kubernetes.io/name"
 _TAG_TO_LABEL = {naming.TAG_MANAGED_BY: LABEL_MANAGED_BY, naming.TAG_PROXY_UID: LABEL_PROXY_UID}
 _LABEL_TO_TAG = {v: k for k, v in _TAG_TO_LABEL.items()}
 CONTAINER = "squid"
-START_SCRIPT = 'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf'
+START_SCRIPT = (
+    'if [ -n "$SQUID_HTPASSWD" ]; then printf "%s" "$SQUID_HTPASSWD" > ' + DEFAULT_HTPASSWD_PATH + '; fi && '
+    'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf')
 
 
 def _classify(exc: Exception, what: str) -> Exception:
@@ -109,6 +114,10 @@ class KubernetesProvider:
         labels = {_TAG_TO_LABEL.get(k, f"crawl.example.com/{k}"): v for k, v in request.tags.items()}
         labels[LABEL_NAME] = "squid"
         env = [k8s.V1EnvVar(name="SQUID_CONF", value=request.squid_config or "")]
+        if request.auth_secret:
+            # The htpasswd line comes from the Proxy's credentials Secret, never the Pod spec.
+            env.append(k8s.V1EnvVar(name="SQUID_HTPASSWD", value_from=k8s.V1EnvVarSource(
+                secret_key_ref=k8s.V1SecretKeySelector(name=request.auth_secret, key=SECRET_HTPASSWD_KEY))))
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=request.name, namespace=namespace, labels=labels),
             spec=k8s.V1PodSpec(
