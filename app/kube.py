@@ -166,8 +166,9 @@ class Kube:
             return string_data[key].encode()
         return None
 
-    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str]:
-        """Return ``(secret_name, username, password)`` of the Proxy's basic-auth Secret, creating it.
+    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str, str]:
+        """Return ``(secret_name, username, password, htpasswd_line)`` of the Proxy's basic-auth
+        Secret, creating it.
 
         The Secret ``<proxy>-proxy-auth`` holds ``username``, ``password`` and ``htpasswd``
         (:func:`app.squid.credentials_secret`); it is owned by the Proxy (ownerReferences), so
@@ -180,10 +181,10 @@ class Kube:
         try:
             secret = self.core.read_namespaced_secret(name, proxy.namespace)
             data = secret.data or {}
-            if all(k in data for k in (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY,
-                                       squid.SECRET_HTPASSWD_KEY)):
-                return (name, base64.b64decode(data[squid.SECRET_USERNAME_KEY]).decode(),
-                        base64.b64decode(data[squid.SECRET_PASSWORD_KEY]).decode())
+            keys = (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY, squid.SECRET_HTPASSWD_KEY)
+            if all(k in data for k in keys):
+                username, password, htpasswd = (base64.b64decode(data[k]).decode() for k in keys)
+                return name, username, password, htpasswd
             self.core.delete_namespaced_secret(name, proxy.namespace)  # incomplete: make it anew
         except k8s.ApiException as exc:
             if exc.status != 404:
@@ -200,7 +201,7 @@ class Kube:
             if exc.status != 409:
                 raise
             return self.ensure_proxy_credentials(proxy)  # created concurrently: read that one
-        return name, username, password
+        return name, username, password, base64.b64decode(body["data"][squid.SECRET_HTPASSWD_KEY]).decode()
 
     def delete_proxy_credentials(self, proxy: Proxy) -> None:
         """Delete the Proxy's basic-auth Secret (absent is fine)."""

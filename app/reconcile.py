@@ -270,15 +270,15 @@ def _policy(ctx: Context, proxy: Proxy) -> squid_conf.SquidPolicy | None:
 def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
     spec = proxy.spec
     policy = _policy(ctx, proxy)
-    auth_secret = None
+    auth_secret = auth_htpasswd = None
     if policy is not None and policy.basic_auth_file:
-        auth_secret, _, _ = ctx.kube.ensure_proxy_credentials(proxy)
+        auth_secret, _, _, auth_htpasswd = ctx.kube.ensure_proxy_credentials(proxy)
     return CreateRequest(
         name=naming.instance_name(proxy.uid), tags=naming.tags_for(proxy.uid), namespace=proxy.namespace,
         zone=spec.zone, image=spec.image, machine_type=spec.machine_type, port=spec.port,
         user_data=_user_data(ctx, proxy),
         vendor_data=spec.vendor_data.encode("utf-8") if spec.vendor_data is not None else None,
-        squid_config=squid_conf.render(spec.port, policy), auth_secret=auth_secret,
+        squid_config=squid_conf.render(spec.port, policy), auth_secret=auth_secret, auth_htpasswd=auth_htpasswd,
     )
 
 
@@ -295,7 +295,7 @@ def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None
     policy = _policy(ctx, proxy)
     if policy is not None and policy.basic_auth_file:
         # The health probes authenticate like a crawler; the API never returns these fields.
-        _, username, password = ctx.kube.ensure_proxy_credentials(updated)
+        _, username, password, _ = ctx.kube.ensure_proxy_credentials(updated)
         serving.set_credentials(ctx.redis, proxy.uid, username, password)
     return updated
 

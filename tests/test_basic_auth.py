@@ -57,8 +57,8 @@ def origin():
     server.shutdown()
 
 
-def test_basic_auth_only_on_kubernetes_providers():
-    with pytest.raises(ConfigError, match=r'provider "g": squid.basicAuth: supported on kubernetes providers only'):
+def test_basic_auth_not_yet_on_gcp_providers():
+    with pytest.raises(ConfigError, match=r'provider "g": squid.basicAuth: supported on kubernetes and kvm providers'):
         parse({"providers": [{"name": "g", "type": "gcp", "gcp": {"project": "demo-project"}, "squid": {"basicAuth": True}}]},
               "providers.yaml")
 

@@ -73,7 +73,9 @@ class CreateRequest:
         squid_config: the squid.conf the instance must run (see :mod:`app.squid`), or ``None``.
         auth_secret: name of the Secret (in ``namespace``) whose ``htpasswd`` key the instance
             must install at :data:`app.squid.DEFAULT_HTPASSWD_PATH` when the squid.conf
-            requires basic auth, else ``None``.
+            requires basic auth, else ``None`` (Pods mount it).
+        auth_htpasswd: the same htpasswd line itself, for providers that ship it inside the
+            instance's bootstrap (kvm vendor-data); a bcrypt hash, but still never log it.
     """
 
     name: str
@@ -87,6 +89,7 @@ class CreateRequest:
     vendor_data: bytes | None = None
     squid_config: str | None = None
     auth_secret: str | None = None
+    auth_htpasswd: str | None = None
 
     def __repr__(self) -> str:  # keep user-data out of every repr that might reach a log
         return (f"CreateRequest(name={self.name!r}, namespace={self.namespace!r}, zone={self.zone!r}, "

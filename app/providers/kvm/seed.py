@@ -26,6 +26,8 @@ from email import encoders
 
 import pycdlib
 
+from app.squid import DEFAULT_HTPASSWD_PATH
+
 LABEL = "cidata"
 
 _PKG_INSTALL = """\
@@ -58,12 +60,20 @@ fi
 """).encode("ascii")
 
 
-def squid_script(squid_conf: str) -> bytes:
+def squid_script(squid_conf: str, htpasswd: str | None = None) -> bytes:
     """Return the vendor-data script that installs Squid if missing and runs it with ``squid_conf``.
 
-    The config travels base64-encoded, so no content can end a here-document early.
+    With ``htpasswd`` (one ``user:bcrypt`` line), it is installed where the squid.conf's
+    basic-auth helper reads it (:data:`app.squid.DEFAULT_HTPASSWD_PATH`), readable by root and
+    the ``proxy`` group only.  Both travel base64-encoded, so no content can end a
+    here-document early.
     """
     blob = base64.b64encode(squid_conf.encode("utf-8")).decode("ascii")
+    auth = ""
+    if htpasswd:
+        pw = base64.b64encode(htpasswd.encode("utf-8")).decode("ascii")
+        auth = (f"echo '{pw}' | base64 -d > {DEFAULT_HTPASSWD_PATH}\n"
+                f"chgrp proxy {DEFAULT_HTPASSWD_PATH} 2>/dev/null; chmod 0640 {DEFAULT_HTPASSWD_PATH}\n")
     return ("""\
 #!/bin/sh
 # proxy-operator vendor-data: run Squid with the operator's squid.conf (app/squid.py);
@@ -72,6 +82,7 @@ def squid_script(squid_conf: str) -> bytes:
 command -v squid >/dev/null 2>&1 || [ -x /usr/sbin/squid ] || pkg_install squid
 mkdir -p /etc/squid
 echo '""" + blob + """' | base64 -d > /etc/squid/squid.conf
+""" + auth + """\
 if command -v systemctl >/dev/null 2>&1; then
   systemctl enable squid 2>/dev/null; systemctl restart squid
 elif command -v rc-service >/dev/null 2>&1; then
@@ -82,12 +93,14 @@ fi
 """).encode("ascii")
 
 
-def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendor_data: bytes | None) -> bytes | None:
+def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendor_data: bytes | None,
+                htpasswd: str | None = None) -> bytes | None:
     """Return the vendor-data document, or ``None`` when there is nothing to send.
 
     Args:
         install_guest_agent: include :data:`GUEST_AGENT_SCRIPT`.
         squid_conf: when given, include :func:`squid_script` for it.
+        htpasswd: basic-auth line for the squid script (see :func:`squid_script`), or ``None``.
         user_vendor_data: the Proxy's ``spec.vendorData`` bytes, or ``None``.
     Returns:
         one part alone, byte for byte (our script, or the user's vendorData); several parts as
@@ -98,7 +111,7 @@ def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendo
     if install_guest_agent:
         scripts.append(("proxy-operator-guest-agent.sh", GUEST_AGENT_SCRIPT))
     if squid_conf:
-        scripts.append(("proxy-operator-squid.sh", squid_script(squid_conf)))
+        scripts.append(("proxy-operator-squid.sh", squid_script(squid_conf, htpasswd)))
     count = len(scripts) + (1 if user_vendor_data else 0)
     if count == 0:
         return None
