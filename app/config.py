@@ -119,9 +119,6 @@ def parse(data: Any, file: str) -> ProvidersConfig:
         settings = BLOCK_PARSERS[ptype](block)
         block.done()
         squid = parse_policy(entry.child("squid"))
-        if squid.basic_auth_file and ptype == "gcp":
-            raise entry.error("squid.basicAuth", "supported on kubernetes and kvm providers so far (not gcp): "
-                                                 "the credentials are not yet shipped to GCE instances")
         entry.done()
         result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
     return ProvidersConfig(tuple(result), file)

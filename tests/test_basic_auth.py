@@ -22,7 +22,6 @@ from app.providers.registry import build
 from app.reconcile import Context, Ref, create, delete, poll
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
-from app.validation import ConfigError
 from tests.support.cluster import FakeCluster
 from tests.support.waiting import wait_for
 
@@ -55,12 +54,6 @@ def origin():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
-
-
-def test_basic_auth_not_yet_on_gcp_providers():
-    with pytest.raises(ConfigError, match=r'provider "g": squid.basicAuth: supported on kubernetes and kvm providers'):
-        parse({"providers": [{"name": "g", "type": "gcp", "gcp": {"project": "demo-project"}, "squid": {"basicAuth": True}}]},
-              "providers.yaml")
 
 
 def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_client, origin):

@@ -36,7 +36,7 @@ def test_construction_dials_nothing(fake, tmp_path):
 
 def test_create_inserts_labels_user_data_machine_type_and_waits(fake, provider):
     req = _request("0b1c2d3e-0000-4000-8000-000000000001", zone="europe-west1-c", machine_type="e2-small",
-                   squid_config="http_port 3128\n")
+                   squid_config="http_port 3128\n", auth_htpasswd="crawler:$2b$10$hash")
     inst = provider.create(req)
 
     inserts = fake.calls("POST", r"/zones/europe-west1-c/instances$")
@@ -46,6 +46,7 @@ def test_create_inserts_labels_user_data_machine_type_and_waits(fake, provider):
     assert body["labels"] == {"managed-by": MANAGED_BY, "proxy-uid": "0b1c2d3e-0000-4000-8000-000000000001"}
     assert _metadata(body)["user-data"] == USER_DATA.decode()
     assert _metadata(body)["squid-conf"] == "http_port 3128\n"
+    assert _metadata(body)["squid-htpasswd"] == "crawler:$2b$10$hash"
     assert body["machineType"] == "zones/europe-west1-c/machineTypes/e2-small"
     assert body["disks"][0]["boot"] and body["disks"][0]["initializeParams"]["sourceImage"] == \
         "projects/debian-cloud/global/images/family/debian-12"

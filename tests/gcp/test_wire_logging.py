@@ -15,6 +15,7 @@ from app.providers.gcp import wire
 from tests.gcp.conftest import write_service_account_key
 
 MARKER = "user-data-marker-5b9c"
+HTPASSWD = "crawler:$2b$10$htpasswdmarkerhtpasswdmarkerhtpas"
 USER_DATA = f"#cloud-config\nwrite_files:\n  - path: /etc/secret\n    content: {MARKER}\n".encode()
 JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{2,}\.")
 
@@ -36,6 +37,7 @@ def _everything(caplog) -> str:
 
 
 def _request(uid: str, **kw) -> CreateRequest:
+    kw.setdefault("auth_htpasswd", HTPASSWD)
     return CreateRequest(name=instance_name(uid), tags=tags_for(uid), namespace="crawl", zone="europe-west1-b",
                          user_data=USER_DATA, **kw)
 
@@ -80,6 +82,7 @@ def test_most_verbose_capture_has_records_but_no_user_data_token_or_jwt(fake, ma
     logged = _everything(caplog)
     assert MARKER not in logged
     assert "#cloud-config" not in logged
+    assert "htpasswdmarker" not in logged
     for token in bearers | set(fake.tokens_issued) | set(fake.assertions):
         assert token not in logged
         assert token.split(".")[0] not in logged  # not even the JWT header segment

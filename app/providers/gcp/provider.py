@@ -58,6 +58,8 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 USER_DATA_KEY = "user-data"
 #: Metadata key carrying the rendered squid.conf (:mod:`app.squid`) for the user's cloud-init.
 SQUID_CONF_KEY = "squid-conf"
+#: Metadata key carrying the Proxy's htpasswd line (basic auth) for the user's cloud-init.
+SQUID_HTPASSWD_KEY = "squid-htpasswd"
 #: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
 _MAX_WAIT_CALL = 120.0
 #: A wait call that returns faster than this without a finished operation is followed by a
@@ -342,6 +344,8 @@ class GcpProvider:
             items.append(compute_v1.Items(key=USER_DATA_KEY, value=text))
         if request.squid_config:
             items.append(compute_v1.Items(key=SQUID_CONF_KEY, value=request.squid_config))
+        if request.auth_htpasswd:
+            items.append(compute_v1.Items(key=SQUID_HTPASSWD_KEY, value=request.auth_htpasswd))
         nic = compute_v1.NetworkInterface(network=ids.network_path(s.project, s.network))
         if s.subnetwork:
             nic.subnetwork = ids.subnetwork_path(s.project, zone, s.subnetwork)

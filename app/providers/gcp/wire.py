@@ -57,7 +57,7 @@ _TRANSPORT = re.compile(r"^google\.cloud\.compute_v1\.services\.[a-z0-9_]+\.tran
 #: Instance metadata keys whose value is never logged (cloud-init, scripts, keys).
 SENSITIVE_METADATA_KEYS = frozenset({
     "user-data", "vendor-data", "startup-script", "shutdown-script", "ssh-keys", "sshKeys",
-    "windows-keys", "sysprep-specialize-script-ps1", "windows-startup-script-ps1",
+    "squid-htpasswd", "windows-keys", "sysprep-specialize-script-ps1", "windows-startup-script-ps1",
 })
 #: Mapping keys whose value is never logged wherever they appear.
 SENSITIVE_FIELDS = frozenset({
