@@ -124,11 +124,15 @@ def cmd_worker(args) -> int:
             print(f"proxy-operator: --kvm-host {args.kvm_host}: TASK_SOFT_TIME_LIMIT={soft:g}s must exceed "
                   f"kvm.imageTimeout={image_timeout:g}s of provider {provider!r}", file=sys.stderr)
             return 2
-        hard = float(os.environ.get("TASK_TIME_LIMIT") or soft + 60)
-        os.environ["TASK_SOFT_TIME_LIMIT"], os.environ["TASK_TIME_LIMIT"] = f"{soft:g}", f"{max(hard, soft + 1):g}"
-        visibility = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT") or 0)
+        hard = max(float(os.environ.get("TASK_TIME_LIMIT") or soft + 60), soft + 1)
+        os.environ["TASK_SOFT_TIME_LIMIT"], os.environ["TASK_TIME_LIMIT"] = f"{soft:g}", f"{hard:g}"
+        # kombu restores unacked messages by each worker's own visibility timeout, so every
+        # worker sharing the broker must use one above this (docs/kvm-provider.md).
+        visibility = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT") or 3600)
         if visibility <= hard:
-            os.environ["BROKER_VISIBILITY_TIMEOUT"] = f"{max(3600.0, hard + 600):g}"
+            print(f"proxy-operator: --kvm-host {args.kvm_host}: BROKER_VISIBILITY_TIMEOUT={visibility:g}s must "
+                  f"exceed the task time limit {hard:g}s (set it on every worker)", file=sys.stderr)
+            return 2
     concurrency = args.concurrency or (1 if args.kvm_host else 2)
     argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues, "--without-gossip",
             "--without-mingle", "-E", "--concurrency", str(concurrency), *args.extra]

@@ -119,6 +119,12 @@ def parse(data: Any, file: str) -> ProvidersConfig:
         settings = BLOCK_PARSERS[ptype](block)
         block.done()
         squid = parse_policy(entry.child("squid"))
+        if squid.basic_auth_file and ptype == "kubernetes" and settings.namespace:
+            raise entry.error("squid.basicAuth", "cannot be combined with kubernetes.namespace: the credentials "
+                                                 "Secret lives in each Proxy's namespace, where its Pod must run")
+        if squid.basic_auth_file and ptype == "kvm" and not settings.configure_squid:
+            raise entry.error("squid.basicAuth", "needs kvm.configureSquid: true (nothing else would install "
+                                                 "the credentials on the instance)")
         entry.done()
         result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
     return ProvidersConfig(tuple(result), file)

@@ -166,29 +166,86 @@ class Kube:
             return string_data[key].encode()
         return None
 
-    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str, str]:
-        """Return ``(secret_name, username, password, htpasswd_line)`` of the Proxy's basic-auth
-        Secret, creating it.
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """Return the decoded ``data`` of Secret ``namespace/name``, or ``None`` when it does not exist."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
-        The Secret ``<proxy>-proxy-auth`` holds ``username``, ``password`` and ``htpasswd``
-        (:func:`app.squid.credentials_secret`); it is owned by the Proxy (ownerReferences), so
-        the cluster deletes it with the Proxy.  An existing Secret is reused as is, so a
-        recreated instance keeps the credentials crawlers already mounted.  Never log the values.
+    @staticmethod
+    def credentials_secret_name(proxy: Proxy) -> str:
+        """Name of the Proxy's basic-auth Secret: ``<proxy>-proxy-auth`` (in its namespace)."""
+        return f"{proxy.name}-proxy-auth"
+
+    def _owned_secret(self, proxy: Proxy):
+        """Return the Proxy's credentials Secret if it exists and this Proxy owns it.
+
+        Returns ``None`` when it does not exist.
+        Raises:
+            app.providers.errors.Transient: the Secret belongs to an earlier Proxy of the same
+                name (the cluster's garbage collector is about to delete it).
+            app.providers.errors.Permanent: a Secret of that name exists that no Proxy owns: the
+                operator never overwrites or deletes somebody else's Secret.
+        """
+        from app.providers.errors import Permanent, Transient
+
+        name = self.credentials_secret_name(proxy)
+        try:
+            secret = self.core.read_namespaced_secret(name, proxy.namespace)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        owners = secret.metadata.owner_references or []
+        if any(o.uid == proxy.uid for o in owners):
+            return secret
+        if any(o.kind == KIND for o in owners):
+            raise Transient(f"Secret {proxy.namespace}/{name} still belongs to an earlier Proxy of this name")
+        raise Permanent(f"Secret {proxy.namespace}/{name} exists and is not owned by this Proxy; "
+                        "rename or delete it to let the operator create the basic-auth credentials")
+
+    def read_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str] | None:
+        """Return ``(username, password, htpasswd_line)`` from the Proxy's own Secret, or ``None``.
+
+        Never creates anything: credentials baked into a running instance must not change
+        under it.  Never log the values.
         """
         from app import squid
 
-        name = f"{proxy.name}-proxy-auth"
-        try:
-            secret = self.core.read_namespaced_secret(name, proxy.namespace)
-            data = secret.data or {}
-            keys = (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY, squid.SECRET_HTPASSWD_KEY)
-            if all(k in data for k in keys):
-                username, password, htpasswd = (base64.b64decode(data[k]).decode() for k in keys)
-                return name, username, password, htpasswd
-            self.core.delete_namespaced_secret(name, proxy.namespace)  # incomplete: make it anew
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
+        secret = self._owned_secret(proxy)
+        data = (secret.data or {}) if secret is not None else {}
+        keys = (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY, squid.SECRET_HTPASSWD_KEY)
+        if not all(k in data for k in keys):
+            return None
+        username, password, htpasswd = (base64.b64decode(data[k]).decode() for k in keys)
+        return username, password, htpasswd
+
+    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str, str]:
+        """Return ``(secret_name, username, password, htpasswd_line)``, creating the Secret if needed.
+
+        The Secret holds ``username``, ``password`` and ``htpasswd``
+        (:func:`app.squid.credentials_secret`) and is owned by the Proxy (ownerReferences), so
+        the cluster deletes it with the Proxy.  An existing Secret of this Proxy is reused, so a
+        recreated instance keeps the credentials crawlers already mounted.  Called only when an
+        instance is about to be created.  Never log the values.
+
+        Raises:
+            app.providers.errors.Transient / Permanent: see :meth:`_owned_secret`; also
+                Transient when the existing Secret lacks a key (fix it or delete it).
+        """
+        from app import squid
+        from app.providers.errors import Transient
+
+        name = self.credentials_secret_name(proxy)
+        if self._owned_secret(proxy) is not None:
+            found = self.read_proxy_credentials(proxy)
+            if found is None:
+                raise Transient(f"Secret {proxy.namespace}/{name} lacks username, password or htpasswd")
+            return (name, *found)
         username, password = squid.generate_credentials()
         body = squid.credentials_secret(name, proxy.namespace, username, password,
                                         labels={"app.kubernetes.io/managed-by": "proxy-operator"})
@@ -200,16 +257,21 @@ class Kube:
         except k8s.ApiException as exc:
             if exc.status != 409:
                 raise
-            return self.ensure_proxy_credentials(proxy)  # created concurrently: read that one
+            raise Transient(f"Secret {proxy.namespace}/{name} was created concurrently; retrying") from None
         return name, username, password, base64.b64decode(body["data"][squid.SECRET_HTPASSWD_KEY]).decode()
 
     def delete_proxy_credentials(self, proxy: Proxy) -> None:
-        """Delete the Proxy's basic-auth Secret (absent is fine)."""
+        """Delete the Proxy's basic-auth Secret if this Proxy owns it (best effort, never raises).
+
+        The Secret's ownerReference makes the cluster delete it anyway; this only makes that
+        immediate.  A Secret of that name that the Proxy does not own is left alone.
+        """
         try:
-            self.core.delete_namespaced_secret(f"{proxy.name}-proxy-auth", proxy.namespace)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
+            if self._owned_secret(proxy) is not None:
+                self.core.delete_namespaced_secret(self.credentials_secret_name(proxy), proxy.namespace)
+        except Exception as exc:  # noqa: BLE001 - never block the finalizer on this
+            log.info("proxy %s: credentials Secret not deleted (%s); garbage collection will",
+                     proxy.key, type(exc).__name__)
 
     # -- Events --------------------------------------------------------------------------
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:

@@ -291,12 +291,12 @@ def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None
         **(extra or {}),
     }
     updated = _write_status(ctx, proxy, changes)
-    serving.publish(ctx.redis, updated, address=inst.address or "", port=proxy.spec.port, phase=phase)
     policy = _policy(ctx, proxy)
-    if policy is not None and policy.basic_auth_file:
-        # The health probes authenticate like a crawler; the API never returns these fields.
-        _, username, password, _ = ctx.kube.ensure_proxy_credentials(updated)
-        serving.set_credentials(ctx.redis, proxy.uid, username, password)
+    # With basic auth the probes read the credentials from the Proxy's Secret (named here,
+    # never copied into Redis, which the API also reads).
+    auth_secret = ctx.kube.credentials_secret_name(proxy) if policy is not None and policy.basic_auth_file else None
+    serving.publish(ctx.redis, updated, address=inst.address or "", port=proxy.spec.port, phase=phase,
+                    auth_secret=auth_secret)
     return updated
 
 
@@ -346,7 +346,7 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         if old_id:
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
-            p = latest(_write_status(ctx, p, {"conditions": _provisioned(
+            p = latest(_write_status(ctx, p, {"phase": PROVISIONING, "address": None, "conditions": _provisioned(
                 p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)}))
             provider.delete(old_id)
         inst = provider.create(_request(ctx, p))

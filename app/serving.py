@@ -82,7 +82,7 @@ def _health_json(hc) -> str:
     }, sort_keys=True)
 
 
-def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
+def publish(r, proxy: Proxy, *, address: str, port: int, phase: str, auth_secret: str | None = None) -> None:
     """Record (or refresh) ``proxy``'s identity and endpoint in the serving view.
 
     Health fields already present are kept, so a resync never resets a probe history; when
@@ -95,6 +95,8 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
         proxy: the Proxy as just read from the API.
         address / port: its endpoint.
         phase: the phase written to its status.
+        auth_secret: name of the Proxy's basic-auth Secret when the proxy requires credentials
+            (the probes read them from it), else ``None``.
     """
     s = proxy.spec
     key = proxy_key(proxy.uid)
@@ -104,7 +106,7 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str) -> None:
         "generation": str(proxy.generation),
         "provider": s.provider or "", "zone": s.zone or "", "mode": s.mode,
         "address": address, "port": str(port), "labels": json.dumps(proxy.labels, sort_keys=True),
-        "maxLeases": str(s.max_leases), "phase": phase,
+        "maxLeases": str(s.max_leases), "phase": phase, "authSecret": auth_secret or "",
         "healthCheck": _health_json(s.health),
     }
     old_address, old_port = r.hmget(key, "address", "port")
@@ -149,16 +151,10 @@ def refresh(r, proxy: Proxy) -> bool:
                              str(proxy.generation)]))
 
 
-def set_credentials(r, uid: str, username: str, password: str) -> None:
-    """Store the basic-auth credentials the health probes use for ``uid`` (fields ``authUser``,
-    ``authPassword``).  Only the probes read them; the API never returns them."""
-    r.hset(proxy_key(uid), mapping={"authUser": username, "authPassword": password})
-
-
-def credentials_of(record: dict[str, str]) -> tuple[str, str] | None:
-    """Return ``(username, password)`` of a serving record with basic auth, else ``None``."""
-    if record.get("authUser") and record.get("authPassword"):
-        return record["authUser"], record["authPassword"]
+def auth_secret_of(record: dict[str, str]) -> tuple[str, str] | None:
+    """Return ``(namespace, secret_name)`` of a record whose proxy requires basic auth, else ``None``."""
+    if record.get("authSecret"):
+        return record.get("namespace", ""), record["authSecret"]
     return None
 
 

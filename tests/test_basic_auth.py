@@ -14,7 +14,9 @@ from kubernetes import client as k8s
 
 from app import serving
 from app.config import parse
+from app import squid
 from app.health import engine
+from app.health.credentials import SecretCredentials
 from app.health.settings import HealthSettings
 from app.kube import Kube
 from app.providers.kubernetes.provider import KubernetesProvider
@@ -22,6 +24,7 @@ from app.providers.registry import build
 from app.reconcile import Context, Ref, create, delete, poll
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
+from app.validation import ConfigError
 from tests.support.cluster import FakeCluster
 from tests.support.waiting import wait_for
 
@@ -56,6 +59,43 @@ def origin():
     server.shutdown()
 
 
+def _values(r, key) -> list:
+    kind = r.type(key)
+    if kind == "hash":
+        return list(r.hgetall(key).values())
+    if kind == "string":
+        return [r.get(key)]
+    if kind in ("set", "zset"):
+        return list(r.smembers(key)) if kind == "set" else r.zrange(key, 0, -1)
+    return r.lrange(key, 0, -1) if kind == "list" else []
+
+
+def test_basic_auth_refuses_setups_that_cannot_enforce_it():
+    with pytest.raises(ConfigError, match=r'provider "k": squid.basicAuth: .*kubernetes.namespace'):
+        parse({"providers": [{"name": "k", "type": "kubernetes", "kubernetes": {"namespace": "proxies"},
+                              "squid": {"basicAuth": True}}]}, "providers.yaml")
+
+
+def test_a_foreign_secret_of_the_same_name_is_never_taken_over(redis_client):
+    with FakeCluster(kubelet=False) as cluster:
+        api = cluster.fake.api_client()
+        registry = build(parse(CONFIG, "providers.yaml"), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
+        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=Settings())
+        k8s.CoreV1Api(api).create_namespaced_secret("default", k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(name="mine-proxy-auth"), string_data={"username": "someone-else"}))
+        obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "mine"},
+            "spec": {"provider": "k8s-auth"}})
+        ref = Ref("default", "mine", obj["metadata"]["uid"])
+        assert create(ctx, ref) is None
+        proxy = Kube(api).get_proxy("default", "mine")
+        assert proxy.phase == "Failed" and "not owned by this Proxy" in proxy.status["conditions"][0]["message"]
+        k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "mine")
+        delete(ctx, ref)
+        secret = k8s.CoreV1Api(api).read_namespaced_secret("mine-proxy-auth", "default")
+        assert base64.b64decode(secret.data["username"]) == b"someone-else"
+
+
 def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_client, origin):
     with FakeCluster() as cluster:
         api = cluster.fake.api_client()
@@ -72,9 +112,11 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         user, password = (base64.b64decode(secret.data[k]).decode() for k in ("username", "password"))
         assert secret.metadata.owner_references[0].uid == ref.uid
         pod = k8s.CoreV1Api(api).list_namespaced_pod("default").items[0]
-        [env] = [e for e in pod.spec.containers[0].env if e.name == "SQUID_HTPASSWD"]
-        assert env.value is None and env.value_from.secret_key_ref.name == "authed-proxy-auth"
-        assert password not in json.dumps(api.sanitize_for_serialization(pod))
+        [mount] = [m for m in pod.spec.containers[0].volume_mounts if m.mount_path == squid.DEFAULT_HTPASSWD_PATH]
+        [volume] = [v for v in pod.spec.volumes if v.name == mount.name]
+        assert volume.secret.secret_name == "authed-proxy-auth" and mount.sub_path == "htpasswd" and mount.read_only
+        pod_text = json.dumps(api.sanitize_for_serialization(pod))
+        assert password not in pod_text and "$2b$" not in pod_text
 
         def running():
             poll(ctx, ref)
@@ -89,9 +131,12 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         seen = requests.get(f"{origin}/x", proxies={"http": authed}, timeout=10)
         assert seen.status_code == 200 and "Proxy-Authorization" not in seen.json()
 
-        # The health engine probes with the credentials the reconciler published.
+        # The serving view names the Secret; the credentials themselves never reach Redis.
         record = serving.get(redis_client, ref.uid)
-        assert serving.credentials_of(record) == (user, password)
+        assert record["authSecret"] == "authed-proxy-auth"
+        assert not any(password in str(v) for k in redis_client.scan_iter() for v in _values(redis_client, k))
+        credentials = SecretCredentials(Kube(api).read_secret_data)
+        assert credentials(record) == (user, password)
         settings = HealthSettings(echo_url="")
         kube = Kube(api)
         report = engine.probe_batch(
@@ -99,7 +144,7 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
             get_proxy=lambda ns, name: (p := kube.get_proxy(ns, name)) and p.raw,
             patch_status=lambda ns, name, status, rv=None: custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ns, PLURAL, name, {"metadata": {"resourceVersion": rv}, "status": status}),
-            credentials=serving.credentials_of)
+            credentials=credentials)
         assert report.succeeded == 1
 
         custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "authed")

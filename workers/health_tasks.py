@@ -17,7 +17,8 @@ import threading
 
 import redis as redis_lib
 
-from app import kube, serving
+from app import kube
+from app.health.credentials import SecretCredentials
 from app.health import engine, schedule
 from app.health.settings import HealthSettings
 from app.settings import Settings
@@ -66,12 +67,23 @@ def sweep() -> int:
     return len(batches)
 
 
+_creds: SecretCredentials | None = None
+
+
+def _credentials() -> SecretCredentials:
+    """This process's basic-auth credentials reader (cached Secret reads)."""
+    global _creds
+    if _creds is None:
+        _creds = SecretCredentials(kube.Kube().read_secret_data)
+    return _creds
+
+
 @celery_app.task(name="health.probe_batch", ignore_result=True)
 def probe_batch(uids: list[str]) -> dict:
     """Probe the proxies ``uids``; return counts only (no addresses, no messages)."""
     r, settings = _runtime()
     report = engine.probe_batch(r, list(uids), settings, get_proxy=kube.get_proxy,
-                                patch_status=kube.patch_proxy_status, credentials=serving.credentials_of)
+                                patch_status=kube.patch_proxy_status, credentials=_credentials())
     return {"probed": report.probed, "succeeded": report.succeeded, "failed": report.failed,
             "statusWritten": report.status_written, "statusErrors": report.status_errors,
             "wentFailed": report.went_failed, "outage": report.outage}

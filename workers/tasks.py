@@ -112,6 +112,13 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
             pass
     metrics.RECONCILES.labels(action, "followup" if followup else "done").inc()
     if followup:
+        if followup.action != action:
+            # A different step may belong on another queue (e.g. a create after the zone moved
+            # to another KVM host): route it from the object as it is now.
+            proxy = ctx.kube.get_proxy(namespace, name)
+            if proxy is None or proxy.uid != uid:
+                return
+            queue = queue_for_proxy(ctx, proxy, followup.action)
         enq.send(followup.action, ref, queue=queue, delay=followup.delay, attempt=followup.attempt)
     if changed_meanwhile:
         # Someone else changed the Proxy while we worked: look again.

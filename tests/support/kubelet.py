@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.kubefake import resources as R
 from tests.kubefake.errors import ApiError
 from tests.kubefake.store import DELETED, Closed, Store, now_rfc3339
+from app.squid import DEFAULT_HTPASSWD_PATH
 from tests.support.squid import SquidProcess
 
 log = logging.getLogger("kubelet")
@@ -180,13 +181,24 @@ class Kubelet:
                 probe.close()
         raise RuntimeError(f"no free loopback address for port {port}")
 
-    def _env(self, namespace: str, container: dict, name: str) -> str | None:
-        """A container env var: its ``value``, or its ``valueFrom.secretKeyRef`` resolved."""
-        for e in container.get("env") or []:
-            if e.get("name") == name:
-                ref = (e.get("valueFrom") or {}).get("secretKeyRef")
-                return _secret_value(self.store, namespace, ref) if ref else e.get("value")
-        return None
+    def _htpasswd(self, namespace: str, pod: dict, container: dict) -> tuple[bool, str | None]:
+        """Resolve the Secret mounted at the squid.conf's htpasswd path, as the kubelet would.
+
+        Returns ``(ok, content)``: ``(True, None)`` when nothing is mounted there, ``(False,
+        None)`` when the Secret or its key is missing (a real kubelet refuses to start the
+        container: CreateContainerConfigError).
+        """
+        mount = next((m for m in container.get("volumeMounts") or []
+                      if m.get("mountPath") == DEFAULT_HTPASSWD_PATH), None)
+        if mount is None:
+            return True, None
+        volume = next((v for v in (pod.get("spec") or {}).get("volumes") or [] if v.get("name") == mount.get("name")),
+                      None)
+        source = (volume or {}).get("secret") or {}
+        path = mount.get("subPath") or ""
+        key = next((i.get("key") for i in source.get("items") or [] if i.get("path") == path), path)
+        value = _secret_value(self.store, namespace, {"name": source.get("secretName", ""), "key": key})
+        return value is not None, value
 
     def _start_pod(self, key, pod: dict, container: dict) -> None:
         ns, name, _ = key
@@ -203,10 +215,17 @@ class Kubelet:
             _condition("PodScheduled", "True")], "containerStatuses": [
             _container_status(container, waiting={"reason": "ContainerCreating"})]})
         conf = _env_value(container, SQUID_CONF_ENV) or ""
+        ok, htpasswd = self._htpasswd(ns, pod, container)
+        if not ok:
+            self.errors.append(f"{ns}/{name}: secret for {DEFAULT_HTPASSWD_PATH} not found")
+            self._set_status(key, {"phase": "Pending", "containerStatuses": [_container_status(
+                container, waiting={"reason": "CreateContainerConfigError",
+                                    "message": "secret for the htpasswd mount not found"})]})
+            return
         squid, failure = None, ""
         for _ in range(3):  # another process may grab the address between probe and bind
             address = self._free_address(port)
-            squid = SquidProcess(address, port, conf, htpasswd=self._env(ns, container, "SQUID_HTPASSWD"))
+            squid = SquidProcess(address, port, conf, htpasswd=htpasswd)
             try:
                 squid.start(timeout=self.startup_timeout)
             except RuntimeError as exc:

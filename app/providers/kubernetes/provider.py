@@ -4,9 +4,8 @@
 * Labels carry the tags (``app.kubernetes.io/managed-by``, ``crawl.example.com/proxy-uid``),
   so GC lists by label across all namespaces (hence a ClusterRole).
 * The Squid config travels in the ``SQUID_CONF`` environment variable; the container writes
-  it to /tmp and runs ``squid -N -f`` on it.  With basic auth, ``SQUID_HTPASSWD`` comes from
-  the Proxy's credentials Secret (``valueFrom.secretKeyRef``) and is written to the path the
-  squid.conf names.
+  it to /tmp and runs ``squid -N -f`` on it.  With basic auth, the ``htpasswd`` key of the
+  Proxy's credentials Secret is mounted (``subPath``) at the path the squid.conf names.
 * Phase mapping: Running with a Pod IP -> Running; Running without an IP or Pending ->
   Provisioning; Succeeded/Failed/Unknown -> Terminated.  A Pod being deleted is Terminated.
 * provider ID ``<namespace>/<pod>``.
@@ -34,9 +33,8 @@ LABEL_NAME = "app.kubernetes.io/name"
 _TAG_TO_LABEL = {naming.TAG_MANAGED_BY: LABEL_MANAGED_BY, naming.TAG_PROXY_UID: LABEL_PROXY_UID}
 _LABEL_TO_TAG = {v: k for k, v in _TAG_TO_LABEL.items()}
 CONTAINER = "squid"
-START_SCRIPT = (
-    'if [ -n "$SQUID_HTPASSWD" ]; then printf "%s" "$SQUID_HTPASSWD" > ' + DEFAULT_HTPASSWD_PATH + '; fi && '
-    'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf')
+AUTH_VOLUME = "proxy-auth"
+START_SCRIPT = 'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf'
 
 
 def _classify(exc: Exception, what: str) -> Exception:
@@ -114,10 +112,19 @@ class KubernetesProvider:
         labels = {_TAG_TO_LABEL.get(k, f"crawl.example.com/{k}"): v for k, v in request.tags.items()}
         labels[LABEL_NAME] = "squid"
         env = [k8s.V1EnvVar(name="SQUID_CONF", value=request.squid_config or "")]
+        mounts = [k8s.V1VolumeMount(name="tmp", mount_path="/tmp"),
+                  k8s.V1VolumeMount(name="spool", mount_path="/var/spool/squid"),
+                  k8s.V1VolumeMount(name="logs", mount_path="/var/log/squid")]
+        volumes = [k8s.V1Volume(name=n, empty_dir=k8s.V1EmptyDirVolumeSource()) for n in ("tmp", "spool", "logs")]
         if request.auth_secret:
-            # The htpasswd line comes from the Proxy's credentials Secret, never the Pod spec.
-            env.append(k8s.V1EnvVar(name="SQUID_HTPASSWD", value_from=k8s.V1EnvVarSource(
-                secret_key_ref=k8s.V1SecretKeySelector(name=request.auth_secret, key=SECRET_HTPASSWD_KEY))))
+            # The htpasswd line is mounted from the Proxy's credentials Secret where the squid.conf
+            # expects it: nothing secret in the Pod spec, nothing written at start (the root
+            # filesystem may be read-only and the image non-root).
+            volumes.append(k8s.V1Volume(name=AUTH_VOLUME, secret=k8s.V1SecretVolumeSource(
+                secret_name=request.auth_secret, default_mode=0o444,
+                items=[k8s.V1KeyToPath(key=SECRET_HTPASSWD_KEY, path="htpasswd")])))
+            mounts.append(k8s.V1VolumeMount(name=AUTH_VOLUME, mount_path=DEFAULT_HTPASSWD_PATH,
+                                            sub_path="htpasswd", read_only=True))
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=request.name, namespace=namespace, labels=labels),
             spec=k8s.V1PodSpec(
@@ -128,12 +135,9 @@ class KubernetesProvider:
                     ports=[k8s.V1ContainerPort(container_port=port, name="proxy", protocol="TCP")],
                     readiness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port),
                                                 period_seconds=5),
-                    volume_mounts=[k8s.V1VolumeMount(name="tmp", mount_path="/tmp"),
-                                   k8s.V1VolumeMount(name="spool", mount_path="/var/spool/squid"),
-                                   k8s.V1VolumeMount(name="logs", mount_path="/var/log/squid")],
+                    volume_mounts=mounts,
                 )],
-                volumes=[k8s.V1Volume(name=n, empty_dir=k8s.V1EmptyDirVolumeSource())
-                         for n in ("tmp", "spool", "logs")],
+                volumes=volumes,
             ),
         )
 
