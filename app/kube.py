@@ -152,19 +152,7 @@ class Kube:
         Returns ``None`` when the Secret or the key does not exist.  The value is user data:
         never log it.
         """
-        try:
-            secret = self.core.read_namespaced_secret(name, namespace)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        data = secret.data or {}
-        if key in data:
-            return base64.b64decode(data[key])
-        string_data = getattr(secret, "string_data", None) or {}
-        if key in string_data:
-            return string_data[key].encode()
-        return None
+        return (self.read_secret_data(namespace, name) or {}).get(key)
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """Return the decoded ``data`` of Secret ``namespace/name``, or ``None`` when it does not exist."""

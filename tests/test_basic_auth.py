@@ -4,17 +4,14 @@ Squid that demands them, probes that use them, and an origin that never sees the
 from __future__ import annotations
 
 import base64
-import http.server
 import json
-import threading
 
 import pytest
 import requests
 from kubernetes import client as k8s
 
-from app import serving
+from app import serving, squid
 from app.config import parse
-from app import squid
 from app.health import engine
 from app.health.credentials import SecretCredentials
 from app.health.settings import HealthSettings
@@ -26,6 +23,7 @@ from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
 from app.validation import ConfigError
 from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -36,27 +34,9 @@ CONFIG = {"providers": [{"name": "k8s-auth", "type": "kubernetes",
 
 @pytest.fixture()
 def origin():
-    """Answers 204 on /generate_204 and echoes request headers as JSON elsewhere."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.endswith("/generate_204"):
-                self.send_response(204)
-                self.end_headers()
-                return
-            body = json.dumps(dict(self.headers)).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    """A local origin (see :func:`tests.support.origin.origin_server`)."""
+    with origin_server() as url:
+        yield url
 
 
 def _values(r, key) -> list:
@@ -129,7 +109,7 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         assert requests.get(f"{origin}/x", proxies={"http": proxy_url}, timeout=10).status_code == 407
         authed = f"http://{user}:{password}@{address}:3128"
         seen = requests.get(f"{origin}/x", proxies={"http": authed}, timeout=10)
-        assert seen.status_code == 200 and "Proxy-Authorization" not in seen.json()
+        assert seen.status_code == 200 and "Proxy-Authorization" not in seen.json()["headers"]
 
         # The serving view names the Secret; the credentials themselves never reach Redis.
         record = serving.get(redis_client, ref.uid)

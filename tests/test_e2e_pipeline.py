@@ -9,7 +9,6 @@ admits Proxies through the real CRD and its kubelet stand-in runs a real Squid p
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import threading
 import time
@@ -25,6 +24,7 @@ from kubernetes import watch as k8s_watch
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
 from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.redis_server import free_port
@@ -44,24 +44,9 @@ def cluster():
 
 @pytest.fixture()
 def origin():
-    """A local origin server: answers 200 with the request's headers as JSON."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    """A local origin (see :func:`tests.support.origin.origin_server`)."""
+    with origin_server() as url:
+        yield url
 
 
 @pytest.fixture()
