@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--max-leases", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worker-class", default="gthread")
-    ap.add_argument("--worker-threads", type=int, default=16)
+    ap.add_argument("--worker-threads", type=int, default=4)
     ap.add_argument("--no-floor", action="store_true", help="skip the trivial-app floor measurement")
     args = ap.parse_args()
 
