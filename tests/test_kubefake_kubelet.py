@@ -6,7 +6,6 @@ import http.server
 import ipaddress
 import socket
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -15,6 +14,7 @@ from kubernetes import watch
 
 from app import squid as squid_conf
 from tests.support.kubelet import Kubelet
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,16 +23,6 @@ def squid_pod(name: str, port: int = 3128, conf: str | None = None) -> dict:
     return {"metadata": {"name": name, "labels": {"app": "squid"}}, "spec": {"containers": [{
         "name": "squid", "image": "ubuntu/squid:latest", "ports": [{"containerPort": port}],
         "env": [{"name": "SQUID_CONF", "value": conf or squid_conf.render(port)}]}]}}
-
-
-def wait_for(fn, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

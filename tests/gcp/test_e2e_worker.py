@@ -10,7 +10,6 @@ backoff before the next attempt.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from app.resources import GROUP, PLURAL, VERSION
 from tests.gcp.fake_compute import FakeCompute
 from tests.support.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker, watcher
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,16 +88,6 @@ def _proxy(cluster, name: str) -> dict | None:
         raise
 
 
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _phase(cluster, name: str) -> str | None:
     p = _proxy(cluster, name)
     return ((p or {}).get("status") or {}).get("phase")
@@ -111,7 +101,7 @@ def _condition(cluster, name: str, ctype: str) -> dict | None:
 def test_gcp_proxy_goes_running_and_is_deleted(cluster, compute, operator):
     created, user_data = _apply_sample(cluster, "squid-gcp-e2e")
     uid = created["metadata"]["uid"]
-    proxy = _wait(lambda: _phase(cluster, "squid-gcp-e2e") in ("Running", "Ready", "Unhealthy")
+    proxy = wait_for(lambda: _phase(cluster, "squid-gcp-e2e") in ("Running", "Ready", "Unhealthy")
                   and _proxy(cluster, "squid-gcp-e2e"), 60, "Proxy Running")
 
     [(key, inst)] = list(compute.instances.items())
@@ -128,7 +118,7 @@ def test_gcp_proxy_goes_running_and_is_deleted(cluster, compute, operator):
 
     k8s.CustomObjectsApi(cluster.fake.api_client()).delete_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL, "squid-gcp-e2e")
-    _wait(lambda: _proxy(cluster, "squid-gcp-e2e") is None, 30, "Proxy deleted")
+    wait_for(lambda: _proxy(cluster, "squid-gcp-e2e") is None, 30, "Proxy deleted")
     assert compute.instances == {}
     assert compute.calls("POST", r"/zones/europe-west1-b/operations/[^/]+-delete/wait$")
 
@@ -143,10 +133,10 @@ def test_quota_exceeded_from_the_call_and_the_operation_shows_as_condition(clust
     compute.fail_operation("insert", 403, "QUOTA_EXCEEDED", "Quota 'IN_USE_ADDRESSES' exceeded.  Limit: 4.0")
     _apply_sample(cluster, "squid-gcp-quota")
 
-    cond = _wait(lambda: (c := _condition(cluster, "squid-gcp-quota", "Provisioned")) and
+    cond = wait_for(lambda: (c := _condition(cluster, "squid-gcp-quota", "Provisioned")) and
                  c["reason"] == "QuotaExceeded" and c, 30, "QuotaExceeded condition")
     assert cond["status"] == "False" and "Quota" in cond["message"]
-    _wait(lambda: _phase(cluster, "squid-gcp-quota") in ("Running", "Ready", "Unhealthy"), 60, "Proxy Running")
+    wait_for(lambda: _phase(cluster, "squid-gcp-quota") in ("Running", "Ready", "Unhealthy"), 60, "Proxy Running")
     # Both quota errors (HTTP 403 at the insert, then inside its operation) were recorded as
     # QuotaExceeded, and the third attempt created the instance.
     quota_lines = [line for line in operator["worker"].log().splitlines() if "quota exceeded" in line]
@@ -161,7 +151,7 @@ def test_quota_exceeded_backs_off_before_the_next_insert(cluster, compute, opera
     message = "Quota 'CPUS' exceeded.  Limit: 8.0 in region europe-west1."
     compute.fail("POST", r"/zones/europe-west1-b/instances$", 403, "QUOTA_EXCEEDED", message, times=2)
     _apply_sample(cluster, "squid-gcp-backoff")
-    _wait(lambda: _phase(cluster, "squid-gcp-backoff") in ("Running", "Ready", "Unhealthy"), 60, "Proxy Running")
+    wait_for(lambda: _phase(cluster, "squid-gcp-backoff") in ("Running", "Ready", "Unhealthy"), 60, "Proxy Running")
     inserts = compute.calls("POST", r"/zones/europe-west1-b/instances$")
     assert len(inserts) == 3  # two quota errors, then success
     gaps = [b.at - a.at for a, b in zip(inserts, inserts[1:])]

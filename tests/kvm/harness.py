@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.waiting import wait_for
+
 # no-ping: dnsmasq otherwise pings every address for 3 s before offering it.
 NETWORK_XML = """<network xmlns:dnsmasq="http://libvirt.org/schemas/network/dnsmasq/1.0">
   <name>default</name>
@@ -48,18 +50,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until truthy; return its value or raise TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.1):
     """Call ``predicate`` until it returns a truthy value and return that value.
 
     Raises:
