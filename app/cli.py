@@ -89,10 +89,12 @@ def cmd_api(args) -> int:
     from api import create_app
     try:
         create_app()
+        from api import gunicorn_conf  # reads API_WORKERS, API_THREADS, API_KEEPALIVE_SECONDS
     except (ValueError, OSError) as exc:
         print(f"proxy-operator: api: {exc}", file=sys.stderr)
         return 2
-    argv = [sys.executable, "-m", "gunicorn", "--bind", args.bind, "--workers", str(args.workers), "--access-logfile", "-",
+    argv = [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "--bind", args.bind,
+            "--workers", str(args.workers or gunicorn_conf.workers), "--access-logfile", "-",
             "--access-logformat", '%(h)s "%(r)s" %(s)s %(b)s %(L)ss', "api:create_app()"]
     os.execvp(argv[0], argv)
     return 0  # not reached
@@ -166,7 +168,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("api", help="run the discovery/lease API under gunicorn")
     s.add_argument("--bind", default=os.environ.get("API_BIND", "127.0.0.1:8080"))
-    s.add_argument("--workers", type=int, default=int(os.environ.get("API_WORKERS", "2")))
+    s.add_argument("--workers", type=int, default=None, help="gunicorn workers (env API_WORKERS, default 2)")
     s.add_argument("--tokens-file", default=os.environ.get("API_TOKENS_FILE"),
                    help="API tokens file (env API_TOKENS_FILE)")
     s.set_defaults(fn=cmd_api)

@@ -1,21 +1,29 @@
 """Lease API benchmark: gunicorn with 2 workers, 32 client threads doing lease + release pairs.
 
 Starts a private Redis, publishes N proxies to the serving view and marks them healthy (as
-the health engine leaves a healthy proxy), starts ``gunicorn 'api:create_app()'`` with two
-workers, and runs 32 client threads, each on its own keep-alive connection, doing
-``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the measured period.  Prints:
+the health engine leaves a healthy proxy), starts gunicorn with the deployed configuration
+(``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``: 2 gthread workers, 4 threads
+each), opens 32 keep-alive connections one by one (``--connect-gap`` ms apart) and runs one
+client thread on each, doing ``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the
+measured period.  Prints:
 
 * lease + release pairs per second (all threads together);
 * p50 / p99 of one pair (both requests), milliseconds;
+* fairness: the spread of the client threads' own p50, and how the connections split
+  between the gunicorn workers;
 * one raw Redis round trip (``PING``) p50, measured in the same run, idle and under load;
 * CPU milliseconds per pair spent by gunicorn (all workers), Redis and the client threads;
 * the floor of the serving stack: the same gunicorn configuration serving a trivial WSGI app
   (one static response), driven by the same client threads, in requests/s (``--no-floor``
   skips it).
 
+The client threads run in this process on the same two cores as the server, so they use a
+lean HTTP/1.1 client (:class:`RawHTTP`) rather than ``http.client``.
+
 Targets (issue 3): at least 1,500 pairs/s and p99 under 50 ms.
 
-Usage: ``python bench/leases.py [--seconds 10] [--threads 32] [--proxies 20] [--worker-class gthread]``.
+Usage: ``python bench/leases.py [--seconds 10] [--threads 32] [--proxies 20]
+[--worker-class gthread] [--worker-threads 4] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +105,94 @@ def redis_cpu(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def request_bytes(method: str, path: str, host: str, body: bytes = b"") -> bytes:
+    """One HTTP/1.1 keep-alive request with the bench client's bearer token, as bytes."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+class RawHTTP:
+    """A minimal HTTP/1.1 keep-alive client for the load generator.
+
+    The 32 client threads share the machine's two cores (and one GIL) with the server under
+    test, so the load generator is kept lean: it writes prebuilt requests and reads responses
+    framed by ``Content-Length`` (what the API always sends), where ``http.client`` parses
+    every header block through ``email.parser`` (measured: 0.25 ms of client CPU per pair
+    with ``http.client``; see docs/performance.md).
+
+    Raises (from :meth:`exchange`):
+        OSError: the connection failed or closed mid-response.
+        ValueError: a response without ``Content-Length`` or with a malformed status line.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float = 30) -> None:
+        import socket
+
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def exchange(self, request: bytes) -> tuple[int, bytes]:
+        """Send ``request``; return ``(status, body)`` of its response."""
+        self.sock.sendall(request)
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ValueError(f"malformed status line {lines[0][:80]!r}")
+        length = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is None:
+            raise ValueError(f"response without Content-Length: {head[:200]!r}")
+        while len(rest) < length:
+            self.buf = rest
+            self._fill()
+            rest = self.buf
+        self.buf = rest[length:]
+        return int(parts[1]), rest[:length]
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.sock.close()
+
+
+def connection_split(master_pid: int, port: int) -> list[int]:
+    """How many established TCP connections on ``port`` each child of ``master_pid`` holds,
+    largest first (Linux: ``/proc/net/tcp`` matched to the children's socket inodes)."""
+    inodes: dict[str, int] = {}
+    with open("/proc/net/tcp") as fh:
+        next(fh)
+        for line in fh:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                inodes[fields[9]] = 0
+    counts = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                if int(fh.read().rsplit(")", 1)[1].split()[1]) != master_pid:  # ppid
+                    continue
+            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        counts.append(sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes))
+    return sorted(counts, reverse=True)
+
+
 def wait_http(host: str, port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -138,11 +235,12 @@ def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> t
         counts = [0] * threads
         stop = time.monotonic() + seconds
 
+        get = request_bytes("GET", "/", f"127.0.0.1:{port}")
+
         def hammer(i: int) -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn = RawHTTP("127.0.0.1", port)
             while time.monotonic() < stop:
-                conn.request("GET", "/")
-                conn.getresponse().read()
+                conn.exchange(get)
                 counts[i] += 1
             conn.close()
 
@@ -159,16 +257,118 @@ def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> t
         proc.stop()
 
 
+@dataclass
+class Round:
+    """What one measured round gave."""
+
+    pairs_per_s: float
+    p50: float
+    p99: float
+    thread_p50s: list[float]
+    split: list[int]
+    loaded_ping: float
+    errors: list[str]
+    cpu_gunicorn: float  # ms per pair
+    cpu_redis: float
+    cpu_client: float
+
+
+def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
+    """Open ``args.threads`` keep-alive connections, run lease + release pairs on each for
+    ``args.warmup`` + ``args.seconds``, and measure the last ``args.seconds``."""
+    host = f"127.0.0.1:{port}"
+    lease_request = request_bytes("POST", "/v1/leases", host, json.dumps({"ttlSeconds": 60}).encode())
+    stop_at = [0.0]
+    record_from = [0.0]
+    lat: list[list[float]] = [[] for _ in range(args.threads)]
+    errors: list[str] = []
+    start = threading.Barrier(args.threads + 1)
+    # Crawlers do not all connect in the same millisecond: open the keep-alive connections
+    # one by one, so each gunicorn worker gets its chance to accept (see connection_split).
+    conns = []
+    for _ in range(args.threads):
+        conns.append(RawHTTP("127.0.0.1", port))
+        time.sleep(args.connect_gap / 1000)
+    split = connection_split(gunicorn_pid, port)
+
+    def client(i: int) -> None:
+        conn = conns[i]
+        start.wait()
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at[0]:
+                break
+            try:
+                status, data = conn.exchange(lease_request)
+                if status != 201:
+                    errors.append(f"lease {status} {data[:200]!r}")
+                    continue
+                lease_id = json.loads(data)["leaseId"]
+                status, data = conn.exchange(request_bytes("DELETE", f"/v1/leases/{lease_id}", host))
+                if status != 200:
+                    errors.append(f"release {status} {data[:200]!r}")
+                    continue
+            except (OSError, ValueError) as exc:
+                errors.append(repr(exc))
+                conn.close()
+                conn = RawHTTP("127.0.0.1", port)
+                continue
+            if t0 >= record_from[0]:
+                lat[i].append((time.perf_counter() - t0) * 1000)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
+    for t in threads:
+        t.start()
+    now = time.perf_counter()
+    record_from[0] = now + args.warmup
+    stop_at[0] = now + args.warmup + args.seconds
+    start.wait()
+    time.sleep(args.warmup)
+    cpu0, srv0, red0 = os.times(), group_cpu(gunicorn_pid), redis_cpu(r)
+    time.sleep(args.seconds / 2)
+    loaded_ping = ping_p50(r, 200)
+    for t in threads:
+        t.join()
+    cpu1, srv1, red1 = os.times(), group_cpu(gunicorn_pid), redis_cpu(r)
+    all_lat = [x for per in lat for x in per]
+    pairs = max(len(all_lat), 1)
+    per = lambda cpu: cpu / pairs * 1000  # noqa: E731
+    return Round(
+        pairs_per_s=len(all_lat) / args.seconds,
+        p50=percentile(all_lat, 50) if all_lat else float("nan"),
+        p99=percentile(all_lat, 99) if all_lat else float("nan"),
+        thread_p50s=sorted(statistics.median(x) for x in lat if x), split=split, loaded_ping=loaded_ping,
+        errors=errors, cpu_gunicorn=per(srv1 - srv0), cpu_redis=per(red1 - red0),
+        cpu_client=per(cpu1.user - cpu0.user + cpu1.system - cpu0.system))
+
+
+def print_round(res: Round) -> None:
+    """Print one round's figures."""
+    print(f"  pairs/s (lease+release): {res.pairs_per_s:,.0f}")
+    print(f"  pair latency p50: {res.p50:.1f} ms   p99: {res.p99:.1f} ms")
+    if res.thread_p50s:
+        print(f"  fairness: per-client-thread p50 from {res.thread_p50s[0]:.1f} to {res.thread_p50s[-1]:.1f} ms; "
+              f"client connections per gunicorn worker: {' / '.join(map(str, res.split))}")
+    print(f"  raw Redis round trip (PING) p50 under load: {res.loaded_ping:.3f} ms")
+    print(f"  errors: {len(res.errors)}" + (f" (first: {res.errors[0]})" if res.errors else ""))
+    print(f"  CPU per pair: gunicorn {res.cpu_gunicorn:.2f} ms, Redis {res.cpu_redis:.2f} ms, "
+          f"client {res.cpu_client:.2f} ms (measured window)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds, each on fresh connections")
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--proxies", type=int, default=20)
     ap.add_argument("--max-leases", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worker-class", default="gthread")
     ap.add_argument("--worker-threads", type=int, default=4)
+    ap.add_argument("--connect-gap", type=float, default=5.0,
+                    help="milliseconds between opening two client connections")
     ap.add_argument("--no-floor", action="store_true", help="skip the trivial-app floor measurement")
     args = ap.parse_args()
 
@@ -179,83 +379,30 @@ def main() -> None:
     r = redis.Redis.from_url(redis_server.url, decode_responses=True)
     seed(r, args.proxies, args.max_leases)
     port = free_port()
-    head = [str(BIN / "gunicorn"), "-w", str(args.workers), "-k", args.worker_class,
-            "--log-level", "warning", "--keep-alive", "30"]
-    if args.worker_class == "gthread":
-        head += ["--threads", str(args.worker_threads)]
+    # The deployed configuration (api/gunicorn_conf.py), with only what the flags change.
+    head = [str(BIN / "gunicorn"), "-c", "python:api.gunicorn_conf", "--log-level", "warning",
+            "-w", str(args.workers), "-k", args.worker_class, "--threads", str(args.worker_threads)]
     gunicorn = Process("gunicorn", head + ["-b", f"127.0.0.1:{port}", "api:create_app()"],
                        {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}, workdir).start()
     try:
         wait_http("127.0.0.1", port)
-        idle_ping = ping_p50(r)
-        stop_at = [0.0]
-        record_from = [0.0]
-        lat: list[list[float]] = [[] for _ in range(args.threads)]
-        errors: list[str] = []
-        body = json.dumps({"ttlSeconds": 60}).encode()
-        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        start = threading.Barrier(args.threads + 1)
-
-        def client(i: int) -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            start.wait()
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop_at[0]:
-                    break
-                try:
-                    conn.request("POST", "/v1/leases", body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    if resp.status != 201:
-                        errors.append(f"lease {resp.status} {data[:200]!r}")
-                        continue
-                    lease_id = json.loads(data)["leaseId"]
-                    conn.request("DELETE", f"/v1/leases/{lease_id}", headers=headers)
-                    resp = conn.getresponse()
-                    resp.read()
-                    if resp.status != 200:
-                        errors.append(f"release {resp.status}")
-                        continue
-                except (OSError, http.client.HTTPException) as exc:
-                    errors.append(repr(exc))
-                    conn.close()
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                    continue
-                if t0 >= record_from[0]:
-                    lat[i].append((time.perf_counter() - t0) * 1000)
-            conn.close()
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
-        for t in threads:
-            t.start()
-        now = time.perf_counter()
-        record_from[0] = now + args.warmup
-        stop_at[0] = now + args.warmup + args.seconds
-        start.wait()
-        time.sleep(args.warmup)
-        cpu0, srv0, red0 = os.times(), group_cpu(gunicorn.proc.pid), redis_cpu(r)
-        time.sleep(args.seconds / 2)
-        loaded_ping = ping_p50(r, 200)
-        for t in threads:
-            t.join()
-        cpu1, srv1, red1 = os.times(), group_cpu(gunicorn.proc.pid), redis_cpu(r)
-        all_lat = [x for per in lat for x in per]
-        pairs = len(all_lat)
         print(f"lease bench: gunicorn {args.workers} workers ({args.worker_class}"
               f"{f', {args.worker_threads} threads' if args.worker_class == 'gthread' else ''}), "
               f"{args.threads} client threads, {args.proxies} proxies x maxLeases {args.max_leases}, "
               f"{args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up, {os.cpu_count()} CPUs")
-        print(f"  pairs/s (lease+release): {pairs / args.seconds:,.0f}")
-        if all_lat:
-            print(f"  pair latency p50: {percentile(all_lat, 50):.1f} ms   p99: {percentile(all_lat, 99):.1f} ms")
-        print(f"  raw Redis round trip (PING) p50: idle {idle_ping:.3f} ms, under load {loaded_ping:.3f} ms")
-        print(f"  errors: {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
-        client_cpu = cpu1.user - cpu0.user + cpu1.system - cpu0.system
-        if pairs:
-            per = lambda cpu: cpu / pairs * 1000  # noqa: E731
-            print(f"  CPU per pair: gunicorn {per(srv1 - srv0):.2f} ms, Redis {per(red1 - red0):.2f} ms, "
-                  f"client {per(client_cpu):.2f} ms (measured window)")
+        print(f"  raw Redis round trip (PING) p50 when idle: {ping_p50(r):.3f} ms")
+        results = []
+        for n in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {n + 1} of {args.rounds}:")
+            results.append(run_round(args, port, gunicorn.proc.pid, r))
+            print_round(results[-1])
+        if args.rounds > 1:
+            rates = [x.pairs_per_s for x in results]
+            p99s = [x.p99 for x in results]
+            print(f"over {args.rounds} rounds: pairs/s median {statistics.median(rates):,.0f} "
+                  f"(min {min(rates):,.0f}, max {max(rates):,.0f}); p99 median {statistics.median(p99s):.1f} ms "
+                  f"(worst {max(p99s):.1f} ms)")
         print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
         if not args.no_floor:
             gunicorn.stop()

@@ -31,7 +31,7 @@ COMMANDS = {
     "watcher": ["proxy-operator", "watch", "--health-bind", ":8081"],
     "worker": ["celery", "-A", "workers", "worker", "-Q", "proxies,health,gc", "-E"],
     "beat": ["celery", "-A", "workers", "beat", "-S", "redbeat.RedBeatScheduler"],
-    "api": ["gunicorn", "-w", "2", "-b", "0.0.0.0:8080", "api:create_app()"],
+    "api": ["gunicorn", "-c", "python:api.gunicorn_conf", "-w", "2", "-b", "0.0.0.0:8080", "api:create_app()"],
     "flower": ["celery", "-A", "workers", "flower", "--address=0.0.0.0", "--port=5555"],
 }
 

@@ -1,0 +1,47 @@
+"""gunicorn settings of the discovery and lease API: ``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``.
+
+One place for how the API is served, used by ``proxy-operator api``, deploy/base/api.yaml,
+docker-compose.yml and bench/leases.py, so the benchmark measures what is deployed.
+
+* ``gthread`` workers (``API_WORKERS``, default 2) with ``API_THREADS`` threads each (default
+  4): crawlers keep their connections alive between lease and release, and gthread parks an
+  idle keep-alive connection in the worker's poller instead of holding a thread (the default
+  ``sync`` worker closes every connection after one request). Ready connections are served
+  first come, first served from one queue per worker, so no connection starves another
+  (gevent's workers serve a connection whose next request already waits without yielding;
+  measured in docs/performance.md). More threads per worker only contend for the GIL.
+* ``keepalive`` (``API_KEEPALIVE_SECONDS``, default 30): how long an idle client connection
+  is kept open.
+* Without ``PROMETHEUS_MULTIPROC_DIR`` each worker would answer ``/metrics`` with its own
+  counters only; with it, a worker that exits is marked dead (prometheus-client
+  multiprocess mode, "Gunicorn" in its documentation) so its live gauges stop counting.
+
+``--bind``, ``--workers`` and the other command-line options still override these values.
+
+Raises (when gunicorn loads it):
+    ValueError: a malformed ``API_*`` variable, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from app.settings import env_number
+
+bind = os.environ.get("API_BIND") or "0.0.0.0:8080"
+workers = int(env_number("API_WORKERS", 2, minimum=1, integer=True))
+worker_class = "gthread"
+threads = int(env_number("API_THREADS", 4, minimum=1, integer=True))
+keepalive = int(env_number("API_KEEPALIVE_SECONDS", 30, minimum=1, integer=True))
+# The API answers from Redis within milliseconds; a request still running after this long is
+# stuck (Redis gone without a reset), and the worker is restarted.
+timeout = 30
+graceful_timeout = 20
+
+
+def child_exit(server, worker) -> None:
+    """gunicorn hook: a worker exited; drop its live gauges from the multiprocess metrics."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
