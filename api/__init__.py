@@ -15,6 +15,7 @@ from flask import Flask
 
 from api import errors, routes
 from api.settings import ApiSettings
+from app import serving
 from app.tokens import TokenStore
 from app.validation import ConfigError
 
@@ -24,7 +25,8 @@ MAX_BODY_BYTES = 64 * 1024
 
 
 def create_app(settings: ApiSettings | None = None) -> Flask:
-    """Build the Flask application.
+    """Build the Flask application, after rebuilding the lease index from the serving view
+    (:func:`app.serving.reindex_all`; skipped with a warning while Redis is unreachable).
 
     Args:
         settings: :class:`api.settings.ApiSettings` (default: from the environment).
@@ -40,6 +42,11 @@ def create_app(settings: ApiSettings | None = None) -> Flask:
     store = TokenStore(settings.tokens_file, settings.tokens_check_every)
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
                              socket_connect_timeout=2, health_check_interval=30)
+    try:
+        log.info("api: lease index: %d leasable proxies", serving.reindex_all(r))
+    except redis.RedisError as exc:  # the API still starts; /healthz reports Redis
+        log.warning("api: cannot rebuild the lease index now (Redis: %s); the health engine "
+                    "rebuilds it within one probe interval", exc)
     app = Flask("proxy_operator_api")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.json.sort_keys = False

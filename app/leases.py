@@ -3,20 +3,26 @@
 Selection and reservation run in one Lua script (``EVALSHA``), so under any concurrency no
 proxy ever holds more than ``maxLeases`` live leases.  The script:
 
-1. drops this client's expired cooldowns;
+1. drops this client's expired cooldowns, and ends leases that expired since the last
+   request (up to :data:`EXPIRE_BATCH` per request; the rest on the next ones), so the lease
+   index counts only live leases;
 2. if a ``sessionKey`` is given and this client's session is bound to a proxy that is still
    eligible, takes it (sticky session);
-3. otherwise scans the published proxies (``po:proxies``) and keeps the eligible one with the
-   fewest live leases (ties: the lower ``used/maxLeases``).  Eligible = healthy (``healthy``
-   flag of the serving view), ``maxLeases`` > 0, matching the filters (provider, zone,
-   namespace, label selector), not cooling down for this client, and — after purging its
-   expired leases — fewer live leases than ``maxLeases``;
-4. reserves: adds the lease to the proxy's sorted set of live leases, writes the lease record,
-   (re)binds the session.
+3. otherwise reads the lease index (``po:load`` of :mod:`app.serving`: the leasable proxies,
+   fewest live leases first, ties: the lower ``used/maxLeases``) from the least-loaded end,
+   and takes the first eligible proxy.  Eligible = healthy (``healthy`` flag of the serving
+   view), ``maxLeases`` > 0, matching the filters (provider, zone, namespace, label selector),
+   not cooling down for this client, and — after purging its expired leases — fewer live
+   leases than ``maxLeases``.  A request therefore reads a few proxies, not the whole fleet
+   (it reads further only past proxies that are full, cooling down or filtered out);
+4. reserves: adds the lease to the proxy's sorted set of live leases and to the expiry
+   index, writes the lease record, (re)binds the session, and moves the proxy in the index.
 
 Keys (besides the serving view of :mod:`app.serving`):
 
 * ``po:leases:<uid>`` — sorted set lease id → expiry (ms since the epoch, Redis clock);
+* ``po:lease-expiry`` — sorted set ``<uid>/<lease id>`` → expiry (ms): every live lease, so
+  expired ones leave the index without a scan;
 * ``po:lease:<id>`` — hash ``uid client ttl expiresAt createdAt sessionKey``, kept
   ``record_grace`` seconds past expiry so a late renew says "expired" and a late release can
   still report an outcome;
@@ -48,19 +54,30 @@ NOT_LEASE_OWNER = "not_lease_owner"
 LEASE_EXPIRED = "lease_expired"
 PROXY_UNAVAILABLE = "proxy_unavailable"
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
+#: Expired leases one request takes out of the lease index at most (the rest: next requests).
+EXPIRE_BATCH = 100
+#: Proxies one page of the lease index holds (the script reads pages until one fits).
+INDEX_PAGE = 32
 
-_ACQUIRE = serving.Lua(_NOW + """
+_PRELUDE = serving.NOW_LUA + serving.REINDEX_LUA
+
+_ACQUIRE = serving.Lua(_PRELUDE + """
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local f = cjson.decode(ARGV[4])
 local session = ARGV[5]
 local cool = 'po:cooldown:' .. client
 redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
+local cooling_any = redis.call('EXISTS', cool) == 1
 local sel = f.selector or {}
 local stats = {matching = 0, cooling = 0, full = 0}
+
+-- leases that expired since the last request leave the index
+local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, member in ipairs(due) do
+  redis.call('ZREM', 'po:lease-expiry', member)
+  local uid = string.match(member, '^(.*)/[^/]*$')
+  if uid then reindex(uid, now) end
+end
 
 local function labels_ok(raw)
   if #sel == 0 then return true end
@@ -92,18 +109,22 @@ local function labels_ok(raw)
   return true
 end
 
--- returns live lease count and maxLeases when uid is eligible, else nil
+-- returns live lease count and maxLeases when uid is eligible, else nil; a uid found not
+-- leasable is noted in stale (taken out of the index after the scan, not during it)
+local stale = {}
 local function check(uid, count)
   local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
-  if h[1] ~= '1' then return nil end
   local max = tonumber(h[2]) or 0
-  if max <= 0 then return nil end
+  if h[1] ~= '1' or max <= 0 then
+    if count then stale[#stale + 1] = uid end
+    return nil
+  end
   if f.provider and h[3] ~= f.provider then return nil end
   if f.zone and h[4] ~= f.zone then return nil end
   if f.namespace and h[5] ~= f.namespace then return nil end
   if not labels_ok(h[6]) then return nil end
   if count then stats.matching = stats.matching + 1 end
-  if redis.call('ZSCORE', cool, uid) then
+  if cooling_any and redis.call('ZSCORE', cool, uid) then
     if count then stats.cooling = stats.cooling + 1 end
     return nil
   end
@@ -117,34 +138,38 @@ local function check(uid, count)
   return used, max
 end
 
-local chosen, chosen_used, sticky = nil, nil, 0
+local chosen, chosen_used, chosen_max, sticky = nil, nil, nil, 0
 local sticky_key = nil
 if session ~= '' then
   sticky_key = 'po:sticky:' .. client .. ':' .. session
   local bound = redis.call('GET', sticky_key)
   if bound then
-    local used = check(bound, false)
-    if used then chosen, chosen_used, sticky = bound, used, 1 end
+    local used, max = check(bound, false)
+    if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
   end
 end
 if not chosen then
-  local best_ratio = nil
-  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    local used, max = check(uid, true)
-    if used then
-      local ratio = used / max
-      if not chosen or used < chosen_used or (used == chosen_used and ratio < best_ratio) then
-        chosen, chosen_used, best_ratio = uid, used, ratio
-      end
+  local page, start = tonumber(ARGV[9]), 0
+  while not chosen do
+    local uids = redis.call('ZRANGE', 'po:load', start, start + page - 1)
+    for _, uid in ipairs(uids) do
+      local used, max = check(uid, true)
+      if used then chosen, chosen_used, chosen_max = uid, used, max; break end
     end
+    if #uids < page then break end
+    start = start + page
   end
 end
+for _, uid in ipairs(stale) do reindex(uid, now) end
 if not chosen then
   return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
                        cooling = stats.cooling, full = stats.full})
 end
 local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
+redis.call('ZADD', 'po:lease-expiry', exp, chosen .. '/' .. lease_id)
+local used_now = chosen_used + 1
+redis.call('ZADD', 'po:load', used_now + used_now / chosen_max / 2, chosen)
 local lk = 'po:lease:' .. lease_id
 redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
            'createdAt', now, 'sessionKey', session)
@@ -152,46 +177,52 @@ redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
 local h = redis.call('HMGET', 'po:proxy:' .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
                      'provider', 'zone', 'maxLeases')
-return cjson.encode({uid = chosen, used = chosen_used + 1, expiresAt = exp, ttl = ttl, address = h[1],
+return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, address = h[1],
                      port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
                      zone = h[7], maxLeases = h[8], sticky = sticky})
 """)
 
-_RENEW = serving.Lua(_NOW + """
+_RENEW = serving.Lua(_PRELUDE + """
 local id, client = ARGV[1], ARGV[2]
 local lk = 'po:lease:' .. id
 local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
 if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
 if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = 'po:leases:' .. h[1]
+local member = h[1] .. '/' .. id
 local score = redis.call('ZSCORE', zk, id)
 if not score or tonumber(score) <= now then
   redis.call('ZREM', zk, id)
+  redis.call('ZREM', 'po:lease-expiry', member)
+  reindex(h[1], now)
   return cjson.encode({error = 'lease_expired'})
 end
 local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
                      'namespace', 'name', 'provider', 'zone')
 if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
   redis.call('ZREM', zk, id)
+  redis.call('ZREM', 'po:lease-expiry', member)
   redis.call('DEL', lk)
+  reindex(h[1], now)
   return cjson.encode({error = 'proxy_unavailable'})
 end
 local ttl = tonumber(ARGV[3]) or tonumber(h[3])
 local exp = now + ttl
 redis.call('ZADD', zk, 'XX', exp, id)
+redis.call('ZADD', 'po:lease-expiry', exp, member)
 redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
 if h[4] and h[4] ~= '' then
   local sk = 'po:sticky:' .. client .. ':' .. h[4]
   if redis.call('GET', sk) == h[1] then redis.call('EXPIRE', sk, tonumber(ARGV[5])) end
 end
-redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
-return cjson.encode({uid = h[1], used = redis.call('ZCARD', zk), expiresAt = exp, ttl = ttl,
+local used = reindex(h[1], now)
+return cjson.encode({uid = h[1], used = used, expiresAt = exp, ttl = ttl,
                      address = p[3], port = p[4], egressIP = p[5], namespace = p[6], name = p[7],
                      provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4]})
 """)
 
-_RELEASE = serving.Lua(_NOW + """
+_RELEASE = serving.Lua(_PRELUDE + """
 local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local lk = 'po:lease:' .. id
 local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
@@ -201,7 +232,9 @@ local zk = 'po:leases:' .. h[1]
 local score = redis.call('ZSCORE', zk, id)
 local live = score and tonumber(score) > now
 redis.call('ZREM', zk, id)
+redis.call('ZREM', 'po:lease-expiry', h[1] .. '/' .. id)
 redis.call('DEL', lk)
+reindex(h[1], now)
 local until_ms = 0
 if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
   local ck = 'po:cooldown:' .. client
@@ -386,9 +419,9 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
             were cooling down for this client).
     """
     lease_id = new_lease_id()
-    raw = _ACQUIRE(r, [serving.PROXIES_KEY], [
+    raw = _ACQUIRE(r, [serving.LOAD_KEY], [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000])
+        settings.record_grace * 1000, EXPIRE_BATCH, INDEX_PAGE])
     doc = json.loads(raw)
     if "error" in doc:
         raise LeaseError(NO_PROXY_AVAILABLE,

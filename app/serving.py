@@ -23,6 +23,13 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
 * ``po:health:ok`` / ``po:health:failing`` — uids whose last probe succeeded / failed (the
   latter only for proxies that were healthy once); together they detect a probe-side outage.
 * ``po:leases:<uid>`` — live leases of the proxy (owned by :mod:`app.leases`).
+* ``po:load`` — the lease index: sorted set of the *leasable* uids (``healthy`` is ``"1"``
+  and ``maxLeases`` > 0) scored by load, ``used + used / maxLeases / 2`` (live leases first,
+  then the fill ratio), so a lease request reads the least-loaded proxies first instead of
+  scanning the fleet.  Every writer of ``healthy`` or ``maxLeases`` keeps it in step in the
+  same atomic step (:func:`publish`, :func:`refresh`, :func:`withdraw`, the health engine's
+  record script, the lease scripts); anything else that writes those fields (a test, a
+  benchmark) calls :func:`reindex`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,33 @@ PROXIES_KEY = "po:proxies"
 DUE_KEY = "po:health:due"
 OK_KEY = "po:health:ok"
 FAILING_KEY = "po:health:failing"
+LOAD_KEY = "po:load"
+
+#: Lua defining ``now`` (ms, the Redis server's clock) for scripts that prepend it.
+NOW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+#: Lua defining ``reindex(uid, now)``: drop the proxy's expired leases and put it in
+#: ``po:load`` with its load as score, or take it out when it is not leasable (or gone).
+#: Returns its live leases (0 when not leasable).  Prepended to every script that changes
+#: ``healthy``, ``maxLeases`` or a proxy's leases.
+REINDEX_LUA = """
+local function reindex(uid, now)
+  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases')
+  local max = tonumber(h[2]) or 0
+  if h[1] ~= '1' or max <= 0 then
+    redis.call('ZREM', 'po:load', uid)
+    return 0
+  end
+  local lk = 'po:leases:' .. uid
+  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local used = redis.call('ZCARD', lk)
+  redis.call('ZADD', 'po:load', used + used / max / 2, uid)
+  return used
+end
+"""
 
 #: Health fields a fresh (or re-addressed) record starts with.
 HEALTH_DEFAULTS = {
@@ -124,14 +158,49 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str, auth_secret
         pipe.hsetnx(key, "runningSince", repr(now))
         pipe.zadd(DUE_KEY, {proxy.uid: now}, nx=True)
     pipe.sadd(PROXIES_KEY, proxy.uid)
+    _REINDEX(pipe, [], [proxy.uid])
     pipe.execute()
 
 
-_REFRESH = """
+_REINDEX = Lua(NOW_LUA + REINDEX_LUA + "return reindex(ARGV[1], now)")
+
+_REFRESH = Lua(NOW_LUA + REINDEX_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'labels', ARGV[1], 'maxLeases', ARGV[2], 'healthCheck', ARGV[3], 'generation', ARGV[4])
+reindex(ARGV[5], now)
 return 1
-"""
+""")
+
+
+def reindex_all(r) -> int:
+    """Rebuild the lease index entry of every published proxy (idempotent, atomic per proxy).
+
+    The API runs it when it starts, so an index that predates a proxy's record (an upgrade,
+    a restored Redis) is whole before the first lease.
+
+    Returns:
+        how many proxies the index holds (the leasable ones).
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    uids = sorted(r.smembers(PROXIES_KEY))
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        _REINDEX(pipe, [], [uid])
+    pipe.execute()
+    return int(r.zcard(LOAD_KEY))
+
+
+def reindex(r, uid: str) -> int:
+    """Bring ``uid``'s entry in the lease index (``po:load``) in step with its record.
+
+    Only for code that writes ``healthy`` or ``maxLeases`` itself (the product's writers do it
+    atomically).  Atomic; a missing record takes the uid out of the index.
+
+    Returns:
+        the proxy's live leases, 0 when it is not leasable.
+    """
+    return int(_REINDEX(r, [], [uid]))
 
 
 def refresh(r, proxy: Proxy) -> bool:
@@ -145,10 +214,9 @@ def refresh(r, proxy: Proxy) -> bool:
         whether the Proxy was published and updated.
     """
     health = _health_json(proxy.spec.health)
-    script = r.register_script(_REFRESH)
-    return bool(script(keys=[proxy_key(proxy.uid)],
-                       args=[json.dumps(proxy.labels, sort_keys=True), str(proxy.spec.max_leases), health,
-                             str(proxy.generation)]))
+    return bool(_REFRESH(r, [proxy_key(proxy.uid)],
+                         [json.dumps(proxy.labels, sort_keys=True), str(proxy.spec.max_leases), health,
+                          str(proxy.generation), proxy.uid]))
 
 
 def auth_secret_of(record: dict[str, str]) -> tuple[str, str] | None:
@@ -171,6 +239,7 @@ def withdraw(r, uid: str) -> None:
     pipe.srem(OK_KEY, uid)
     pipe.srem(FAILING_KEY, uid)
     pipe.delete(leases_key(uid))
+    pipe.zrem(LOAD_KEY, uid)
     pipe.execute()
 
 

@@ -70,6 +70,7 @@ def seed(r: redis.Redis, count: int, max_leases: int) -> None:
         })
         serving.publish(r, proxy, address=proxy.spec.host, port=3128, phase="Ready")
         r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": "192.0.2.1"})
+        serving.reindex(r, proxy.uid)
 
 
 def ping_p50(r: redis.Redis, n: int = 500) -> float:

@@ -80,6 +80,7 @@ def _publish(r, name: str, namespace: str, address: str, *, provider: str, zone:
     # What the health engine records after probes through the proxy (app/serving.py's fields).
     r.hset(serving.proxy_key(f"uid-{name}"), mapping={
         "healthy": "1" if healthy else "0", "health": "healthy" if healthy else "unhealthy", "egressIP": egress})
+    serving.reindex(r, f"uid-{name}")
 
 
 @pytest.fixture()

@@ -45,11 +45,14 @@ end
 return 1
 """)
 
-_RECORD = serving.Lua("""
+# Records a probe's fields (and keeps the lease index in step with ``healthy``) unless the
+# proxy was withdrawn or re-addressed meanwhile.
+_RECORD = serving.Lua(serving.NOW_LUA + serving.REINDEX_LUA + """
 local cur = redis.call('HMGET', KEYS[1], 'address', 'port')
 if not cur[1] or cur[1] ~= ARGV[3] or cur[2] ~= ARGV[4] then return 0 end
 if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
 if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1]) end
+reindex(ARGV[1], now)
 return 1
 """)
 

@@ -1,0 +1,134 @@
+"""The lease index (``po:load``): a lease request reads the least-loaded proxies, not the
+fleet, and the index follows health, maxLeases, withdrawal and lease expiry."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from api import create_app
+from app import leases, serving
+from app.resources import Proxy
+from tests.api.helpers import auth
+from tests.health.fleet import start_squid
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _publish(r, n: int, *, max_leases: int = 2, zone: str | None = None) -> list[str]:
+    """Publish ``n`` proxies and record them healthy as the health engine would."""
+    uids = []
+    for i in range(n):
+        spec = {"mode": "External", "endpoint": {"host": f"127.0.9.{i % 250 + 1}", "port": 3128},
+                "maxLeases": max_leases}
+        meta = {"name": f"p{i}", "namespace": "idx", "uid": f"uid-{i:04d}",
+                "labels": {"zone-label": zone or "none"}}
+        proxy = Proxy.from_dict({"metadata": meta, "spec": spec})
+        serving.publish(r, proxy, address=spec["endpoint"]["host"], port=3128, phase="Ready")
+        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+        serving.reindex(r, proxy.uid)
+        uids.append(proxy.uid)
+    return uids
+
+
+def _hmget_calls(r) -> int:
+    return int(r.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+
+def test_a_lease_request_reads_a_few_proxies_not_the_fleet(redis_client, lease_settings):
+    _publish(redis_client, 300)
+    leases.acquire(redis_client, "warm", leases.Filters(), 30, lease_settings)  # loads the script
+    before = _hmget_calls(redis_client)
+    got = leases.acquire(redis_client, "a", leases.Filters(), 30, lease_settings)
+    # One proxy read to choose (plus one for the answer), where a scan would read all 300.
+    assert _hmget_calls(redis_client) - before <= 3
+    assert got.used == 1
+
+
+def test_the_least_loaded_proxy_is_chosen_once_expired_leases_are_gone(redis_client, lease_settings):
+    a, b = _publish(redis_client, 2, max_leases=3)
+    short = leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
+    long = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert {short.uid, long.uid} == {a, b}
+    time.sleep(1.2)  # the 1 s lease expires: its proxy now carries no lease, the other one
+    third = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert third.uid == short.uid and third.used == 1
+    assert redis_client.zscore(serving.LOAD_KEY, long.uid) == pytest.approx(1 + 1 / 3 / 2)
+
+
+def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_settings):
+    small = _publish(redis_client, 1, max_leases=2)[0]
+    big = Proxy.from_dict({"metadata": {"name": "big", "namespace": "idx", "uid": "uid-big"},
+                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.200", "port": 3128},
+                                    "maxLeases": 10}})
+    serving.publish(redis_client, big, address="127.0.9.200", port=3128, phase="Ready")
+    redis_client.hset(serving.proxy_key(big.uid), mapping={"health": "healthy", "healthy": "1"})
+    serving.reindex(redis_client, big.uid)
+    first, second = (leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings) for _ in range(2))
+    assert {first.uid, second.uid} == {small, big.uid}
+    # Both carry one lease now: 1/10 beats 1/2.
+    assert leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings).uid == big.uid
+
+
+def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_settings):
+    _publish(redis_client, 40)
+    odd = Proxy.from_dict({"metadata": {"name": "odd", "namespace": "other", "uid": "uid-odd"},
+                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.201", "port": 3128},
+                                    "maxLeases": 1}})
+    serving.publish(redis_client, odd, address="127.0.9.201", port=3128, phase="Ready")
+    redis_client.hset(serving.proxy_key(odd.uid), mapping={"health": "healthy", "healthy": "1"})
+    serving.reindex(redis_client, odd.uid)
+    # The matching proxy sorts last (uid order among equal loads) and beyond the first page.
+    got = leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
+    assert got.uid == odd.uid
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
+    assert "1 match the filters, 1 of them at maxLeases" in info.value.message
+
+
+def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet, health_settings, lease_settings):
+    """Written by the real writers: the health engine's probes, refresh and withdraw."""
+    sq = start_squid("127.0.4.23")
+    try:
+        px = fleet.external("indexed", sq.address, sq.port, max_leases=2)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None  # published, not yet healthy
+        fleet.probe([px], health_settings)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
+        got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
+
+        zero = Proxy.from_dict({**px.raw, "spec": {**px.raw["spec"], "maxLeases": 0}})
+        assert serving.refresh(redis_client, zero)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        assert serving.refresh(redis_client, px)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
+
+        leases.release(redis_client, "c", got.id, "ok", lease_settings)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
+        sq.stop()
+        fleet.probe([px], health_settings)  # failureThreshold 1: unhealthy now
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        serving.withdraw(redis_client, px.uid)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+    finally:
+        sq.stop()
+
+
+def test_the_api_rebuilds_the_index_when_it_starts(redis_client, api_settings):
+    """A Redis written before the index existed (an upgrade): leases work from the first request."""
+    [uid] = _publish(redis_client, 1)
+    redis_client.delete(serving.LOAD_KEY)
+    client = create_app(api_settings).test_client()
+    resp = client.post("/v1/leases", headers=auth(), json={})
+    assert resp.status_code == 201 and resp.get_json()["proxy"]["name"] == "p0"
+    assert redis_client.zscore(serving.LOAD_KEY, uid) == pytest.approx(1.25)
+
+
+def test_the_api_starts_while_redis_is_down(tokens_file):
+    from api.settings import ApiSettings
+
+    from tests.support.redis_server import free_port
+
+    app = create_app(ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tokens_file=tokens_file))
+    assert app.test_client().get("/healthz").status_code >= 500
