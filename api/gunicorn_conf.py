@@ -10,6 +10,12 @@ docker-compose.yml and bench/leases.py, so the benchmark measures what is deploy
   first come, first served from one queue per worker, so no connection starves another
   (gevent's workers serve a connection whose next request already waits without yielding;
   measured in docs/performance.md). More threads per worker only contend for the GIL.
+* ``reuse_port``: each worker listens on its own ``SO_REUSEPORT`` socket and the kernel
+  spreads new connections over them by address hash. With one shared socket, whichever
+  worker wakes first accepts, and a few long-lived crawler connections could all land on one
+  worker (the lease benchmark saw 32 / 0 splits, halving throughput). Linux ``socket(7)``
+  requires every socket of the group to belong to the same user, so only this API's
+  workers can join it.
 * ``keepalive`` (``API_KEEPALIVE_SECONDS``, default 30): how long an idle client connection
   is kept open.
 * Without ``PROMETHEUS_MULTIPROC_DIR`` each worker would answer ``/metrics`` with its own
@@ -32,6 +38,7 @@ bind = os.environ.get("API_BIND") or "0.0.0.0:8080"
 workers = int(env_number("API_WORKERS", 2, minimum=1, integer=True))
 worker_class = "gthread"
 threads = int(env_number("API_THREADS", 4, minimum=1, integer=True))
+reuse_port = True  # one listening socket per worker (gunicorn >= 24 creates it in the worker)
 keepalive = int(env_number("API_KEEPALIVE_SECONDS", 30, minimum=1, integer=True))
 # The API answers from Redis within milliseconds; a request still running after this long is
 # stuck (Redis gone without a reset), and the worker is restarted.
