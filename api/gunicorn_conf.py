@@ -15,7 +15,9 @@ docker-compose.yml and bench/leases.py, so the benchmark measures what is deploy
   worker wakes first accepts, and a few long-lived crawler connections could all land on one
   worker (the lease benchmark saw 32 / 0 splits, halving throughput). Linux ``socket(7)``
   requires every socket of the group to belong to the same user, so only this API's
-  workers can join it.
+  workers can join it. The trade-off (nginx's ``reuseport`` makes the same one): a new
+  connection waits for the worker its hash chose, even if that worker is busy; the lease
+  API answers in milliseconds, and a stuck worker is restarted after ``timeout``.
 * ``keepalive`` (``API_KEEPALIVE_SECONDS``, default 30): how long an idle client connection
   is kept open.
 * Without ``PROMETHEUS_MULTIPROC_DIR`` each worker would answer ``/metrics`` with its own

@@ -172,13 +172,13 @@ class RawHTTP:
 def connection_split(master_pid: int, port: int) -> list[int]:
     """How many established TCP connections on ``port`` each child of ``master_pid`` holds,
     largest first (Linux: ``/proc/net/tcp`` matched to the children's socket inodes)."""
-    inodes: dict[str, int] = {}
+    inodes: set[str] = set()
     with open("/proc/net/tcp") as fh:
         next(fh)
         for line in fh:
             fields = line.split()
             if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
-                inodes[fields[9]] = 0
+                inodes.add(fields[9])
     counts = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
