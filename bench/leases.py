@@ -284,8 +284,9 @@ def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
     lat: list[list[float]] = [[] for _ in range(args.threads)]
     errors: list[str] = []
     start = threading.Barrier(args.threads + 1)
-    # Crawlers do not all connect in the same millisecond: open the keep-alive connections
-    # one by one, so each gunicorn worker gets its chance to accept (see connection_split).
+    # Crawlers do not all connect in the same millisecond: open the keep-alive connections one
+    # by one. Which worker serves each is the kernel's choice (reuse_port in
+    # api/gunicorn_conf.py); connection_split shows it, as the split decides the tail latency.
     conns = []
     for _ in range(args.threads):
         conns.append(RawHTTP("127.0.0.1", port))
