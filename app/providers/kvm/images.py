@@ -130,7 +130,7 @@ def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, im
         Permanent: HTTP 4xx, or the checksum does not match.
         Transient: network trouble, truncated download, libvirt errors.
     """
-    names = set(link.call("virStoragePoolListVolumes", lambda c: pool.listVolumes(), pool=pool_name))
+    names = volume_names(link, pool, pool_name)
     base = base_name(img)
     prefix = marker_prefix(img)
     markers = {n for n in names if n.startswith(prefix)}
@@ -153,9 +153,22 @@ def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, im
     try:
         link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0), pool=pool_name, volume=marker)
     except Transient:
-        if marker not in link.call("virStoragePoolListVolumes", lambda c: pool.listVolumes(), pool=pool_name):
+        if marker not in volume_names(link, pool, pool_name):
             raise
     return _cached(link, pool, pool_name, base)
+
+
+def volume_names(link: HostLink, pool: libvirt.virStoragePool, pool_name: str) -> set[str]:
+    """Return the names of every volume in ``pool``, read in one RPC.
+
+    ``virStoragePoolListAllVolumes``, not ``listVolumes``: libvirt-python's ``listVolumes``
+    asks for the count (``virStoragePoolNumOfVolumes``) and then for that many names, so a
+    volume created between the two calls (another create's overlay) pushes an existing name
+    out of the answer — seen here as a base image's marker "missing" while two creates
+    shared one base. libvirt's API documentation discourages the old list calls for this race.
+    """
+    vols = link.call("virStoragePoolListAllVolumes", lambda c: pool.listAllVolumes(0), pool=pool_name)
+    return {vol.name() for vol in vols}
 
 
 def _cached(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: str) -> CachedImage:
