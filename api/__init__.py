@@ -24,12 +24,13 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 
 
-def create_app(settings: ApiSettings | None = None) -> Flask:
+def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = True) -> Flask:
     """Build the Flask application, after rebuilding the lease index from the serving view
     (:func:`app.serving.reindex_all`; skipped with a warning while Redis is unreachable).
 
     Args:
         settings: :class:`api.settings.ApiSettings` (default: from the environment).
+        rebuild_index: rebuild the lease index (``False`` for a configuration check only).
     Raises:
         app.validation.ConfigError: no tokens file configured, or the file is invalid (the
             message names the file and field) — the API never starts without client tokens.
@@ -42,11 +43,12 @@ def create_app(settings: ApiSettings | None = None) -> Flask:
     store = TokenStore(settings.tokens_file, settings.tokens_check_every)
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
                              socket_connect_timeout=2, health_check_interval=30)
-    try:
-        log.info("api: lease index: %d leasable proxies", serving.reindex_all(r))
-    except redis.RedisError as exc:  # the API still starts; /healthz reports Redis
-        log.warning("api: cannot rebuild the lease index now (Redis: %s); the health engine "
-                    "rebuilds it within one probe interval", exc)
+    if rebuild_index:
+        try:
+            log.info("api: lease index: %d proxies with free capacity", serving.reindex_all(r))
+        except redis.RedisError as exc:  # the API still starts; /healthz reports Redis
+            log.warning("api: cannot rebuild the lease index now (Redis: %s); the health engine "
+                        "rebuilds it within one probe interval", exc)
     app = Flask("proxy_operator_api")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.json.sort_keys = False

@@ -10,14 +10,24 @@ docker-compose.yml and bench/leases.py, so the benchmark measures what is deploy
   first come, first served from one queue per worker, so no connection starves another
   (gevent's workers serve a connection whose next request already waits without yielding;
   measured in docs/performance.md). More threads per worker only contend for the GIL.
-* ``reuse_port``: each worker listens on its own ``SO_REUSEPORT`` socket and the kernel
-  spreads new connections over them by address hash. With one shared socket, whichever
-  worker wakes first accepts, and a few long-lived crawler connections could all land on one
-  worker (the lease benchmark saw 32 / 0 splits, halving throughput). Linux ``socket(7)``
-  requires every socket of the group to belong to the same user, so only this API's
-  workers can join it. The trade-off (nginx's ``reuseport`` makes the same one): a new
-  connection waits for the worker its hash chose, even if that worker is busy; the lease
-  API answers in milliseconds, and a stuck worker is restarted after ``timeout``.
+* ``reuse_port`` (``API_REUSE_PORT``, default ``true``): each worker listens on its own
+  ``SO_REUSEPORT`` socket and the kernel spreads new connections over them by address hash.
+  With one shared socket, whichever worker wakes first accepts, and a few long-lived crawler
+  connections could all land on one worker (the lease benchmark saw 32 / 0 splits, halving
+  throughput). The trade-offs (nginx's ``reuseport`` makes the same ones):
+
+  - a new connection waits for the worker its hash chose, even if that worker is busy;
+  - connections still queued on a worker that stops (restart after ``timeout``, a crash,
+    ``kill -HUP`` of the master) are reset, and the crawler must retry; the master holds no
+    socket, so ``kill -USR2`` (binary upgrade) does not work. Roll out new versions by
+    replacing Pods, as deploy/ does;
+  - Linux ``socket(7)`` lets any process of the same user bind the same address into the
+    group: a second API started by mistake on the same port shares the traffic instead of
+    failing with "address in use".
+
+  ``API_REUSE_PORT=false`` goes back to one shared socket.
+* The config lives in the ``api`` package, so the gunicorn master imports the application's
+  modules before it forks; ``kill -HUP`` does not load new code (replace the Pod instead).
 * ``keepalive`` (``API_KEEPALIVE_SECONDS``, default 30): how long an idle client connection
   is kept open.
 * Without ``PROMETHEUS_MULTIPROC_DIR`` each worker would answer ``/metrics`` with its own
@@ -34,13 +44,14 @@ from __future__ import annotations
 
 import os
 
-from app.settings import env_number
+from app.settings import env_flag, env_number
 
-bind = os.environ.get("API_BIND") or "0.0.0.0:8080"
+bind = os.environ.get("API_BIND") or "127.0.0.1:8080"  # deploy/ binds 0.0.0.0:8080 with -b
 workers = int(env_number("API_WORKERS", 2, minimum=1, integer=True))
 worker_class = "gthread"
 threads = int(env_number("API_THREADS", 4, minimum=1, integer=True))
-reuse_port = True  # one listening socket per worker (gunicorn >= 24 creates it in the worker)
+# One listening socket per worker (gunicorn >= 24 creates it in the worker).
+reuse_port = env_flag("API_REUSE_PORT", True)
 keepalive = int(env_number("API_KEEPALIVE_SECONDS", 30, minimum=1, integer=True))
 # The API answers from Redis within milliseconds; a request still running after this long is
 # stuck (Redis gone without a reset), and the worker is restarted.

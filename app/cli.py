@@ -24,6 +24,17 @@ log = logging.getLogger("proxy_operator")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _positive_int(raw: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--providers-config", default=os.environ.get("PROVIDERS_CONFIG"),
                    help="providers config file (env PROVIDERS_CONFIG)")
@@ -86,10 +97,10 @@ def cmd_api(args) -> int:
         print("proxy-operator: api: no tokens file (--tokens-file or API_TOKENS_FILE)", file=sys.stderr)
         return 2
     # Validate settings and tokens before handing over to gunicorn, so a bad file is one clear line.
-    from api import create_app
     try:
-        create_app()
-        from api import gunicorn_conf  # reads API_WORKERS, API_THREADS, API_KEEPALIVE_SECONDS
+        from api import gunicorn_conf  # reads API_WORKERS, API_THREADS, API_KEEPALIVE_SECONDS, API_REUSE_PORT
+        from api import create_app
+        create_app(rebuild_index=False)  # each worker rebuilds the lease index when it starts
     except (ValueError, OSError) as exc:
         print(f"proxy-operator: api: {exc}", file=sys.stderr)
         return 2
@@ -168,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("api", help="run the discovery/lease API under gunicorn")
     s.add_argument("--bind", default=os.environ.get("API_BIND", "127.0.0.1:8080"))
-    s.add_argument("--workers", type=int, default=None, help="gunicorn workers (env API_WORKERS, default 2)")
+    s.add_argument("--workers", type=_positive_int, default=None, help="gunicorn workers (env API_WORKERS, default 2)")
     s.add_argument("--tokens-file", default=os.environ.get("API_TOKENS_FILE"),
                    help="API tokens file (env API_TOKENS_FILE)")
     s.set_defaults(fn=cmd_api)

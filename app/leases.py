@@ -8,13 +8,15 @@ proxy ever holds more than ``maxLeases`` live leases.  The script:
    index counts only live leases;
 2. if a ``sessionKey`` is given and this client's session is bound to a proxy that is still
    eligible, takes it (sticky session);
-3. otherwise reads the lease index (``po:load`` of :mod:`app.serving`: the leasable proxies,
-   fewest live leases first, ties: the lower ``used/maxLeases``) from the least-loaded end,
-   and takes the first eligible proxy.  Eligible = healthy (``healthy`` flag of the serving
-   view), ``maxLeases`` > 0, matching the filters (provider, zone, namespace, label selector),
-   not cooling down for this client, and — after purging its expired leases — fewer live
-   leases than ``maxLeases``.  A request therefore reads a few proxies, not the whole fleet
-   (it reads further only past proxies that are full, cooling down or filtered out);
+3. otherwise reads the lease index (``po:load`` of :mod:`app.serving`: the leasable proxies
+   with free capacity, fewest live leases first, ties: the lower ``used/maxLeases``) from the
+   least-loaded end, and takes the first eligible proxy.  Eligible = healthy (``healthy``
+   flag of the serving view), ``maxLeases`` > 0, matching the filters (provider, zone,
+   namespace, label selector), not cooling down for this client, and — after purging its
+   expired leases — fewer live leases than ``maxLeases``.  A request therefore reads a few
+   proxies, not the whole fleet (further only past proxies that are filtered out or cooling
+   down for this client).  When none fits, it reads every published proxy to say how many
+   matched, were full or were cooling down (the 503 message);
 4. reserves: adds the lease to the proxy's sorted set of live leases and to the expiry
    index, writes the lease record, (re)binds the session, and moves the proxy in the index.
 
@@ -73,11 +75,13 @@ local stats = {matching = 0, cooling = 0, full = 0}
 
 -- leases that expired since the last request leave the index
 local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+local expired_on = {}
 for _, member in ipairs(due) do
   redis.call('ZREM', 'po:lease-expiry', member)
   local uid = string.match(member, '^(.*)/[^/]*$')
-  if uid then reindex(uid, now) end
+  if uid then expired_on[uid] = true end
 end
+for uid in pairs(expired_on) do reindex(uid, now) end
 
 local function labels_ok(raw)
   if #sel == 0 then return true end
@@ -109,14 +113,15 @@ local function labels_ok(raw)
   return true
 end
 
--- returns live lease count and maxLeases when uid is eligible, else nil; a uid found not
--- leasable is noted in stale (taken out of the index after the scan, not during it)
+-- returns live lease count and maxLeases when uid is eligible, else nil.  With count, tallies
+-- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
+-- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
 local stale = {}
-local function check(uid, count)
+local function check(uid, count, scan)
   local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max <= 0 then
-    if count then stale[#stale + 1] = uid end
+    if scan then stale[#stale + 1] = uid end
     return nil
   end
   if f.provider and h[3] ~= f.provider then return nil end
@@ -133,6 +138,7 @@ local function check(uid, count)
   local used = redis.call('ZCARD', lk)
   if used >= max then
     if count then stats.full = stats.full + 1 end
+    if scan then stale[#stale + 1] = uid end
     return nil
   end
   return used, max
@@ -144,16 +150,17 @@ if session ~= '' then
   sticky_key = 'po:sticky:' .. client .. ':' .. session
   local bound = redis.call('GET', sticky_key)
   if bound then
-    local used, max = check(bound, false)
+    local used, max = check(bound, false, false)
     if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
   end
 end
 if not chosen then
+  -- the index holds only proxies with free capacity, least loaded first
   local page, start = tonumber(ARGV[9]), 0
   while not chosen do
-    local uids = redis.call('ZRANGE', 'po:load', start, start + page - 1)
+    local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
     for _, uid in ipairs(uids) do
-      local used, max = check(uid, true)
+      local used, max = check(uid, false, true)
       if used then chosen, chosen_used, chosen_max = uid, used, max; break end
     end
     if #uids < page then break end
@@ -162,6 +169,8 @@ if not chosen then
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
 if not chosen then
+  -- say why: every published proxy, the full ones included (this answer reads the fleet)
+  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do check(uid, true, false) end
   return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
                        cooling = stats.cooling, full = stats.full})
 end
@@ -169,7 +178,11 @@ local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
 redis.call('ZADD', 'po:lease-expiry', exp, chosen .. '/' .. lease_id)
 local used_now = chosen_used + 1
-redis.call('ZADD', 'po:load', used_now + used_now / chosen_max / 2, chosen)
+if used_now >= chosen_max then
+  redis.call('ZREM', KEYS[1], chosen)
+else
+  redis.call('ZADD', KEYS[1], used_now + used_now / chosen_max / 2, chosen)
+end
 local lk = 'po:lease:' .. lease_id
 redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
            'createdAt', now, 'sessionKey', session)
@@ -419,7 +432,7 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
             were cooling down for this client).
     """
     lease_id = new_lease_id()
-    raw = _ACQUIRE(r, [serving.LOAD_KEY], [
+    raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.PROXIES_KEY], [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
         settings.record_grace * 1000, EXPIRE_BATCH, INDEX_PAGE])
     doc = json.loads(raw)

@@ -23,10 +23,10 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
 * ``po:health:ok`` / ``po:health:failing`` — uids whose last probe succeeded / failed (the
   latter only for proxies that were healthy once); together they detect a probe-side outage.
 * ``po:leases:<uid>`` — live leases of the proxy (owned by :mod:`app.leases`).
-* ``po:load`` — the lease index: sorted set of the *leasable* uids (``healthy`` is ``"1"``
-  and ``maxLeases`` > 0) scored by load, ``used + used / maxLeases / 2`` (live leases first,
-  then the fill ratio), so a lease request reads the least-loaded proxies first instead of
-  scanning the fleet.  Every writer of ``healthy`` or ``maxLeases`` keeps it in step in the
+* ``po:load`` — the lease index: sorted set of the uids a lease can go to (``healthy`` is
+  ``"1"``, ``maxLeases`` > 0, fewer live leases than ``maxLeases``) scored by load,
+  ``used + used / maxLeases / 2`` (live leases first, then the fill ratio), so a lease
+  request reads the least-loaded proxies first instead of scanning the fleet.  Every writer of ``healthy`` or ``maxLeases`` keeps it in step in the
   same atomic step (:func:`publish`, :func:`refresh`, :func:`withdraw`, the health engine's
   record script, the lease scripts); anything else that writes those fields (a test, a
   benchmark) calls :func:`reindex`.
@@ -52,7 +52,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 #: Lua defining ``reindex(uid, now)``: drop the proxy's expired leases and put it in
-#: ``po:load`` with its load as score, or take it out when it is not leasable (or gone).
+#: ``po:load`` with its load as score, or take it out when it is full, not leasable or gone.
 #: Returns its live leases (0 when not leasable).  Prepended to every script that changes
 #: ``healthy``, ``maxLeases`` or a proxy's leases.
 REINDEX_LUA = """
@@ -66,7 +66,11 @@ local function reindex(uid, now)
   local lk = 'po:leases:' .. uid
   redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
   local used = redis.call('ZCARD', lk)
-  redis.call('ZADD', 'po:load', used + used / max / 2, uid)
+  if used >= max then
+    redis.call('ZREM', 'po:load', uid)
+  else
+    redis.call('ZADD', 'po:load', used + used / max / 2, uid)
+  end
   return used
 end
 """
@@ -179,7 +183,7 @@ def reindex_all(r) -> int:
     a restored Redis) is whole before the first lease.
 
     Returns:
-        how many proxies the index holds (the leasable ones).
+        how many proxies the index holds (leasable, with free capacity).
     Raises:
         redis.RedisError: Redis unreachable.
     """

@@ -28,6 +28,29 @@ def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """Return the boolean in environment variable ``name`` (``default`` when unset or blank).
+
+    Accepted, in any case: ``1 true yes on`` and ``0 false no off``.
+
+    Raises:
+        ValueError: any other value; the message names the variable.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}: not a boolean (true/false): {raw!r}")
+
+
 def _float(name: str, default: float) -> float:
     return env_number(name, default)
 

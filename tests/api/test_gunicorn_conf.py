@@ -40,9 +40,11 @@ def _serve(tmp_path, redis_url, extra_env=None) -> tuple[Process, int]:
         time.sleep(0.2)
 
 
-def test_a_crawler_keeps_one_connection_for_lease_and_release(tmp_path, redis_url):
-    """Lease and release travel over one keep-alive connection (the sync worker would close it)."""
-    proc, port = _serve(tmp_path, redis_url)
+@pytest.mark.parametrize("reuse_port", ["true", "false"])
+def test_a_crawler_keeps_one_connection_across_requests(tmp_path, redis_url, reuse_port):
+    """Requests travel over one keep-alive connection (the sync worker would close it), with
+    one listening socket per worker or one shared socket."""
+    proc, port = _serve(tmp_path, redis_url, {"API_REUSE_PORT": reuse_port})
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -63,11 +65,11 @@ def test_a_crawler_keeps_one_connection_for_lease_and_release(tmp_path, redis_ur
 
 
 @pytest.mark.parametrize("name, value", [("API_THREADS", "four"), ("API_WORKERS", "0"),
-                                         ("API_KEEPALIVE_SECONDS", "-1")])
-def test_a_malformed_setting_is_refused_with_its_name(tmp_path, name, value):
+                                         ("API_KEEPALIVE_SECONDS", "-1"), ("API_REUSE_PORT", "maybe")])
+def test_a_malformed_setting_is_refused_with_its_name(tmp_path, redis_url, name, value):
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
-    env = {**os.environ, "API_TOKENS_FILE": str(tokens), name: value}
+    env = {**os.environ, "API_TOKENS_FILE": str(tokens), "REDIS_URL": redis_url, name: value}
     out = subprocess.run([str(BIN / "proxy-operator"), "api", "--bind", f"127.0.0.1:{free_port()}"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

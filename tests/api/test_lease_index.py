@@ -48,13 +48,53 @@ def test_a_lease_request_reads_a_few_proxies_not_the_fleet(redis_client, lease_s
 
 def test_the_least_loaded_proxy_is_chosen_once_expired_leases_are_gone(redis_client, lease_settings):
     a, b = _publish(redis_client, 2, max_leases=3)
-    short = leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
     long = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    assert {short.uid, long.uid} == {a, b}
-    time.sleep(1.2)  # the 1 s lease expires: its proxy now carries no lease, the other one
+    short = leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
+    assert (long.uid, short.uid) == (a, b)  # equal loads: uid order
+    time.sleep(1.2)  # the 1 s lease expires: b now carries no lease, a still one
     third = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    assert third.uid == short.uid and third.used == 1
-    assert redis_client.zscore(serving.LOAD_KEY, long.uid) == pytest.approx(1 + 1 / 3 / 2)
+    assert third.uid == b and third.used == 1
+    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
+    assert set(redis_client.zrange("po:lease-expiry", 0, -1)) == {f"{a}/{long.id}", f"{b}/{third.id}"}
+
+
+def test_renew_counts_the_proxy_afresh(redis_client, lease_settings):
+    [a] = _publish(redis_client, 1, max_leases=3)
+    keep = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
+    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(2 + 2 / 3 / 2)
+    time.sleep(1.2)
+    assert leases.renew(redis_client, "c", keep.id, 60, lease_settings).used == 1
+    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
+
+
+def test_a_full_proxy_leaves_the_index_until_a_lease_ends(redis_client, lease_settings):
+    [a] = _publish(redis_client, 1, max_leases=2)
+    first = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert redis_client.zscore(serving.LOAD_KEY, a) is None
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert "1 match the filters, 1 of them at maxLeases" in info.value.message
+    leases.release(redis_client, "c", first.id, "ok", lease_settings)
+    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1.25)
+
+
+def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
+    """Many small proxies at their maximum do not sit in front of the ones with room."""
+    small = _publish(redis_client, 200, max_leases=1)
+    for _ in small:
+        leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
+    big = Proxy.from_dict({"metadata": {"name": "big", "namespace": "idx", "uid": "uid-big"},
+                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.200", "port": 3128},
+                                    "maxLeases": 50}})
+    serving.publish(redis_client, big, address="127.0.9.200", port=3128, phase="Ready")
+    redis_client.hset(serving.proxy_key(big.uid), mapping={"health": "healthy", "healthy": "1"})
+    serving.reindex(redis_client, big.uid)
+    leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    before = _hmget_calls(redis_client)
+    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert got.uid == big.uid and _hmget_calls(redis_client) - before <= 3
 
 
 def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_settings):
@@ -109,6 +149,10 @@ def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet,
         sq.stop()
         fleet.probe([px], health_settings)  # failureThreshold 1: unhealthy now
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Ready")
+        redis_client.hset(serving.proxy_key(px.uid), "healthy", "1")
+        serving.reindex(redis_client, px.uid)
+        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
         serving.withdraw(redis_client, px.uid)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
     finally:
