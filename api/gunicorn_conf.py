@@ -26,6 +26,9 @@ docker-compose.yml and bench/leases.py, so the benchmark measures what is deploy
     failing with "address in use".
 
   ``API_REUSE_PORT=false`` goes back to one shared socket.
+* ``control_socket_disable``: gunicorn 25.1+ opens a control socket at one fixed path per
+  user (``$HOME/.gunicorn/gunicorn.ctl``), so two instances on one host remove each other's;
+  its reload and resize commands are also what ``reuse_port`` does not support. Off.
 * The config lives in the ``api`` package, so the gunicorn master imports the application's
   modules before it forks; ``kill -HUP`` does not load new code (replace the Pod instead).
 * ``keepalive`` (``API_KEEPALIVE_SECONDS``, default 30): how long an idle client connection
@@ -57,6 +60,16 @@ keepalive = int(env_number("API_KEEPALIVE_SECONDS", 30, minimum=1, integer=True)
 # stuck (Redis gone without a reset), and the worker is restarted.
 timeout = 30
 graceful_timeout = 20
+
+
+control_socket_disable = True  # ignored by gunicorn < 25.1, which has none
+
+
+def when_ready(server) -> None:
+    """gunicorn hook: say where the workers listen (with ``reuse_port`` the master holds no
+    socket, and gunicorn's own "Listening at" line is empty)."""
+    server.log.info("proxy-operator api: %d workers listening on %s%s", server.cfg.workers,
+                    ", ".join(server.cfg.bind), " (one SO_REUSEPORT socket each)" if server.cfg.reuse_port else "")
 
 
 def child_exit(server, worker) -> None:

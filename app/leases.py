@@ -169,10 +169,18 @@ if not chosen then
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
 if not chosen then
-  -- say why: every published proxy, the full ones included (this answer reads the fleet)
-  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do check(uid, true, false) end
-  return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
-                       cooling = stats.cooling, full = stats.full})
+  -- Read every published proxy: to say why none fits, or to find one the index missed (a
+  -- full proxy whose lease expired among more than EXPIRE_BATCH expiries not swept yet).
+  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local used, max = check(uid, true, false)
+    if used and (not chosen or used / max < chosen_used / chosen_max) then
+      chosen, chosen_used, chosen_max = uid, used, max
+    end
+  end
+  if not chosen then
+    return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
+                         cooling = stats.cooling, full = stats.full})
+  end
 end
 local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
@@ -203,21 +211,22 @@ if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
 if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = 'po:leases:' .. h[1]
 local member = h[1] .. '/' .. id
+local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
+                     'namespace', 'name', 'provider', 'zone')
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
+  -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
+  redis.call('ZREM', zk, id)
+  redis.call('ZREM', 'po:lease-expiry', member)
+  redis.call('DEL', lk)
+  reindex(h[1], now)
+  return cjson.encode({error = 'proxy_unavailable'})
+end
 local score = redis.call('ZSCORE', zk, id)
 if not score or tonumber(score) <= now then
   redis.call('ZREM', zk, id)
   redis.call('ZREM', 'po:lease-expiry', member)
   reindex(h[1], now)
   return cjson.encode({error = 'lease_expired'})
-end
-local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
-                     'namespace', 'name', 'provider', 'zone')
-if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
-  redis.call('ZREM', zk, id)
-  redis.call('ZREM', 'po:lease-expiry', member)
-  redis.call('DEL', lk)
-  reindex(h[1], now)
-  return cjson.encode({error = 'proxy_unavailable'})
 end
 local ttl = tonumber(ARGV[3]) or tonumber(h[3])
 local exp = now + ttl

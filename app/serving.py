@@ -230,13 +230,23 @@ def auth_secret_of(record: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
+_FORGET_LEASES = Lua("""
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  redis.call('ZREM', 'po:lease-expiry', ARGV[1] .. '/' .. id)
+end
+return 1
+""")
+
+
 def withdraw(r, uid: str) -> None:
-    """Remove the Proxy ``uid`` from the serving view, its probe schedule and its live leases.
+    """Remove the Proxy ``uid`` from the serving view, its probe schedule, the lease index
+    and its live leases.
 
     No error when absent.  Lease records (``po:lease:<id>``) are left to expire; renewing one
-    then fails because its proxy is gone.
+    answers ``proxy_unavailable`` and ends it, releasing one still reports its outcome.
     """
     pipe = r.pipeline(transaction=True)
+    _FORGET_LEASES(pipe, [leases_key(uid)], [uid])
     pipe.delete(proxy_key(uid))
     pipe.srem(PROXIES_KEY, uid)
     pipe.zrem(DUE_KEY, uid)

@@ -176,3 +176,36 @@ def test_the_api_starts_while_redis_is_down(tokens_file):
 
     app = create_app(ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tokens_file=tokens_file))
     assert app.test_client().get("/healthz").status_code >= 500
+
+
+def test_a_proxy_freed_behind_a_backlog_of_expiries_is_still_leased(redis_client, lease_settings):
+    """More expired leases than one request sweeps, on proxies this request cannot use, come
+    before the one that would fit: the request still finds it (no false 503)."""
+    def one(name, provider, max_leases):
+        px = Proxy.from_dict({"metadata": {"name": name, "namespace": "idx", "uid": f"uid-{name}"},
+                              "spec": {"mode": "Managed", "provider": provider, "maxLeases": max_leases,
+                                       "cloudInit": {"inline": "#cloud-config\n"}}})
+        serving.publish(redis_client, px, address="127.0.9.9", port=3128, phase="Ready")
+        redis_client.hset(serving.proxy_key(px.uid), "healthy", "1")
+        serving.reindex(redis_client, px.uid)
+        return px.uid
+
+    one("g", "gcp", 200)
+    aws = one("a", "aws", 1)
+    for _ in range(leases.EXPIRE_BATCH + 50):
+        leases.acquire(redis_client, "c", leases.Filters(provider="gcp"), 1, lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(provider="aws"), 1, lease_settings)
+    assert redis_client.zscore(serving.LOAD_KEY, aws) is None  # full
+    time.sleep(1.2)
+    got = leases.acquire(redis_client, "c", leases.Filters(provider="aws"), 60, lease_settings)
+    assert got.uid == aws and got.used == 1
+
+
+def test_withdraw_forgets_the_proxy_leases_and_renewing_one_ends_it(redis_client, lease_settings):
+    [a] = _publish(redis_client, 1, max_leases=3)
+    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    serving.withdraw(redis_client, a)
+    assert redis_client.zcard("po:lease-expiry") == 0
+    with pytest.raises(leases.LeaseError) as info:
+        leases.renew(redis_client, "c", got.id, None, lease_settings)
+    assert info.value.code == leases.PROXY_UNAVAILABLE
