@@ -15,8 +15,10 @@ proxy ever holds more than ``maxLeases`` live leases.  The script:
    namespace, label selector), not cooling down for this client, and — after purging its
    expired leases — fewer live leases than ``maxLeases``.  A request therefore reads a few
    proxies, not the whole fleet (further only past proxies that are filtered out or cooling
-   down for this client).  When none fits, it reads every published proxy to say how many
-   matched, were full or were cooling down (the 503 message);
+   down for this client).  When none fits, it finishes sweeping expired leases if more
+   than :data:`EXPIRE_BATCH` were due (up to :data:`EXPIRE_BACKLOG`) and reads the index
+   again, then counts the full proxies from ``po:full`` (by number alone when the request has
+   no filters) to say how many matched, were full or were cooling down (the 503 message);
 4. reserves: adds the lease to the proxy's sorted set of live leases and to the expiry
    index, writes the lease record, (re)binds the session, and moves the proxy in the index.
 
@@ -58,6 +60,8 @@ PROXY_UNAVAILABLE = "proxy_unavailable"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
+#: Expired leases a request that found no room sweeps at most before it reads the index again.
+EXPIRE_BACKLOG = 10_000
 #: Proxies one page of the lease index holds (the script reads pages until one fits).
 INDEX_PAGE = 32
 
@@ -73,15 +77,20 @@ local cooling_any = redis.call('EXISTS', cool) == 1
 local sel = f.selector or {}
 local stats = {matching = 0, cooling = 0, full = 0}
 
--- leases that expired since the last request leave the index
-local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
-local expired_on = {}
-for _, member in ipairs(due) do
-  redis.call('ZREM', 'po:lease-expiry', member)
-  local uid = string.match(member, '^(.*)/[^/]*$')
-  if uid then expired_on[uid] = true end
+-- leases that expired since the last request leave the index (at most limit of them);
+-- returns how many were swept
+local function sweep(limit)
+  local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, limit)
+  local expired_on = {}
+  for _, member in ipairs(due) do
+    redis.call('ZREM', 'po:lease-expiry', member)
+    local uid = string.match(member, '^(.*)/[^/]*$')
+    if uid then expired_on[uid] = true end
+  end
+  for uid in pairs(expired_on) do reindex(uid, now) end
+  return #due
 end
-for uid in pairs(expired_on) do reindex(uid, now) end
+local swept = sweep(tonumber(ARGV[8]))
 
 local function labels_ok(raw)
   if #sel == 0 then return true end
@@ -154,33 +163,63 @@ if session ~= '' then
     if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
   end
 end
-if not chosen then
-  -- the index holds only proxies with free capacity, least loaded first
+-- the index holds only proxies with free capacity, least loaded first
+local function scan(count)
   local page, start = tonumber(ARGV[9]), 0
-  while not chosen do
+  while true do
     local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
     for _, uid in ipairs(uids) do
-      local used, max = check(uid, false, true)
-      if used then chosen, chosen_used, chosen_max = uid, used, max; break end
+      local used, max = check(uid, count, true)
+      if used then return uid, used, max end
     end
-    if #uids < page then break end
+    if #uids < page then return nil end
     start = start + page
+  end
+end
+if not chosen then
+  chosen, chosen_used, chosen_max = scan(false)
+  if not chosen then
+    -- More leases expired than one request sweeps: finish the sweep, so the proxies they
+    -- free are back in the index.  Then read the index again (short: only proxies with room
+    -- that this request cannot use), counting why each one does not fit.
+    if swept == tonumber(ARGV[8]) then sweep(tonumber(ARGV[10])) end
+    for _, uid in ipairs(stale) do reindex(uid, now) end
+    stale = {}
+    chosen, chosen_used, chosen_max = scan(true)
   end
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
 if not chosen then
-  -- Read every published proxy: to say why none fits, or to find one the index missed (a
-  -- full proxy whose lease expired among more than EXPIRE_BATCH expiries not swept yet).
-  for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-    local used, max = check(uid, true, false)
-    if used and (not chosen or used / max < chosen_used / chosen_max) then
-      chosen, chosen_used, chosen_max = uid, used, max
+  -- the full proxies, from po:full: without filters only their number and this client's
+  -- cooldowns are read; with filters each full proxy's labels and placement
+  local filtered = f.provider or f.zone or f.namespace or #sel > 0
+  local full = redis.call('SCARD', KEYS[2])
+  if not filtered then
+    local cooling_full = 0
+    if cooling_any then
+      for _, uid in ipairs(redis.call('ZRANGE', cool, 0, -1)) do
+        if redis.call('SISMEMBER', KEYS[2], uid) == 1 then cooling_full = cooling_full + 1 end
+      end
+    end
+    stats.matching = stats.matching + full
+    stats.cooling = stats.cooling + cooling_full
+    stats.full = stats.full + full - cooling_full
+  else
+    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+      local h = redis.call('HMGET', 'po:proxy:' .. uid, 'provider', 'zone', 'namespace', 'labels')
+      if (not f.provider or h[1] == f.provider) and (not f.zone or h[2] == f.zone)
+          and (not f.namespace or h[3] == f.namespace) and labels_ok(h[4]) then
+        stats.matching = stats.matching + 1
+        if cooling_any and redis.call('ZSCORE', cool, uid) then
+          stats.cooling = stats.cooling + 1
+        else
+          stats.full = stats.full + 1
+        end
+      end
     end
   end
-  if not chosen then
-    return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
-                         cooling = stats.cooling, full = stats.full})
-  end
+  return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
+                       cooling = stats.cooling, full = stats.full})
 end
 local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
@@ -188,6 +227,7 @@ redis.call('ZADD', 'po:lease-expiry', exp, chosen .. '/' .. lease_id)
 local used_now = chosen_used + 1
 if used_now >= chosen_max then
   redis.call('ZREM', KEYS[1], chosen)
+  redis.call('SADD', KEYS[2], chosen)
 else
   redis.call('ZADD', KEYS[1], used_now + used_now / chosen_max / 2, chosen)
 end
@@ -441,9 +481,9 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
             were cooling down for this client).
     """
     lease_id = new_lease_id()
-    raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.PROXIES_KEY], [
+    raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.FULL_KEY], [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000, EXPIRE_BATCH, INDEX_PAGE])
+        settings.record_grace * 1000, EXPIRE_BATCH, INDEX_PAGE, EXPIRE_BACKLOG])
     doc = json.loads(raw)
     if "error" in doc:
         raise LeaseError(NO_PROXY_AVAILABLE,

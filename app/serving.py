@@ -30,6 +30,8 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
   same atomic step (:func:`publish`, :func:`refresh`, :func:`withdraw`, the health engine's
   record script, the lease scripts); anything else that writes those fields (a test, a
   benchmark) calls :func:`reindex`.
+* ``po:full`` — set of the leasable uids at ``maxLeases`` (the other half of the index), so a
+  lease request that finds no room can say why without reading the fleet.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ DUE_KEY = "po:health:due"
 OK_KEY = "po:health:ok"
 FAILING_KEY = "po:health:failing"
 LOAD_KEY = "po:load"
+FULL_KEY = "po:full"
 
 #: Lua defining ``now`` (ms, the Redis server's clock) for scripts that prepend it.
 NOW_LUA = """
@@ -52,15 +55,17 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 #: Lua defining ``reindex(uid, now)``: drop the proxy's expired leases and put it in
-#: ``po:load`` with its load as score, or take it out when it is full, not leasable or gone.
+#: ``po:load`` with its load as score, or in ``po:full`` when it is at ``maxLeases``, or in
+#: neither when it is not leasable or gone.
 #: Returns its live leases (0 when not leasable).  Prepended to every script that changes
 #: ``healthy``, ``maxLeases`` or a proxy's leases.
 REINDEX_LUA = """
 local function reindex(uid, now)
   local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases')
   local max = tonumber(h[2]) or 0
-  if h[1] ~= '1' or max <= 0 then
+  if h[1] ~= '1' or max ~= max or max <= 0 then
     redis.call('ZREM', 'po:load', uid)
+    redis.call('SREM', 'po:full', uid)
     return 0
   end
   local lk = 'po:leases:' .. uid
@@ -68,8 +73,10 @@ local function reindex(uid, now)
   local used = redis.call('ZCARD', lk)
   if used >= max then
     redis.call('ZREM', 'po:load', uid)
+    redis.call('SADD', 'po:full', uid)
   else
     redis.call('ZADD', 'po:load', used + used / max / 2, uid)
+    redis.call('SREM', 'po:full', uid)
   end
   return used
 end
@@ -254,6 +261,7 @@ def withdraw(r, uid: str) -> None:
     pipe.srem(FAILING_KEY, uid)
     pipe.delete(leases_key(uid))
     pipe.zrem(LOAD_KEY, uid)
+    pipe.srem(FULL_KEY, uid)
     pipe.execute()
 
 

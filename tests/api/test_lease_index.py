@@ -209,3 +209,38 @@ def test_withdraw_forgets_the_proxy_leases_and_renewing_one_ends_it(redis_client
     with pytest.raises(leases.LeaseError) as info:
         leases.renew(redis_client, "c", got.id, None, lease_settings)
     assert info.value.code == leases.PROXY_UNAVAILABLE
+
+
+@pytest.mark.parametrize("filters", [leases.Filters(), leases.Filters(namespace="idx")])
+def test_a_saturated_fleet_answers_503_without_reading_it(redis_client, lease_settings, filters):
+    """Crawlers keep asking when every proxy is taken: each 503 must stay cheap."""
+    uids = _publish(redis_client, 300, max_leases=1)
+    for _ in uids:
+        leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(redis_client, "late", filters, 60, lease_settings)  # loads the script
+    before = _hmget_calls(redis_client)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "late", filters, 60, lease_settings)
+    assert "300 match the filters, 300 of them at maxLeases, 0 cooling down" in info.value.message
+    spent = _hmget_calls(redis_client) - before
+    # Without filters the count of full proxies is read, not the proxies; a filter must look
+    # at each full proxy's placement (one read each), never at their leases.
+    assert spent == (0 if filters == leases.Filters() else 300)
+
+
+def test_the_503_counts_cooling_full_and_free_proxies_apart(redis_client, lease_settings):
+    _, _, c = _publish(redis_client, 3, max_leases=1)
+    first = leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings)   # a full
+    leases.release(redis_client, "x", first.id, "blocked", lease_settings)           # a cools for x
+    leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)          # a full again
+    leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)          # b full
+    second = leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)  # c full
+    leases.release(redis_client, "y", second.id, "blocked", lease_settings)          # c free, cools for y
+    assert leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings).uid == c  # c is not cooling for x
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings)
+    assert "3 match the filters, 2 of them at maxLeases, 1 cooling down" in info.value.message
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "y", leases.Filters(namespace="idx"), 60, lease_settings)
+    assert "3 match the filters, 2 of them at maxLeases, 1 cooling down" in info.value.message
