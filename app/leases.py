@@ -60,7 +60,9 @@ PROXY_UNAVAILABLE = "proxy_unavailable"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
-#: Expired leases a request that found no room sweeps at most before it reads the index again.
+#: Expired leases a request that found no room sweeps at most before it reads the index again
+#: (beyond this many due at once, a full proxy freed by an unswept expiry can be counted full
+#: in one 503; the next requests sweep the rest).
 EXPIRE_BACKLOG = 10_000
 #: Proxies one page of the lease index holds (the script reads pages until one fits).
 INDEX_PAGE = 32
@@ -129,7 +131,7 @@ local stale = {}
 local function check(uid, count, scan)
   local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
   local max = tonumber(h[2]) or 0
-  if h[1] ~= '1' or max <= 0 then
+  if h[1] ~= '1' or max ~= max or max <= 0 then
     if scan then stale[#stale + 1] = uid end
     return nil
   end
@@ -230,6 +232,7 @@ if used_now >= chosen_max then
   redis.call('SADD', KEYS[2], chosen)
 else
   redis.call('ZADD', KEYS[1], used_now + used_now / chosen_max / 2, chosen)
+  redis.call('SREM', KEYS[2], chosen)
 end
 local lk = 'po:lease:' .. lease_id
 redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,

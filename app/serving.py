@@ -194,7 +194,9 @@ def reindex_all(r) -> int:
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    uids = sorted(r.smembers(PROXIES_KEY))
+    # Members of the index whose record is gone (written by an older version that did not
+    # know one of its sets) are taken out as well.
+    uids = sorted(r.smembers(PROXIES_KEY) | r.smembers(FULL_KEY) | set(r.zrange(LOAD_KEY, 0, -1)))
     pipe = r.pipeline(transaction=False)
     for uid in uids:
         _REINDEX(pipe, [], [uid])

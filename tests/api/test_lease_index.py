@@ -244,3 +244,34 @@ def test_the_503_counts_cooling_full_and_free_proxies_apart(redis_client, lease_
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "y", leases.Filters(namespace="idx"), 60, lease_settings)
     assert "3 match the filters, 2 of them at maxLeases, 1 cooling down" in info.value.message
+
+
+def test_rebuilding_the_index_drops_members_without_a_record(redis_client, lease_settings):
+    """What an older version may leave: index members whose proxy was withdrawn."""
+    [a] = _publish(redis_client, 1, max_leases=1)
+    redis_client.sadd(serving.FULL_KEY, "uid-gone-1")
+    redis_client.zadd(serving.LOAD_KEY, {"uid-gone-2": 0})
+    assert serving.reindex_all(redis_client) == 1
+    assert redis_client.smembers(serving.FULL_KEY) == set()
+    assert redis_client.zrange(serving.LOAD_KEY, 0, -1) == [a]
+
+
+def test_a_sticky_lease_on_a_freed_proxy_leaves_it_in_one_half_of_the_index(redis_client, lease_settings):
+    """The session's proxy was full; its leases expired behind a backlog not swept yet."""
+    big, p = _publish(redis_client, 2, max_leases=3)
+    for uid, max_leases in ((big, "500"), (p, "0")):  # the backlog goes to big alone
+        redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
+        serving.reindex(redis_client, uid)
+    for _ in range(leases.EXPIRE_BATCH + 20):  # these expire first
+        leases.acquire(redis_client, "other", leases.Filters(), 1, lease_settings)
+    for uid, max_leases in ((big, "0"), (p, "3")):  # now the session lands on p
+        redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
+        serving.reindex(redis_client, uid)
+    for _ in range(3):
+        assert leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings, "s").uid == p
+    assert redis_client.sismember(serving.FULL_KEY, p)
+    time.sleep(1.2)
+    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings, "s")
+    assert got.uid == p and got.sticky and got.used == 1
+    assert not redis_client.sismember(serving.FULL_KEY, p)
+    assert redis_client.zscore(serving.LOAD_KEY, p) == pytest.approx(1 + 1 / 3 / 2)
