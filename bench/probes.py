@@ -114,9 +114,12 @@ def main() -> None:
             p = kube.get_proxy(namespace, name)
             return p.raw if p else None
 
-        def patch_status(namespace, name, status):
-            return kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                                     {"status": status})
+        def patch_status(namespace, name, status, resource_version=None):
+            # as app.kube.patch_proxy_status: the resourceVersion is a precondition
+            body: dict = {"status": status}
+            if resource_version:
+                body["metadata"] = {"resourceVersion": resource_version}
+            return kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
 
         for n, label in enumerate(("sweep 1 (all turn Ready, learn egress IPs)", "sweep 2 (steady state)")):
             when = time.time() + n * 31  # sweep 2 as if the 30 s interval were over
