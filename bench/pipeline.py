@@ -87,7 +87,7 @@ class CeleryEvents(threading.Thread):
                 try:
                     recv.capture(limit=None, timeout=1, wakeup=False)
                 except Exception as exc:  # noqa: BLE001 - socket timeout: loop and check stop_flag
-                    if not isinstance(exc, (TimeoutError, OSError)):
+                    if not self.stop_flag and not isinstance(exc, (TimeoutError, OSError)):
                         print(f"event receiver: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
