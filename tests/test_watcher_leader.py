@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.kubefake import FakeKube
+from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings, LeaderElector
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,15 +48,6 @@ class Candidate:
 
 def holder(fake: FakeKube) -> dict:
     return (fake.store.find("leases", NS, NAME) or {}).get("spec") or {}
-
-
-def wait_until(pred, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def test_first_candidate_creates_the_lease_and_leads(fake):

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.kubefake import FakeKube
+from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings
 from watchers.main import WatcherSettings, run
 from watchers.stream import StreamSettings
@@ -43,15 +44,6 @@ def healthz(port: int) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def wait_until(pred, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 @pytest.fixture
