@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -237,11 +239,9 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                         pool=pool_name, volume=base, xml=xml)
 
         def upload(conn: libvirt.virConnect) -> tuple[str, int]:
-            stream = conn.newStream(0)
-            vol.upload(stream, 0, 0, 0)
             digest = hashlib.sha256()
             total = 0
-            try:
+            with upload_stream(conn, vol, 0) as stream:
                 try:
                     for chunk in resp.iter_content(_CHUNK):
                         digest.update(chunk)
@@ -257,13 +257,6 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                 if img.sha256 and digest.hexdigest() != img.sha256:
                     raise Permanent(f"image {img.key}: SHA-256 of {source} is {digest.hexdigest()}, "
                                     f"the config says {img.sha256}")
-                stream.finish()
-            except BaseException:
-                try:
-                    stream.abort()
-                except libvirt.libvirtError:
-                    pass
-                raise
             return digest.hexdigest(), total
 
         try:
@@ -279,6 +272,27 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
     return hexdigest
 
 
+@contextmanager
+def upload_stream(conn: libvirt.virConnect, vol: libvirt.virStorageVol, length: int) -> Iterator[libvirt.virStream]:
+    """Open a stream uploading into ``vol`` (``length`` bytes; 0 = up to the volume's end).
+
+    The stream is finished when the block ends and aborted when it raises (libvirt requires
+    one or the other before the stream is released; an abort that fails is ignored so the
+    block's own error is the one raised).
+    """
+    stream = conn.newStream(0)
+    vol.upload(stream, 0, length, 0)
+    try:
+        yield stream
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        raise
+
+
 def send_all(stream: libvirt.virStream, data: bytes) -> None:
     """Send all of ``data`` on a blocking libvirt stream."""
     view = memoryview(data)
@@ -292,17 +306,8 @@ def send_all(stream: libvirt.virStream, data: bytes) -> None:
 def upload_bytes(link: HostLink, vol: libvirt.virStorageVol, data: bytes, **ids: str) -> None:
     """Upload ``data`` into ``vol`` (one traced ``virStorageVolUpload``; the body is never logged)."""
     def upload(conn: libvirt.virConnect) -> None:
-        stream = conn.newStream(0)
-        vol.upload(stream, 0, len(data), 0)
-        try:
+        with upload_stream(conn, vol, len(data)) as stream:
             for i in range(0, len(data), _CHUNK):
                 send_all(stream, data[i:i + _CHUNK])
-            stream.finish()
-        except BaseException:
-            try:
-                stream.abort()
-            except libvirt.libvirtError:
-                pass
-            raise
 
     link.call("virStorageVolUpload", upload, bytes=len(data), **ids)
