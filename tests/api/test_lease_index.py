@@ -16,20 +16,26 @@ from tests.health.fleet import start_squid
 pytestmark = pytest.mark.timeout(60)
 
 
-def _publish(r, n: int, *, max_leases: int = 2, zone: str | None = None) -> list[str]:
-    """Publish ``n`` proxies and record them healthy as the health engine would."""
-    uids = []
-    for i in range(n):
-        spec = {"mode": "External", "endpoint": {"host": f"127.0.9.{i % 250 + 1}", "port": 3128},
-                "maxLeases": max_leases}
-        meta = {"name": f"p{i}", "namespace": "idx", "uid": f"uid-{i:04d}",
-                "labels": {"zone-label": zone or "none"}}
-        proxy = Proxy.from_dict({"metadata": meta, "spec": spec})
-        serving.publish(r, proxy, address=spec["endpoint"]["host"], port=3128, phase="Ready")
-        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-        serving.reindex(r, proxy.uid)
-        uids.append(proxy.uid)
-    return uids
+def _healthy_proxy(r, name: str, uid: str, *, max_leases: int, namespace: str = "idx",
+                   host: str = "127.0.9.9", provider: str | None = None) -> str:
+    """Publish one proxy (External, or Managed on ``provider``) and record it healthy as the
+    health engine would; return its uid."""
+    if provider:
+        spec = {"mode": "Managed", "provider": provider, "cloudInit": {"inline": "#cloud-config\n"}}
+    else:
+        spec = {"mode": "External", "endpoint": {"host": host, "port": 3128}}
+    proxy = Proxy.from_dict({"metadata": {"name": name, "namespace": namespace, "uid": uid},
+                             "spec": {**spec, "maxLeases": max_leases}})
+    serving.publish(r, proxy, address=host, port=3128, phase="Ready")
+    r.hset(serving.proxy_key(uid), mapping={"health": "healthy", "healthy": "1"})
+    serving.reindex(r, uid)
+    return uid
+
+
+def _publish(r, n: int, *, max_leases: int = 2) -> list[str]:
+    """Publish ``n`` healthy External proxies ``p0``… (uids ``uid-0000``…, in that order)."""
+    return [_healthy_proxy(r, f"p{i}", f"uid-{i:04d}", max_leases=max_leases, host=f"127.0.9.{i % 250 + 1}")
+            for i in range(n)]
 
 
 def _hmget_calls(r) -> int:
@@ -85,43 +91,28 @@ def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
     small = _publish(redis_client, 200, max_leases=1)
     for _ in small:
         leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
-    big = Proxy.from_dict({"metadata": {"name": "big", "namespace": "idx", "uid": "uid-big"},
-                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.200", "port": 3128},
-                                    "maxLeases": 50}})
-    serving.publish(redis_client, big, address="127.0.9.200", port=3128, phase="Ready")
-    redis_client.hset(serving.proxy_key(big.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(redis_client, big.uid)
+    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=50, host="127.0.9.200")
     leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
     before = _hmget_calls(redis_client)
     got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    assert got.uid == big.uid and _hmget_calls(redis_client) - before <= 3
+    assert got.uid == big and _hmget_calls(redis_client) - before <= 3
 
 
 def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_settings):
     small = _publish(redis_client, 1, max_leases=2)[0]
-    big = Proxy.from_dict({"metadata": {"name": "big", "namespace": "idx", "uid": "uid-big"},
-                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.200", "port": 3128},
-                                    "maxLeases": 10}})
-    serving.publish(redis_client, big, address="127.0.9.200", port=3128, phase="Ready")
-    redis_client.hset(serving.proxy_key(big.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(redis_client, big.uid)
+    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=10, host="127.0.9.200")
     first, second = (leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings) for _ in range(2))
-    assert {first.uid, second.uid} == {small, big.uid}
+    assert {first.uid, second.uid} == {small, big}
     # Both carry one lease now: 1/10 beats 1/2.
-    assert leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings).uid == big.uid
+    assert leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings).uid == big
 
 
 def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_settings):
     _publish(redis_client, 40)
-    odd = Proxy.from_dict({"metadata": {"name": "odd", "namespace": "other", "uid": "uid-odd"},
-                           "spec": {"mode": "External", "endpoint": {"host": "127.0.9.201", "port": 3128},
-                                    "maxLeases": 1}})
-    serving.publish(redis_client, odd, address="127.0.9.201", port=3128, phase="Ready")
-    redis_client.hset(serving.proxy_key(odd.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(redis_client, odd.uid)
+    odd = _healthy_proxy(redis_client, "odd", "uid-odd", max_leases=1, namespace="other", host="127.0.9.201")
     # The matching proxy sorts last (uid order among equal loads) and beyond the first page.
     got = leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
-    assert got.uid == odd.uid
+    assert got.uid == odd
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
     assert "1 match the filters, 1 of them at maxLeases" in info.value.message
@@ -181,17 +172,8 @@ def test_the_api_starts_while_redis_is_down(tokens_file):
 def test_a_proxy_freed_behind_a_backlog_of_expiries_is_still_leased(redis_client, lease_settings):
     """More expired leases than one request sweeps, on proxies this request cannot use, come
     before the one that would fit: the request still finds it (no false 503)."""
-    def one(name, provider, max_leases):
-        px = Proxy.from_dict({"metadata": {"name": name, "namespace": "idx", "uid": f"uid-{name}"},
-                              "spec": {"mode": "Managed", "provider": provider, "maxLeases": max_leases,
-                                       "cloudInit": {"inline": "#cloud-config\n"}}})
-        serving.publish(redis_client, px, address="127.0.9.9", port=3128, phase="Ready")
-        redis_client.hset(serving.proxy_key(px.uid), "healthy", "1")
-        serving.reindex(redis_client, px.uid)
-        return px.uid
-
-    one("g", "gcp", 200)
-    aws = one("a", "aws", 1)
+    _healthy_proxy(redis_client, "g", "uid-g", max_leases=200, provider="gcp")
+    aws = _healthy_proxy(redis_client, "a", "uid-a", max_leases=1, provider="aws")
     for _ in range(leases.EXPIRE_BATCH + 50):
         leases.acquire(redis_client, "c", leases.Filters(provider="gcp"), 1, lease_settings)
     leases.acquire(redis_client, "c", leases.Filters(provider="aws"), 1, lease_settings)
