@@ -128,11 +128,11 @@ end
 -- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
 -- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
 local stale = {}
-local function check(uid, count, scan)
+local function check(uid, count, in_index)
   local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max ~= max or max <= 0 then
-    if scan then stale[#stale + 1] = uid end
+    if in_index then stale[#stale + 1] = uid end
     return nil
   end
   if f.provider and h[3] ~= f.provider then return nil end
@@ -149,7 +149,7 @@ local function check(uid, count, scan)
   local used = redis.call('ZCARD', lk)
   if used >= max then
     if count then stats.full = stats.full + 1 end
-    if scan then stale[#stale + 1] = uid end
+    if in_index then stale[#stale + 1] = uid end
     return nil
   end
   return used, max

@@ -26,10 +26,10 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
 * ``po:load`` — the lease index: sorted set of the uids a lease can go to (``healthy`` is
   ``"1"``, ``maxLeases`` > 0, fewer live leases than ``maxLeases``) scored by load,
   ``used + used / maxLeases / 2`` (live leases first, then the fill ratio), so a lease
-  request reads the least-loaded proxies first instead of scanning the fleet.  Every writer of ``healthy`` or ``maxLeases`` keeps it in step in the
-  same atomic step (:func:`publish`, :func:`refresh`, :func:`withdraw`, the health engine's
-  record script, the lease scripts); anything else that writes those fields (a test, a
-  benchmark) calls :func:`reindex`.
+  request reads the least-loaded proxies first instead of scanning the fleet.  Every writer
+  of ``healthy`` or ``maxLeases`` keeps it in step in the same atomic step (:func:`publish`,
+  :func:`refresh`, :func:`withdraw`, the health engine's record script, the lease scripts);
+  anything else that writes those fields (a test, a benchmark) calls :func:`reindex`.
 * ``po:full`` — set of the leasable uids at ``maxLeases`` (the other half of the index), so a
   lease request that finds no room can say why without reading the fleet.
 """
@@ -205,7 +205,7 @@ def reindex_all(r) -> int:
 
 
 def reindex(r, uid: str) -> int:
-    """Bring ``uid``'s entry in the lease index (``po:load``) in step with its record.
+    """Bring ``uid``'s place in the lease index (``po:load`` or ``po:full``) in step with its record.
 
     Only for code that writes ``healthy`` or ``maxLeases`` itself (the product's writers do it
     atomically).  Atomic; a missing record takes the uid out of the index.
