@@ -194,18 +194,21 @@ def connection_split(master_pid: int, port: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def wait_http(host: str, port: int, timeout: float = 30) -> None:
+def wait_http(host: str, port: int, path: str = "/healthz", timeout: float = 30) -> None:
+    """Poll ``GET path`` until it answers 200; exit the benchmark after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection(host, port, timeout=1)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                conn.close()
+            conn.request("GET", path)
+            status = conn.getresponse().status
+            conn.close()
+            if status == 200:
                 return
         except OSError:
-            time.sleep(0.1)
-    raise SystemExit("gunicorn did not answer /healthz")
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"gunicorn did not answer {path}")
 
 
 FLOOR_APP = """def app(environ, start_response):
@@ -221,18 +224,7 @@ def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> t
     proc = Process("gunicorn-floor", argv_head + ["-b", f"127.0.0.1:{port}", "--chdir", workdir, "floorapp:app"],
                    {}, workdir).start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                conn.request("GET", "/")
-                conn.getresponse().read()
-                conn.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("floor gunicorn did not answer") from None
-                time.sleep(0.1)
+        wait_http("127.0.0.1", port, "/")
         counts = [0] * threads
         stop = time.monotonic() + seconds
 
