@@ -17,7 +17,7 @@ $(BIN)/proxy-operator: pyproject.toml
 test: venv
 	$(BIN)/pytest -q -ra
 
-## test-fast: unit tests only (no real processes)
+## test-fast: the suite without the tests marked slow (most still start real processes)
 test-fast: venv
 	$(BIN)/pytest -q -m 'not slow'
 
