@@ -1,4 +1,4 @@
-"""Orphan collection (SPEC §5 "GC").
+"""Orphan collection ("GC").
 
 An instance is an orphan when it carries our managed-by tag, its Proxy UID tag names no
 existing Proxy, it is older than the grace period, and its Proxy was not released with
@@ -40,22 +40,37 @@ class SweepReport:
 
 
 def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str], now: datetime,
-            grace_seconds: float) -> list[Instance]:
+            grace_seconds: float, current: dict[str, str] | None = None) -> list[Instance]:
     """Return the instances GC may delete (see module docstring).
+
+    An instance carrying the abandoned tag (:data:`app.naming.TAG_ABANDONED`, written by the
+    provider's ``abandon`` when its Proxy was released with skip-cleanup) is never returned:
+    that mark lives with the instance, so it holds whatever happened to Redis.
 
     Args:
         instances: the provider's listing.
         live_uids: UIDs of every existing Proxy.
-        abandoned: UIDs released with skip-cleanup.
+        abandoned: UIDs released with skip-cleanup according to Redis (``po:abandoned``); an
+            extra hint only, correctness rests on the tag.
         now: current time, timezone-aware.
         grace_seconds: minimum age; instances without a creation time are kept.
+        current: for live Proxies of *this* provider's sweep that record an instance, Proxy UID ->
+            the provider ID their status names (``""`` when it names another provider's).
+            An instance of such a Proxy that is not the named one is *superseded* (left behind
+            by a move to another zone, host or provider whose old place was unreachable) and
+            is collected like an orphan.  Proxies recording nothing are left out: their
+            instance may be being created.
     """
     out = []
     for inst in instances:
         if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY:
             continue
+        if naming.is_abandoned(inst.tags):
+            continue
         uid = inst.tags.get(naming.TAG_PROXY_UID)
-        if not uid or uid in live_uids or uid in abandoned:
+        if not uid or uid in abandoned:
+            continue
+        if uid in live_uids and (current is None or uid not in current or current[uid] == inst.provider_id):
             continue
         if inst.created is None:
             continue
@@ -66,8 +81,31 @@ def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str],
     return out
 
 
+def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, str]]:
+    """Return ``(live UIDs, current)`` of ``proxies`` for a sweep of ``provider_name``.
+
+    Args:
+        proxies: every existing Proxy (:class:`app.resources.Proxy`).
+        provider_name: the provider being swept.
+    Returns:
+        the UIDs of every Proxy, and the ``current`` mapping :func:`orphans` takes: UID ->
+        recorded ``status.providerID`` for Proxies whose recorded provider
+        (``status.provider``, else ``spec.provider``) is ``provider_name``, ``""`` for those
+        recording another provider's instance.
+    """
+    live: set[str] = set()
+    current: dict[str, str] = {}
+    for proxy in proxies:
+        live.add(proxy.uid)
+        recorded = proxy.status.get("providerID")
+        if recorded:
+            owner = proxy.status.get("provider") or proxy.spec.provider
+            current[proxy.uid] = recorded if owner == provider_name else ""
+    return live, current
+
+
 def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], abandoned: set[str],
-          grace_seconds: float, now: datetime | None = None) -> SweepReport:
+          grace_seconds: float, now: datetime | None = None, current: dict[str, str] | None = None) -> SweepReport:
     """Delete the orphans in ``listing`` with ``delete(provider_id)``.
 
     ``delete`` is the provider's own ``delete``, or (sharded sweeps) a function that queues
@@ -82,35 +120,37 @@ def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], 
         log.warning("gc %s: listing partial (%s); deleting nothing this sweep", provider_name,
                     "; ".join(listing.errors) or "unknown reason")
         return report
-    for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds):
+    for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds,
+                        current):
         try:
             delete(inst.provider_id)
             report.deleted.append(inst.provider_id)
-            log.info("gc %s: deleted orphan %s (proxy uid %s)", provider_name, inst.provider_id,
-                     inst.tags.get(naming.TAG_PROXY_UID))
+            uid = inst.tags.get(naming.TAG_PROXY_UID)
+            log.info("gc %s: deleted %s %s (proxy uid %s)", provider_name,
+                     "superseded instance" if uid in live_uids else "orphan", inst.provider_id, uid)
         except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
             report.errors.append(f"{inst.provider_id}: {describe(exc)}")
             log.warning("gc %s: deleting orphan %s failed: %s", provider_name, inst.provider_id, describe(exc))
     return report
 
 
-def collect(provider_name: str, provider, list_proxy_uids, abandoned: set[str], grace_seconds: float,
+def collect(provider_name: str, provider, list_proxies, abandoned: set[str], grace_seconds: float,
             tag: str = naming.MANAGED_BY) -> SweepReport:
-    """One provider's GC pass: list by tag, then delete the orphans.
+    """One provider's GC pass: list by tag, then delete the orphans and superseded instances.
 
     Args:
         provider_name: for logs and the report.
         provider: the (metered) provider.
-        list_proxy_uids: callable returning the UIDs of every existing Proxy; called *after*
-            the provider listing, so a Proxy created meanwhile is seen as live.
+        list_proxies: callable returning every existing Proxy (:class:`app.resources.Proxy`);
+            called *after* the provider listing, so a Proxy created meanwhile is seen as live.
         abandoned: UIDs released with skip-cleanup.
         grace_seconds: minimum orphan age.
     Raises:
         Exception: when listing the Proxies fails (nothing is deleted then).
     """
     listing = provider.list_by_tag(tag)
-    live = set(list_proxy_uids())
-    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds)
+    live, current = current_instances(list_proxies(), provider_name)
+    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds, current=current)
 
 
 # -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------

@@ -17,6 +17,11 @@ MANAGED_BY = "proxy-operator"
 TAG_MANAGED_BY = "managed-by"
 #: Tag key carrying the owning Proxy's ``metadata.uid``.
 TAG_PROXY_UID = "proxy-uid"
+#: Tag key marking an instance its Proxy released with the skip-cleanup annotation: GC never
+#: deletes an instance carrying it (the mark lives with the instance, so it survives Redis).
+TAG_ABANDONED = "abandoned"
+#: Value of the abandoned tag.
+ABANDONED = "true"
 
 _RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -44,3 +49,8 @@ def is_rfc1035_label(value: str) -> bool:
 def tags_for(uid: str) -> dict[str, str]:
     """Return the tags every instance of the Proxy ``uid`` carries: managed-by and the Proxy UID."""
     return {TAG_MANAGED_BY: MANAGED_BY, TAG_PROXY_UID: uid}
+
+
+def is_abandoned(tags: dict[str, str] | None) -> bool:
+    """Return whether ``tags`` carry the abandoned mark (``abandoned=true``, see :data:`TAG_ABANDONED`)."""
+    return bool(tags) and tags.get(TAG_ABANDONED) == ABANDONED

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes.client import ApiException
 
@@ -26,7 +26,7 @@ from app import conditions, naming, serving
 from app import squid as squid_conf
 from app.providers.base import CreateRequest, Instance, InstanceState
 from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
-from app.providers.registry import Registry
+from app.providers.registry import Registry, UnknownProvider
 from app.resources import (COND_HEALTHY, COND_PROVISIONED, COND_READY, FAILED, FINALIZER, PENDING, PROVISIONING,
                            READY, RUNNING, TERMINATING, UNHEALTHY, Proxy)
 from app.settings import Settings
@@ -67,6 +67,10 @@ class Context:
         redis: ``redis.Redis`` (serving view).
         settings: :class:`app.settings.Settings`.
         squid_policy: fallback squid policy when the provider's config entry has none.
+        retire: ``retire(provider_name, provider_id, ref)`` has a replaced instance deleted
+            *where it lives*: the task layer queues :func:`retire_instance` on that instance's
+            own queue (a KVM host's), so a step never touches another place.  ``None`` (tests,
+            single-process tools) runs :func:`retire_instance` inline.
     """
 
     kube: Any
@@ -74,6 +78,7 @@ class Context:
     redis: Any
     settings: Settings
     squid_policy: squid_conf.SquidPolicy | None = None
+    retire: Callable[[str, str, "Ref"], None] | None = None
 
 
 def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
@@ -248,6 +253,62 @@ def _guard(ctx: Context, latest: _Latest, action: str, attempt: int, fn) -> Foll
         return Followup(action, 0.5 + random.uniform(0, 1), attempt)
 
 
+# -- instances elsewhere ---------------------------------------------------------------------
+def _retire(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> None:
+    if ctx.retire is not None:
+        ctx.retire(provider_name, provider_id, ref)
+        return
+    try:  # inline (no task layer): best effort, GC collects the instance as superseded
+        retire_instance(ctx, provider_name, provider_id, ref)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("proxy %s/%s: deleting replaced instance %s failed: %s (GC collects it)", ref.namespace,
+                    ref.name, provider_id, describe(exc))
+
+
+def retire_instance(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> bool:
+    """Delete a replaced instance unless its Proxy names it again; return whether it was deleted.
+
+    Runs on the instance's own queue (the task layer routes it there).  The Proxy ``ref`` is
+    re-read first: when its status records ``provider_id`` of ``provider_name`` again (moved
+    back), the instance is current and kept.
+
+    Raises:
+        ProviderError: the delete failed (the caller retries; GC collects the instance as
+            superseded if it never succeeds).
+    """
+    proxy = _load(ctx, ref)
+    if proxy is not None and proxy.status.get("providerID") == provider_id and \
+            (proxy.status.get("provider") or proxy.spec.provider) == provider_name:
+        log.info("proxy %s: instance %s is current again; not deleting it", proxy.key, provider_id)
+        return False
+    ctx.registry.get(provider_name).delete(provider_id)
+    log.info("proxy %s/%s: deleted replaced instance %s", ref.namespace, ref.name, provider_id)
+    return True
+
+
+def _delete_if_abandoned(ctx: Context, proxy: Proxy, provider, provider_id: str) -> None:
+    """After a failed create: if the Proxy is gone, delete whatever the create left (best effort)."""
+    try:
+        if _load(ctx, Ref(proxy.namespace, proxy.name, proxy.uid)) is not None:
+            return  # the delete step (or a retry) finds it by the recorded provider ID
+        provider.delete(provider_id)
+        log.warning("proxy %s: gone while its create failed; deleted %s", proxy.key, provider_id)
+    except Exception as exc:  # noqa: BLE001 - the create's own error is what the caller reports
+        log.warning("proxy %s: cleaning up after a failed create: %s (GC collects it)", proxy.key, describe(exc))
+
+
+def _exists(provider, provider_id: str) -> bool:
+    """Whether ``provider_id`` still exists (a Pod still terminating does)."""
+    try:
+        provider.get(provider_id)
+    except NotFound:
+        return False
+    except Permanent as exc:  # e.g. a host removed from the config: nothing left we could reach
+        log.info("instance %s: cannot be checked (%s); counting it as gone", provider_id, exc)
+        return False
+    return True
+
+
 # -- create ----------------------------------------------------------------------------------
 def _user_data(ctx: Context, proxy: Proxy) -> bytes | None:
     spec = proxy.spec
@@ -301,11 +362,16 @@ def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None
 
 
 def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
-    """Make sure the Proxy has a finalizer and an instance (SPEC §5 "Create").
+    """Make sure the Proxy has a finalizer and an instance.
 
-    Managed: provider ``create`` (idempotent by name) -> status Provisioning with the
-    provider ID, then a poll.  A changed spec hash replaces the instance (delete, then
-    create).  External: status Running with the endpoint, published to the serving view.
+    Managed: the provider ID the instance will have is written to the status first
+    (write-ahead), then provider ``create`` (idempotent by name), then status Provisioning and
+    a poll.  A create that finishes after the Proxy is gone deletes what it made; one that
+    finds the Proxy terminating hands over to :func:`delete`.  A changed spec replaces the
+    instance: in the same place (same provider ID) the old one is deleted first; elsewhere
+    (another zone or KVM host, another provider) it is retired on its own queue
+    (``ctx.retire``) and the new one is created without waiting.  External: status Running
+    with the endpoint, published to the serving view.
 
     Returns:
         the followup to enqueue, or ``None``.
@@ -333,27 +399,53 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 p, "False", "Pending", "accepted; waiting for the provider")}))
         provider = ctx.registry.get(p.spec.provider)
         old_id = p.status.get("providerID")
-        if old_id and p.status.get("specHash") == p.spec_hash:
+        old_provider = p.status.get("provider") or p.spec.provider
+        same_spec = bool(old_id) and p.status.get("specHash") == p.spec_hash
+        if same_spec and p.phase in LIVE_PHASES:
             # Nothing about the instance changed (e.g. healthCheck or maxLeases did): record the
-            # generation and let poll confirm the instance.  A Failed Proxy gets another chance
-            # with the new generation: back to Provisioning, and the poll re-publishes it.
-            changes: dict = {"observedGeneration": p.generation}
-            if p.phase == FAILED:
-                changes.update(phase=PROVISIONING, conditions=_provisioned(
-                    p, "False", "Provisioning", "new generation: re-checking the instance"))
-            latest(_write_status(ctx, p, changes))
+            # generation and let poll confirm the instance.
+            latest(_write_status(ctx, p, {"observedGeneration": p.generation}))
             return Followup(POLL, 0)
-        if old_id:
+        name = naming.instance_name(p.uid)
+        new_id = provider.instance_ids(name, p.namespace, p.spec.zone)[0]
+        if old_id and (old_id != new_id or old_provider != p.spec.provider or not same_spec):
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
             p = latest(_write_status(ctx, p, {"phase": PROVISIONING, "address": None, "conditions": _provisioned(
                 p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)}))
-            provider.delete(old_id)
-        inst = provider.create(_request(ctx, p))
+            if old_id == new_id and old_provider == p.spec.provider:
+                provider.delete(old_id)  # same place and name: the old one must go first (same queue)
+            else:
+                # Elsewhere: deleted on its own queue, never waited for; GC collects it as
+                # superseded if that place stays unreachable.
+                _retire(ctx, old_provider, old_id, Ref(p.namespace, p.name, p.uid))
+        # Write-ahead: record where the instance will be *before* creating it, so a delete that
+        # arrives at any point finds it (a status write after a slow create may fail on a stale
+        # resourceVersion; this one fails before anything exists).
         p = latest(_write_status(ctx, p, {
-            "phase": PROVISIONING, "providerID": inst.provider_id, "instanceName": inst.name,
+            "phase": PROVISIONING, "providerID": new_id, "provider": p.spec.provider, "instanceName": name,
             "specHash": p.spec_hash, "observedGeneration": p.generation, "address": None,
-            "conditions": _provisioned(p, "False", "Provisioning", f"instance {inst.name} requested"),
+            "conditions": _provisioned(p, "False", "Creating", f"creating instance {name}"),
+        }))
+        try:
+            inst = provider.create(_request(ctx, p))
+        except BaseException:
+            _delete_if_abandoned(ctx, p, provider, new_id)
+            raise
+        current = _load(ctx, Ref(p.namespace, p.name, p.uid))
+        if current is None:
+            # The Proxy went away while we created (its finalizer was released meanwhile):
+            # nothing would ever delete what we just made.
+            log.warning("proxy %s: gone while its instance was created; deleting %s", p.key, inst.provider_id)
+            provider.delete(inst.provider_id)
+            return None
+        if current.deleting:
+            return Followup(DELETE, 0)
+        p = latest(_write_status(ctx, current, {
+            "phase": PROVISIONING, "providerID": inst.provider_id, "provider": p.spec.provider,
+            "instanceName": inst.name, "specHash": current.spec_hash, "observedGeneration": current.generation,
+            "address": None,
+            "conditions": _provisioned(current, "False", "Provisioning", f"instance {inst.name} requested"),
         }))
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, p, inst)
@@ -369,7 +461,12 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
 
     * Running with an address -> status Running (probes take over from there), published.
     * Still provisioning -> poll again with backoff (``poll_initial`` doubling to ``poll_max``).
-    * NotFound, Stopped or Terminated on a Proxy that should have an instance -> recreate.
+    * Stopped (a domain shut off by a hypervisor reboot, a GCE instance stopped or suspended)
+      -> withdrawn, ``Provisioned=False/InstanceStopped``, provider ``start`` on the *same*
+      instance, Event ``InstanceStarted``, poll again.  A failing start goes through the
+      usual error handling (Transient: retried with backoff).
+    * NotFound (also from ``start``) or Terminated (cannot run again, e.g. a finished Pod) on a
+      Proxy that should have an instance -> recreate.
     * Spec hash changed -> hand over to :func:`create` (which replaces the instance).
     """
     proxy = _load(ctx, ref)
@@ -379,6 +476,8 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     if action != POLL:
         return Followup(action, 0) if action else None
 
+    latest = _Latest(proxy)
+
     def step() -> Followup | None:
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
@@ -386,34 +485,128 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             inst = provider.get(provider_id)
         except NotFound:
             inst = None
-        if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.TERMINATED):
+        if inst is not None and inst.state == InstanceState.STOPPED:
+            # Stopped is not lost: start the same instance (its disk, its name, its ID) again.
+            log.warning("proxy %s: instance %s is stopped; starting it again", proxy.key, provider_id)
+            serving.withdraw(ctx.redis, proxy.uid)
+            message = f"instance {provider_id} was found stopped; it is being started again"
+            latest(_write_status(ctx, proxy, {
+                "phase": PROVISIONING, "address": None,
+                "conditions": _provisioned(proxy, "False", "InstanceStopped", message, withdrawn=True),
+            }, event=("Warning", "InstanceStopped", message)))
+            try:
+                provider.start(provider_id)
+            except NotFound:
+                inst = None  # gone meanwhile: recreate below
+            else:
+                ctx.kube.record_event(latest.proxy, "Normal", "InstanceStarted",
+                                      f"instance {provider_id} was stopped and has been started again")
+                return Followup(POLL, poll_delay(ctx.settings, attempt), attempt + 1)
+        if inst is None or inst.state == InstanceState.TERMINATED:
             what = "gone" if inst is None else inst.state.value.lower()
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
             serving.withdraw(ctx.redis, proxy.uid)
             if inst is not None:
                 provider.delete(provider_id)
-            _write_status(ctx, proxy, {
+            p = latest.proxy
+            latest(_write_status(ctx, p, {
                 "phase": PROVISIONING, "providerID": None, "address": None,
-                "conditions": _provisioned(proxy, "False", "InstanceLost", f"instance {provider_id} is {what}",
+                "conditions": _provisioned(p, "False", "InstanceLost", f"instance {provider_id} is {what}",
                                            withdrawn=True),
-            }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating"))
+            }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating")))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, proxy, inst)
             return None
         return Followup(POLL, poll_delay(ctx.settings, attempt + 1), attempt + 1)
 
-    return _guard(ctx, _Latest(proxy), POLL, attempt, step)
+    return _guard(ctx, latest, POLL, attempt, step)
 
 
 # -- delete ----------------------------------------------------------------------------------
-def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
-    """Finish a deletion (SPEC §5 "Delete"): delete the instance, then release the finalizer.
+def _instances_to_delete(ctx: Context, proxy: Proxy):
+    """Return ``(provider, provider IDs)`` a delete must remove, or ``None`` when there is none.
 
-    The skip-cleanup annotation is honoured first, before the provider is even looked up.
+    The recorded ``status.providerID`` (of ``status.provider``, else ``spec.provider``) when
+    there is one; else every ID the instance name may have (:meth:`instance_ids`), because a
+    create may have run without recording.  With no recorded ID, an unknown provider or a
+    placement the provider rejects means nothing can have been created: ``None``.
+    """
+    recorded = proxy.status.get("providerID")
+    provider_name = proxy.status.get("provider") or proxy.spec.provider
+    if recorded:
+        return ctx.registry.get(provider_name), [recorded]
+    try:
+        provider = ctx.registry.get(provider_name)
+        ids = provider.instance_ids(naming.instance_name(proxy.uid), proxy.namespace, proxy.spec.zone)
+    except Permanent as exc:
+        log.info("proxy %s: no instance can exist (%s); releasing", proxy.key, exc)
+        return None
+    return provider, ids
+
+
+def _skip_cleanup(ctx: Context, latest: _Latest, proxy: Proxy, attempt: int) -> Followup | None:
+    """Release a Proxy annotated skip-cleanup: mark its instance abandoned, then drop the finalizer.
+
+    The mark (provider ``abandon``: the :data:`app.naming.TAG_ABANDONED` tag on the Pod, GCE
+    instance or libvirt domain) is what keeps GC off the instance for good; the Redis set
+    :data:`ABANDONED_KEY` is only an extra hint.  While the mark cannot be written (a dead KVM
+    host, an API outage) the Proxy is kept, Terminating, with a condition saying why: as long
+    as it exists its UID is live, so GC leaves the instance alone; releasing it unmarked would
+    hand the instance to GC as soon as Redis forgets.  Transient errors are retried with
+    backoff, QuotaExceeded and Permanent ones slowly (``quota_backoff``).  A provider (or KVM
+    host) no longer in the config cannot be marked, and is not listed by GC either: released
+    at once.  docs/architecture.md (fault table) and docs/providers.md explain the choice.
+    """
+    ctx.redis.sadd(ABANDONED_KEY, proxy.uid)
+    provider_id = proxy.status.get("providerID")
+    marked = False
+    if proxy.spec.managed and provider_id:
+        provider_name = proxy.status.get("provider") or proxy.spec.provider
+        try:
+            provider = ctx.registry.get(provider_name)
+        except UnknownProvider:
+            log.info("proxy %s: skip-cleanup: provider %r is not configured; releasing without marking %s",
+                     proxy.key, provider_name, provider_id)
+            provider = None
+        if provider is not None:
+            try:
+                provider.abandon(provider_id)
+                marked = True
+            except ProviderError as exc:
+                cls = classify(exc)
+                log.warning("proxy %s: skip-cleanup: marking instance %s abandoned failed (attempt %d): %s",
+                            proxy.key, provider_id, attempt + 1, describe(exc))
+                message = (f"skip-cleanup: cannot mark instance {provider_id} abandoned yet: {exc}; the Proxy is "
+                           "kept until the mark is written, so GC cannot collect the instance meanwhile; "
+                           "retrying. If the instance's host or provider is gone for good, remove it from "
+                           "the providers config and the Proxy is released")
+                latest(_write_status(ctx, latest.proxy, {"phase": TERMINATING, "conditions": _provisioned(
+                    latest.proxy, "False", getattr(exc, "reason", "") or cls.__name__, message)}))
+                if attempt == 0:
+                    ctx.kube.record_event(latest.proxy, "Warning", "AbandonFailed", message)
+                delay = backoff(ctx.settings, attempt) if cls is Transient else ctx.settings.quota_backoff
+                return Followup(DELETE, delay, attempt + 1)
+    log.info("proxy %s: skip-cleanup set; releasing without deleting the instance%s", proxy.key,
+             f" ({provider_id} marked abandoned)" if marked else "")
+    ctx.kube.record_event(latest.proxy, "Normal", "SkipCleanup",
+                          f"instance {provider_id} left in place and marked abandoned (skip-cleanup)" if marked
+                          else "instance left in place (skip-cleanup)")
+    ctx.kube.delete_proxy_credentials(latest.proxy)
+    ctx.kube.remove_finalizer(latest.proxy)
+    return None
+
+
+def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
+    """Finish a deletion: delete the instance, and release the finalizer only once it is gone.
+
+    The skip-cleanup annotation is honoured first (:func:`_skip_cleanup`: the instance is
+    marked abandoned, never deleted, then the finalizer is released).
     Provider ``delete`` is called even when ``get`` would fail: it is idempotent and can
-    converge where ``get`` cannot.  A Proxy without a provider ID never got an instance we
-    know of; GC collects anything a crash left behind.
+    converge where ``get`` cannot.  Then ``get`` must answer NotFound (a Pod still
+    terminating, an operation still running: poll again with backoff).  Without a recorded
+    provider ID the instance is deleted by name wherever it may be
+    (:func:`_instances_to_delete`).  The fault table in docs/architecture.md lists the cases.
     """
     proxy = _load(ctx, ref)
     if proxy is None or not proxy.deleting or FINALIZER not in proxy.finalizers:
@@ -424,17 +617,21 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     def step() -> Followup | None:
         serving.withdraw(ctx.redis, proxy.uid)
         if proxy.skip_cleanup:
-            ctx.redis.sadd(ABANDONED_KEY, proxy.uid)
-            log.info("proxy %s: skip-cleanup set; releasing without deleting the instance", proxy.key)
-            ctx.kube.record_event(proxy, "Normal", "SkipCleanup", "instance left in place (skip-cleanup)")
-            ctx.kube.delete_proxy_credentials(proxy)
-            ctx.kube.remove_finalizer(proxy)
-            return None
+            return _skip_cleanup(ctx, latest, proxy, attempt)
         p = latest(_write_status(ctx, proxy, {"phase": TERMINATING}))
-        provider_id = p.status.get("providerID")
-        if p.spec.managed and provider_id:
-            ctx.registry.get(p.spec.provider).delete(provider_id)
-            ctx.kube.record_event(p, "Normal", "InstanceDeleted", f"instance {provider_id} deleted")
+        if p.spec.managed:
+            found = _instances_to_delete(ctx, p)
+            if found is not None:
+                provider, ids = found
+                for provider_id in ids:
+                    provider.delete(provider_id)
+                left = [i for i in ids if _exists(provider, i)]
+                if left:
+                    latest(_write_status(ctx, p, {"conditions": _provisioned(
+                        p, "False", "Deleting", f"waiting for instance {left[0]} to be gone")}))
+                    return Followup(DELETE, poll_delay(ctx.settings, attempt), attempt + 1)
+                if p.status.get("providerID"):
+                    ctx.kube.record_event(p, "Normal", "InstanceDeleted", f"instance {ids[0]} deleted")
         ctx.kube.delete_proxy_credentials(p)
         ctx.kube.remove_finalizer(p)
         return None

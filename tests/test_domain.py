@@ -85,6 +85,19 @@ def test_gc_orphans_respect_tags_grace_liveness_and_abandonment():
     assert [i.provider_id for i in picked] == ["id-gone"]
 
 
+def test_gc_never_picks_an_instance_tagged_abandoned_even_when_redis_forgot_it():
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    tags = {naming.TAG_MANAGED_BY: naming.MANAGED_BY, naming.TAG_PROXY_UID: "released"}
+    marked = Instance("id-marked", "n-marked", InstanceState.STOPPED, created=now - timedelta(days=30),
+                      tags={**tags, naming.TAG_ABANDONED: naming.ABANDONED})
+    unmarked = Instance("id-unmarked", "n-unmarked", InstanceState.RUNNING, created=now - timedelta(days=30),
+                        tags=tags)
+    assert naming.is_abandoned(marked.tags) and not naming.is_abandoned(unmarked.tags)
+    assert not naming.is_abandoned({naming.TAG_ABANDONED: "false"}) and not naming.is_abandoned(None)
+    picked = gc.orphans([marked, unmarked], set(), set(), now, 0)  # an empty Redis hint set
+    assert [i.provider_id for i in picked] == ["id-unmarked"]
+
+
 class RecordingProvider:
     def __init__(self):
         self.deleted = []

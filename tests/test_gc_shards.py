@@ -30,3 +30,38 @@ def test_one_unreachable_host_makes_the_whole_sweep_partial(redis_client):
     assert merged.partial and merged.errors == ["h2: SSH handshake: timed out"]
     report = gc.sweep("kvm", None, merged, set(), set(), 60)
     assert report.skipped_partial and report.deleted == []
+
+
+def _proxy(uid: str, status: dict):
+    from app.resources import Proxy
+
+    return Proxy.from_dict({"metadata": {"namespace": "ns", "name": f"p-{uid}", "uid": uid},
+                            "spec": {"provider": "kvm"}, "status": status})
+
+
+def test_instances_a_live_proxy_no_longer_names_are_superseded_after_the_grace():
+    now = datetime.now(timezone.utc)
+    proxies = [_proxy("a", {"providerID": "hosts/h2/domains/d-a", "provider": "kvm"}),  # moved h1 -> h2
+               _proxy("b", {}),                                                       # being created
+               _proxy("c", {"providerID": "projects/p/zones/z/instances/d-c", "provider": "gcp"})]  # other provider
+    live, current = gc.current_instances(proxies, "kvm")
+    listing = [inst("h1", "a"), inst("h2", "a"), inst("h1", "b"), inst("h1", "c")]
+    picked = gc.orphans(listing, live, set(), now, 60, current)
+    assert sorted(i.provider_id for i in picked) == ["hosts/h1/domains/d-a", "hosts/h1/domains/d-c"]
+    # Within the grace period nothing is taken, superseded or not.
+    assert gc.orphans(listing, live, set(), OLD, 60, current) == []
+    # A sweep deletes them through the given delete and says why in the report.
+    deleted = []
+    report = gc.sweep("kvm", deleted.append, ListResult(listing), live, set(), 60, current=current)
+    assert sorted(deleted) == sorted(report.deleted) == ["hosts/h1/domains/d-a", "hosts/h1/domains/d-c"]
+
+
+def test_the_abandoned_tag_travels_through_the_shards(redis_client):
+    marked = inst("h1", "kept")
+    marked = Instance(marked.provider_id, marked.name, marked.state, created=OLD, zone="h1",
+                      tags={**marked.tags, naming.TAG_ABANDONED: naming.ABANDONED})
+    gc.record_shard(redis_client, "kvm:3", "h1", 2, ListResult([marked]))
+    merged = gc.record_shard(redis_client, "kvm:3", "h2", 2, ListResult([inst("h2", "gone")]))
+    redis_client.flushall()  # whatever Redis held about skip-cleanup is gone
+    report = gc.sweep("kvm", lambda pid: None, merged, set(), set(), 60)
+    assert report.deleted == ["hosts/h2/domains/d-gone"]

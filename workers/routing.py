@@ -34,6 +34,26 @@ def queue_for(provider_obj, zone: str | None) -> str:
     return PROXIES
 
 
+def queue_for_instance(provider_obj, provider_id: str) -> str:
+    """Return the queue for work on the existing instance ``provider_id`` of ``provider_obj``.
+
+    The place is read from the ID itself (a KVM provider ID names its host), never from a
+    Proxy's spec, which may already point elsewhere.
+    """
+    host_of = getattr(provider_obj, "host_of", None)
+    zone = host_of(provider_id) if host_of is not None else None
+    return queue_for(provider_obj, zone) if zone else PROXIES
+
+
+def host_queues(provider_obj) -> dict[str, str]:
+    """Return ``{host: queue}`` for a provider whose work is split by host (kvm), else ``{}``.
+
+    Sharded GC listings and per-host checks go to these queues, one task per host.
+    """
+    hosts = provider_obj.hosts() if hasattr(provider_obj, "hosts") else []
+    return {host: queue_for(provider_obj, host) for host in hosts}
+
+
 def route_task(name, args, kwargs, options, task=None, **kw):
     """Celery router: default queue by task-name prefix when the caller gave none."""
     for prefix, queue in _DEFAULTS.items():

@@ -15,6 +15,7 @@ from celery.signals import worker_process_init
 
 from app import gc as gc_logic
 from app import metrics, naming, reconcile
+from app.providers.errors import Permanent, classify, describe
 from app.reconcile import Ref
 from app.resources import PHASES
 from workers import routing
@@ -158,6 +159,39 @@ def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
     return action
 
 
+@celery_app.task(name="instance.retire", bind=True, max_retries=8)
+def retire(self, provider_name: str, provider_id: str, namespace: str, name: str, uid: str) -> None:
+    """Delete an instance its Proxy replaced, on the queue of the place it lives in.
+
+    See :func:`app.reconcile.retire_instance`.  Retried with backoff on failure, on the same
+    queue; when the place stays unreachable, GC collects the instance as superseded.
+    """
+    ctx = context()
+    lock = ctx.redis.lock(f"po:lock:{uid}", timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if not lock.acquire():  # a step of this Proxy is running: try again shortly
+        raise self.retry(countdown=5, queue=queue, max_retries=None)
+    try:
+        reconcile.retire_instance(ctx, provider_name, provider_id, Ref(namespace, name, uid))
+    except Exception as exc:  # noqa: BLE001 - classified and logged by the provider
+        delay = reconcile.backoff(ctx.settings, self.request.retries)
+        if classify(exc) is Permanent:
+            log.warning("retire %s: %s; not retrying (GC collects it as superseded if its provider "
+                        "is still configured)", provider_id, describe(exc))
+            return
+        if self.request.retries >= (self.max_retries or 0):
+            log.warning("retire %s: giving up after %d attempts (%s); GC collects it as superseded",
+                        provider_id, self.request.retries + 1, type(exc).__name__)
+            return
+        log.info("retire %s: %s; retrying in %.0fs", provider_id, type(exc).__name__, delay)
+        raise self.retry(countdown=delay, queue=queue) from None
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired
+            pass
+
+
 @celery_app.task(name="proxy.resync")
 def resync() -> int:
     """List every Proxy and queue what each needs (beat).  Returns how many were queued."""
@@ -190,14 +224,14 @@ def gc_sweep() -> None:
     ctx = context()
     for name in ctx.registry.names():
         provider = ctx.registry.get(name)
-        hosts = provider.hosts() if hasattr(provider, "hosts") else None
+        hosts = routing.host_queues(provider)
         if not hosts:
             gc_collect.apply_async(args=[name], queue=routing.GC, expires=ctx.settings.gc_interval)
             continue
         sweep_id = f"{name}:{uuid.uuid4().hex}"
-        for host in hosts:
+        for host, queue in hosts.items():
             gc_collect_shard.apply_async(args=[name, host, sweep_id, len(hosts)],
-                                         queue=routing.queue_for(provider, host), expires=ctx.settings.gc_interval)
+                                         queue=queue, expires=ctx.settings.gc_interval)
 
 
 @celery_app.task(name="gc.collect_shard")
@@ -213,14 +247,15 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
     merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards, listing, error)
     if merged is None:
         return
-    live = set() if merged.partial else {p.uid for p in ctx.kube.list_proxies()}
+    live, current = (set(), {}) if merged.partial else gc_logic.current_instances(ctx.kube.list_proxies(),
+                                                                                  provider_name)
 
     def queue_delete(provider_id: str) -> None:
         gc_delete.apply_async(args=[provider_name, provider_id], expires=ctx.settings.gc_interval,
-                              queue=routing.queue_for(provider, provider.host_of(provider_id)))
+                              queue=routing.queue_for_instance(provider, provider_id))
 
     report = gc_logic.sweep(provider_name, queue_delete, merged, live,
-                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace)
+                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace, current=current)
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
 
@@ -240,7 +275,7 @@ def gc_collect(provider_name: str) -> dict:
     ctx = context()
     provider = ctx.registry.get(provider_name)
     abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
-    report = gc_logic.collect(provider_name, provider, lambda: [p.uid for p in ctx.kube.list_proxies()],
+    report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxies,
                               abandoned, ctx.settings.gc_grace)
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
@@ -262,10 +297,11 @@ def provider_check(provider_name: str) -> dict:
     pc = ctx.registry.configs[provider_name]
     provider = ctx.registry.unwrapped[provider_name]
     if hasattr(provider, "hosts") and hasattr(provider, "check_host"):
-        for host in provider.hosts():
-            provider_check_host.apply_async(args=[provider_name, host], queue=routing.queue_for(provider, host),
+        hosts = routing.host_queues(provider)
+        for host, queue in hosts.items():
+            provider_check_host.apply_async(args=[provider_name, host], queue=queue,
                                             expires=pc.check_interval or None)
-        return {"provider": provider_name, "fanned_out": len(provider.hosts())}
+        return {"provider": provider_name, "fanned_out": len(hosts)}
     verdicts = check(provider, provider_name, pc.check_timeout)
     ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
     return {"provider": provider_name, "ready": sum(v.ready for v in verdicts), "total": len(verdicts)}

@@ -7,6 +7,19 @@ A provider is any object with these methods (structural typing via :class:`Provi
 * ``delete(provider_id: str) -> None`` — succeeds when the instance is already gone.
 * ``list_by_tag(tag: str) -> ListResult`` — every instance carrying the managed-by tag
   ``tag``; ``ListResult.partial`` is true when some target could not be listed.
+* ``abandon(provider_id: str) -> None`` — mark the instance abandoned (the tag
+  :data:`app.naming.TAG_ABANDONED` = ``"true"``, stored on the instance itself and given back in
+  ``Instance.tags``) so GC never deletes it; succeeds when the instance is already gone.
+  Called when a Proxy is released with the skip-cleanup annotation.
+* ``start(provider_id: str) -> None`` — start a ``Stopped`` instance again (the same instance,
+  not a new one); a running or starting instance is left alone; raises
+  :class:`~app.providers.errors.NotFound` when it does not exist.  Called by the poll for
+  ``Stopped``; ``Terminated`` means "cannot be started, replace it" and is recreated instead.
+* ``instance_ids(name: str, namespace: str, zone: str | None) -> list[str]`` — the provider
+  IDs an instance named ``name`` (of a Proxy in ``namespace`` placed in ``zone``) may have,
+  without calling the backend; the first is the one ``create`` uses.  The reconciler records
+  it in the Proxy's status *before* it creates, and a delete that finds no recorded ID deletes
+  by these IDs, so an instance is never created where no delete would look for it.
 * optional ``check() -> list[TargetVerdict]`` — never raises as a whole.
 * optional ``queue_for(placement_zone: str | None) -> str | None`` — the Celery queue that
   must run work for an instance in that zone (KVM: ``kvm.<provider>.<host>``).
@@ -24,7 +37,15 @@ from typing import Protocol, runtime_checkable
 
 
 class InstanceState(str, enum.Enum):
-    """Provider-neutral lifecycle state of an instance."""
+    """Provider-neutral lifecycle state of an instance.
+
+    * ``Provisioning``: being created or started; no address to publish yet.
+    * ``Running``: up with an address.
+    * ``Stopped``: exists but does not run (a shut-off domain after a hypervisor reboot, a GCE
+      instance stopped or suspended); :meth:`Provider.start` brings the same instance back.
+    * ``Terminated``: exists but can never run again (a finished Pod); the reconciler deletes
+      and recreates it.
+    """
 
     PROVISIONING = "Provisioning"
     RUNNING = "Running"
@@ -145,3 +166,9 @@ class Provider(Protocol):
     def delete(self, provider_id: str) -> None: ...
 
     def list_by_tag(self, tag: str) -> ListResult: ...
+
+    def abandon(self, provider_id: str) -> None: ...
+
+    def start(self, provider_id: str) -> None: ...
+
+    def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]: ...

@@ -12,11 +12,11 @@ import time
 from app.metrics import PROVIDER_DURATION, PROVIDER_REQUESTS
 from app.providers.errors import classify
 
-OPERATIONS = ("create", "get", "delete", "list_by_tag")
+OPERATIONS = ("create", "get", "delete", "list_by_tag", "abandon", "start")
 
 
 class MeteredProvider:
-    """Wraps a provider; attributes other than the four operations pass through (except ``check``).
+    """Wraps a provider; attributes other than the metered operations pass through (except ``check``).
 
     Args:
         inner: the provider.
@@ -49,6 +49,12 @@ class MeteredProvider:
 
     def list_by_tag(self, tag, **kwargs):
         return self._call("list_by_tag", tag, **kwargs)
+
+    def abandon(self, provider_id):
+        return self._call("abandon", provider_id)
+
+    def start(self, provider_id):
+        return self._call("start", provider_id)
 
     def __getattr__(self, attr):
         if attr == "check":

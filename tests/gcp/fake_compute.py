@@ -3,7 +3,14 @@
 Serves, on ``127.0.0.1:<free port>``, what the gcp provider uses:
 
 * ``instances``: insert (POST), get, delete, aggregatedList (``filter`` on labels,
-  ``maxResults``/``pageToken`` paging with a small server page size);
+  ``maxResults``/``pageToken`` paging with a small server page size), setLabels (with the
+  ``labelFingerprint`` check real GCE makes: 412 ``conditionNotMet`` on a stale one), and the
+  life-cycle calls stop, suspend, start and resume with GCE's states
+  (https://cloud.google.com/compute/docs/instances/instance-life-cycle): stop goes
+  STOPPING -> TERMINATED (GCE's word for *stopped*), suspend SUSPENDING -> SUSPENDED, start
+  (from TERMINATED) and resume (from SUSPENDED) STAGING -> RUNNING; stopping and suspending
+  release the ephemeral external IP, starting assigns a new one; a call in a state that does
+  not accept it answers 400 ``resourceNotReady``;
 * ``zoneOperations`` and ``globalOperations``: get and wait;
 * ``firewalls``: get, insert, patch;
 * ``POST /token``: an OAuth token endpoint for service-account key files (returns a bearer
@@ -28,6 +35,7 @@ JSON body) so tests can assert what the client sent and that operation polls hit
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import re
@@ -43,6 +51,12 @@ from urllib.parse import parse_qs, urlsplit
 PREFIX = "/compute/v1"
 _LABEL_FILTER = re.compile(r'^\s*labels\.([a-z][-_a-z0-9]*)\s*(=|eq)\s*"?([-_a-z0-9]*)"?\s*$')
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def label_fingerprint(labels: dict[str, str] | None) -> str:
+    """Return the ``labelFingerprint`` of a label set (base64 of 8 bytes of a hash, like GCE's)."""
+    digest = hashlib.sha256(json.dumps(labels or {}, sort_keys=True).encode()).digest()[:8]
+    return base64.b64encode(digest).decode()
 
 
 @dataclass
@@ -190,10 +204,11 @@ class FakeCompute:
 
     def fail_operation(self, kind: str, status: int, code: str, message: str | None = None,
                        *, times: int = 1, undo: bool = True) -> None:
-        """Make the next ``times`` operations of ``kind`` (``insert``, ``delete``,
-        ``firewall.insert`` ...) finish DONE with ``httpErrorStatusCode=status`` and
-        ``error.errors[0].code=code``, without applying their effect (and, for an insert,
-        removing the instance again unless ``undo`` is false)."""
+        """Make the next ``times`` operations of ``kind`` (``insert``, ``delete``, ``setLabels``,
+        ``stop``, ``suspend``, ``start``, ``resume``, ``firewall.insert`` ...) finish DONE with
+        ``httpErrorStatusCode=status`` and ``error.errors[0].code=code``, without applying their
+        effect (for an insert, removing the instance again unless ``undo`` is false; for a
+        life-cycle call, restoring the status it had before)."""
         with self._lock:
             self.op_faults.append(OpFault(kind, status, code, message or f"injected {code}", times, undo))
 
@@ -270,8 +285,8 @@ class FakeCompute:
         legacy = {"QUOTA_EXCEEDED": "quotaExceeded", "RATE_LIMIT_EXCEEDED": "rateLimitExceeded",
                   "NOT_FOUND": "notFound", "ALREADY_EXISTS": "alreadyExists"}
         status_name = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-                       409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
-                       503: "UNAVAILABLE"}.get(status, "UNKNOWN")
+                       409: "ALREADY_EXISTS", 412: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
+                       500: "INTERNAL", 503: "UNAVAILABLE"}.get(status, "UNKNOWN")
         error: dict[str, Any] = {"code": status, "message": message, "status": status_name,
                                  "errors": [{"message": message, "domain": "global",
                                              "reason": legacy.get(reason or "", reason or "backendError")}]}
@@ -296,6 +311,10 @@ class FakeCompute:
                 return 200, self._instance(project, zone, name)
             case ("DELETE", ["zones", zone, "instances", name]):
                 return self._delete_instance(project, zone, name)
+            case ("POST", ["zones", zone, "instances", name, "setLabels"]):
+                return self._set_labels(project, zone, name, rec.body)
+            case ("POST", ["zones", zone, "instances", name, ("stop" | "suspend" | "start" | "resume") as verb]):
+                return self._life_cycle(project, zone, name, verb)
             case ("GET", ["aggregated", "instances"]):
                 return 200, self._aggregated(project, rec.query)
             case ("GET", ["zones", zone, "operations", name]) | ("POST", ["zones", zone, "operations", name, "wait"]):
@@ -336,6 +355,7 @@ class FakeCompute:
             # GCE answers in US Pacific time with an offset, e.g. 2024-05-01T03:04:05.678-07:00.
             "creationTimestamp": datetime.now(timezone(timedelta(hours=-7))).isoformat(timespec="milliseconds"),
         })
+        inst["labelFingerprint"] = label_fingerprint(inst.get("labels"))
         inst.setdefault("networkInterfaces", [{"network": f"projects/{project}/global/networks/default"}])
         return inst
 
@@ -378,6 +398,60 @@ class FakeCompute:
 
         return 200, self._operation("insert", project, zone, inst["selfLink"], effect,
                                     undo=lambda: self.instances.pop((project, zone, name), None))
+
+    def _set_labels(self, project: str, zone: str, name: str, body: Any) -> tuple[int, Any]:
+        inst = self._instance(project, zone, name)
+        body = body if isinstance(body, dict) else {}
+        labels = body.get("labels") or {}
+        for key, value in labels.items():
+            if not re.match(r"^[a-z][-_a-z0-9]{0,62}$", key) or not re.match(r"^[-_a-z0-9]{0,63}$", value):
+                raise _HttpError(400, "INVALID", f"Invalid value for field 'labels': '{key}'")
+        if not body.get("labelFingerprint"):
+            raise _HttpError(400, "INVALID", "Required field 'labelFingerprint' not specified")
+        if body["labelFingerprint"] != inst.get("labelFingerprint"):
+            raise _HttpError(412, "conditionNotMet",
+                             "Labels fingerprint either invalid or resource labels have changed")
+
+        def effect() -> None:
+            inst["labels"] = dict(labels)
+            inst["labelFingerprint"] = label_fingerprint(labels)
+
+        return 200, self._operation("setLabels", project, zone, inst["selfLink"], effect)
+
+    #: verb -> (statuses that accept it, status while the operation runs, status after it,
+    #: whether the external IP is released).
+    _LIFE_CYCLE = {
+        "stop": ({"RUNNING", "STAGING", "PROVISIONING", "SUSPENDED", "TERMINATED"}, "STOPPING", "TERMINATED", True),
+        "suspend": ({"RUNNING"}, "SUSPENDING", "SUSPENDED", True),
+        "start": ({"TERMINATED", "STOPPED", "RUNNING", "STAGING", "PROVISIONING"}, "STAGING", "RUNNING", False),
+        "resume": ({"SUSPENDED"}, "STAGING", "RUNNING", False),
+    }
+
+    def _life_cycle(self, project: str, zone: str, name: str, verb: str) -> tuple[int, Any]:
+        inst = self._instance(project, zone, name)
+        accepted, during, after, release_ip = self._LIFE_CYCLE[verb]
+        status = inst.get("status")
+        if status not in accepted:
+            raise _HttpError(400, "resourceNotReady",
+                             f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready "
+                             f"(status {status}; {verb} is not possible)")
+        if (verb == "start" and status in ("RUNNING", "STAGING", "PROVISIONING")) or \
+                (verb == "stop" and status == "TERMINATED"):
+            return 200, self._operation(verb, project, zone, inst["selfLink"], lambda: None)  # a no-op, like GCE
+        inst["status"] = during
+
+        def effect() -> None:
+            inst["status"] = after
+            for nic in inst.get("networkInterfaces", []):
+                for ac in nic.get("accessConfigs", []):
+                    if release_ip:
+                        ac.pop("natIP", None)
+                    elif not ac.get("natIP"):
+                        ac["natIP"] = f"127.0.0.{next(self._addr) % 250 + 2}"
+
+        # A failed operation (fail_operation) leaves the instance as it found it.
+        return 200, self._operation(verb, project, zone, inst["selfLink"], effect,
+                                    undo=lambda: inst.__setitem__("status", status))
 
     def _delete_instance(self, project: str, zone: str, name: str) -> tuple[int, Any]:
         inst = self._instance(project, zone, name)

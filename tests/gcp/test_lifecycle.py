@@ -134,10 +134,15 @@ def test_operation_waited_over_several_polls(fake, provider):
 
 
 @pytest.mark.parametrize("status, state", [
-    ("PROVISIONING", InstanceState.PROVISIONING), ("STAGING", InstanceState.PROVISIONING),
-    ("RUNNING", InstanceState.RUNNING), ("STOPPING", InstanceState.STOPPED),
+    ("PENDING", InstanceState.PROVISIONING), ("PROVISIONING", InstanceState.PROVISIONING),
+    ("STAGING", InstanceState.PROVISIONING), ("REPAIRING", InstanceState.PROVISIONING),
+    ("RUNNING", InstanceState.RUNNING), ("PENDING_STOP", InstanceState.STOPPED),
+    ("STOPPING", InstanceState.STOPPED), ("DEPROVISIONING", InstanceState.STOPPED),
     ("STOPPED", InstanceState.STOPPED), ("SUSPENDING", InstanceState.STOPPED),
-    ("SUSPENDED", InstanceState.STOPPED), ("TERMINATED", InstanceState.TERMINATED),
+    ("SUSPENDED", InstanceState.STOPPED),
+    # GCE's TERMINATED is a stopped instance (it can be started again), not a deleted one:
+    # https://cloud.google.com/compute/docs/instances/instance-life-cycle
+    ("TERMINATED", InstanceState.STOPPED),
 ])
 def test_get_maps_instance_status(fake, provider, status, state):
     fake.add_instance(PROJECT, "europe-west1-b", "proxy-status", tags_for("u"), status=status)

@@ -207,10 +207,15 @@ class Sshd:
 # -- image server -------------------------------------------------------------------------------
 @dataclass
 class ImageServer:
-    """A loopback HTTP server: ``put(path, data)`` serves bytes, ``gets[path]`` counts GETs."""
+    """A loopback HTTP server: ``put(path, data)`` serves bytes, ``gets[path]`` counts GETs.
+
+    ``delays[path]`` seconds are slept before answering a GET of ``path`` (a slow download:
+    a create that is still in progress).
+    """
 
     files: dict[str, bytes] = field(default_factory=dict)
     gets: dict[str, int] = field(default_factory=dict)
+    delays: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         server = self
@@ -218,6 +223,7 @@ class ImageServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server API
                 server.gets[self.path] = server.gets.get(self.path, 0) + 1
+                time.sleep(server.delays.get(self.path, 0))
                 data = server.files.get(self.path)
                 if data is None:
                     self.send_error(404)

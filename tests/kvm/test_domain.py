@@ -50,6 +50,15 @@ def test_metadata_parses_in_every_form(form):
     assert meta.tags == TAGS and meta.created == CREATED
 
 
+def test_metadata_for_set_metadata_is_bare_and_may_lack_created():
+    """virDomainSetMetadata adds our namespace and prefix itself (it refuses an element declaring them)."""
+    text = d.metadata_xml({**TAGS, "abandoned": "true"}, None, namespaced=False)
+    assert "xmlns" not in text and f"{d.METADATA_PREFIX}:" not in text
+    meta = d.parse_metadata(text)
+    assert meta.tags == {**TAGS, "abandoned": "true"} and meta.created is None
+    assert d.parse_metadata(d.metadata_xml(TAGS, CREATED, namespaced=False)).created == CREATED
+
+
 def test_metadata_rejects_other_elements():
     with pytest.raises(ValueError):
         d.parse_metadata("<something/>")
@@ -70,5 +79,8 @@ def test_state_mapping():
     assert d.map_state(1, None) is InstanceState.PROVISIONING
     assert d.map_state(5, None) is InstanceState.STOPPED
     assert d.map_state(3, "10.0.0.2") is InstanceState.STOPPED
-    assert d.map_state(6, None) is InstanceState.TERMINATED
+    # Every state of an existing domain is recoverable in place (the provider's start):
+    # crashed (6), shutting down (4) and pmsuspended (7) too; nothing is Terminated.
+    for state in (3, 4, 5, 6, 7):
+        assert d.base_state(state) is InstanceState.STOPPED
     assert d.map_state(0, None) is InstanceState.PROVISIONING

@@ -56,7 +56,13 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                 obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-kvm-1")
                 return obj.get("status") or {}
 
-            st = wait_for(lambda: (s := status()).get("providerID") and s, 120, "the domain to be created")
+            def requested(s: dict) -> bool:
+                # The provider ID is recorded before the create (write-ahead); the condition
+                # turns to "Provisioning" once the provider has created the domain.
+                return any(c.get("type") == "Provisioned" and c.get("reason") == "Provisioning"
+                           for c in s.get("conditions") or [])
+
+            st = wait_for(lambda: requested(s := status()) and s, 120, "the domain to be created")
             assert st["phase"] == "Provisioning"
             name = st["instanceName"]
             assert st["providerID"] == f"hosts/h1/domains/{name}"

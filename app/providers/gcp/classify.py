@@ -18,8 +18,8 @@ https://cloud.google.com/compute/docs/api/handle-errors):
   (zone resource-pool stockouts too: both mean "retry much later");
 * 404 -> :class:`NotFound` (callers that create pass ``on_404=Permanent``: a 404 there means a
   referenced zone, image, machine type or network does not exist);
-* 5xx, 408, 409, ``resourceNotReady``, timeouts, connection and transport errors ->
-  :class:`Transient`;
+* 5xx, 408, 409, 412 (a stale fingerprint: ``conditionNotMet``, re-read and retry),
+  ``resourceNotReady``, timeouts, connection and transport errors -> :class:`Transient`;
 * other 4xx (400 invalid, 401, 403 permission denied) and unusable credentials ->
   :class:`Permanent`;
 * anything else -> :class:`Transient` (the taxonomy's default).
@@ -47,7 +47,8 @@ QUOTA_REASONS = frozenset({
     "regionresourcepoolexhausted",
 })
 #: Reasons that resolve by themselves (the resource is busy with another operation).
-TRANSIENT_REASONS = frozenset({"resourcenotready", "resourceinuseby", "backenderror", "internalerror"})
+TRANSIENT_REASONS = frozenset({"resourcenotready", "resourceinuseby", "backenderror", "internalerror",
+                               "conditionnotmet"})
 
 
 def _norm(value: Any) -> str:
@@ -128,7 +129,7 @@ def to_provider_error(exc: BaseException, what: str, *,
             return QuotaExceeded(detail)
         if code == 404:
             return on_404(detail)
-        if normed & TRANSIENT_REASONS or code in (408, 409) or code is None or code >= 500:
+        if normed & TRANSIENT_REASONS or code in (408, 409, 412) or code is None or code >= 500:
             return Transient(detail)
         return Permanent(detail)
     if isinstance(exc, (gexc.RetryError, requests.exceptions.Timeout, requests.exceptions.ConnectionError,

@@ -8,6 +8,10 @@ Implements the contract of :mod:`app.providers.base` (SPEC §4, gcp):
   instance; an instance that already exists (409) is fetched and returned (idempotent).
 * ``get`` maps the instance status and reads the external, else internal, IPv4.
 * ``delete`` waits for the zone operation; an instance already gone (404) is success.
+* ``abandon`` adds the label ``abandoned=true`` (``setLabels`` with the label fingerprint of a
+  fresh get; a stale fingerprint, 412, is re-read and retried).
+* ``start`` runs a stopped (TERMINATED) instance with ``instances.start`` and a SUSPENDED one
+  with ``instances.resume``.
 * ``list_by_tag`` reads every page of the aggregated list filtered on the managed-by label.
 * ``check`` reads one page of at most one managed instance.
 
@@ -44,7 +48,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from app.config import ProviderConfig
-from app.naming import MANAGED_BY, TAG_MANAGED_BY
+from app.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
 from app.providers.errors import NotFound, Permanent, ProviderError, Transient
 from app.providers.gcp import ids, wire
@@ -68,17 +72,31 @@ _QUICK_WAIT, _MIN_PAUSE, _MAX_PAUSE = 1.0, 0.25, 5.0
 #: Page size of the aggregated list used by GC.
 _LIST_PAGE_SIZE = 500
 
+#: GCE instance status -> provider state.  In GCE, TERMINATED is a *stopped* instance (disk,
+#: name and internal IP kept; ``instances.start`` runs it again), not a deleted one
+#: (https://cloud.google.com/compute/docs/instances/instance-life-cycle).  Nothing maps to
+#: Terminated: every GCE instance that exists can be started again.
 _STATES = {
+    "PENDING": InstanceState.PROVISIONING,
     "PROVISIONING": InstanceState.PROVISIONING,
     "STAGING": InstanceState.PROVISIONING,
     "REPAIRING": InstanceState.PROVISIONING,
     "RUNNING": InstanceState.RUNNING,
+    "PENDING_STOP": InstanceState.STOPPED,
     "STOPPING": InstanceState.STOPPED,
+    "DEPROVISIONING": InstanceState.STOPPED,
     "STOPPED": InstanceState.STOPPED,
+    "TERMINATED": InstanceState.STOPPED,
     "SUSPENDING": InstanceState.STOPPED,
     "SUSPENDED": InstanceState.STOPPED,
-    "TERMINATED": InstanceState.TERMINATED,
 }
+#: Statuses :meth:`GcpProvider.start` answers with ``instances.start`` / ``instances.resume``.
+_START_FROM = frozenset({"TERMINATED", "STOPPED"})
+_RESUME_FROM = frozenset({"SUSPENDED"})
+#: Statuses on the way to stopped/suspended: neither call is accepted yet (resourceNotReady).
+_STOPPING = frozenset({"PENDING_STOP", "STOPPING", "DEPROVISIONING", "SUSPENDING"})
+#: Attempts :meth:`GcpProvider.abandon` makes when the label fingerprint went stale meanwhile.
+_SET_LABELS_ATTEMPTS = 3
 _DONE = compute_v1.Operation.Status.DONE
 
 
@@ -93,10 +111,12 @@ class _Clients:
 def state_of(status: str) -> InstanceState:
     """Map a GCE instance status onto :class:`InstanceState`.
 
-    PROVISIONING/STAGING/REPAIRING -> Provisioning, RUNNING -> Running,
-    STOPPING/STOPPED/SUSPENDING/SUSPENDED -> Stopped, TERMINATED -> Terminated (GCE instance
-    life cycle: https://cloud.google.com/compute/docs/instances/instance-life-cycle); an
-    unknown status counts as Provisioning, so no address is published for it.
+    PENDING/PROVISIONING/STAGING/REPAIRING -> Provisioning, RUNNING -> Running,
+    PENDING_STOP/STOPPING/DEPROVISIONING/STOPPED/TERMINATED/SUSPENDING/SUSPENDED -> Stopped:
+    in GCE, TERMINATED means *stopped* (the instance keeps its disk and can be started again),
+    see the instance life cycle, https://cloud.google.com/compute/docs/instances/instance-life-cycle.
+    Never Terminated.  An unknown status counts as Provisioning, so no address is published
+    for it.
     """
     return _STATES.get((status or "").upper(), InstanceState.PROVISIONING)
 
@@ -292,6 +312,24 @@ class GcpProvider:
         """Return ``None``: gcp work runs on the default queues."""
         return None
 
+    def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]:
+        """Return the provider IDs an instance named ``name`` may have, the one :meth:`create` uses first.
+
+        First ``projects/<project>/zones/<zone>/instances/<name>`` for ``zone`` (else the zone
+        :func:`~app.providers.gcp.ids.pick_zone` picks from ``gcp.zones``), then the same name in
+        every other configured zone (a Proxy whose zone changed may have left one there).
+
+        Raises:
+            Permanent: no zone is given and none is configured.
+        """
+        s = self.settings
+        try:
+            first = zone or ids.pick_zone(name, s.zones)
+        except ValueError as exc:
+            raise Permanent(f"gcp provider {self.name}: {exc}") from exc
+        zones = [first] + [z for z in s.zones if z != first]
+        return [ids.provider_id(s.project, z, name) for z in zones]
+
     def create(self, request: CreateRequest) -> Instance:
         """Create the instance ``request.name`` (idempotent by name) and return it.
 
@@ -399,6 +437,90 @@ class GcpProvider:
             self._wait(f"delete {provider_id}", op, project, zone)
         except NotFound:
             log.debug("gcp delete %s: already gone", provider_id)
+
+    def abandon(self, provider_id: str) -> None:
+        """Add the label ``abandoned=true`` to the instance (``instances.setLabels``) and wait.
+
+        setLabels replaces the whole label set and must carry the ``labelFingerprint`` of the
+        labels it replaces (https://cloud.google.com/compute/docs/labeling-resources), so each
+        attempt reads the instance first; a fingerprint gone stale meanwhile (HTTP 412,
+        someone else changed the labels) is re-read and retried up to three times, then raised
+        as Transient.  An instance already gone, or already marked, is success.
+
+        Raises:
+            Permanent: a malformed provider ID, or a rejected request (400/403).
+            QuotaExceeded / Transient: rate limited, 5xx, timeouts, a fingerprint that stays
+                stale, the operation still running.
+        """
+        project, zone, name = self._parse(provider_id)
+        api = self._api()
+        s = self.settings
+        for attempt in range(1, _SET_LABELS_ATTEMPTS + 1):
+            try:
+                inst = self._call(f"get {provider_id}", lambda: api.instances.get(
+                    project=project, zone=zone, instance=name, timeout=s.request_timeout, retry=None))
+            except NotFound:
+                log.debug("gcp abandon %s: already gone", provider_id)
+                return
+            labels = dict(inst.labels)
+            if labels.get(TAG_ABANDONED) == ABANDONED:
+                return
+            labels[TAG_ABANDONED] = ABANDONED
+            request = compute_v1.SetLabelsInstanceRequest(
+                project=project, zone=zone, instance=name,
+                instances_set_labels_request_resource=compute_v1.InstancesSetLabelsRequest(
+                    labels=labels, label_fingerprint=inst.label_fingerprint))
+            try:
+                op = self._call(f"setLabels {provider_id}", lambda: api.instances.set_labels_unary(
+                    request=request, timeout=s.request_timeout, retry=None))
+                self._wait(f"setLabels {provider_id}", op, project, zone)
+            except NotFound:
+                log.debug("gcp abandon %s: gone meanwhile", provider_id)
+                return
+            except Transient as exc:
+                if getattr(exc.__cause__, "code", None) != 412 or attempt == _SET_LABELS_ATTEMPTS:
+                    raise
+                log.debug("gcp setLabels %s: label fingerprint went stale; re-reading (attempt %d)",
+                          provider_id, attempt)
+                continue
+            log.info("gcp instance %s marked abandoned", provider_id)
+            return
+
+    def start(self, provider_id: str) -> None:
+        """Run a stopped or suspended instance again and wait for the operation.
+
+        Reads the instance first: TERMINATED/STOPPED -> ``instances.start``, SUSPENDED ->
+        ``instances.resume`` (https://cloud.google.com/compute/docs/instances/instance-life-cycle,
+        .../stop-start-instance, .../suspend-resume-instance); an instance running or on its
+        way up needs nothing.
+
+        Raises:
+            NotFound: the instance does not exist.
+            Transient: the instance is still stopping or suspending (neither call is accepted
+                until it has), 5xx, timeouts, the operation still running.
+            Permanent: a malformed provider ID, or a rejected request.
+            QuotaExceeded: quota or capacity refused (a zone stockout on start).
+        """
+        project, zone, name = self._parse(provider_id)
+        api = self._api()
+        s = self.settings
+        inst = self._call(f"get {provider_id}", lambda: api.instances.get(
+            project=project, zone=zone, instance=name, timeout=s.request_timeout, retry=None))
+        status = (inst.status or "").upper()
+        if status in _STOPPING:
+            raise Transient(f"gcp instance {provider_id} is {status}; it can be started once it has stopped")
+        if status in _START_FROM:
+            verb, fn = "start", lambda: api.instances.start_unary(request=compute_v1.StartInstanceRequest(
+                project=project, zone=zone, instance=name), timeout=s.request_timeout, retry=None)
+        elif status in _RESUME_FROM:
+            verb, fn = "resume", lambda: api.instances.resume_unary(request=compute_v1.ResumeInstanceRequest(
+                project=project, zone=zone, instance=name), timeout=s.request_timeout, retry=None)
+        else:
+            log.debug("gcp start %s: status %s, nothing to do", provider_id, status or "unknown")
+            return
+        op = self._call(f"{verb} {provider_id}", fn)
+        self._wait(f"{verb} {provider_id}", op, project, zone)
+        log.info("gcp instance %s was %s; %s done", provider_id, status, verb)
 
     def list_by_tag(self, tag: str) -> ListResult:
         """Return every instance of the project labelled ``managed-by=<tag>``, over every page.

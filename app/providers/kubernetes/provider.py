@@ -8,6 +8,11 @@
   Proxy's credentials Secret is mounted (``subPath``) at the path the squid.conf names.
 * Phase mapping: Running with a Pod IP -> Running; Running without an IP or Pending ->
   Provisioning; Succeeded/Failed/Unknown -> Terminated.  A Pod being deleted is Terminated.
+  Never Stopped: a Pod that has ended cannot be started again (Terminated means the
+  reconciler deletes and recreates it), and a crashed container is restarted by the kubelet
+  (``restartPolicy: Always``) inside a Pod that stays Running/Pending.
+* ``abandon`` labels the Pod ``crawl.example.com/abandoned=true`` (tag ``abandoned``), which
+  ``to_instance`` maps back, so GC leaves it alone.
 * provider ID ``<namespace>/<pod>``.
 """
 
@@ -30,7 +35,10 @@ log = logging.getLogger(__name__)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PROXY_UID = "crawl.example.com/proxy-uid"
 LABEL_NAME = "app.kubernetes.io/name"
-_TAG_TO_LABEL = {naming.TAG_MANAGED_BY: LABEL_MANAGED_BY, naming.TAG_PROXY_UID: LABEL_PROXY_UID}
+#: Label of a Pod whose Proxy was released with skip-cleanup (tag :data:`app.naming.TAG_ABANDONED`).
+LABEL_ABANDONED = "crawl.example.com/abandoned"
+_TAG_TO_LABEL = {naming.TAG_MANAGED_BY: LABEL_MANAGED_BY, naming.TAG_PROXY_UID: LABEL_PROXY_UID,
+                 naming.TAG_ABANDONED: LABEL_ABANDONED}
 _LABEL_TO_TAG = {v: k for k, v in _TAG_TO_LABEL.items()}
 CONTAINER = "squid"
 AUTH_VOLUME = "proxy-auth"
@@ -141,6 +149,14 @@ class KubernetesProvider:
             ),
         )
 
+    def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]:
+        """Return ``["<namespace>/<name>"]``: the one provider ID a Pod named ``name`` can have.
+
+        The namespace is the configured one, else the Proxy's ``namespace``; ``zone`` plays
+        no part.  This is the ID :meth:`create` returns for the same name.
+        """
+        return [f"{self.settings.namespace or namespace}/{name}"]
+
     def create(self, request: CreateRequest) -> Instance:
         """Create the Squid Pod ``request.name``; an existing Pod of that name is returned as is.
 
@@ -184,6 +200,45 @@ class KubernetesProvider:
             raise _classify(exc, f"delete pod {provider_id}") from exc
         except Exception as exc:  # noqa: BLE001
             raise _classify(exc, f"delete pod {provider_id}") from exc
+
+    def abandon(self, provider_id: str) -> None:
+        """Label the Pod ``crawl.example.com/abandoned=true`` (merge patch of its labels only).
+
+        A Pod already gone is success.
+
+        Raises:
+            Permanent: a malformed provider ID, or the API refused (400/401/403/409/422).
+            Transient: the API is unavailable (5xx, 429, connection errors).
+        """
+        ns, name = split_provider_id(provider_id)
+        body = {"metadata": {"labels": {LABEL_ABANDONED: naming.ABANDONED}}}
+        try:
+            self.core.patch_namespaced_pod(name, ns, body)
+            log.info("marked pod %s abandoned", provider_id)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise _classify(exc, f"label pod {provider_id} abandoned") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, f"label pod {provider_id} abandoned") from exc
+
+    def start(self, provider_id: str) -> None:
+        """Make the Pod run again, as far as a Pod can.
+
+        A Pod that is pending or running needs nothing (the kubelet restarts its container:
+        ``restartPolicy: Always``).  A Pod that has ended (Succeeded/Failed/Unknown, or being
+        deleted) can never run again (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/):
+        it is deleted and :class:`NotFound` raised, so the caller recreates it.
+
+        Raises:
+            NotFound: the Pod does not exist (or was deleted because it had ended).
+            Permanent / Transient: as for :meth:`get` and :meth:`delete`.
+        """
+        inst = self.get(provider_id)
+        if inst.state != InstanceState.TERMINATED:
+            return
+        self.delete(provider_id)
+        raise NotFound(f"pod {provider_id} has ended and cannot be started again; deleted so it is recreated")
 
     def list_by_tag(self, tag: str) -> ListResult:
         """List every Pod labelled ``app.kubernetes.io/managed-by=<tag>`` in every namespace."""

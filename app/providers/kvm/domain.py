@@ -29,16 +29,19 @@ from app.providers.base import InstanceState
 METADATA_NS = "https://crawl.example.com/proxy-operator/kvm/v1"
 METADATA_PREFIX = "proxyop"
 
-#: libvirt ``virDomainState`` -> provider state (Running is refined by the address).
+#: libvirt ``virDomainState`` (https://libvirt.org/html/libvirt-libvirt-domain.html#virDomainState)
+#: -> provider state (Running is refined by the address).  Every state of a domain that
+#: exists is recoverable in place (``KvmProvider.start``: create, resume or wake it), so
+#: nothing maps to Terminated: a hypervisor reboot or a guest crash must not rebuild the VM.
 _STATES = {
     0: InstanceState.PROVISIONING,   # VIR_DOMAIN_NOSTATE
     1: InstanceState.RUNNING,        # VIR_DOMAIN_RUNNING
     2: InstanceState.RUNNING,        # VIR_DOMAIN_BLOCKED (running, waiting on I/O)
-    3: InstanceState.STOPPED,        # VIR_DOMAIN_PAUSED
-    4: InstanceState.STOPPED,        # VIR_DOMAIN_SHUTDOWN (shutting down)
-    5: InstanceState.STOPPED,        # VIR_DOMAIN_SHUTOFF
-    6: InstanceState.TERMINATED,     # VIR_DOMAIN_CRASHED
-    7: InstanceState.STOPPED,        # VIR_DOMAIN_PMSUSPENDED
+    3: InstanceState.STOPPED,        # VIR_DOMAIN_PAUSED -> resume
+    4: InstanceState.STOPPED,        # VIR_DOMAIN_SHUTDOWN (shutting down) -> create once off
+    5: InstanceState.STOPPED,        # VIR_DOMAIN_SHUTOFF -> create
+    6: InstanceState.STOPPED,        # VIR_DOMAIN_CRASHED -> destroy + create
+    7: InstanceState.STOPPED,        # VIR_DOMAIN_PMSUSPENDED -> wake up
 }
 
 
@@ -91,14 +94,24 @@ class Metadata:
     created: datetime | None
 
 
-def metadata_xml(tags: dict[str, str], created: datetime) -> str:
-    """Return our ``<proxyop:instance>`` element (with its namespace declaration)."""
-    root = ET.Element(f"{METADATA_PREFIX}:instance", {f"xmlns:{METADATA_PREFIX}": METADATA_NS})
+def metadata_xml(tags: dict[str, str], created: datetime | None, *, namespaced: bool = True) -> str:
+    """Return our ``<proxyop:instance>`` element (with its namespace declaration).
+
+    ``created`` ``None`` (rewriting metadata whose creation time was unreadable) leaves the
+    ``<created>`` element out; GC keeps instances without a creation time.
+
+    ``namespaced=False`` returns the bare ``<instance>`` element for ``virDomainSetMetadata``,
+    which puts the root in our namespace under our prefix itself and refuses an element that
+    already declares that prefix ("failed to create a new XML namespace").
+    """
+    prefix = f"{METADATA_PREFIX}:" if namespaced else ""
+    root = ET.Element(f"{prefix}instance", {f"xmlns:{METADATA_PREFIX}": METADATA_NS} if namespaced else {})
     for key, value in sorted(tags.items()):
-        tag = ET.SubElement(root, f"{METADATA_PREFIX}:tag", {"key": key})
+        tag = ET.SubElement(root, f"{prefix}tag", {"key": key})
         tag.text = value
-    ET.SubElement(root, f"{METADATA_PREFIX}:created").text = (
-        created.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    if created is not None:
+        ET.SubElement(root, f"{prefix}created").text = (
+            created.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return ET.tostring(root, encoding="unicode")
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import libvirt
 
 from app.config import ProviderConfig
-from app.naming import TAG_MANAGED_BY, TAG_PROXY_UID
+from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned
 from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
 from app.providers.errors import NotFound, Permanent, ProviderError, Transient
 from app.providers.kvm import domain as dom_xml
@@ -180,6 +180,11 @@ class KvmProvider:
         return pool
 
     @staticmethod
+    def _ensure_autostart(link: HostLink, dom: libvirt.virDomain, name: str) -> None:
+        if not link.call("virDomainGetAutostart", lambda c: dom.autostart(), domain=name):
+            link.call("virDomainSetAutostart", lambda c: dom.setAutostart(1), domain=name, autostart=1)
+
+    @staticmethod
     def _start(link: HostLink, dom: libvirt.virDomain, name: str) -> None:
         try:
             link.call("virDomainCreate", lambda c: dom.create(), domain=name)
@@ -190,12 +195,26 @@ class KvmProvider:
             raise
 
     # -- contract -------------------------------------------------------------------------------
+    def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]:
+        """Return ``["hosts/<host>/domains/<name>"]`` for the host ``zone`` names (the only host
+        when ``zone`` is empty and one is configured): the ID :meth:`create` uses.
+
+        Only that host: work for host H runs on H's queue, so a step never looks at other
+        hosts.  A domain left on another host is found through the provider ID recorded before
+        every create, or collected by GC.
+
+        Raises:
+            Permanent: ``zone`` is not a configured host, or is empty with several hosts.
+        """
+        return [dom_xml.provider_id(self._host_for(zone).name, name)]
+
     def create(self, request: CreateRequest) -> Instance:
         """Create (or start) the domain ``request.name`` on the host ``request.zone``.
 
         Looks the domain up first and only starts it when it exists; otherwise caches the
         image, reuses or creates the overlay, rebuilds the seed ISO (an interrupted upload can
-        leave a truncated one), defines and starts the domain.
+        leave a truncated one), defines the domain with autostart on (libvirtd starts it
+        again when the hypervisor boots) and starts it.
 
         Returns:
             the instance (Provisioning until an address is known).
@@ -225,6 +244,7 @@ class KvmProvider:
                 link.call("virDomainResume", lambda c: dom.resume(), domain=name)
             elif state not in _RUNNING_STATES:
                 self._start(link, dom, name)
+            self._ensure_autostart(link, dom, name)  # domains defined before autostart was set
             return Instance(pid, name, InstanceState.PROVISIONING, None, meta.created, dict(meta.tags), host.name)
 
         pool = self._pool(link)
@@ -262,6 +282,9 @@ class KvmProvider:
             metadata=dom_xml.metadata_xml(request.tags, created), network=host.network, bridge=host.bridge)
         xml = dom_xml.domain_xml(spec)
         dom = link.call("virDomainDefineXML", lambda c: c.defineXML(xml), domain=name, xml=xml)
+        # Autostart: libvirtd starts the domain again when the hypervisor boots, so a host
+        # reboot brings its proxies back by itself (the reconciler's start covers the rest).
+        link.call("virDomainSetAutostart", lambda c: dom.setAutostart(1), domain=name, autostart=1)
         self._start(link, dom, name)
         log.info("kvm host %s: created domain %s (image %s, %s)", host.name, name, img.key, img.firmware)
         return Instance(pid, name, InstanceState.PROVISIONING, None, created, dict(request.tags), host.name)
@@ -387,6 +410,95 @@ class KvmProvider:
                 link.call("virDomainUndefine", lambda c: dom.undefine(), domain=name)
             except NotFound:
                 pass
+
+    def start(self, provider_id: str) -> None:
+        """Run the existing domain again (never a new one) and make sure it has autostart on.
+
+        By libvirt state (https://libvirt.org/html/libvirt-libvirt-domain.html#virDomainState):
+        shut off -> ``virDomainCreate``; crashed -> ``virDomainDestroy`` then create; paused ->
+        ``virDomainResume``; pmsuspended -> ``virDomainPMWakeup``; running -> nothing.
+
+        Raises:
+            NotFound: no such domain on that host.
+            Transient: the domain is still shutting down (it can be created once it is off),
+                the host is unreachable (DialError), or libvirt failed transiently.
+            Permanent: the ID does not parse, or its host is not configured.
+        """
+        host_name, name = self._parse(provider_id)
+        if self.settings.host(host_name) is None:
+            raise Permanent(f"kvm provider {self.name}: host {host_name!r} of {provider_id} is not configured")
+        link = self.link(host_name)
+        dom = self._lookup(link, name)
+        if dom is None:
+            raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
+        state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
+        if state == libvirt.VIR_DOMAIN_SHUTDOWN:
+            raise Transient(f"kvm host {host_name}: domain {name} is shutting down; it is started once it is off")
+        if state == libvirt.VIR_DOMAIN_PAUSED:
+            try:
+                link.call("virDomainResume", lambda c: dom.resume(), domain=name)
+            except ProviderError as exc:
+                if code_of(exc) != libvirt.VIR_ERR_OPERATION_INVALID or \
+                        link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name) not in _RUNNING_STATES:
+                    raise  # else: resumed concurrently
+        elif state == libvirt.VIR_DOMAIN_PMSUSPENDED:
+            link.call("virDomainPMWakeup", lambda c: dom.pMWakeup(0), domain=name)
+        elif state not in _RUNNING_STATES:
+            if state == libvirt.VIR_DOMAIN_CRASHED:
+                try:  # a crashed domain kept for inspection (on_crash=preserve) is still active
+                    link.call("virDomainDestroy", lambda c: dom.destroy(), domain=name)
+                except ProviderError as exc:
+                    if code_of(exc) != libvirt.VIR_ERR_OPERATION_INVALID:
+                        raise
+            self._start(link, dom, name)
+        self._ensure_autostart(link, dom, name)
+        if state not in _RUNNING_STATES:
+            log.info("kvm host %s: started domain %s again (libvirt state %d)", host_name, name, state)
+
+    def abandon(self, provider_id: str) -> None:
+        """Add the tag ``abandoned=true`` to the domain's metadata element, so GC never deletes it.
+
+        ``virDomainSetMetadata`` with our namespace on the persistent config, and on the live
+        domain too when it runs (https://libvirt.org/html/libvirt-libvirt-domain.html#virDomainSetMetadata).
+        A domain already gone, already marked or without our metadata (not ours: GC never
+        touches it), and a host no longer in the config (GC does not list it), are success.
+
+        Raises:
+            Permanent: the ID does not parse.
+            DialError (Transient): the host is unreachable.
+            Transient / QuotaExceeded: libvirt errors, classified.
+        """
+        host_name, name = self._parse(provider_id)
+        if self.settings.host(host_name) is None:
+            log.info("kvm provider %s: abandon %s: host %s is not configured; nothing to mark",
+                     self.name, provider_id, host_name)
+            return
+        link = self.link(host_name)
+        dom = self._lookup(link, name)
+        if dom is None:
+            return
+        meta = self._metadata(link, dom, name)
+        if meta is None or is_abandoned(meta.tags):
+            return
+        xml = dom_xml.metadata_xml({**meta.tags, TAG_ABANDONED: ABANDONED}, meta.created, namespaced=False)
+        config = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        try:
+            active = link.call("virDomainIsActive", lambda c: dom.isActive(), domain=name)
+            flags = config | (libvirt.VIR_DOMAIN_AFFECT_LIVE if active else 0)
+            try:
+                link.call("virDomainSetMetadata", lambda c: dom.setMetadata(
+                    libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, dom_xml.METADATA_PREFIX, dom_xml.METADATA_NS, flags),
+                    domain=name, flags=flags, xml=xml)
+            except ProviderError as exc:
+                if not active or code_of(exc) != libvirt.VIR_ERR_OPERATION_INVALID:
+                    raise
+                # It stopped between the two calls: the persistent config is what remains.
+                link.call("virDomainSetMetadata", lambda c: dom.setMetadata(
+                    libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, dom_xml.METADATA_PREFIX, dom_xml.METADATA_NS, config),
+                    domain=name, flags=config, xml=xml)
+        except NotFound:
+            return  # undefined meanwhile
+        log.info("kvm host %s: marked domain %s abandoned", host_name, name)
 
     def list_by_tag(self, tag: str, host: str | None = None) -> ListResult:
         """Return every domain whose metadata carries ``managed-by=<tag>``.

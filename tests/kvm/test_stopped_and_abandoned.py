@@ -1,0 +1,188 @@
+"""Stopped is not lost, and skip-cleanup outlives Redis: the kvm provider on a real libvirtd.
+
+The provider reaches the daemon over SSH as always; "behind its back" is a second libvirt
+connection straight to the daemon's socket (what ``virsh destroy`` on the hypervisor, or the
+hypervisor's reboot, does to a domain).
+"""
+
+from __future__ import annotations
+
+import time
+
+import libvirt
+import pytest
+from kubernetes import client as k8s
+
+from app import naming
+from app.config import ProvidersConfig
+from app.gc import collect
+from app.kube import Kube
+from app.providers.base import InstanceState
+from app.providers.errors import NotFound
+from app.providers.kvm import domain as dom_xml
+from app.providers.registry import build
+from app.reconcile import ABANDONED_KEY, POLL, Context, Ref, create, poll
+from app.resources import GROUP, PLURAL, VERSION
+from app.settings import Settings
+from tests.kubefake.server import FakeKube
+from tests.kvm import harness
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def direct(rig):
+    """A libvirt connection straight to the daemon's socket: the hypervisor's own view."""
+    conn = libvirt.open(f"qemu+unix:///system?socket={rig.daemon.socket}")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def entry(rig, image):
+    """A providers-config entry for the rig with one small BIOS image ``tiny``."""
+    _, url, sha, _ = image()
+    return rig.entry(images={"tiny": {"url": url, "sha256": sha, "firmware": "bios"}})
+
+
+@pytest.fixture
+def provider(make_provider, entry):
+    return make_provider(entry)
+
+
+def managed(conn) -> list[str]:
+    """Names of the domains carrying our managed-by tag (what GC would list)."""
+    out = []
+    for dom in conn.listAllDomains(0):
+        try:
+            meta = dom_xml.parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, dom_xml.METADATA_NS, 0))
+        except libvirt.libvirtError:
+            continue
+        if meta.tags.get(naming.TAG_MANAGED_BY) == naming.MANAGED_BY:
+            out.append(dom.name())
+    return out
+
+
+def test_create_defines_the_domain_with_autostart_and_start_restores_it(provider, request_for, direct):
+    req = request_for(image="tiny", machine_type="small")
+    inst = provider.create(req)
+    dom = direct.lookupByName(req.name)
+    assert dom.autostart() == 1, "libvirtd starts it again when the hypervisor boots"
+
+    dom.setAutostart(0)  # a domain defined by an older version
+    dom.destroy()
+    assert provider.get(inst.provider_id).state is InstanceState.STOPPED
+    provider.start(inst.provider_id)
+    assert dom.isActive() and dom.autostart() == 1
+
+    dom.suspend()
+    assert provider.get(inst.provider_id).state is InstanceState.STOPPED
+    provider.start(inst.provider_id)  # resumes
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    provider.start(inst.provider_id)  # running: nothing to do
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    assert managed(direct) == [req.name]
+
+    provider.delete(inst.provider_id)
+    with pytest.raises(NotFound):
+        provider.start(inst.provider_id)
+
+
+def poll_until_running(ctx, ref: Ref, attempt: int = 0, timeout: float = 20) -> None:
+    """Run the poll step (as its followups would) until it finishes: the lease became visible."""
+    deadline = time.monotonic() + timeout
+    while (followup := poll(ctx, ref, attempt)) is not None:
+        assert followup.action == POLL and time.monotonic() < deadline, f"still {followup} after {timeout}s"
+        attempt = followup.attempt
+        time.sleep(0.2)
+
+
+def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider, direct, redis_client):
+    with FakeKube() as fake:
+        api = fake.api_client()
+        registry = build(ProvidersConfig((harness.provider_config(entry),)), {"kvm": lambda pc: provider})
+        settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
+        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+                "metadata": {"name": "squid-kvm", "namespace": "default"},
+                "spec": {"provider": provider.name,
+                         "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
+        obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+        ref = Ref("default", "squid-kvm", obj["metadata"]["uid"])
+
+        assert create(ctx, ref).action == POLL
+        name = naming.instance_name(ref.uid)
+        dom = direct.lookupByName(name)
+        uuid = dom.UUIDString()
+        [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
+        with harness.FakeGuest(rig, name) as guest:
+            address = guest.lease(mac, "boot-1")
+            poll_until_running(ctx, ref)
+            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            assert proxy.phase == "Running" and proxy.status["address"] == address
+
+            dom.destroy()  # the hypervisor went down under it
+
+            followup = poll(ctx, ref)
+
+            assert followup.action == POLL
+            again = direct.lookupByName(name)
+            assert again.UUIDString() == uuid, "the same domain, not a new one"
+            assert again.isActive()
+            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+            assert proxy.phase == "Provisioning" and cond["reason"] == "InstanceStopped"
+
+            poll_until_running(ctx, ref, followup.attempt)
+            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            assert proxy.phase == "Running" and proxy.status["address"] == address
+            reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event("default").items]
+            assert reasons.count("InstanceStarted") == 1 and "InstanceLost" not in reasons
+            assert direct.lookupByName(name).UUIDString() == uuid
+        assert managed(direct) == [name], "nothing leaked, nothing duplicated"
+        api.close()
+
+
+def test_abandoned_domain_survives_a_redis_flush_and_gc(provider, request_for, direct, redis_client):
+    kept = provider.create(request_for(image="tiny", machine_type="small"))
+    orphan = provider.create(request_for(image="tiny", machine_type="small"))  # the control: GC deletes it
+    redis_client.sadd(ABANDONED_KEY, kept.tags[naming.TAG_PROXY_UID])
+
+    provider.abandon(kept.provider_id)
+
+    dom = direct.lookupByName(kept.name)
+    for flags in (libvirt.VIR_DOMAIN_AFFECT_LIVE, libvirt.VIR_DOMAIN_AFFECT_CONFIG):
+        meta = dom_xml.parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, dom_xml.METADATA_NS, flags))
+        assert meta.tags == {**kept.tags, naming.TAG_ABANDONED: "true"} and meta.created == kept.created
+    provider.abandon(kept.provider_id)  # already marked: success
+
+    redis_client.flushall()
+    report = collect(provider.name, provider, lambda: [], set(redis_client.smembers(ABANDONED_KEY)), 0)
+
+    assert report.deleted == [orphan.provider_id]
+    assert managed(direct) == [kept.name]
+    # The mark is in the persistent definition: it survives the domain being shut off and started.
+    dom.destroy()
+    provider.start(kept.provider_id)
+    assert collect(provider.name, provider, lambda: [], set(), 0).deleted == []
+    assert managed(direct) == [kept.name]
+    assert provider.get(kept.provider_id).tags[naming.TAG_ABANDONED] == "true"
+
+    provider.delete(kept.provider_id)
+    provider.abandon(kept.provider_id)  # gone: success
+    assert managed(direct) == []
+
+
+def test_a_shut_off_domain_is_marked_in_its_persistent_definition(provider, request_for, direct):
+    inst = provider.create(request_for(image="tiny", machine_type="small"))
+    dom = direct.lookupByName(inst.name)
+    dom.destroy()
+
+    provider.abandon(inst.provider_id)
+
+    meta = dom_xml.parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, dom_xml.METADATA_NS,
+                                               libvirt.VIR_DOMAIN_AFFECT_CONFIG))
+    assert meta.tags[naming.TAG_ABANDONED] == "true"
+    dom.create()
+    assert provider.get(inst.provider_id).tags[naming.TAG_ABANDONED] == "true"
+    provider.delete(inst.provider_id)
