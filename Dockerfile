@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image for every process of proxy-operator (SPEC §10): the watcher
+# One image for every process of proxy-operator: the watcher
 # (`proxy-operator watch`), Celery workers and beat (`celery -A workers ...`), the API
-# (`gunicorn ... 'api:create_app()'`) and Flower. Build with the commit stamped in:
+# (`proxy-operator api`, served by granian) and Flower. Build with the commit stamped in:
 #   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t proxy-operator .
 ARG PYTHON_IMAGE=python:3.11-slim
 

@@ -1,4 +1,5 @@
-"""The discovery and lease API (Flask; gunicorn in production): ``gunicorn 'api:create_app()'``.
+"""The discovery and lease API (Flask), served by granian's WSGI server: ``proxy-operator api``
+(:mod:`api.server` says how).
 
 Routes (details in :mod:`api.routes`, the schema at ``/openapi.json``, the guide in
 docs/discovery-api.md): ``GET /v1/proxies``, ``POST /v1/leases``,
@@ -14,14 +15,14 @@ import redis
 from flask import Flask
 
 from api import errors, routes
+from api.fastpath import FastPath
+from api.inputs import MAX_BODY_BYTES
 from api.settings import ApiSettings
 from app import serving
 from app.tokens import TokenStore
 from app.validation import ConfigError
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 64 * 1024
 
 
 def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = True) -> Flask:
@@ -31,6 +32,9 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
     Args:
         settings: :class:`api.settings.ApiSettings` (default: from the environment).
         rebuild_index: rebuild the lease index (``False`` for a configuration check only).
+    Returns:
+        the Flask app, a WSGI application; its ``wsgi_app`` is :class:`api.fastpath.FastPath`
+        in front of Flask's own.
     Raises:
         app.validation.ConfigError: no tokens file configured, or the file is invalid (the
             message names the file and field) — the API never starts without client tokens.
@@ -53,7 +57,10 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.json.sort_keys = False
     errors.install(app)
-    routes.register(app, routes.State(redis=r, tokens=store, settings=settings))
+    state = routes.State(redis=r, tokens=store, settings=settings)
+    routes.register(app, state)
+    # The plain lease and release requests skip Flask's per-request machinery (api/fastpath.py).
+    app.wsgi_app = FastPath(app.wsgi_app, state)
     log.info("api: %d clients, Redis %s", len(store.clients), _redacted(settings.redis_url))
     return app
 

@@ -1,4 +1,4 @@
-"""JSON errors with a stable ``error`` code for every 4xx/5xx (SPEC §7).
+"""JSON errors with a stable ``error`` code for every 4xx/5xx.
 
 Body: ``{"error": "<code>", "message": "<text>"}`` plus ``"field"`` when one request field
 is at fault.  Codes are part of the API contract (docs/discovery-api.md lists them).
@@ -6,10 +6,12 @@ is at fault.  Codes are part of the API contract (docs/discovery-api.md lists th
 
 from __future__ import annotations
 
+import json
 import logging
+from http import HTTPStatus
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -20,6 +22,20 @@ _HTTP_CODES = {
     405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
     415: "unsupported_media_type", 429: "too_many_requests", 500: "internal_error",
 }
+
+
+def json_bytes(doc) -> bytes:
+    """``doc`` as the API writes every JSON answer: compact, ASCII, one trailing newline (the
+    bytes Flask's ``jsonify`` gives; used by the Flask routes and :mod:`api.fastpath` alike)."""
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def status_line(status: int) -> str:
+    """``"201 CREATED"``-style WSGI status for ``status`` (Werkzeug's wording)."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase.upper()}"
+    except ValueError:
+        return f"{status} UNKNOWN"
 
 
 class ApiError(Exception):
@@ -39,15 +55,36 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
 
-    def response(self):
-        body = {"error": self.code, "message": self.message}
+    def body(self) -> bytes:
+        """The JSON body: ``{"error", "message"}`` plus ``"field"`` when one is at fault."""
+        doc = {"error": self.code, "message": self.message}
         if self.field:
-            body["field"] = self.field
-        resp = jsonify(body)
-        resp.status_code = self.status
-        for k, v in self.headers.items():
-            resp.headers[k] = v
-        return resp
+            doc["field"] = self.field
+        return json_bytes(doc)
+
+    def response(self) -> Response:
+        """The error as a Flask response."""
+        return Response(self.body(), status=self.status, headers=self.headers, mimetype="application/json")
+
+    def wsgi(self, start_response) -> list[bytes]:
+        """Answer the error on a raw WSGI call (same status, headers and body as :meth:`response`)."""
+        body = self.body()
+        start_response(status_line(self.status), [("Content-Type", "application/json"),
+                                                  ("Content-Length", str(len(body))), *self.headers.items()])
+        return [body]
+
+
+def redis_unavailable(exc: redis.RedisError) -> ApiError:
+    """Log a Redis failure (without the command's arguments) and return the 503 for it."""
+    log.error("api: Redis error: %s", exc)
+    return ApiError(503, "redis_unavailable", "the lease store is unavailable; retry shortly",
+                    headers={"Retry-After": "1"})
+
+
+def internal_error() -> ApiError:
+    """Log the exception being handled, with its traceback, and return the 500 for it."""
+    log.exception("api: unexpected error")
+    return ApiError(500, "internal_error", "internal error")
 
 
 def bad_field(field: str, message: str, code: str = "invalid_field") -> ApiError:
@@ -76,11 +113,8 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(redis.RedisError)
     def _redis_error(exc: redis.RedisError):
-        log.error("api: Redis error: %s", exc)
-        return ApiError(503, "redis_unavailable", "the lease store is unavailable; retry shortly",
-                        headers={"Retry-After": "1"}).response()
+        return redis_unavailable(exc).response()
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("api: unexpected error")
-        return ApiError(500, "internal_error", "internal error").response()
+        return internal_error().response()

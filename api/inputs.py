@@ -1,21 +1,32 @@
 """Strict reading of request inputs: query strings, JSON bodies, path ids.
 
-Every problem is a 400 (415 for a body that is not JSON) whose ``field`` names the culprit;
-nothing unknown is silently ignored.
+Every problem is a 400 (413 for a body over :data:`MAX_BODY_BYTES`, 415 for a body that is not
+JSON) whose ``field`` names the culprit; nothing unknown is silently ignored, and no input
+makes a 5xx.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from flask import Request
+from werkzeug.wsgi import get_content_length
 
 from api.errors import ApiError, bad_field
 from app import selectors
 from app.leases import OUTCOMES, Filters
 
+#: Largest request body, bytes, however it is framed (Content-Length or chunked).
+MAX_BODY_BYTES = 64 * 1024
+#: Deepest nesting of arrays and objects a JSON body may have (the API's bodies are flat).
+MAX_JSON_DEPTH = 32
 MAX_FILTER_LENGTH = 253
+_READ_CHUNK = 16 * 1024
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*+"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 LEASE_ID = re.compile(r"^[0-9a-f]{32}$")
 FILTER_FIELDS = ("provider", "zone", "namespace", "selector")
@@ -35,23 +46,112 @@ def query(req: Request, allowed: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def body(req: Request, allowed: tuple[str, ...]) -> dict:
-    """Return the JSON object body (``{}`` when empty), with keys only from ``allowed``.
+def read_body(environ: dict, limit: int = MAX_BODY_BYTES) -> bytes:
+    """Return the body of the WSGI request ``environ``, whole, or refuse it when it is longer
+    than ``limit`` bytes.
+
+    Reads ``wsgi.input`` directly: ``Content-Length`` bytes when given, else (a chunked body,
+    which the server de-chunks and terminates) until the end, but never more than
+    ``limit`` + 1 bytes, so an oversized body is refused whatever its framing, never cut to
+    the limit and parsed.  Without a length and without a terminated stream the body is
+    taken as empty (nothing says where it ends).
 
     Raises:
-        ApiError: 415 ``unsupported_media_type`` for a non-JSON content type, 400
-            ``bad_json`` for malformed JSON or a non-object, 400 ``unknown_field``.
+        ApiError: 413 ``payload_too_large``; 400 ``bad_json`` when the client sent fewer
+            bytes than its ``Content-Length``.
     """
-    raw = req.get_data(cache=False)
+    too_large = ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes")
+    length = get_content_length(environ)  # None for a chunked body or a malformed header
+    if length is not None and length > limit:
+        raise too_large
+    if length is None and not environ.get("wsgi.input_terminated"):
+        return b""
+    want = limit + 1 if length is None else length
+    stream = environ["wsgi.input"]
+    chunks, got = [], 0
+    while got < want:
+        chunk = stream.read(min(_READ_CHUNK, want - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got > limit:
+        raise too_large
+    if length is not None and got < length:
+        raise ApiError(400, "bad_json", f"the body ended after {got} of its {length} bytes")
+    return b"".join(chunks)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _depth(text: str) -> int:
+    """How deeply arrays and objects nest in ``text`` (brackets inside strings ignored)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(_STRINGS.sub("", text)):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse a JSON document strictly: UTF-8 (RFC 8259), nesting at most
+    :data:`MAX_JSON_DEPTH`, no ``NaN``/``Infinity``, no lone UTF-16 surrogate in any string
+    (``"\\ud800"``: Redis' Lua JSON decoder and any UTF-8 encoder refuse them).
+
+    Raises:
+        ApiError: 400 ``bad_json`` saying what is wrong (never echoing the body).
+    """
+    try:
+        text = raw.decode("utf-8")  # strict: also refuses UTF-8-encoded surrogates
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_json", f"the body is not valid UTF-8 (at byte {exc.start})") from None
+    if _depth(text) > MAX_JSON_DEPTH:
+        raise ApiError(400, "bad_json", f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "bad_json", "the body nests too deeply") from None
+    except ValueError as exc:
+        raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    if _has_surrogate(doc):
+        raise ApiError(400, "bad_json", "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string")
+    return doc
+
+
+def body(req: Request | dict, allowed: tuple[str, ...]) -> dict:
+    """Return the JSON object body (``{}`` when empty), with keys only from ``allowed``.
+
+    Args:
+        req: the Flask request, or a raw WSGI environ (:mod:`api.fastpath`).
+        allowed: the field names the route knows.
+    Raises:
+        ApiError: 413 ``payload_too_large`` (:func:`read_body`), 415
+            ``unsupported_media_type`` for a non-JSON content type, 400 ``bad_json`` for
+            malformed JSON or a non-object (:func:`parse_json`), 400 ``unknown_field``.
+    """
+    environ = req if isinstance(req, dict) else req.environ
+    raw = read_body(environ)
     if not raw.strip():
         return {}
-    mimetype = (req.mimetype or "").lower()
+    mimetype = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    doc = parse_json(raw)
     if not isinstance(doc, dict):
         raise ApiError(400, "bad_json", "the body must be a JSON object")
     for key in doc:

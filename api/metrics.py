@@ -1,5 +1,5 @@
 """Metrics of the API: lease requests by outcome (counter) and live leases (read from Redis
-at scrape time, so every gunicorn worker reports the same truth)."""
+at scrape time, so every worker process reports the same truth)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ LEASE_REQUESTS = Counter(
     "proxy_operator_lease_requests_total",
     "Lease API requests by operation (acquire, renew, release) and outcome (ok or the error code).",
     ["operation", "outcome"])
+#: The children counted on every successful request, looked up once (``labels()`` costs a
+#: dictionary lookup under a lock per call).
+OK = {op: LEASE_REQUESTS.labels(op, "ok") for op in ("acquire", "renew", "release")}
 
 
 class LeasesActive:

@@ -15,14 +15,16 @@ def _error_response(description: str) -> dict:
 
 
 def _errors(*codes: int) -> dict:
-    words = {400: "Bad request: malformed JSON, an unknown or invalid field (named in `field`).",
+    words = {400: "Bad request: malformed JSON (not UTF-8, nested deeper than 32 levels, a lone UTF-16 "
+                  "surrogate, NaN), an unknown or invalid field (named in `field`).",
              401: "Missing or invalid bearer token.",
              403: "The lease belongs to another client.",
              404: "No such lease.",
              409: "The lease's proxy is no longer healthy or leasable; the lease was ended.",
-             413: "Request body too large.",
+             413: "Request body over 64 KiB, however it is framed (Content-Length or chunked).",
              415: "The body is not application/json.",
-             503: "No proxy fits (leases) or the lease store is unavailable."}
+             503: "No proxy fits (leases: the message counts the published proxies and why each was "
+                  "excluded) or the lease store is unavailable."}
     return {str(c): _error_response(words[c]) for c in codes}
 
 
@@ -109,11 +111,24 @@ def document(settings: LeaseSettings) -> dict:
                 },
                 "Lease": {
                     "type": "object", "additionalProperties": False,
-                    "required": ["leaseId", "proxyUrl", "host", "port", "egressIP", "expiresAt", "ttlSeconds",
-                                 "sessionKey", "sticky", "proxy", "leases"],
+                    "required": ["leaseId", "proxyUrl", "proxyAuth", "host", "port", "egressIP", "expiresAt",
+                                 "ttlSeconds", "sessionKey", "sticky", "proxy", "leases"],
                     "properties": {
                         "leaseId": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-                        "proxyUrl": {"type": "string", "description": "http://host:port"},
+                        "proxyUrl": {"type": "string",
+                                     "description": "`http://host:port`; for a proxy that requires basic auth "
+                                                    "`http://user:password@host:port` with both percent-encoded "
+                                                    "(RFC 3986, e.g. `pa%24s` for `pa$s`): usable as is as an "
+                                                    "HTTP client's proxy URL. Treat it as a secret."},
+                        "proxyAuth": {
+                            "type": "object", "nullable": True, "additionalProperties": False,
+                            "required": ["username", "password"],
+                            "properties": {"username": {"type": "string"}, "password": {"type": "string"}},
+                            "description": "The basic-auth credentials of a proxy that requires them "
+                                           "(`squid.basicAuth`), as plain text; null when it needs none. Only "
+                                           "lease answers (this one and renew) carry credentials, and only to the "
+                                           "client holding the lease: never `GET /v1/proxies`, errors, logs or "
+                                           "metrics."},
                         "host": {"type": "string"}, "port": {"type": "integer"},
                         "egressIP": nullable_str,
                         "expiresAt": {"type": "string", "format": "date-time"},

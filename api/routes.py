@@ -1,4 +1,10 @@
-"""The routes of the discovery and lease API.  Each reads only Redis (SPEC §7)."""
+"""The routes of the discovery and lease API.  Each reads only Redis.
+
+The lease operations themselves (:func:`acquire`, :func:`release`, :func:`authenticate`,
+:func:`lease_json`) are plain functions of the request's inputs, shared by the Flask routes
+and by :mod:`api.fastpath`, which answers the two hottest routes without Flask's
+per-request machinery.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, request
 
 from api import inputs, metrics
-from api.errors import ApiError
+from api.errors import ApiError, json_bytes
 from api.openapi import document
 from api.settings import ApiSettings
 from app import leases
@@ -20,6 +26,8 @@ log = logging.getLogger(__name__)
 _LEASE_STATUS = {leases.NO_PROXY_AVAILABLE: 503, leases.LEASE_NOT_FOUND: 404, leases.NOT_LEASE_OWNER: 403,
                  leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409}
 _OPEN = {"/healthz", "/metrics", "/openapi.json"}
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
+ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey")
 
 
 @dataclass
@@ -36,22 +44,28 @@ def _rfc3339_ms(epoch: float) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
-def _client(state: State) -> Client:
-    header = request.headers.get("Authorization", "")
+def authenticate(tokens: TokenStore, header: str) -> Client:
+    """The client presenting ``header`` (the ``Authorization`` value, ``""`` when absent).
+
+    Raises:
+        ApiError: 401 ``unauthorized`` with ``WWW-Authenticate`` (the message never shows the token).
+    """
     scheme, _, token = header.partition(" ")
-    challenge = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "missing bearer token (send Authorization: Bearer <token>)",
-                       headers=challenge)
-    client = state.tokens.authenticate(token.strip())
+                       headers=_CHALLENGE)
+    client = tokens.authenticate(token.strip())
     if client is None:
-        raise ApiError(401, "unauthorized", "invalid bearer token", headers=challenge)
+        raise ApiError(401, "unauthorized", "invalid bearer token", headers=_CHALLENGE)
     return client
 
 
-def _lease_json(lease: leases.Lease) -> dict:
+def lease_json(lease: leases.Lease) -> dict:
+    """The ``Lease`` of the OpenAPI document.  The only answer that carries a proxy's
+    credentials (``proxyUrl`` and ``proxyAuth``), to the client holding the lease."""
+    auth = None if lease.username is None else {"username": lease.username, "password": lease.password or ""}
     return {
-        "leaseId": lease.id, "proxyUrl": lease.proxy_url, "host": lease.host, "port": lease.port,
+        "leaseId": lease.id, "proxyUrl": lease.proxy_url, "proxyAuth": auth, "host": lease.host, "port": lease.port,
         "egressIP": lease.egress_ip, "expiresAt": lease.expires_rfc3339(), "ttlSeconds": lease.ttl,
         "sessionKey": lease.session_key, "sticky": lease.sticky,
         "proxy": {"namespace": lease.namespace, "name": lease.name, "provider": lease.provider or None,
@@ -60,10 +74,53 @@ def _lease_json(lease: leases.Lease) -> dict:
     }
 
 
-def _lease_error(operation: str, exc: leases.LeaseError) -> ApiError:
+def lease_error(operation: str, exc: leases.LeaseError) -> ApiError:
+    """Count a refused lease operation and return its HTTP error."""
     metrics.LEASE_REQUESTS.labels(operation, exc.code).inc()
     headers = {"Retry-After": "1"} if exc.code == leases.NO_PROXY_AVAILABLE else None
     return ApiError(_LEASE_STATUS[exc.code], exc.code, exc.message, headers=headers)
+
+
+def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
+    """``POST /v1/leases`` for ``client`` with the JSON body ``doc`` (already read by
+    :func:`api.inputs.body`): validate the fields, lease, count it.
+
+    Raises:
+        ApiError: 400 for a field, 503 ``no_proxy_available`` (:func:`lease_error`).
+        redis.RedisError: Redis unreachable.
+    """
+    filters = inputs.filters(doc)
+    cfg = state.settings.leases
+    ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else cfg.default_ttl
+    session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
+    try:
+        lease = leases.acquire(state.redis, client.name, filters, ttl, cfg, session)
+    except leases.LeaseError as exc:
+        raise lease_error("acquire", exc) from None
+    metrics.OK["acquire"].inc()
+    return lease
+
+
+def release(state: State, client: Client, lease_id: str, outcome: str) -> dict:
+    """``DELETE /v1/leases/<lease_id>?outcome=`` for ``client`` (``lease_id`` and ``outcome``
+    already checked by :func:`api.inputs.lease_id` and :func:`api.inputs.outcome`); the
+    ``Released`` answer.
+
+    Raises:
+        ApiError: 403 ``not_lease_owner``, 404 ``lease_not_found`` (:func:`lease_error`).
+        redis.RedisError: Redis unreachable.
+    """
+    try:
+        done = leases.release(state.redis, client.name, lease_id, outcome, state.settings.leases)
+    except leases.LeaseError as exc:
+        raise lease_error("release", exc) from None
+    metrics.OK["release"].inc()
+    return {"leaseId": lease_id, "released": True, "outcome": outcome, "wasLive": done.live,
+            "cooldownUntil": _rfc3339_ms(done.cooldown_until) if done.cooldown_until else None}
+
+
+def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(json_bytes(doc), status=status, headers=headers, mimetype="application/json")
 
 
 def register(app: Flask, state: State) -> None:
@@ -77,7 +134,7 @@ def register(app: Flask, state: State) -> None:
         # Resolve the route first so an unknown path is a 404, not a 401.
         if request.url_rule is None:
             return None
-        request.environ["proxy_operator.client"] = _client(state)
+        request.environ["proxy_operator.client"] = authenticate(state.tokens, request.environ.get("HTTP_AUTHORIZATION", ""))
         return None
 
     def client() -> Client:
@@ -86,7 +143,7 @@ def register(app: Flask, state: State) -> None:
     @app.get("/healthz")
     def healthz():
         state.redis.ping()
-        return jsonify(status="ok")
+        return _json({"status": "ok"})
 
     @app.get("/metrics")
     def metrics_route():
@@ -95,31 +152,19 @@ def register(app: Flask, state: State) -> None:
 
     @app.get("/openapi.json")
     def openapi():
-        return jsonify(openapi_doc)
+        return _json(openapi_doc)
 
     @app.get("/v1/proxies")
     def list_proxies():
         q = inputs.query(request, ("provider", "zone", "namespace", "selector", "healthy"))
         filters = inputs.filters(q)
         healthy = inputs.boolean("healthy", q["healthy"]) if "healthy" in q else None
-        return jsonify(items=leases.discover(state.redis, filters, healthy))
+        return _json({"items": leases.discover(state.redis, filters, healthy)})
 
     @app.post("/v1/leases")
-    def acquire():
-        doc = inputs.body(request, (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey"))
-        filters = inputs.filters(doc)
-        cfg = state.settings.leases
-        ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else cfg.default_ttl
-        session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
-        try:
-            lease = leases.acquire(state.redis, client().name, filters, ttl, cfg, session)
-        except leases.LeaseError as exc:
-            raise _lease_error("acquire", exc) from None
-        metrics.LEASE_REQUESTS.labels("acquire", "ok").inc()
-        resp = jsonify(_lease_json(lease))
-        resp.status_code = 201
-        resp.headers["Location"] = f"/v1/leases/{lease.id}"
-        return resp
+    def acquire_route():
+        lease = acquire(state, client(), inputs.body(request, ACQUIRE_FIELDS))
+        return _json(lease_json(lease), 201, {"Location": f"/v1/leases/{lease.id}"})
 
     @app.post("/v1/leases/<lease_id>/renew")
     def renew(lease_id: str):
@@ -130,19 +175,12 @@ def register(app: Flask, state: State) -> None:
         try:
             lease = leases.renew(state.redis, client().name, lease_id, ttl, cfg)
         except leases.LeaseError as exc:
-            raise _lease_error("renew", exc) from None
-        metrics.LEASE_REQUESTS.labels("renew", "ok").inc()
-        return jsonify(_lease_json(lease))
+            raise lease_error("renew", exc) from None
+        metrics.OK["renew"].inc()
+        return _json(lease_json(lease))
 
     @app.delete("/v1/leases/<lease_id>")
-    def release(lease_id: str):
+    def release_route(lease_id: str):
         lease_id = inputs.lease_id(lease_id)
         q = inputs.query(request, ("outcome",))
-        outcome = inputs.outcome(q.get("outcome"))
-        try:
-            done = leases.release(state.redis, client().name, lease_id, outcome, state.settings.leases)
-        except leases.LeaseError as exc:
-            raise _lease_error("release", exc) from None
-        metrics.LEASE_REQUESTS.labels("release", "ok").inc()
-        return jsonify(leaseId=lease_id, released=True, outcome=outcome, wasLive=done.live,
-                       cooldownUntil=_rfc3339_ms(done.cooldown_until) if done.cooldown_until else None)
+        return _json(release(state, client(), lease_id, inputs.outcome(q.get("outcome"))))

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from app.leases import LeaseSettings
+from app.settings import redis_url_from_env
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -15,7 +16,8 @@ class ApiSettings:
     """What the API needs.
 
     Attributes:
-        redis_url: the Redis holding the serving view and leases (``REDIS_URL``).
+        redis_url: the Redis holding the serving view and leases (``REDIS_URL`` with
+            ``REDIS_PASSWORD`` put in; never log it).
         tokens_file: the clients' bearer tokens (``API_TOKENS_FILE``; required).
         leases: :class:`app.leases.LeaseSettings` (``LEASE_DEFAULT_TTL``, ``LEASE_MAX_TTL``,
             ``LEASE_COOLDOWN_SECONDS``, ``LEASE_STICKY_TTL``, ``LEASE_RECORD_GRACE``).
@@ -23,7 +25,7 @@ class ApiSettings:
             (``API_TOKENS_RELOAD_SECONDS``).
     """
 
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)  # may carry the Redis password
     tokens_file: str | None = None
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     tokens_check_every: float = 5.0
@@ -41,7 +43,7 @@ class ApiSettings:
         except ValueError:
             raise ValueError(f"environment variable API_TOKENS_RELOAD_SECONDS: not a number: {raw!r}") from None
         return cls(
-            redis_url=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_url=redis_url_from_env(),  # REDIS_URL + REDIS_PASSWORD (app.settings)
             tokens_file=os.environ.get("API_TOKENS_FILE") or None,
             leases=LeaseSettings.from_env(),
             tokens_check_every=check_every,

@@ -74,6 +74,14 @@ def cmd_watch(args) -> int:
     os.environ["PROVIDERS_CONFIG"] = args.providers_config or ""
     cfg = _validated(args.providers_config)
     setup("watch")
+    from app.redis_check import exit_if_credentials_refused
+    from app.settings import Settings
+    try:
+        redis_url = Settings.from_env().redis_url
+    except ValueError as exc:
+        print(f"proxy-operator: watch: {exc}", file=sys.stderr)
+        return 2
+    exit_if_credentials_refused(redis_url, "watch")  # a wrong REDIS_PASSWORD never heals by retrying
     from app.kube import api_client
     from app.provider_health import ProviderHealthWriter
     try:
@@ -83,10 +91,25 @@ def cmd_watch(args) -> int:
             log.info("deleted ProviderHealth of providers no longer checked: %s", ", ".join(pruned))
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop the watcher
         log.warning("could not prune ProviderHealth objects: %s", exc)
+    import redis as redis_lib
+
+    from app.provider_health import StaleSweeper
     from watchers.main import run
     from workers.watch_dispatch import make_on_event
+    if args.metrics_bind:
+        from app import metrics
+        try:
+            metrics.serve(args.metrics_bind, metrics.registry_for_scrape())
+        except (ValueError, OSError) as exc:
+            print(f"proxy-operator: watch: metrics: {exc}", file=sys.stderr)
+            return 2
+        log.info("serving /metrics on %s", args.metrics_bind)
+    # The leader marks ProviderHealth targets nobody checks any more as CheckStale.
+    sweeper = StaleSweeper(redis_lib.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10,
+                                                    socket_connect_timeout=5, socket_keepalive=True),
+                           ProviderHealthWriter(api_client()), cfg.providers)
     run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
-        identity=args.identity, health_bind=args.health_bind)
+        identity=args.identity, health_bind=args.health_bind, while_leading=sweeper.run if sweeper.configs else None)
     return 0
 
 
@@ -96,19 +119,38 @@ def cmd_api(args) -> int:
     if not os.environ.get("API_TOKENS_FILE"):
         print("proxy-operator: api: no tokens file (--tokens-file or API_TOKENS_FILE)", file=sys.stderr)
         return 2
-    # Validate settings and tokens before handing over to gunicorn, so a bad file is one clear line.
+    from app import multiproc
+    from app.logs import setup
     try:
-        from api import gunicorn_conf  # reads API_WORKERS, API_THREADS, API_KEEPALIVE_SECONDS, API_REUSE_PORT
-        from api import create_app
-        create_app(rebuild_index=False)  # each worker rebuilds the lease index when it starts
-    except (ValueError, OSError) as exc:
-        print(f"proxy-operator: api: {exc}", file=sys.stderr)
+        setup("api")  # the first line: release and commit
+    except ValueError as exc:
+        print(f"proxy-operator: api: environment variable LOG_LEVEL: {exc}", file=sys.stderr)
         return 2
-    argv = [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "--bind", args.bind,
-            "--workers", str(args.workers or gunicorn_conf.workers), "--access-logfile", "-",
-            "--access-logformat", '%(h)s "%(r)s" %(s)s %(b)s %(L)ss', "api:create_app()"]
-    os.execvp(argv[0], argv)
-    return 0  # not reached
+    # Before anything imports prometheus-client: /metrics sums the workers' files.
+    try:
+        metrics_dir, made_here = multiproc.prepare("proxy-operator-api-metrics-")
+    except OSError as exc:
+        print(f"proxy-operator: api: {multiproc.ENV}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # Validate settings and tokens before listening, so a bad file is one clear line.
+        try:
+            from api import create_app, server
+            settings = server.ServerSettings.from_env(bind=args.bind, workers=args.workers)
+            create_app(rebuild_index=False)  # each worker rebuilds the lease index when it starts
+        except (ValueError, OSError) as exc:
+            print(f"proxy-operator: api: {exc}", file=sys.stderr)
+            return 2
+        try:
+            sock = server.listen(settings.host, settings.port, settings.backlog)
+        except OSError as exc:  # server.AddressInUse among others; the message names the address
+            print(f"proxy-operator: api: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        server.run(settings, sock)  # until SIGTERM; api/server.py says how it serves
+        return 0
+    finally:
+        if made_here:
+            multiproc.cleanup(metrics_dir)
 
 
 def cmd_kvm_ssh_secret(args) -> int:
@@ -175,11 +217,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--identity", default=os.environ.get("HOSTNAME") or socket.gethostname())
     s.add_argument("--health-bind", default=os.environ.get("WATCHER_HEALTH_BIND"),
                    help="host:port serving /healthz (liveness)")
+    s.add_argument("--metrics-bind", default=os.environ.get("METRICS_BIND"),
+                   help="host:port serving /metrics (env METRICS_BIND)")
     s.set_defaults(fn=cmd_watch)
 
-    s = sub.add_parser("api", help="run the discovery/lease API under gunicorn")
-    s.add_argument("--bind", default=os.environ.get("API_BIND", "127.0.0.1:8080"))
-    s.add_argument("--workers", type=_positive_int, default=None, help="gunicorn workers (env API_WORKERS, default 2)")
+    s = sub.add_parser("api", help="run the discovery/lease API (granian, see api/server.py)")
+    s.add_argument("--bind", default=None, help="host:port (env API_BIND, default 127.0.0.1:8080)")
+    s.add_argument("--workers", type=_positive_int, default=None,
+                   help="worker processes (env API_WORKERS, default 2)")
     s.add_argument("--tokens-file", default=os.environ.get("API_TOKENS_FILE"),
                    help="API tokens file (env API_TOKENS_FILE)")
     s.set_defaults(fn=cmd_api)

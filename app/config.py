@@ -1,4 +1,4 @@
-"""The providers config file (SPEC §3): a strict list of named provider instances.
+"""The providers config file: a strict list of named provider instances.
 
 Shape::
 
@@ -7,7 +7,8 @@ Shape::
         type: kubernetes         # kubernetes | gcp | kvm
         checkInterval: 1m        # optional; 0 = off; else >= 10s
         checkTimeout: 15s        # optional
-        squid: {allowedSourceRanges: [...], connectPorts: [443]}   # optional
+        squid: {allowedSourceRanges: [...], connectPorts: [443], httpPorts: [80, 443],
+                deniedDestinations: [...], allowedDestinations: [...]}   # optional
         kubernetes: {...}        # exactly the block matching ``type``
 
 :func:`load` parses and validates the whole file or raises one :class:`ConfigError` that

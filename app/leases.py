@@ -1,4 +1,4 @@
-"""Leases: selection and reservation of proxies for crawlers, atomic in Redis (SPEC §7).
+"""Leases: selection and reservation of proxies for crawlers, atomic in Redis.
 
 Selection and reservation run in one Lua script (``EVALSHA``), so under any concurrency no
 proxy ever holds more than ``maxLeases`` live leases.  The script:
@@ -15,12 +15,17 @@ proxy ever holds more than ``maxLeases`` live leases.  The script:
    namespace, label selector), not cooling down for this client, and — after purging its
    expired leases — fewer live leases than ``maxLeases``.  A request therefore reads a few
    proxies, not the whole fleet (further only past proxies that are filtered out or cooling
-   down for this client).  When none fits, it finishes sweeping expired leases if more
-   than :data:`EXPIRE_BATCH` were due (up to :data:`EXPIRE_BACKLOG`) and reads the index
-   again, then counts the full proxies from ``po:full`` (by number alone when the request has
-   no filters) to say how many matched, were full or were cooling down (the 503 message);
+   down for this client).  A proxy that requires basic auth (``authSecret``) is eligible once
+   its credentials are in ``po:auth:<uid>`` (:mod:`app.serving`).  When none fits, it
+   finishes sweeping expired leases if more than :data:`EXPIRE_BATCH` were due (up to
+   :data:`EXPIRE_BACKLOG`) and reads the index again, then says why each published proxy was
+   excluded (the 503 message): unhealthy or not yet probed (``po:unhealthy``), draining
+   (``po:draining``), at ``maxLeases`` (``po:full``), cooling down for this client, awaiting
+   its credentials, or filtered out.  Without filters it reads only the sizes of those sets;
+   with filters, the placement and labels of their members;
 4. reserves: adds the lease to the proxy's sorted set of live leases and to the expiry
    index, writes the lease record, (re)binds the session, and moves the proxy in the index.
+   The answer carries the proxy's credentials when it requires them.
 
 Keys (besides the serving view of :mod:`app.serving`):
 
@@ -45,6 +50,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from urllib.parse import quote
 
 from app import serving
 from app.selectors import Requirement, as_lua, matches
@@ -68,8 +74,11 @@ EXPIRE_BACKLOG = 10_000
 INDEX_PAGE = 32
 
 _PRELUDE = serving.NOW_LUA + serving.REINDEX_LUA
+#: The module's limits, written into the lease script (fewer arguments to send per request).
+_LIMITS = (f"local expire_batch, index_page, expire_backlog = {EXPIRE_BATCH}, {INDEX_PAGE}, "
+           f"{EXPIRE_BACKLOG}\n")
 
-_ACQUIRE = serving.Lua(_PRELUDE + """
+_ACQUIRE = serving.Lua(_PRELUDE + _LIMITS + """
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local f = cjson.decode(ARGV[4])
 local session = ARGV[5]
@@ -77,7 +86,7 @@ local cool = 'po:cooldown:' .. client
 redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
 local cooling_any = redis.call('EXISTS', cool) == 1
 local sel = f.selector or {}
-local stats = {matching = 0, cooling = 0, full = 0}
+local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0}
 
 -- leases that expired since the last request leave the index (at most limit of them);
 -- returns how many were swept
@@ -92,7 +101,7 @@ local function sweep(limit)
   for uid in pairs(expired_on) do reindex(uid, now) end
   return #due
 end
-local swept = sweep(tonumber(ARGV[8]))
+local swept = sweep(expire_batch)
 
 local function labels_ok(raw)
   if #sel == 0 then return true end
@@ -124,24 +133,32 @@ local function labels_ok(raw)
   return true
 end
 
+local function fits(provider, zone, namespace, labels)
+  return (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
+      and (not f.namespace or namespace == f.namespace) and labels_ok(labels)
+end
+
 -- returns live lease count and maxLeases when uid is eligible, else nil.  With count, tallies
 -- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
 -- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
+-- A proxy that requires basic auth is eligible only once the health engine has copied its
+-- credentials (po:auth:<uid>), so the lease can carry them.
 local stale = {}
 local function check(uid, count, in_index)
-  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace', 'labels')
+  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
+                       'labels', 'authSecret')
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max ~= max or max <= 0 then
     if in_index then stale[#stale + 1] = uid end
     return nil
   end
-  if f.provider and h[3] ~= f.provider then return nil end
-  if f.zone and h[4] ~= f.zone then return nil end
-  if f.namespace and h[5] ~= f.namespace then return nil end
-  if not labels_ok(h[6]) then return nil end
-  if count then stats.matching = stats.matching + 1 end
+  if not fits(h[3], h[4], h[5], h[6]) then return nil end
   if cooling_any and redis.call('ZSCORE', cool, uid) then
     if count then stats.cooling = stats.cooling + 1 end
+    return nil
+  end
+  if h[7] and h[7] ~= '' and redis.call('EXISTS', 'po:auth:' .. uid) == 0 then
+    if count then stats.nocreds = stats.nocreds + 1 end
     return nil
   end
   local lk = 'po:leases:' .. uid
@@ -167,7 +184,7 @@ if session ~= '' then
 end
 -- the index holds only proxies with free capacity, least loaded first
 local function scan(count)
-  local page, start = tonumber(ARGV[9]), 0
+  local page, start = index_page, 0
   while true do
     local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
     for _, uid in ipairs(uids) do
@@ -184,7 +201,7 @@ if not chosen then
     -- More leases expired than one request sweeps: finish the sweep, so the proxies they
     -- free are back in the index.  Then read the index again (short: only proxies with room
     -- that this request cannot use), counting why each one does not fit.
-    if swept == tonumber(ARGV[8]) then sweep(tonumber(ARGV[10])) end
+    if swept == expire_batch then sweep(expire_backlog) end
     for _, uid in ipairs(stale) do reindex(uid, now) end
     stale = {}
     chosen, chosen_used, chosen_max = scan(true)
@@ -192,26 +209,30 @@ if not chosen then
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
 if not chosen then
-  -- the full proxies, from po:full: without filters only their number and this client's
-  -- cooldowns are read; with filters each full proxy's labels and placement
+  -- Why nothing fits, for the 503: every published proxy is in one of po:load (scanned above:
+  -- cooling down or awaiting credentials), po:full, po:unhealthy, po:draining.  Without
+  -- filters only the sizes of the last three and this client's cooldowns are read; with
+  -- filters, each of their members' placement and labels.
   local filtered = f.provider or f.zone or f.namespace or #sel > 0
-  local full = redis.call('SCARD', KEYS[2])
   if not filtered then
+    local full = redis.call('SCARD', KEYS[2])
     local cooling_full = 0
     if cooling_any then
       for _, uid in ipairs(redis.call('ZRANGE', cool, 0, -1)) do
         if redis.call('SISMEMBER', KEYS[2], uid) == 1 then cooling_full = cooling_full + 1 end
       end
     end
-    stats.matching = stats.matching + full
     stats.cooling = stats.cooling + cooling_full
     stats.full = stats.full + full - cooling_full
+    stats.unhealthy = redis.call('SCARD', 'po:unhealthy')
+    stats.draining = redis.call('SCARD', 'po:draining')
   else
-    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local function matches(uid)
       local h = redis.call('HMGET', 'po:proxy:' .. uid, 'provider', 'zone', 'namespace', 'labels')
-      if (not f.provider or h[1] == f.provider) and (not f.zone or h[2] == f.zone)
-          and (not f.namespace or h[3] == f.namespace) and labels_ok(h[4]) then
-        stats.matching = stats.matching + 1
+      return fits(h[1], h[2], h[3], h[4])
+    end
+    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+      if matches(uid) then
         if cooling_any and redis.call('ZSCORE', cool, uid) then
           stats.cooling = stats.cooling + 1
         else
@@ -219,9 +240,16 @@ if not chosen then
         end
       end
     end
+    for _, uid in ipairs(redis.call('SMEMBERS', 'po:unhealthy')) do
+      if matches(uid) then stats.unhealthy = stats.unhealthy + 1 end
+    end
+    for _, uid in ipairs(redis.call('SMEMBERS', 'po:draining')) do
+      if matches(uid) then stats.draining = stats.draining + 1 end
+    end
   end
-  return cjson.encode({error = 'no_proxy_available', matching = stats.matching,
-                       cooling = stats.cooling, full = stats.full})
+  return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', 'po:proxies'),
+                       filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
+                       full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds})
 end
 local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
@@ -240,10 +268,12 @@ redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt',
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
 local h = redis.call('HMGET', 'po:proxy:' .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
-                     'provider', 'zone', 'maxLeases')
+                     'provider', 'zone', 'maxLeases', 'authSecret')
+local auth = {false, false}
+if h[9] and h[9] ~= '' then auth = redis.call('HMGET', 'po:auth:' .. chosen, 'username', 'password') end
 return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, address = h[1],
                      port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
-                     zone = h[7], maxLeases = h[8], sticky = sticky})
+                     zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
 """)
 
 _RENEW = serving.Lua(_PRELUDE + """
@@ -255,7 +285,7 @@ if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = 'po:leases:' .. h[1]
 local member = h[1] .. '/' .. id
 local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
-                     'namespace', 'name', 'provider', 'zone')
+                     'namespace', 'name', 'provider', 'zone', 'authSecret')
 if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
   -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
   redis.call('ZREM', zk, id)
@@ -282,9 +312,12 @@ if h[4] and h[4] ~= '' then
   if redis.call('GET', sk) == h[1] then redis.call('EXPIRE', sk, tonumber(ARGV[5])) end
 end
 local used = reindex(h[1], now)
+local auth = {false, false}
+if p[10] and p[10] ~= '' then auth = redis.call('HMGET', 'po:auth:' .. h[1], 'username', 'password') end
 return cjson.encode({uid = h[1], used = used, expiresAt = exp, ttl = ttl,
                      address = p[3], port = p[4], egressIP = p[5], namespace = p[6], name = p[7],
-                     provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4]})
+                     provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4],
+                     username = auth[1], password = auth[2]})
 """)
 
 _RELEASE = serving.Lua(_PRELUDE + """
@@ -418,6 +451,8 @@ class Lease:
         used / max_leases: the proxy's live leases (this one included) and its maximum.
         session_key: the sticky session, if any.
         sticky: whether the session's existing proxy was reused.
+        username / password: the proxy's basic-auth credentials when it requires them, else
+            ``None`` (left out of ``repr``: never log them).
     """
 
     id: str
@@ -435,12 +470,18 @@ class Lease:
     max_leases: int
     session_key: str | None = None
     sticky: bool = False
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
 
     @property
     def proxy_url(self) -> str:
-        """``http://host:port`` (IPv6 hosts in brackets)."""
+        """``http://host:port`` (IPv6 hosts in brackets), with the credentials when the proxy
+        requires them: ``http://user:pa%24s@host:port``, each part percent-encoded (RFC 3986:
+        everything but letters, digits and ``-._~``), as HTTP clients expect in a proxy URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        if self.username is None:
+            return f"http://{host}:{self.port}"
+        return f"http://{quote(self.username, safe='')}:{quote(self.password or '', safe='')}@{host}:{self.port}"
 
     def expires_rfc3339(self) -> str:
         """Expiry as RFC 3339 UTC with milliseconds."""
@@ -460,6 +501,8 @@ def _lease(lease_id: str, doc: dict, session_key: str | None) -> Lease:
         expires_at=int(doc["expiresAt"]) / 1000.0, ttl=int(doc["ttl"]) // 1000, used=int(doc["used"]),
         max_leases=int(_str(doc.get("maxLeases")) or 0), session_key=session_key or None,
         sticky=bool(doc.get("sticky")),
+        username=doc["username"] if isinstance(doc.get("username"), str) else None,
+        password=_str(doc.get("password")) if isinstance(doc.get("username"), str) else None,
     )
 
 
@@ -479,20 +522,48 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
         ttl: lease TTL in seconds (the caller checked it against ``settings.max_ttl``).
         settings: :class:`LeaseSettings`.
         session_key: sticky-session key, or ``None``.
+    Returns:
+        the :class:`Lease`, with the proxy's credentials when it requires basic auth.
     Raises:
-        LeaseError: ``no_proxy_available`` (the message says how many matched, were full or
-            were cooling down for this client).
+        LeaseError: ``no_proxy_available``; the message counts the published proxies and why
+            each was excluded (:func:`no_proxy_message`).
     """
     lease_id = new_lease_id()
     raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.FULL_KEY], [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000, EXPIRE_BATCH, INDEX_PAGE, EXPIRE_BACKLOG])
+        settings.record_grace * 1000])
     doc = json.loads(raw)
     if "error" in doc:
-        raise LeaseError(NO_PROXY_AVAILABLE,
-                         f"no Ready proxy with free capacity fits: {doc['matching']} match the filters, "
-                         f"{doc['full']} of them at maxLeases, {doc['cooling']} cooling down for this client")
+        raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc))
     return _lease(lease_id, doc, session_key)
+
+
+def no_proxy_message(counts: dict) -> str:
+    """The message of a ``no_proxy_available`` error, from the lease script's counts.
+
+    Args:
+        counts: ``published`` (proxies in the serving view), ``filtered`` (1 when the request
+            had filters), and of the proxies the filters let through, why each was excluded:
+            ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0),
+            ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
+            (requires basic auth, credentials not copied yet).
+    Returns:
+        e.g. ``"no proxy can be leased now: 3 published; excluded: 1 unhealthy or not yet
+        probed, 0 draining (maxLeases 0), 2 at maxLeases, 0 cooling down for this client,
+        0 filtered out"``.
+    """
+    reasons = {k: int(counts.get(k) or 0) for k in ("unhealthy", "draining", "full", "cooling", "nocreds")}
+    published = int(counts.get("published") or 0)
+    # Every published proxy is in exactly one of the lease index's sets, so what the filters
+    # let through adds up to the published count; the rest was filtered out.
+    filtered_out = max(0, published - sum(reasons.values())) if counts.get("filtered") else 0
+    text = (f"no proxy can be leased now: {published} published; excluded: "
+            f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0), "
+            f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
+            f"{filtered_out} filtered out")
+    if reasons["nocreds"]:
+        text += f", {reasons['nocreds']} awaiting their basic-auth credentials (copied at the next probe)"
+    return text
 
 
 _MESSAGES = {

@@ -2,7 +2,7 @@
 
 Nothing here redacts: secrets are kept out of log calls at the source (task payloads are
 references, CreateRequest's repr omits user-data).  The first line of every process is the
-version banner (SPEC §10).
+version banner.
 """
 
 from __future__ import annotations

@@ -1,15 +1,22 @@
-"""Prometheus metrics shared by every process (SPEC §8).
+"""Prometheus metrics shared by every process.
 
-Multiprocess-safe: when ``PROMETHEUS_MULTIPROC_DIR`` is set (Celery prefork, gunicorn),
-prometheus-client writes per-process files and :func:`registry_for_scrape` aggregates them.
+Multiprocess-safe: when ``PROMETHEUS_MULTIPROC_DIR`` is set (Celery prefork, the API's workers),
+prometheus-client writes per-process files and :func:`registry_for_scrape` aggregates them
+(prometheus-client, "Multiprocess Mode":
+https://prometheus.github.io/client_python/multiprocess/).  Values that must be one truth
+for the whole fleet (provider health, queue depths, beat's last runs) are not kept per process
+at all: custom collectors read them from Redis at scrape time and are added to the registry
+of the process that exports them (:func:`registry_for_scrape`'s ``extra``).
+
+Every metric, its labels and meaning: docs/observability.md.  Labels never carry a spec,
+user-data, a URL or a credential.
 """
 
 from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 PROVIDER_REQUESTS = Counter(
     "proxy_operator_provider_requests_total", "Provider calls by provider, type, operation and outcome class.",
@@ -26,10 +33,85 @@ PROXIES_BY_PHASE = Gauge("proxy_operator_proxies", "Proxies by phase and provide
                          ["phase", "provider"], multiprocess_mode="mostrecent")
 
 
-def registry_for_scrape() -> CollectorRegistry:
-    """Return the registry to expose: aggregated across processes when multiprocess mode is on."""
+# -- watcher ----------------------------------------------------------------------------------
+WATCH_EVENTS = Counter(
+    "proxy_operator_watch_events_total",
+    "Proxy events the watcher received from the API, by type (SYNC from a list, ADDED, MODIFIED, "
+    "DELETED, BOOKMARK).", ["type"])
+WATCH_RESTARTS = Counter(
+    "proxy_operator_watch_restarts_total",
+    "Proxy watch requests reopened, by why the previous one ended (timeout: the server's "
+    "timeoutSeconds; gone: 410; error: anything else).", ["reason"])
+WATCH_GONE = Counter("proxy_operator_watch_gone_total",
+                     "410 Gone answers to a Proxy watch (its resourceVersion left the server's history).")
+WATCH_RELISTS = Counter("proxy_operator_watch_relists_total", "Complete lists of every Proxy (start, after 410).")
+WATCHER_LEADER = Gauge("proxy_operator_watcher_leader", "1 while this watcher holds the leader Lease, else 0.",
+                       multiprocess_mode="livemax")
+EVENT_TO_ENQUEUE = Histogram(
+    "proxy_operator_watch_event_to_enqueue_seconds",
+    "Seconds from a Proxy event's arrival from the API to its hand-off done (task queued, or nothing to do).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+HANDOFF_BACKLOG = Gauge("proxy_operator_watch_handoff_backlog",
+                        "Proxy events waiting for the dispatcher (one per Proxy; grows while Redis is down).",
+                        multiprocess_mode="livemax")
+
+# -- beat -------------------------------------------------------------------------------------
+BEAT_FIRED = Counter("proxy_operator_beat_schedules_fired_total",
+                     "Schedule entries beat sent as tasks, by entry name.", ["entry"])
+BEAT_LOCK = Gauge("proxy_operator_beat_lock_held",
+                  "1 while this beat holds the scheduler lock (it is the one scheduling), else 0.",
+                  multiprocess_mode="livemax")
+
+# -- workers ----------------------------------------------------------------------------------
+TASK_DURATION = Histogram(
+    "proxy_operator_task_duration_seconds", "Seconds a Celery task ran in a worker, by task name.", ["task"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+TASKS = Counter("proxy_operator_tasks_total", "Celery tasks finished in a worker, by task name and outcome "
+                "(success, failure, retry).", ["task", "outcome"])
+
+
+class _Forward:
+    """A collector yielding everything another registry holds (the process-wide one)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self):
+        yield from self.registry.collect()
+
+
+def registry_for_scrape(*extra) -> CollectorRegistry:
+    """Return the registry to expose: aggregated across processes when multiprocess mode is on.
+
+    Args:
+        extra: collectors (objects with ``collect()``) read at scrape time, added on top; with
+            none, the process registry itself is returned (single process) or a registry with
+            the multiprocess collector.
+    """
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg)
-        return reg
-    return REGISTRY
+    elif not extra:
+        return REGISTRY
+    else:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Forward(REGISTRY))
+    for collector in extra:
+        reg.register(collector)
+    return reg
+
+
+def serve(bind: str, registry: CollectorRegistry):
+    """Serve ``/metrics`` of ``registry`` on ``bind`` (``host:port``; empty host = every interface).
+
+    Returns:
+        the server (prometheus-client's ``start_http_server``: a daemon thread).
+    Raises:
+        ValueError: ``bind`` has no port.
+        OSError: the address cannot be bound.
+    """
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics bind address {bind!r}: expected host:port")
+    server, _thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
+    return server

@@ -1,4 +1,4 @@
-"""Deterministic instance names and the tags that make GC possible (SPEC §4).
+"""Deterministic instance names and the tags that make GC possible.
 
 Tags are provider-neutral ``{key: value}`` pairs; each provider maps them onto its own
 mechanism (Pod labels, GCE labels, libvirt metadata) and back.  Both keys and values are
@@ -39,6 +39,14 @@ def instance_name(uid: str) -> str:
         raise ValueError("instance_name: empty Proxy UID")
     digest = hashlib.sha256(uid.encode("utf-8")).digest()
     return "proxy-" + base64.b32encode(digest).decode("ascii").lower()[:16]
+
+
+_INSTANCE_NAME = re.compile(r"^proxy-[a-z2-7]{16}$")
+
+
+def is_instance_name(value: str) -> bool:
+    """Return whether ``value`` has the shape of :func:`instance_name` (``proxy-`` + 16 base32 characters)."""
+    return bool(_INSTANCE_NAME.match(value))
 
 
 def is_rfc1035_label(value: str) -> bool:

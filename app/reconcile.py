@@ -1,4 +1,4 @@
-"""Reconcile logic for one Proxy (SPEC §5), free of Celery.
+"""Reconcile logic for one Proxy, free of Celery.
 
 Each entry point (:func:`create`, :func:`poll`, :func:`delete`) re-reads the object, does
 one idempotent step, and returns a :class:`Followup` telling the caller what to enqueue
@@ -141,7 +141,13 @@ def poll_delay(settings: Settings, attempt: int) -> float:
 
 # -- status helpers --------------------------------------------------------------------------
 def _write_status(ctx: Context, proxy: Proxy, changes: dict, *, event: tuple[str, str, str] | None = None) -> Proxy:
-    """Merge-patch the status keys in ``changes`` that differ; emit an Event on a phase change."""
+    """Merge-patch the status keys in ``changes`` that differ; emit one Event per happening.
+
+    ``event`` (``(type, reason, message)``) is emitted whenever the write happens (the
+    happening is new: a QuotaExceeded condition, an instance lost while still Provisioning),
+    never when nothing differs (a retry that finds the same condition); without it a phase
+    change emits the default Event named after the new phase.
+    """
     current = proxy.status
     diff = {k: v for k, v in changes.items()
             if (not conditions.same(current.get(k), v) if k == "conditions" else current.get(k) != v)}
@@ -155,6 +161,8 @@ def _write_status(ctx: Context, proxy: Proxy, changes: dict, *, event: tuple[str
         etype, reason, message = event or (
             "Warning" if new_phase == FAILED else "Normal", new_phase, f"phase {old_phase} -> {new_phase}")
         ctx.kube.record_event(updated, etype, reason, message)
+    elif event is not None:
+        ctx.kube.record_event(updated, *event)
     return updated
 
 
@@ -241,7 +249,7 @@ def _guard(ctx: Context, latest: _Latest, action: str, attempt: int, fn) -> Foll
         return fn()
     except (ProviderError, ApiException) as exc:
         error = exc
-    except Exception as exc:  # noqa: BLE001 - unclassified means Transient (SPEC §4)
+    except Exception as exc:  # noqa: BLE001 - unclassified means Transient
         log.exception("proxy %s: %s: unexpected error", latest.proxy.key, action)
         error = Transient(f"{type(exc).__name__}: {exc}")
     try:
@@ -412,7 +420,8 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
             p = latest(_write_status(ctx, p, {"phase": PROVISIONING, "address": None, "conditions": _provisioned(
-                p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)}))
+                p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)},
+                event=("Normal", "Replacing", f"spec changed: replacing instance {old_id}")))
             if old_id == new_id and old_provider == p.spec.provider:
                 provider.delete(old_id)  # same place and name: the old one must go first (same queue)
             else:

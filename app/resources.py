@@ -1,4 +1,4 @@
-"""The ``Proxy`` custom resource as plain dataclasses (SPEC §2).
+"""The ``Proxy`` custom resource as plain dataclasses.
 
 :func:`Proxy.from_dict` reads an object as the API server returns it (a dict) and applies
 the same defaults as the CRD's OpenAPI schema, so code behaves the same whether or not the
@@ -46,13 +46,16 @@ DEFAULT_HEALTH_URL = "http://connectivitycheck.gstatic.com/generate_204"
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """``spec.healthCheck`` with defaults applied (SPEC §2).
+    """``spec.healthCheck`` with defaults applied.
 
     Attributes:
         url: URL fetched through the proxy.
         expected_status: HTTP status that counts as success.
         interval_seconds / timeout_seconds: probe period and per-probe timeout, seconds.
         failure_threshold / success_threshold: consecutive results needed to flip Healthy.
+        rate_limited: ``"Keep"`` (default: a ``429`` from the health URL still proves the proxy
+            works, so it counts as a success, with reason ``RateLimited``) or ``"Withdraw"``
+            (it counts as a failure, so ``failureThreshold`` of them withdraw the proxy).
     """
 
     url: str = DEFAULT_HEALTH_URL
@@ -61,6 +64,7 @@ class HealthCheck:
     timeout_seconds: int = 10
     failure_threshold: int = 3
     success_threshold: int = 1
+    rate_limited: str = "Keep"
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "HealthCheck":
@@ -73,6 +77,7 @@ class HealthCheck:
             timeout_seconds=int(d.get("timeoutSeconds", 10)),
             failure_threshold=int(d.get("failureThreshold", 3)),
             success_threshold=int(d.get("successThreshold", 1)),
+            rate_limited="Withdraw" if d.get("rateLimited") == "Withdraw" else "Keep",
         )
 
 

@@ -1,4 +1,4 @@
-"""The Redis serving view: what the discovery/lease API knows about each proxy (SPEC §6-7).
+"""The Redis serving view: what the discovery/lease API knows about each proxy.
 
 The reconciler :func:`publish` es a Proxy when it has an endpoint (Running and later) and
 :func:`withdraw` s it when it is deleted, fails or loses its instance; the health engine
@@ -32,12 +32,26 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
   anything else that writes those fields (a test, a benchmark) calls :func:`reindex`.
 * ``po:full`` — set of the leasable uids at ``maxLeases`` (the other half of the index), so a
   lease request that finds no room can say why without reading the fleet.
+* ``po:unhealthy`` / ``po:draining`` — the published uids a lease cannot go to: not healthy
+  (unhealthy or not yet probed), or healthy with ``maxLeases`` 0 (draining).  Kept by the same
+  ``reindex`` as ``po:load`` and ``po:full``; every published uid is in exactly one of the four,
+  so the 503 of a lease request counts why each proxy was excluded from set sizes alone.
+* ``po:auth:<uid>`` — hash ``username password``: the basic-auth credentials of a proxy that
+  requires them (``authSecret`` names their Secret), copied from that Secret by the health
+  engine, which reads it for its probes anyway (:mod:`app.health.engine`), in the same step that
+  can make the proxy healthy.  Only the lease scripts read it, to hand the credentials to the
+  client that got the lease.  Never part of ``po:proxy:<uid>`` (what ``GET /v1/proxies``
+  reads) and gone with :func:`withdraw`.  Whoever can read Redis can read it: Redis must be
+  reachable by the operator's processes only (docs/discovery-api.md, "Credentials").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+
+from redis.exceptions import NoScriptError
 
 from app.resources import Proxy
 
@@ -47,6 +61,8 @@ OK_KEY = "po:health:ok"
 FAILING_KEY = "po:health:failing"
 LOAD_KEY = "po:load"
 FULL_KEY = "po:full"
+UNHEALTHY_KEY = "po:unhealthy"
+DRAINING_KEY = "po:draining"
 
 #: Lua defining ``now`` (ms, the Redis server's clock) for scripts that prepend it.
 NOW_LUA = """
@@ -56,18 +72,30 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 #: Lua defining ``reindex(uid, now)``: drop the proxy's expired leases and put it in
 #: ``po:load`` with its load as score, or in ``po:full`` when it is at ``maxLeases``, or in
-#: neither when it is not leasable or gone.
+#: ``po:unhealthy`` / ``po:draining`` when it is not leasable, or in none when it is gone.
 #: Returns its live leases (0 when not leasable).  Prepended to every script that changes
 #: ``healthy``, ``maxLeases`` or a proxy's leases.
 REINDEX_LUA = """
 local function reindex(uid, now)
-  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases')
+  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'uid')
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max ~= max or max <= 0 then
     redis.call('ZREM', 'po:load', uid)
     redis.call('SREM', 'po:full', uid)
+    if not h[3] then
+      redis.call('SREM', 'po:unhealthy', uid)
+      redis.call('SREM', 'po:draining', uid)
+    elseif h[1] ~= '1' then
+      redis.call('SADD', 'po:unhealthy', uid)
+      redis.call('SREM', 'po:draining', uid)
+    else
+      redis.call('SREM', 'po:unhealthy', uid)
+      redis.call('SADD', 'po:draining', uid)
+    end
     return 0
   end
+  redis.call('SREM', 'po:unhealthy', uid)
+  redis.call('SREM', 'po:draining', uid)
   local lk = 'po:leases:' .. uid
   redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
   local used = redis.call('ZCARD', lk)
@@ -92,20 +120,29 @@ HEALTH_DEFAULTS = {
 
 
 class Lua:
-    """A Lua script loaded once per process and run with any client (redis-py ``Script``).
+    """A Lua script loaded once per process and run with any client.
 
-    ``Lua(source)(r, keys, args)`` runs ``EVALSHA`` on ``r`` (or a pipeline), loading the
-    script on ``NOSCRIPT``.
+    ``Lua(source)(r, keys, args)`` runs ``EVALSHA`` on ``r``, loading the script on
+    ``NOSCRIPT``; on a pipeline, redis-py's ``Script`` (the pipeline loads its scripts before
+    it executes).  A direct call goes straight to ``EVALSHA``: the lease scripts run on every
+    API request.
     """
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         self._script = None
 
     def __call__(self, r, keys: list, args: list):
-        if self._script is None:
-            self._script = r.register_script(self.source)
-        return self._script(keys=keys, args=args, client=r)
+        if getattr(r, "scripts", None) is not None:  # a pipeline
+            if self._script is None:
+                self._script = r.register_script(self.source)
+            return self._script(keys=keys, args=args, client=r)
+        try:
+            return r.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            r.script_load(self.source)
+            return r.evalsha(self.sha, len(keys), *keys, *args)
 
 
 def proxy_key(uid: str) -> str:
@@ -118,12 +155,17 @@ def leases_key(uid: str) -> str:
     return f"po:leases:{uid}"
 
 
+def auth_key(uid: str) -> str:
+    """Return the key of the hash holding ``uid``'s basic-auth credentials (``username password``)."""
+    return f"po:auth:{uid}"
+
+
 def _health_json(hc) -> str:
     """``spec.healthCheck`` (defaults applied) as the JSON stored in the serving view."""
     return json.dumps({
         "url": hc.url, "expectedStatus": hc.expected_status, "intervalSeconds": hc.interval_seconds,
         "timeoutSeconds": hc.timeout_seconds, "failureThreshold": hc.failure_threshold,
-        "successThreshold": hc.success_threshold,
+        "successThreshold": hc.success_threshold, "rateLimited": hc.rate_limited,
     }, sort_keys=True)
 
 
@@ -158,6 +200,8 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str, auth_secret
     moved = old_address is not None and (old_address != address or old_port != str(port))
     pipe = r.pipeline(transaction=True)
     pipe.hset(key, mapping=fields)
+    if not auth_secret:
+        pipe.delete(auth_key(proxy.uid))  # basic auth turned off: no stale credentials
     if moved:
         pipe.hset(key, mapping={**HEALTH_DEFAULTS, "runningSince": repr(now)})
         pipe.srem(OK_KEY, proxy.uid)
@@ -196,7 +240,8 @@ def reindex_all(r) -> int:
     """
     # Members of the index whose record is gone (written by an older version that did not
     # know one of its sets) are taken out as well.
-    uids = sorted(r.smembers(PROXIES_KEY) | r.smembers(FULL_KEY) | set(r.zrange(LOAD_KEY, 0, -1)))
+    uids = sorted(r.smembers(PROXIES_KEY) | r.smembers(FULL_KEY) | set(r.zrange(LOAD_KEY, 0, -1))
+                  | r.smembers(UNHEALTHY_KEY) | r.smembers(DRAINING_KEY))
     pipe = r.pipeline(transaction=False)
     for uid in uids:
         _REINDEX(pipe, [], [uid])
@@ -248,8 +293,8 @@ return 1
 
 
 def withdraw(r, uid: str) -> None:
-    """Remove the Proxy ``uid`` from the serving view, its probe schedule, the lease index
-    and its live leases.
+    """Remove the Proxy ``uid`` from the serving view, its probe schedule, the lease index,
+    its live leases and its credentials.
 
     No error when absent.  Lease records (``po:lease:<id>``) are left to expire; renewing one
     answers ``proxy_unavailable`` and ends it, releasing one still reports its outcome.
@@ -264,6 +309,9 @@ def withdraw(r, uid: str) -> None:
     pipe.delete(leases_key(uid))
     pipe.zrem(LOAD_KEY, uid)
     pipe.srem(FULL_KEY, uid)
+    pipe.srem(UNHEALTHY_KEY, uid)
+    pipe.srem(DRAINING_KEY, uid)
+    pipe.delete(auth_key(uid))
     pipe.execute()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 
 def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False) -> float:
@@ -55,12 +56,74 @@ def _float(name: str, default: float) -> float:
     return env_number(name, default)
 
 
+#: Where every process finds Redis when ``REDIS_URL`` is unset.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def compose_redis_url(url: str, password: str | None = None, username: str | None = None) -> str:
+    """Put ``password`` (and ``username``, for a Redis ACL user) into a ``redis://`` / ``rediss://`` URL.
+
+    The password is percent-encoded, so any character works; redis-py, kombu (Celery's broker),
+    redbeat and Flower all decode it.  Redis ``requirepass`` / ``AUTH``:
+    https://redis.io/docs/latest/operate/oss_and_stack/management/security/#authentication
+
+    Args:
+        url: ``REDIS_URL`` without credentials, e.g. ``redis://redis:6379/0``.
+        password: ``REDIS_PASSWORD``; empty or ``None`` returns ``url`` unchanged.  One trailing
+            newline (a Secret made from a file) is dropped.
+        username: ``REDIS_USERNAME`` (default: the URL's, else Redis's ``default`` user).
+    Returns:
+        the URL with credentials.  Never log it: log :func:`redact_redis_url` of it.
+    Raises:
+        ValueError: ``url`` already carries a password (set one or the other), or is not a
+            ``redis://``/``rediss://`` URL while a password is given.
+    """
+    password = (password or "").removesuffix("\n").removesuffix("\r")
+    if not password:
+        return url
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("REDIS_PASSWORD needs a redis:// or rediss:// REDIS_URL")
+    if parts.password:
+        raise ValueError("REDIS_URL carries a password and REDIS_PASSWORD is set: use REDIS_PASSWORD only")
+    host = parts.netloc.rpartition("@")[2]
+    user = username or (unquote(parts.username) if parts.username else "")
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def redis_url_from_env() -> str:
+    """Return ``REDIS_URL`` (default :data:`DEFAULT_REDIS_URL`) with ``REDIS_PASSWORD`` and
+    ``REDIS_USERNAME`` from the environment put in (:func:`compose_redis_url`).
+
+    deploy/ sets ``REDIS_PASSWORD`` from the Secret ``proxy-operator-redis`` and keeps the
+    password out of ``REDIS_URL``.
+
+    Raises:
+        ValueError: see :func:`compose_redis_url`.
+    """
+    return compose_redis_url(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+                             os.environ.get("REDIS_PASSWORD"), os.environ.get("REDIS_USERNAME"))
+
+
+def redact_redis_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (the form to log): ``redis://:***@redis:6379/0``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Settings shared by every process.
 
     Attributes:
-        redis_url: broker, locks, leases and serving view (``REDIS_URL``).
+        redis_url: broker, locks, leases and serving view (``REDIS_URL`` with ``REDIS_PASSWORD``
+            and ``REDIS_USERNAME`` put in: :func:`redis_url_from_env`).  Never log it: log
+            :func:`redact_redis_url` of it.
         providers_config: path of the providers config file or ``None`` (``PROVIDERS_CONFIG``).
         tokens_file: API tokens file (``API_TOKENS_FILE``).
         task_soft_time_limit / task_time_limit: Celery limits per task, seconds
@@ -75,7 +138,7 @@ class Settings:
         quota_backoff: delay after QuotaExceeded (``QUOTA_BACKOFF``).
     """
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     providers_config: str | None = None
     tokens_file: str | None = None
     task_soft_time_limit: float = 120.0
@@ -91,11 +154,18 @@ class Settings:
     quota_backoff: float = 900.0
     extra: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # the URL may carry the Redis password
+        return f"Settings(redis_url={redact_redis_url(self.redis_url)!r}, providers_config={self.providers_config!r})"
+
     @classmethod
     def from_env(cls) -> "Settings":
-        """Read every setting from the environment (see the attribute list for names)."""
+        """Read every setting from the environment (see the attribute list for names).
+
+        Raises:
+            ValueError: a malformed value, naming the variable.
+        """
         return cls(
-            redis_url=os.environ.get("REDIS_URL") or cls.redis_url,
+            redis_url=redis_url_from_env(),
             providers_config=os.environ.get("PROVIDERS_CONFIG") or None,
             tokens_file=os.environ.get("API_TOKENS_FILE") or None,
             task_soft_time_limit=_float("TASK_SOFT_TIME_LIMIT", cls.task_soft_time_limit),

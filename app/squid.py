@@ -1,9 +1,30 @@
-"""The squid.conf every provider deploys (SPEC §9: the proxies themselves).
+"""The squid.conf every provider deploys (the proxies themselves).
 
 One renderer for every provider, so a Pod, a GCE VM and a KVM guest run the same policy:
 clients only from allowed source ranges, CONNECT only to allowed ports (443 by default),
-optional basic auth, ``Proxy-Authorization`` never forwarded to the origin, no caching,
-logs to stdio.
+plain HTTP only to allowed ports (80 and 443 by default), never to the instance's own
+loopback, link-local addresses (the cloud metadata server), the metadata server's names or
+operator-listed ranges (cluster, VPC), optional basic auth, ``Proxy-Authorization`` never
+forwarded to the origin, no caching, logs to stdio.
+
+Destination policy (issue 10, item 2; docs/security.md):
+
+* :data:`METADATA_NAME_PATTERNS` (``metadata.google.internal``, ``metadata.goog``, ``metadata``,
+  any case, with or without the trailing dot) are refused by name, before any ACL that needs
+  DNS, and :data:`METADATA_ADDRESSES` by address; neither can be exempted.
+* :data:`DEFAULT_DENIED_DESTINATIONS` (loopback, link-local, "this host") plus the configured
+  ``deniedDestinations`` are refused by address after DNS resolution (Squid's ``dst`` ACL
+  matches when *any* address of the name is in a range, so a name that resolves to
+  ``127.0.0.1`` is refused as well); ``allowedDestinations`` exempts ranges from both lists
+  (a test origin on loopback, an on-purpose internal service).
+* ``forwarded_for delete`` stays: GCE's metadata server refuses requests that carry
+  ``X-Forwarded-For`` (https://cloud.google.com/compute/docs/metadata/querying-metadata), but
+  sending the header would give every origin the crawler's address (``on``) or mark every
+  request as proxied (``off`` sends ``unknown``).  The ACLs above are what keeps the
+  metadata server out of reach; docs/security.md records the trade-off.
+
+Squid ACL reference: https://www.squid-cache.org/Doc/config/acl/ and
+https://www.squid-cache.org/Doc/config/http_access/.
 
 Basic auth: :func:`generate_credentials` makes a user name and a random password,
 :func:`htpasswd_entry` hashes them for Squid's ``basic_ncsa_auth`` helper (bcrypt, which the
@@ -26,6 +47,19 @@ from app.validation import Reader
 
 #: RFC 1918 + loopback: the default client ranges when a provider sets none.
 DEFAULT_ALLOWED_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
+#: Destination ports of plain-HTTP requests (``http://`` and ``https://`` URLs sent as GET,
+#: POST, ...) when a provider sets no ``httpPorts``.  CONNECT has its own list (``connectPorts``).
+DEFAULT_HTTP_PORTS: tuple[int | str, ...] = (80, 443)
+#: Destinations every proxy refuses unless ``allowedDestinations`` exempts them: the
+#: instance's own loopback, "this host" (``0.0.0.0`` reaches local listeners on Linux) and
+#: link-local addresses (cloud metadata servers live at 169.254.169.254).
+DEFAULT_DENIED_DESTINATIONS = ("127.0.0.0/8", "0.0.0.0/8", "169.254.0.0/16", "::1/128", "::/128", "fe80::/10")
+#: Metadata-server addresses, refused whatever ``allowedDestinations`` says: GCE/AWS/Azure
+#: IPv4 and AWS's IPv6 instance metadata endpoint.
+METADATA_ADDRESSES = ("169.254.169.254/32", "fd00:ec2::254/128")
+#: Metadata-server names (Squid ``dstdom_regex``, case-insensitive, no reverse DNS), refused
+#: whatever ``allowedDestinations`` says, before any rule that needs DNS.
+METADATA_NAME_PATTERNS = (r"(^|\.)metadata\.google\.internal\.?$", r"(^|\.)metadata\.goog\.?$", r"^metadata\.?$")
 #: Where providers put the htpasswd file inside an instance when basic auth is on.
 DEFAULT_HTPASSWD_PATH = "/etc/squid/proxy-operator.htpasswd"
 #: Keys of the credentials Secret (:func:`credentials_secret`).
@@ -38,30 +72,70 @@ class SquidPolicy:
 
     Attributes:
         allowed_ranges: client CIDRs allowed to use the proxy (anything else gets 403).
-        connect_ports: ports CONNECT may reach (anything else gets 403).
+        connect_ports: ports CONNECT may reach (anything else gets 403): numbers, or
+            ``"low-high"`` ranges (Squid's ``port`` ACL syntax).
         basic_auth_file: path of an htpasswd file inside the instance to require basic auth,
             or ``None`` for none.
         extra: directives appended after the policy (e.g. ``tcp_outgoing_address``).
+        http_ports: ports a plain-HTTP request may reach (anything else gets 403); same forms
+            as ``connect_ports``.
+        denied_destinations: CIDRs refused in addition to :data:`DEFAULT_DENIED_DESTINATIONS`
+            (the cluster's Pod and Service ranges, the VPC).
+        allowed_destinations: CIDRs exempted from :data:`DEFAULT_DENIED_DESTINATIONS` and
+            ``denied_destinations`` (never from :data:`METADATA_ADDRESSES` or
+            :data:`METADATA_NAME_PATTERNS`): a loopback origin in tests, an internal service a
+            proxy must reach on purpose.
     Raises:
-        ValueError: a bad CIDR or a port outside 1..65535.
+        ValueError: a bad CIDR, a port outside 1..65535 or a malformed port range.
     """
 
     allowed_ranges: tuple[str, ...] = DEFAULT_ALLOWED_RANGES
-    connect_ports: tuple[int, ...] = (443,)
+    connect_ports: tuple[int | str, ...] = (443,)
     basic_auth_file: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+    http_ports: tuple[int | str, ...] = DEFAULT_HTTP_PORTS
+    denied_destinations: tuple[str, ...] = ()
+    allowed_destinations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for cidr in self.allowed_ranges:
+        for cidr in (*self.allowed_ranges, *self.denied_destinations, *self.allowed_destinations):
             ipaddress.ip_network(cidr, strict=False)  # raises ValueError naming the bad range
-        for port in self.connect_ports:
-            if not 1 <= int(port) <= 65535:
-                raise ValueError(f"connect port out of range: {port}")
+        for port in (*self.connect_ports, *self.http_ports):
+            port_spec(port)
+
+
+def port_spec(port: int | str) -> str:
+    """Return ``port`` as a Squid ``port`` ACL value: ``"443"`` or ``"1024-65535"``.
+
+    Args:
+        port: a number 1..65535 or a string ``"low-high"`` with 1 <= low <= high <= 65535.
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(port, bool):
+        raise ValueError(f"not a port: {port!r}")
+    if isinstance(port, int):
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port out of range: {port}")
+        return str(port)
+    if isinstance(port, str):
+        low, sep, high = port.partition("-")
+        if low.isdigit() and (not sep or high.isdigit()):
+            lo, hi = int(low), int(high) if sep else int(low)
+            if 1 <= lo <= hi <= 65535:
+                return f"{lo}-{hi}" if sep else str(lo)
+    raise ValueError(f"not a port or a low-high port range within 1..65535: {port!r}")
 
 
 def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str | None = None,
            overrides: tuple[str, ...] = ()) -> str:
     """Return a complete squid.conf.
+
+    Rule order (first match wins, https://www.squid-cache.org/Doc/config/http_access/): clients
+    outside the source ranges; the cache manager; CONNECT and plain-HTTP ports; metadata names
+    (``dstdom_regex -n``: no reverse DNS, so an IP-literal request never waits on DNS);
+    authentication; then the address rules (``dst``: resolves the name, after authentication
+    so an unauthenticated client cannot make the proxy resolve names).
 
     Args:
         port: TCP port Squid listens on.
@@ -73,15 +147,27 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
     """
     policy = policy or SquidPolicy()
     listen = f"{listen_address}:{port}" if listen_address else str(port)
+    denied = (*DEFAULT_DENIED_DESTINATIONS, *policy.denied_destinations)
     lines = [
         "# rendered by proxy-operator (app/squid.py)",
         f"http_port {listen}",
         "acl allowed_src src " + " ".join(policy.allowed_ranges),
-        "acl connect_ports port " + " ".join(str(p) for p in policy.connect_ports),
+        "acl connect_ports port " + " ".join(port_spec(p) for p in policy.connect_ports),
+        "acl http_ports port " + " ".join(port_spec(p) for p in policy.http_ports),
         "acl CONNECT method CONNECT",
+        "acl metadata_names dstdom_regex -n -i " + " ".join(METADATA_NAME_PATTERNS),
+        "acl metadata_dst dst " + " ".join(METADATA_ADDRESSES),
+        "acl denied_dst dst " + " ".join(denied),
+    ]
+    if policy.allowed_destinations:
+        lines.append("acl allowed_dst dst " + " ".join(policy.allowed_destinations))
+    lines += [
         # Source ranges first: a client outside them gets 403, never an auth challenge.
         "http_access deny !allowed_src",
+        "http_access deny manager",
         "http_access deny CONNECT !connect_ports",
+        "http_access deny !CONNECT !http_ports",
+        "http_access deny metadata_names",
     ]
     if policy.basic_auth_file:
         lines += [
@@ -92,6 +178,8 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
             "http_access deny !authenticated",
         ]
     lines += [
+        "http_access deny metadata_dst",
+        "http_access deny denied_dst !allowed_dst" if policy.allowed_destinations else "http_access deny denied_dst",
         "http_access allow allowed_src",
         "http_access deny all",
         # Never pass the client's proxy credentials (or identity) on to the origin.
@@ -152,6 +240,29 @@ def credentials_secret(name: str, namespace: str, username: str, password: str,
     }
 
 
+def _cidrs(r: Reader, key: str, default: list[str] | None = None) -> list[str]:
+    values = r.str_list(key, default)
+    for i, cidr in enumerate(values):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise r.error(f"{key}[{i}]", f"{cidr!r} is not a CIDR range") from None
+    return values
+
+
+def _ports(r: Reader, key: str, default: list[int | str]) -> list[int | str]:
+    ports = r.raw(key, default)
+    if not isinstance(ports, list) or not ports:
+        raise r.error(key, "must be a non-empty list of ports")
+    for i, port in enumerate(ports):
+        try:
+            port_spec(port)
+        except ValueError:
+            raise r.error(f"{key}[{i}]", "must be a port number 1..65535 or a \"low-high\" range, "
+                                         f"got {port!r}") from None
+    return ports
+
+
 def parse_policy(r: Reader) -> SquidPolicy:
     """Read a ``squid:`` block of the providers config strictly into a :class:`SquidPolicy`.
 
@@ -160,26 +271,25 @@ def parse_policy(r: Reader) -> SquidPolicy:
         squid:
           allowedSourceRanges: [10.0.0.0/8]   # default: RFC 1918 + loopback
           connectPorts: [443]                  # default: [443]
+          httpPorts: [80, 443]                 # default: [80, 443]; "low-high" ranges allowed
+          deniedDestinations: [10.0.0.0/8]     # added to loopback + link-local (always denied)
+          allowedDestinations: [127.0.0.1/32]  # exempt from the denial (never the metadata server)
           basicAuth: true                      # default: false; htpasswd at DEFAULT_HTPASSWD_PATH
 
     Raises:
-        app.validation.ConfigError: an unknown key, a bad CIDR, a port outside 1..65535.
+        app.validation.ConfigError: an unknown key, a bad CIDR, a port outside 1..65535 or a
+            malformed port range, naming the file, the provider and the field
+            (``squid.deniedDestinations[1]``).
     """
-    ranges = r.str_list("allowedSourceRanges", list(DEFAULT_ALLOWED_RANGES))
-    for i, cidr in enumerate(ranges):
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            raise r.error(f"allowedSourceRanges[{i}]", f"{cidr!r} is not a CIDR range") from None
+    ranges = _cidrs(r, "allowedSourceRanges", list(DEFAULT_ALLOWED_RANGES))
     if not ranges:
         raise r.error("allowedSourceRanges", "must list at least one range")
-    ports = r.raw("connectPorts", [443])
-    if not isinstance(ports, list) or not ports:
-        raise r.error("connectPorts", "must be a non-empty list of ports")
-    for i, port in enumerate(ports):
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise r.error(f"connectPorts[{i}]", f"must be a port number 1..65535, got {port!r}")
+    connect = _ports(r, "connectPorts", [443])
+    http = _ports(r, "httpPorts", list(DEFAULT_HTTP_PORTS))
+    denied = _cidrs(r, "deniedDestinations")
+    allowed = _cidrs(r, "allowedDestinations")
     basic = r.bool("basicAuth", False)
     r.done()
-    return SquidPolicy(allowed_ranges=tuple(ranges), connect_ports=tuple(ports),
-                       basic_auth_file=DEFAULT_HTPASSWD_PATH if basic else None)
+    return SquidPolicy(allowed_ranges=tuple(ranges), connect_ports=tuple(connect),
+                       basic_auth_file=DEFAULT_HTPASSWD_PATH if basic else None, http_ports=tuple(http),
+                       denied_destinations=tuple(denied), allowed_destinations=tuple(allowed))

@@ -1,4 +1,4 @@
-"""API bearer tokens: a YAML file naming each client (SPEC §3, §7, §9).
+"""API bearer tokens: a YAML file naming each client.
 
 File shape (mounted from a Secret)::
 

@@ -1,4 +1,4 @@
-"""Release and commit stamping (SPEC §10: ``proxy-operator version`` and every first log line)."""
+"""Release and commit stamping (``proxy-operator version`` and every first log line)."""
 
 from __future__ import annotations
 

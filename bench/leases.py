@@ -1,29 +1,37 @@
-"""Lease API benchmark: gunicorn with 2 workers, 32 client threads doing lease + release pairs.
+"""Lease API benchmark, side by side: the API's server (granian, ``proxy-operator api``) and
+its former one (gunicorn gthread, bench/gunicorn_conf.py), each with the trivial-app floor.
 
 Starts a private Redis, publishes N proxies to the serving view and marks them healthy (as
-the health engine leaves a healthy proxy), starts gunicorn with the deployed configuration
-(``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``: 2 gthread workers, 4 threads
-each), opens 32 keep-alive connections one by one (``--connect-gap`` ms apart) and runs one
-client thread on each, doing ``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the
-measured period.  Prints:
+the health engine leaves a healthy proxy), then starts both servers as they are deployed:
+
+* **new**: ``proxy-operator api`` (api/server.py: granian, ``--workers`` 2 x ``API_THREADS``
+  4 Python threads, one runtime thread, one shared listening socket, access log on);
+* **old**: ``gunicorn -c bench/gunicorn_conf.py 'api:create_app()'`` (2 gthread workers x 4
+  threads, one ``SO_REUSEPORT`` socket per worker, no access log: the deploy/ command of
+  before issue 11).
+
+The rounds alternate between the two (old, new, old, new, ...), each on fresh connections:
+32 keep-alive connections opened one by one (``--connect-gap`` ms apart), one client thread
+on each, doing ``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the measured period.
+Then each server's floor: the same serving configuration with a trivial WSGI app (one static
+response), driven by the same client threads (``--no-floor`` skips it).  Prints per round:
 
 * lease + release pairs per second (all threads together);
 * p50 / p99 of one pair (both requests), milliseconds;
 * fairness: the spread of the client threads' own p50, and how the connections split
-  between the gunicorn workers;
-* one raw Redis round trip (``PING``) p50, measured in the same run, idle and under load;
-* CPU milliseconds per pair spent by gunicorn (all workers), Redis and the client threads;
-* the floor of the serving stack: the same gunicorn configuration serving a trivial WSGI app
-  (one static response), driven by the same client threads, in requests/s (``--no-floor``
-  skips it).
+  between the server's worker processes;
+* one raw Redis round trip (``PING``) p50 under load;
+* CPU milliseconds per pair spent by the server (all processes), Redis and the client threads;
 
-The client threads run in this process on the same two cores as the server, so they use a
-lean HTTP/1.1 client (:class:`RawHTTP`) rather than ``http.client``.
+and a closing table: medians per server, the floor in requests/s (and /2: the most pairs/s
+the serving stack could give), the new/old ratio, and the issue-11 targets: new >= 1.4 x old
+in the same run, new p99 < 35 ms, new pairs/s >= 40 % of its own floor pairs/s.
 
-Targets (issue 3): at least 1,500 pairs/s and p99 under 50 ms.
+The client threads run in this process on the same cores as the servers, so they use a lean
+HTTP/1.1 client (:class:`RawHTTP`) rather than ``http.client``.
 
-Usage: ``python bench/leases.py [--seconds 10] [--threads 32] [--proxies 20]
-[--worker-class gthread] [--worker-threads 4] [--rounds 3]``.
+Usage: ``python bench/leases.py [--seconds 10] [--rounds 3] [--threads 32] [--proxies 20]
+[--servers old,new] [--worker-threads 4]``.
 """
 
 from __future__ import annotations
@@ -208,7 +216,7 @@ def wait_http(host: str, port: int, path: str = "/healthz", timeout: float = 30)
         except OSError:
             pass
         time.sleep(0.1)
-    raise SystemExit(f"gunicorn did not answer {path}")
+    raise SystemExit(f"the server on port {port} did not answer {path}")
 
 
 FLOOR_APP = """def app(environ, start_response):
@@ -217,12 +225,12 @@ FLOOR_APP = """def app(environ, start_response):
 """
 
 
-def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> tuple[float, float]:
-    """Requests/s and gunicorn CPU ms per request of a trivial WSGI app under ``argv_head``."""
+def floor(server: "Server", workdir: str, threads: int, seconds: float) -> tuple[float, float]:
+    """Requests/s and server CPU ms per request of a trivial WSGI app served the way
+    ``server`` serves the API."""
     Path(workdir, "floorapp.py").write_text(FLOOR_APP)
     port = free_port()
-    proc = Process("gunicorn-floor", argv_head + ["-b", f"127.0.0.1:{port}", "--chdir", workdir, "floorapp:app"],
-                   {}, workdir).start()
+    proc = server.start_floor(port, workdir)
     try:
         wait_http("127.0.0.1", port, "/")
         counts = [0] * threads
@@ -250,6 +258,62 @@ def floor(argv_head: list[str], workdir: str, threads: int, seconds: float) -> t
         proc.stop()
 
 
+class Server:
+    """One of the servers compared: how to start it with the API, and with the floor app.
+
+    Args:
+        key: ``"old"`` or ``"new"``.
+        label: how the tables name it.
+        env: environment of its processes (Redis, tokens, ...).
+        args: the parsed command line (workers, threads).
+        workdir: where logs and the floor app go.
+    """
+
+    def __init__(self, key: str, label: str, env: dict[str, str], args, workdir: str) -> None:
+        self.key, self.label, self.env, self.args, self.workdir = key, label, env, args, workdir
+        self.port = free_port()
+        self.proc: Process | None = None
+
+    def _gunicorn(self, port: int, app: str, extra: list[str] = ()) -> list[str]:
+        return [str(BIN / "gunicorn"), "-c", str(ROOT / "bench" / "gunicorn_conf.py"), "--log-level", "warning",
+                "-w", str(self.args.workers), "-k", "gthread", "--threads", str(self.args.worker_threads),
+                *extra, "-b", f"127.0.0.1:{port}", app]
+
+    def _env(self) -> dict[str, str]:
+        return {**self.env, "API_WORKERS": str(self.args.workers), "API_THREADS": str(self.args.worker_threads)}
+
+    def start(self) -> None:
+        """Start the API under this server (as deployed) and wait until it answers."""
+        if self.key == "old":
+            argv = self._gunicorn(self.port, "api:create_app()")
+            # as deploy/ ran it: a fresh multiprocess directory (prometheus-client would take an
+            # empty value for the current directory)
+            metrics_dir = tempfile.mkdtemp(prefix="bench-metrics-", dir=self.workdir)
+        else:
+            argv = [str(BIN / "proxy-operator"), "api", "--bind", f"127.0.0.1:{self.port}"]
+            metrics_dir = ""  # the command makes its own
+        self.proc = Process(f"api-{self.key}", argv, {**self._env(), "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+                            self.workdir).start()
+        wait_http("127.0.0.1", self.port)
+
+    def start_floor(self, port: int, workdir: str) -> Process:
+        """Start the trivial app under the same serving configuration."""
+        if self.key == "old":
+            argv = self._gunicorn(port, "floorapp:app", ["--chdir", workdir])
+        else:
+            code = ("import sys; from api import server; s = server.ServerSettings.from_env(); "
+                    f"server.run(s, server.listen(s.host, s.port), target='floorapp:app', factory=False)")
+            argv = [sys.executable, "-c", code]
+        env = {**self._env(), "API_BIND": f"127.0.0.1:{port}", "PYTHONPATH": f"{workdir}:{ROOT}",
+               "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-metrics-", dir=workdir)}
+        return Process(f"floor-{self.key}", argv, env, workdir).start()
+
+    def stop(self) -> None:
+        """Stop the API process."""
+        if self.proc is not None:
+            self.proc.stop()
+
+
 @dataclass
 class Round:
     """What one measured round gave."""
@@ -261,12 +325,12 @@ class Round:
     split: list[int]
     loaded_ping: float
     errors: list[str]
-    cpu_gunicorn: float  # ms per pair
+    cpu_server: float  # ms per pair
     cpu_redis: float
     cpu_client: float
 
 
-def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
+def run_round(args, port: int, server_pid: int, r: redis.Redis) -> Round:
     """Open ``args.threads`` keep-alive connections, run lease + release pairs on each for
     ``args.warmup`` + ``args.seconds``, and measure the last ``args.seconds``."""
     host = f"127.0.0.1:{port}"
@@ -277,13 +341,14 @@ def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
     errors: list[str] = []
     start = threading.Barrier(args.threads + 1)
     # Crawlers do not all connect in the same millisecond: open the keep-alive connections one
-    # by one. Which worker serves each is the kernel's choice (reuse_port in
-    # api/gunicorn_conf.py); connection_split shows it, as the split decides the tail latency.
+    # by one. Which worker serves each is the kernel's choice (gunicorn: the address hash over
+    # its SO_REUSEPORT sockets; granian: whichever worker accepts first on the shared
+    # socket); connection_split shows it, as the split decides the tail latency.
     conns = []
     for _ in range(args.threads):
         conns.append(RawHTTP("127.0.0.1", port))
         time.sleep(args.connect_gap / 1000)
-    split = connection_split(gunicorn_pid, port)
+    split = connection_split(server_pid, port)
 
     def client(i: int) -> None:
         conn = conns[i]
@@ -319,12 +384,12 @@ def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
     stop_at[0] = now + args.warmup + args.seconds
     start.wait()
     time.sleep(args.warmup)
-    cpu0, srv0, red0 = os.times(), group_cpu(gunicorn_pid), redis_cpu(r)
+    cpu0, srv0, red0 = os.times(), group_cpu(server_pid), redis_cpu(r)
     time.sleep(args.seconds / 2)
     loaded_ping = ping_p50(r, 200)
     for t in threads:
         t.join()
-    cpu1, srv1, red1 = os.times(), group_cpu(gunicorn_pid), redis_cpu(r)
+    cpu1, srv1, red1 = os.times(), group_cpu(server_pid), redis_cpu(r)
     all_lat = [x for per in lat for x in per]
     pairs = max(len(all_lat), 1)
     per = lambda cpu: cpu / pairs * 1000  # noqa: E731
@@ -333,7 +398,7 @@ def run_round(args, port: int, gunicorn_pid: int, r: redis.Redis) -> Round:
         p50=percentile(all_lat, 50) if all_lat else float("nan"),
         p99=percentile(all_lat, 99) if all_lat else float("nan"),
         thread_p50s=sorted(statistics.median(x) for x in lat if x), split=split, loaded_ping=loaded_ping,
-        errors=errors, cpu_gunicorn=per(srv1 - srv0), cpu_redis=per(red1 - red0),
+        errors=errors, cpu_server=per(srv1 - srv0), cpu_redis=per(red1 - red0),
         cpu_client=per(cpu1.user - cpu0.user + cpu1.system - cpu0.system))
 
 
@@ -343,28 +408,60 @@ def print_round(res: Round) -> None:
     print(f"  pair latency p50: {res.p50:.1f} ms   p99: {res.p99:.1f} ms")
     if res.thread_p50s:
         print(f"  fairness: per-client-thread p50 from {res.thread_p50s[0]:.1f} to {res.thread_p50s[-1]:.1f} ms; "
-              f"client connections per gunicorn worker: {' / '.join(map(str, res.split))}")
+              f"client connections per worker: {' / '.join(map(str, res.split))}")
     print(f"  raw Redis round trip (PING) p50 under load: {res.loaded_ping:.3f} ms")
     print(f"  errors: {len(res.errors)}" + (f" (first: {res.errors[0]})" if res.errors else ""))
-    print(f"  CPU per pair: gunicorn {res.cpu_gunicorn:.2f} ms, Redis {res.cpu_redis:.2f} ms, "
+    print(f"  CPU per pair: server {res.cpu_server:.2f} ms, Redis {res.cpu_redis:.2f} ms, "
           f"client {res.cpu_client:.2f} ms (measured window)")
+
+
+def summary(servers: list[Server], results: dict[str, list[Round]], floors: dict[str, tuple[float, float]]) -> None:
+    """Print the side-by-side table, the new/old ratio and the issue-11 targets."""
+    rows = {}
+    print()
+    print(f"{'server':<34} {'pairs/s median (min-max)':<26} {'p99 median (worst)':<20} {'CPU/pair':<9} "
+          f"{'floor req/s':<12} {'lease/floor pairs':<17}")
+    for srv in servers:
+        got = results[srv.key]
+        rates, p99s = [x.pairs_per_s for x in got], [x.p99 for x in got]
+        rate, p99 = statistics.median(rates), statistics.median(p99s)
+        cpu = statistics.median(x.cpu_server for x in got)
+        rps = floors.get(srv.key, (float("nan"), 0.0))[0]
+        rows[srv.key] = (rate, p99, rps)
+        print(f"{srv.label:<34} {f'{rate:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})':<26} "
+              f"{f'{p99:.1f} ms ({max(p99s):.1f})':<20} {f'{cpu:.2f} ms':<9} {f'{rps:,.0f}':<12} "
+              f"{f'{rate / (rps / 2):.0%}' if rps == rps else '-':<17}")
+    if "old" in rows and "new" in rows:
+        ratio = rows["new"][0] / rows["old"][0]
+        paired = [n.pairs_per_s / o.pairs_per_s for o, n in zip(results["old"], results["new"])]
+        print(f"new / old pairs/s: {ratio:.2f}x (per round pair: {', '.join(f'{x:.2f}' for x in paired)})")
+        rate, p99, rps = rows["new"]
+        checks = [("new >= 1.4 x old pairs/s", ratio >= 1.4), ("new p99 < 35 ms", p99 < 35)]
+        if rps == rps:
+            checks.append(("new pairs/s >= 40% of its floor/2", rate >= 0.4 * rps / 2))
+        print("targets (issue 11): " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in checks))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
-    ap.add_argument("--rounds", type=int, default=3, help="measured rounds, each on fresh connections")
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds per server, each on fresh connections")
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--proxies", type=int, default=20)
     ap.add_argument("--max-leases", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--worker-class", default="gthread")
-    ap.add_argument("--worker-threads", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of either server")
+    ap.add_argument("--worker-threads", type=int, default=4, help="Python threads per worker (API_THREADS)")
+    ap.add_argument("--servers", default="old,new", help="which servers to run: old, new or both (old,new)")
     ap.add_argument("--connect-gap", type=float, default=5.0,
                     help="milliseconds between opening two client connections")
-    ap.add_argument("--no-floor", action="store_true", help="skip the trivial-app floor measurement")
+    ap.add_argument("--no-floor", action="store_true", help="skip the trivial-app floor measurements")
     args = ap.parse_args()
+    labels = {"old": f"gunicorn gthread (old), {args.workers}x{args.worker_threads}",
+              "new": f"granian (new), {args.workers}x{args.worker_threads}"}
+    keys = [k for k in ("old", "new") if k in args.servers.split(",")]
+    if not keys:
+        raise SystemExit("--servers: name old, new or both")
 
     redis_server = RedisServer()
     workdir = tempfile.mkdtemp(prefix="bench-leases-")
@@ -372,39 +469,36 @@ def main() -> None:
     tokens.write_text(f"clients:\n  - name: bench\n    token: {TOKEN}\n")
     r = redis.Redis.from_url(redis_server.url, decode_responses=True)
     seed(r, args.proxies, args.max_leases)
-    port = free_port()
-    # The deployed configuration (api/gunicorn_conf.py), with only what the flags change.
-    head = [str(BIN / "gunicorn"), "-c", "python:api.gunicorn_conf", "--log-level", "warning",
-            "-w", str(args.workers), "-k", args.worker_class, "--threads", str(args.worker_threads)]
-    gunicorn = Process("gunicorn", head + ["-b", f"127.0.0.1:{port}", "api:create_app()"],
-                       {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}, workdir).start()
+    env = {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}
+    servers = [Server(k, labels[k], env, args, workdir) for k in keys]
+    results: dict[str, list[Round]] = {k: [] for k in keys}
+    floors: dict[str, tuple[float, float]] = {}
     try:
-        wait_http("127.0.0.1", port)
-        print(f"lease bench: gunicorn {args.workers} workers ({args.worker_class}"
-              f"{f', {args.worker_threads} threads' if args.worker_class == 'gthread' else ''}), "
-              f"{args.threads} client threads, {args.proxies} proxies x maxLeases {args.max_leases}, "
-              f"{args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up, {os.cpu_count()} CPUs")
+        for srv in servers:
+            srv.start()
+        print(f"lease bench: {' vs '.join(s.label for s in servers)}; {args.threads} client threads, "
+              f"{args.proxies} proxies x maxLeases {args.max_leases}, {args.seconds:.0f} s measured after "
+              f"{args.warmup:.0f} s warm-up, {args.rounds} rounds each, alternating; {os.cpu_count()} CPUs; "
+              f"load average {os.getloadavg()[0]:.1f}")
         print(f"  raw Redis round trip (PING) p50 when idle: {ping_p50(r):.3f} ms")
-        results = []
         for n in range(args.rounds):
-            if args.rounds > 1:
-                print(f"round {n + 1} of {args.rounds}:")
-            results.append(run_round(args, port, gunicorn.proc.pid, r))
-            print_round(results[-1])
-        if args.rounds > 1:
-            rates = [x.pairs_per_s for x in results]
-            p99s = [x.p99 for x in results]
-            print(f"over {args.rounds} rounds: pairs/s median {statistics.median(rates):,.0f} "
-                  f"(min {min(rates):,.0f}, max {max(rates):,.0f}); p99 median {statistics.median(p99s):.1f} ms "
-                  f"(worst {max(p99s):.1f} ms)")
-        print(f"  load average at the end: {os.getloadavg()[0]:.1f}")
+            for srv in servers:
+                print(f"round {n + 1} of {args.rounds}, {srv.label}:")
+                results[srv.key].append(run_round(args, srv.port, srv.proc.proc.pid, r))
+                print_round(results[srv.key][-1])
+        print(f"  load average after the lease rounds: {os.getloadavg()[0]:.1f}")
+        for srv in servers:
+            srv.stop()
         if not args.no_floor:
-            gunicorn.stop()
-            rps, ms = floor(head, workdir, args.threads, min(args.seconds, 6))
-            print(f"  serving floor (same gunicorn, trivial WSGI app, {args.threads} threads): {rps:,.0f} requests/s "
-                  f"= {rps / 2:,.0f} pairs/s at most; gunicorn CPU {ms:.2f} ms per request")
+            for srv in servers:
+                rps, ms = floor(srv, workdir, args.threads, min(args.seconds, 6))
+                floors[srv.key] = (rps, ms)
+                print(f"  serving floor of {srv.label} (trivial WSGI app, {args.threads} threads): {rps:,.0f} "
+                      f"requests/s = {rps / 2:,.0f} pairs/s at most; server CPU {ms:.2f} ms per request")
+        summary(servers, results, floors)
     finally:
-        gunicorn.stop()
+        for srv in servers:
+            srv.stop()
         redis_server.stop()
 
 

@@ -41,7 +41,7 @@ from app.health.settings import HealthSettings  # noqa: E402
 from app.kube import Kube  # noqa: E402
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: E402
 from tests.support.redis_server import RedisServer, free_port  # noqa: E402
-from tests.support.squid import SquidProcess  # noqa: E402
+from tests.support.squid import SquidProcess, loopback_policy  # noqa: E402
 
 
 def _servers(conn) -> None:
@@ -80,7 +80,8 @@ def main() -> None:
         for i in range(args.squids):
             address = f"127.0.5.{10 + i}"
             port = free_port(address)
-            policy = squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {address}",))
+            # the health origin is on loopback: exempt it as an operator would (allowedDestinations)
+            policy = loopback_policy(squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {address}",)))
             squids.append(SquidProcess(address, port, squid_conf.render(port, policy)).start())
         cfg = k8s.Configuration()
         cfg.host = fake_url
@@ -108,7 +109,9 @@ def main() -> None:
               f"{args.concurrency} probes in flight per batch, {os.cpu_count()} CPUs "
               f"(setup {time.monotonic() - t0:.0f} s)")
 
-        settings = HealthSettings(echo_url=echo_url, batch_size=args.batch, concurrency=args.concurrency)
+        # the Squids and the origin run on loopback, which probes may not reach by default
+        settings = HealthSettings(echo_url=echo_url, batch_size=args.batch, concurrency=args.concurrency,
+                                  allowed_ranges=("127.0.0.0/8",))
 
         def get_proxy(namespace, name):
             p = kube.get_proxy(namespace, name)

@@ -24,12 +24,14 @@ from app.settings import Settings
 from app.validation import ConfigError
 from tests.support.cluster import FakeCluster
 from tests.support.origin import origin_server
+from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 CONFIG = {"providers": [{"name": "k8s-auth", "type": "kubernetes",
-                         "squid": {"basicAuth": True, "allowedSourceRanges": ["127.0.0.0/8"]}}]}
+                         "squid": {"basicAuth": True, "allowedSourceRanges": ["127.0.0.0/8"],
+                                   **LOOPBACK_SQUID_BLOCK}}]}
 
 
 @pytest.fixture()
@@ -115,9 +117,9 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         record = serving.get(redis_client, ref.uid)
         assert record["authSecret"] == "authed-proxy-auth"
         assert not any(password in str(v) for k in redis_client.scan_iter() for v in _values(redis_client, k))
-        credentials = SecretCredentials(Kube(api).read_secret_data)
+        credentials = SecretCredentials(Kube(api))
         assert credentials(record) == (user, password)
-        settings = HealthSettings(echo_url="")
+        settings = HealthSettings(echo_url="", allowed_ranges=("127.0.0.0/8",))  # the Squid is on loopback
         kube = Kube(api)
         report = engine.probe_batch(
             redis_client, [ref.uid], settings,

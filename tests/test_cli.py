@@ -37,7 +37,7 @@ def test_kvm_ssh_secret_refuses_a_public_key(tmp_path):
     assert out.returncode == 2 and "public key" in out.stderr
 
 
-def test_api_serves_under_gunicorn_with_a_tokens_file(tmp_path, redis_url):
+def test_api_serves_with_a_tokens_file(tmp_path, redis_url):
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("clients:\n  - {name: crawler-a, token: cli-test-token-123}\n")
     port = free_port()

@@ -135,9 +135,9 @@ def test_defaults_apply_when_healthcheck_endpoint_and_maxleases_are_omitted(crd)
 
 
 def test_partial_healthcheck_gets_the_missing_defaults(crd):
-    spec = admit(crd, proxy({"provider": "k8s-local", "healthCheck": {"intervalSeconds": 5}}))["spec"]
+    spec = admit(crd, proxy({"provider": "k8s-local", "healthCheck": {"intervalSeconds": 15}}))["spec"]
     assert spec["healthCheck"] == {
-        "url": resources.DEFAULT_HEALTH_URL, "expectedStatus": 204, "intervalSeconds": 5,
+        "url": resources.DEFAULT_HEALTH_URL, "expectedStatus": 204, "intervalSeconds": 15,
         "timeoutSeconds": 10, "failureThreshold": 3, "successThreshold": 1,
     }
 
@@ -258,6 +258,59 @@ def test_health_check_url_must_be_http_or_https(crd):
     assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"url": "ftp://example.com/"}})) == [
         'spec.healthCheck.url: Invalid value: "string": spec.healthCheck.url must be an http:// or https:// URL']
     assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"url": "https://example.com/"}})) == []
+
+
+@pytest.mark.parametrize("url", [
+    "http://example.com/ HTTP/1.1\r\nHost: evil",       # request-line / header injection
+    "http://example.com/a b",
+    "http://example.com/\n",
+    "http://example.com/\tx",
+    "http://example.com/\x00",
+    "http://example.com/\x7f",
+])
+def test_health_check_url_refuses_spaces_and_control_characters(crd, url):
+    assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"url": url}})) == [
+        'spec.healthCheck.url: Invalid value: "string": '
+        "spec.healthCheck.url must not contain spaces or control characters"]
+
+
+def test_health_check_url_with_percent_encoding_and_a_query_is_admitted(crd):
+    url = "https://example.com:8443/generate_204?a=b%20c&d=%0D%0A#frag"
+    assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"url": url}})) == []
+
+
+@pytest.mark.parametrize("host", ["squid.example.internal", "10.1.2.3", "2001:db8::7", "proxy-1.lab"])
+def test_endpoint_host_names_and_addresses_are_admitted(crd, host):
+    assert errors_of(crd, proxy({"mode": "External", "endpoint": {"host": host}})) == []
+
+
+@pytest.mark.parametrize("host", ["squid.example.internal\r\nX: y", "a b", "user@host", "host/path", "[::1]",
+                                  "host\n"])
+def test_endpoint_host_refuses_anything_but_a_name_or_an_address(crd, host):
+    assert errors_of(crd, proxy({"mode": "External", "endpoint": {"host": host}})) == [
+        'spec.endpoint.host: Invalid value: "string": spec.endpoint.host must be a host name or an IP address '
+        "(letters, digits, '-', '.' and ':' only)"]
+
+
+def test_health_check_timeout_is_capped_at_60_seconds(crd):
+    assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"intervalSeconds": 300, "timeoutSeconds": 61}})) == [
+        "spec.healthCheck.timeoutSeconds: Invalid value: 61: "
+        "spec.healthCheck.timeoutSeconds in body should be less than or equal to 60"]
+    assert errors_of(crd, proxy({**MANAGED, "healthCheck": {"intervalSeconds": 300, "timeoutSeconds": 60}})) == []
+
+
+@pytest.mark.parametrize("health,ok", [
+    ({"intervalSeconds": 5, "timeoutSeconds": 6}, False),
+    ({"intervalSeconds": 5}, False),                       # the default timeout (10 s) exceeds it
+    ({"intervalSeconds": 5, "timeoutSeconds": 5}, True),
+    ({"intervalSeconds": 1, "timeoutSeconds": 1}, True),
+    ({"timeoutSeconds": 30}, True),                        # the default interval is 30 s
+])
+def test_health_check_timeout_must_not_exceed_the_interval(crd, health, ok):
+    expected = [] if ok else [
+        'spec.healthCheck: Invalid value: "object": '
+        "spec.healthCheck.timeoutSeconds must not exceed spec.healthCheck.intervalSeconds"]
+    assert errors_of(crd, proxy({**MANAGED, "healthCheck": health})) == expected
 
 
 def test_mode_is_immutable(crd):

@@ -26,12 +26,12 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (for `kubect
 
 pytestmark = pytest.mark.timeout(120)
 
-# The process commands of SPEC §1, as the Deployments run them.
+# The process commands, as the Deployments run them.
 COMMANDS = {
     "watcher": ["proxy-operator", "watch", "--health-bind", ":8081"],
     "worker": ["celery", "-A", "workers", "worker", "-Q", "proxies,health,gc", "-E"],
-    "beat": ["celery", "-A", "workers", "beat", "-S", "redbeat.RedBeatScheduler"],
-    "api": ["gunicorn", "-c", "python:api.gunicorn_conf", "-w", "2", "-b", "0.0.0.0:8080", "api:create_app()"],
+    "beat": ["celery", "-A", "workers", "beat", "-S", "workers.beat_scheduler.ResilientRedBeatScheduler"],
+    "api": ["proxy-operator", "api", "--bind", "0.0.0.0:8080", "--workers", "2"],
     "flower": ["celery", "-A", "workers", "flower", "--address=0.0.0.0", "--port=5555"],
 }
 
@@ -179,8 +179,9 @@ def test_default_wires_config_secrets_and_probes(default_render):
         assert volumes[mounts["/etc/proxy-operator/providers"]]["configMap"]["name"] == configmap
         if name in ("watcher", "worker", "beat"):
             assert pod["serviceAccountName"] == "proxy-operator"
-            kvm = volumes[mounts["/etc/proxy-operator/kvm"]]["secret"]
-            assert kvm == {**kvm, "secretName": "kvm-ssh", "optional": True}
+            # the kvm-ssh private key is mounted where KVM work runs only (the per-host workers)
+            assert "/etc/proxy-operator/kvm" not in mounts
+            assert not any((v.get("secret") or {}).get("secretName") == "kvm-ssh" for v in volumes.values())
         else:
             assert pod["automountServiceAccountToken"] is False
     api = deployments["api"]["spec"]["template"]["spec"]
@@ -225,9 +226,9 @@ def test_rbac_is_least_privilege(default_render):
         ("crawl.example.com", "proxies/status", "patch"),
         ("crawl.example.com", "providerhealths", "create"), ("crawl.example.com", "providerhealths/status", "patch"),
         ("crawl.example.com", "providerhealths", "delete"),
-        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "delete"),
-        ("", "secrets", "get"), ("", "events", "create"), ("events.k8s.io", "events", "create"),
-    }
+        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "delete"), ("", "pods", "patch"),
+        ("", "secrets", "get"), ("", "events", "create"),
+    }  # exactly these and no more: tests/test_rbac.py
     assert needed <= grants
     assert not any(r == "proxies" and v in ("create", "delete") for _, r, v in grants), \
         "the operator never creates or deletes Proxies"
@@ -320,7 +321,7 @@ def test_compose_runs_the_whole_stack(compose):
     services = compose["services"]
     assert {"redis", "k3s", "crds", "watcher", "worker", "beat", "api", "flower"} <= set(services)
     assert services["k3s"]["image"].startswith("rancher/k3s:")
-    assert "5555:5555" in services["flower"]["ports"]
+    assert "127.0.0.1:5555:5555" in services["flower"]["ports"]  # Flower on this machine only
     assert "8080:8080" in services["api"]["ports"]
     for name, cmd in COMMANDS.items():
         svc = services[name]
@@ -340,3 +341,236 @@ def test_compose_bind_mounts_exist(compose):
             source = volume.split(":")[0]
             if source.startswith("."):
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+
+
+# -- access: Redis password, Flower auth, NetworkPolicies, the kvm-ssh key (issue 10) ------------
+
+REDIS_SECRET = {"name": "proxy-operator-redis", "key": "password"}
+OPERATOR_PODS = ("watcher", "worker", "beat", "api", "flower")
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _secret_ref(env: dict[str, dict], name: str) -> dict | None:
+    return ((env.get(name) or {}).get("valueFrom") or {}).get("secretKeyRef")
+
+
+@pytest.fixture(scope="module")
+def kvm_render() -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed")
+    return render("kvm-worker/kvm-lab-lab1")
+
+
+@needs_kubectl
+def test_redis_requires_the_password_from_its_secret(default_render):
+    redis = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]
+    [c] = redis["containers"]
+    env = _env(c)
+    assert _secret_ref(env, "REDIS_PASSWORD") == REDIS_SECRET
+    assert _secret_ref(env, "REDISCLI_AUTH") == REDIS_SECRET  # the probes' redis-cli authenticates
+    script = c["command"][2]
+    assert c["command"][:2] == ["sh", "-c"] and "args" not in c
+    assert re.search(r"exec redis-server - .*<<EOF\nrequirepass \$REDIS_PASSWORD\nEOF", script)
+    assert "--requirepass" not in script  # never on a command line
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["exec"]["command"] == ["sh", "-c", "redis-cli ping | grep -q PONG"]
+    # created by hand (deploy/README.md), never rendered from the tree with a value in it
+    assert not [d for d in default_render if d["kind"] == "Secret"]
+    readme = (DEPLOY / "README.md").read_text()
+    assert "create secret generic proxy-operator-redis" in readme
+    assert "create secret generic proxy-operator-flower" in readme
+
+
+@needs_kubectl
+def test_every_process_gets_the_redis_password_from_the_secret(default_render, kvm_render):
+    deployments = _kind(default_render, "Deployment")
+    [kvm] = [d for d in kvm_render if d["kind"] == "Deployment"]
+    pods = {name: deployments[name] for name in OPERATOR_PODS} | {"kvm-worker": kvm}
+    for name, deploy in pods.items():
+        [c] = deploy["spec"]["template"]["spec"]["containers"]
+        env = _env(c)
+        assert env["REDIS_URL"]["value"] == "redis://redis:6379/0", name  # no password in the URL
+        assert _secret_ref(env, "REDIS_PASSWORD") == REDIS_SECRET, name
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+@needs_kubectl
+def test_the_redis_start_script_refuses_odd_passwords_and_requires_a_good_one(default_render, tmp_path):
+    import redis as redis_lib
+
+    from tests.support.redis_server import free_port
+
+    [c] = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    script = c["command"][2].replace("--dir /data", f"--dir {tmp_path}").replace("--port 6379", f"--port {port}")
+    bad = subprocess.run(["sh", "-c", script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": "has space"},
+                         capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 1 and "must hold a password of letters, digits" in bad.stderr
+    password = "0123abcd-._~"
+    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": password},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers(pw):
+            try:
+                return redis_lib.Redis(port=port, password=pw, socket_timeout=1).ping()
+            except redis_lib.AuthenticationError:
+                return "refused"
+            except redis_lib.ConnectionError:
+                return None
+
+        from tests.support.waiting import wait_for
+        assert wait_for(lambda: answers(None), 10, "redis-server to start") == "refused"
+        assert answers(password) is True
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@needs_kubectl
+def test_flower_asks_for_basic_auth_from_its_secret(default_render):
+    [c] = _kind(default_render, "Deployment")["flower"]["spec"]["template"]["spec"]["containers"]
+    assert _secret_ref(_env(c), "FLOWER_BASIC_AUTH") == {"name": "proxy-operator-flower", "key": "basic-auth"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthcheck"  # open in Flower (tests/test_redis_auth.py)
+
+
+@needs_kubectl
+def test_only_the_kvm_workers_mount_the_kvm_ssh_key(default_render, kvm_render):
+    for d in _kind(default_render, "Deployment").values():
+        volumes = d["spec"]["template"]["spec"].get("volumes", [])
+        assert not any((v.get("secret") or {}).get("secretName") == "kvm-ssh" for v in volumes), \
+            d["metadata"]["name"]
+    [kvm] = [d for d in kvm_render if d["kind"] == "Deployment"]
+    pod = kvm["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if (v.get("secret") or {}).get("secretName") == "kvm-ssh"]
+    assert {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}[volume["name"]] == \
+        "/etc/proxy-operator/kvm"
+
+
+def test_compose_protects_redis_and_flower(compose):
+    services = compose["services"]
+    redis = services["redis"]
+    assert "requirepass $$REDIS_PASSWORD" in redis["command"][2]
+    assert redis["environment"]["REDISCLI_AUTH"] == redis["environment"]["REDIS_PASSWORD"]
+    assert "CHANGE-ME" in redis["environment"]["REDIS_PASSWORD"]  # a marked development default
+    for name in COMMANDS:
+        assert services[name]["environment"]["REDIS_PASSWORD"] == redis["environment"]["REDIS_PASSWORD"], name
+    flower = services["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:-operator:")
+    assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
+    readme = (ROOT / "README.md").read_text()
+    assert "REDIS_PASSWORD" in readme and "FLOWER_BASIC_AUTH" in readme
+
+
+# NetworkPolicy semantics (https://kubernetes.io/docs/concepts/services-networking/network-policies/):
+# a peer with only podSelector selects Pods of the policy's namespace; with only
+# namespaceSelector every Pod of the selected namespaces; with both, the selected Pods of the
+# selected namespaces. A label selector with no terms selects everything.
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or ():
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _admits(policy: dict, pod_labels: dict, namespace: str, namespace_labels: dict, port) -> bool:
+    """Whether ``policy``'s ingress rules let a Pod (labels, namespace) connect to ``port``
+    (a name or a number) of the Pods it selects."""
+    own = policy["metadata"]["namespace"]
+    namespace_labels = {**namespace_labels, "kubernetes.io/metadata.name": namespace}
+    for rule in policy["spec"].get("ingress") or ():
+        if rule.get("ports") and not any(p.get("port") == port for p in rule["ports"]):
+            continue
+        for peer in rule.get("from") or ():
+            ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
+            in_namespace = _selects(ns_sel, namespace_labels) if ns_sel is not None else namespace == own
+            if in_namespace and (pod_sel is None or _selects(pod_sel, pod_labels)):
+                return True
+    return False
+
+
+def _pod_labels(deploy: dict) -> dict:
+    return deploy["spec"]["template"]["metadata"]["labels"]
+
+
+def _port_names(deploy: dict) -> set:
+    return {p.get("name") for c in deploy["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])} | \
+        {p["containerPort"] for c in deploy["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+
+
+@needs_kubectl
+def test_network_policies_select_the_pods_and_ports_they_protect(default_render):
+    policies = _kind(default_render, "NetworkPolicy")
+    deployments = _kind(default_render, "Deployment")
+    assert set(policies) == {"redis", "api", "flower"}
+    for name, policy in policies.items():
+        assert policy["metadata"]["namespace"] == "proxy-operator"
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        selected = [d for d, dep in deployments.items() if _selects(policy["spec"]["podSelector"], _pod_labels(dep))]
+        assert selected == [name], f"NetworkPolicy {name} selects {selected}"
+        for rule in policy["spec"]["ingress"]:
+            for port in rule["ports"]:
+                assert port["port"] in _port_names(deployments[name]), f"{name}: port {port['port']}"
+    # the Services send to the ports the policies open
+    services = _kind(default_render, "Service")
+    for name in ("redis", "api", "flower"):
+        target = services[name]["spec"]["ports"][0]["targetPort"]
+        assert any(p["port"] == target for rule in policies[name]["spec"]["ingress"] for p in rule["ports"])
+
+
+@needs_kubectl
+def test_only_the_operators_pods_reach_redis(default_render, kvm_render):
+    redis = _kind(default_render, "NetworkPolicy")["redis"]
+    deployments = _kind(default_render, "Deployment")
+    [kvm] = [d for d in kvm_render if d["kind"] == "Deployment"]
+    for name in OPERATOR_PODS:
+        assert _admits(redis, _pod_labels(deployments[name]), "proxy-operator", {}, "redis"), name
+    assert _admits(redis, _pod_labels(kvm), "proxy-operator", {}, "redis")
+    # ... and nothing else: a Squid Pod, a crawler, Prometheus, an operator look-alike elsewhere
+    squid = {"app.kubernetes.io/managed-by": "proxy-operator", "crawl.example.com/proxy-uid": "u1"}
+    strangers = [
+        (squid, "default", {}),
+        ({"crawl.example.com/api-client": "true"}, "crawlers", {"crawl.example.com/api-clients": "true"}),
+        ({"app.kubernetes.io/name": "prometheus"}, "monitoring", {}),
+        ({"app.kubernetes.io/name": "proxy-operator", "app.kubernetes.io/component": "worker"}, "elsewhere", {}),
+        ({"app.kubernetes.io/name": "proxy-operator", "app.kubernetes.io/component": "redis-cli"},
+         "proxy-operator", {}),
+    ]
+    for labels, namespace, ns_labels in strangers:
+        assert not _admits(redis, labels, namespace, ns_labels, "redis"), (labels, namespace)
+
+
+@needs_kubectl
+def test_only_intended_clients_reach_the_api_and_flower(default_render):
+    policies = _kind(default_render, "NetworkPolicy")
+    api, flower = policies["api"], policies["flower"]
+    crawler = {"crawl.example.com/api-client": "true"}
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert _admits(api, crawler, "crawlers", {}, "http")
+    assert _admits(api, {"app": "ingress-nginx"}, "ingress-nginx", {"crawl.example.com/api-clients": "true"}, "http")
+    assert _admits(api, prometheus, "monitoring", {}, "http")
+    assert not _admits(api, {"app": "something"}, "default", {}, "http")
+    assert not _admits(api, crawler, "crawlers", {}, 6379)  # the policy opens the http port only
+    assert _admits(flower, {"crawl.example.com/flower-client": "true"}, "ops", {}, "http")
+    assert _admits(flower, prometheus, "monitoring", {}, "http")
+    assert not _admits(flower, crawler, "crawlers", {"crawl.example.com/api-clients": "true"}, "http")
+    assert not _admits(flower, {"app": "something"}, "default", {}, "http")
+    # the labels are documented where operators look
+    text = (DEPLOY / "README.md").read_text()
+    for label in ("crawl.example.com/api-client", "crawl.example.com/api-clients", "crawl.example.com/flower-client"):
+        assert label in text, label

@@ -1,10 +1,11 @@
-"""Metrics wiring of the deploy tree (SPEC §8): every worker serves /metrics and Prometheus finds it.
+"""Metrics wiring of the deploy tree: every worker serves /metrics and Prometheus finds it.
 
 The worker and KVM worker Deployments set ``METRICS_BIND`` (workers/metrics_server.py) and
 ``PROMETHEUS_MULTIPROC_DIR``, and wrap the Celery command in a shell line that wipes and
 recreates that directory before ``exec``-ing the process (prometheus-client's multiprocess
-mode needs an existing, empty directory at start).  The api (gunicorn with two workers) does
-the same, so its counters are summed over its workers on every scrape.  The wrapper is run here for real with
+mode needs an existing, empty directory at start).  The api (``proxy-operator api``, two granian
+workers) prepares its own directory (app/multiproc.py; tests/api/test_server.py checks the sums
+over its workers), so it needs neither the variable nor the wrapper.  The wrapper is run here for real with
 ``sh``; the ServiceMonitor is matched against the rendered Services the way the Prometheus
 Operator does (label selector, then port name).
 """
@@ -110,7 +111,8 @@ def test_kvm_worker_serves_metrics_and_is_scraped(kvm_docs):
 
 
 def test_multiprocess_processes_get_a_multiproc_dir(default_docs, kvm_docs):
-    """Every process that forks (Celery prefork, gunicorn -w N) aggregates metrics over its children."""
+    """Every process that forks (Celery prefork, ``proxy-operator api --workers N``) aggregates
+    metrics over its children: Celery through the wrapper, the api by itself."""
     deployments = {**_kind(default_docs, "Deployment"),
                    **{d["metadata"]["name"]: d for d in kvm_docs if d["kind"] == "Deployment"}}
     forking = {}
@@ -118,15 +120,21 @@ def test_multiprocess_processes_get_a_multiproc_dir(default_docs, kvm_docs):
         [c] = deploy["spec"]["template"]["spec"]["containers"]
         cmd = _process_command(c) if "command" in c else c["args"]  # redis: image entrypoint + args
         prefork = cmd[:4] == ["celery", "-A", "workers", "worker"]
-        if prefork or (cmd[0] == "gunicorn" and int(cmd[cmd.index("-w") + 1]) > 1):
+        if prefork:
             forking[name] = c
-    assert set(forking) == {"worker", "api", "kvm-worker-kvm-lab-lab1"}
+        elif cmd[:2] == ["proxy-operator", "api"]:
+            # no wrapper: it makes its own directory under /tmp, which must be writable
+            assert int(cmd[cmd.index("--workers") + 1]) > 1 and c["command"] == cmd, name
+            pod = deploy["spec"]["template"]["spec"]
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert mounts["/tmp"] in {v["name"] for v in pod["volumes"] if "emptyDir" in v}, name
+    assert set(forking) == {"worker", "kvm-worker-kvm-lab-lab1"}
     for name, c in forking.items():
         assert _env(c).get("PROMETHEUS_MULTIPROC_DIR", "").startswith("/tmp/"), name
         assert c["command"][:2] == ["sh", "-c"] and "mkdir -p" in c["command"][2], name
 
 
-@pytest.mark.parametrize("which", ["worker", "kvm-worker", "api"])
+@pytest.mark.parametrize("which", ["worker", "kvm-worker"])
 def test_wrapper_starts_the_process_with_an_empty_multiproc_dir(which, default_docs, kvm_docs, tmp_path):
     """Run the container's real command line with sh: stale files of a previous run are gone."""
     if which == "kvm-worker":

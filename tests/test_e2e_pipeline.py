@@ -25,6 +25,7 @@ from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
 from tests.support.origin import origin_server
+from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.redis_server import free_port
@@ -57,12 +58,15 @@ def operator_env(cluster, redis_url, tmp_path):
     doc["users"][0]["user"]["token"] = SECRET_TOKEN
     Path(kubeconfig).write_text(yaml.safe_dump(doc))
     providers = tmp_path / "providers.yaml"
-    providers.write_text("providers:\n  - name: k8s-local\n    type: kubernetes\n    checkInterval: 10s\n")
+    # the kubelet's Squids must reach the origin on loopback: declared like an operator would
+    providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
+                                                        "checkInterval": "10s", "squid": LOOPBACK_SQUID_BLOCK}]}))
     return {
         "KUBECONFIG": kubeconfig, "REDIS_URL": redis_url, "PROVIDERS_CONFIG": str(providers),
         "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600", "POLL_INITIAL": "0.5", "POLL_MAX": "2",
         "RETRY_INITIAL": "0.5", "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
         "BROKER_VISIBILITY_TIMEOUT": "60", "LOG_LEVEL": "DEBUG",
+        "PROBE_ALLOWED_RANGES": "127.0.0.0/8",  # the kubelet's Squids run on loopback
     }
 
 
@@ -177,6 +181,20 @@ def test_skip_cleanup_deletes_the_proxy_and_keeps_the_pod(cluster, operator):
     wait_for(lambda: get_proxy(cluster, "squid-keep") is None, 30, "Proxy deleted")
     time.sleep(1)
     assert len(managed_pods(cluster)) == 1
+
+
+def test_delete_during_a_slow_pod_create_leaks_nothing(cluster, operator):
+    """kubectl delete while the Pod create is still in flight: the finalizer waits, no Pod leaks."""
+    cluster.fake.delay_next("create", "pods", seconds=5)
+    apply_file(cluster, SAMPLE, name="squid-slow")
+    wait_for(lambda: cluster.fake.request_count("create", "pods") >= 1, 30, "the Pod create to be sent")
+    custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-slow")
+    wait_for(lambda: get_proxy(cluster, "squid-slow") is None, 60, "Proxy deleted")
+    # The create landed (the request was in flight), and nothing of it is left.
+    wait_for(lambda: managed_pods(cluster) == [], 15, "no Pod left")
+    time.sleep(3)  # a resync period: nothing comes back either
+    assert managed_pods(cluster) == []
+    assert cluster.fake.request_count("create", "pods") == 1
 
 
 def test_bad_manifest_is_rejected_with_the_rule_message(cluster):

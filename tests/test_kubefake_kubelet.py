@@ -14,6 +14,7 @@ from kubernetes import watch
 
 from app import squid as squid_conf
 from tests.support.kubelet import Kubelet
+from tests.support.squid import loopback_policy
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 def squid_pod(name: str, port: int = 3128, conf: str | None = None) -> dict:
     return {"metadata": {"name": name, "labels": {"app": "squid"}}, "spec": {"containers": [{
         "name": "squid", "image": "ubuntu/squid:latest", "ports": [{"containerPort": port}],
-        "env": [{"name": "SQUID_CONF", "value": conf or squid_conf.render(port)}]}]}}
+        "env": [{"name": "SQUID_CONF", "value": conf or squid_conf.render(port, loopback_policy())}]}]}}
 
 
 @pytest.fixture

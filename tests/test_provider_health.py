@@ -84,3 +84,113 @@ def test_a_check_that_hangs_or_raises_becomes_one_not_ready_verdict():
     assert not v.ready and v.reason == "CheckTimeout"
     [v] = check(Broken(), "broken", timeout=1)
     assert not v.ready and v.reason == "CheckFailed" and "boom" in v.message
+
+
+# -- issue 12, items 1 and 2: one snapshot, staleness, reason changes ---------------------------
+import logging  # noqa: E402
+import threading  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from app import provider_health as ph  # noqa: E402
+
+
+def kvm_config(name="kvm-lab", hosts=("lab1", "lab2"), interval=60.0, timeout=15.0):
+    """A kvm provider's config entry as far as provider health reads it (type, interval, hosts)."""
+    return SimpleNamespace(name=name, type="kvm", check_interval=interval, check_timeout=timeout,
+                           settings=SimpleNamespace(hosts=tuple(SimpleNamespace(name=h) for h in hosts)))
+
+
+def scrape(collector) -> dict[tuple, float]:
+    """Run a real exposition of ``collector`` and parse it back: {(metric, provider, target): value}."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in family.samples:
+            out[(s.name, s.labels.get("provider"), s.labels.get("target"))] = s.value
+    return out
+
+
+def test_a_host_check_that_times_out_reads_zero_under_the_hosts_own_name(redis_client):
+    pc = kvm_config()
+    for host in ("lab1", "lab2"):
+        verdict, elapsed = ph.check_one(lambda h=host: TargetVerdict(h, True, "Ready"), host, timeout=5)
+        ph.record_target(redis_client, pc.name, verdict, elapsed=elapsed)
+    collector = ph.ProviderHealthCollector(lambda: redis_client, [pc])
+    assert scrape(collector)[("proxy_operator_provider_up", "kvm-lab", "lab1")] == 1
+
+    gate = threading.Event()
+    verdict, elapsed = ph.check_one(lambda: gate.wait(5) or TargetVerdict("lab1", True, "Ready"), "lab1", timeout=0.2)
+    gate.set()
+    assert (verdict.name, verdict.ready, verdict.reason) == ("lab1", False, ph.CHECK_TIMEOUT)
+    ph.record_target(redis_client, pc.name, verdict, elapsed=elapsed)
+    values = scrape(collector)
+    assert values[("proxy_operator_provider_up", "kvm-lab", "lab1")] == 0
+    assert values[("proxy_operator_provider_up", "kvm-lab", "lab2")] == 1
+    assert values[("proxy_operator_provider_check_duration_seconds", "kvm-lab", "lab1")] >= 0.2
+    assert not any(target == "provider" for (_, _, target) in values)  # no generic stand-in target
+
+
+def test_a_whole_round_that_times_out_marks_every_target_of_the_provider(redis_client):
+    pc = SimpleNamespace(name="k8s", type="kubernetes", check_interval=60.0, check_timeout=1.0, settings=None)
+
+    class Hanging:
+        def check(self):
+            threading.Event().wait(3)
+
+    verdicts, elapsed, failed = ph.run_check(Hanging(), timeout=0.2)
+    assert failed
+    ph.record_round(redis_client, pc.name, verdicts, elapsed=elapsed, failed=failed, targets=ph.expected_targets(pc))
+    [state] = ph.read_snapshot(redis_client, pc)
+    assert (state.verdict.name, state.verdict.ready, state.verdict.reason) == ("cluster", False, ph.CHECK_TIMEOUT)
+
+
+def test_silent_targets_go_check_stale_after_three_intervals(redis_client):
+    pc = kvm_config(interval=10.0, timeout=5.0)
+    t0 = 1_000_000.0
+    ph.record_target(redis_client, pc.name, TargetVerdict("lab1", True, "Ready"), elapsed=0.1, now=t0)
+    states = {s.verdict.name: s for s in ph.read_snapshot(redis_client, pc, now=t0 + 1)}
+    assert states["lab1"].verdict.ready and not states["lab1"].stale
+    # lab2 never reported: pending, not yet stale (its worker may still be starting)
+    assert (states["lab2"].verdict.reason, states["lab2"].stale) == (ph.CHECK_PENDING, False)
+
+    states = {s.verdict.name: s for s in ph.read_snapshot(redis_client, pc, now=t0 + 32)}
+    assert (states["lab1"].verdict.ready, states["lab1"].verdict.reason, states["lab1"].stale) == \
+        (False, ph.CHECK_STALE, True)
+    assert (states["lab2"].verdict.reason, states["lab2"].stale) == (ph.CHECK_STALE, True)
+    values = scrape(ph.ProviderHealthCollector(lambda: redis_client, [pc], clock=lambda: t0 + 32))
+    assert values[("proxy_operator_provider_up", "kvm-lab", "lab1")] == 0
+    assert values[("proxy_operator_provider_check_stale", "kvm-lab", "lab1")] == 1
+    assert values[("proxy_operator_provider_check_timestamp_seconds", "kvm-lab", "lab1")] == t0
+
+
+def test_reason_changes_are_logged_as_well_as_up_and_down(fake, caplog):
+    writer = ProviderHealthWriter(fake.api_client())
+    caplog.set_level(logging.INFO, logger="app.provider_health")
+    writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready")])
+    writer.publish("kvm-lab", [TargetVerdict("lab1", False, "DialFailed", "TCP: connection refused")])
+    writer.publish("kvm-lab", [TargetVerdict("lab1", False, ph.CHECK_STALE, "last check 31s ago")])
+    writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready")])
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.provider_health"]
+    assert any("lab1 went down: DialFailed" in m for m in lines)
+    assert any("lab1 still down, reason changed DialFailed -> CheckStale" in m for m in lines)
+    assert any("lab1 came back: Ready" in m for m in lines)
+
+
+def test_the_stale_sweep_writes_only_when_something_changed(fake, redis_client):
+    pc = kvm_config(interval=10.0, timeout=5.0)
+    writer = ProviderHealthWriter(fake.api_client())
+    sweeper = ph.StaleSweeper(redis_client, writer, [pc])
+    now = __import__("time").time()
+    for host in ("lab1", "lab2"):
+        ph.record_target(redis_client, pc.name, TargetVerdict(host, True, "Ready"), elapsed=0.1, now=now)
+    assert sweeper.sweep_once() == 1  # the object did not exist yet
+    assert sweeper.sweep_once() == 0  # nothing changed: no write
+    ph.record_target(redis_client, pc.name, TargetVerdict("lab2", True, "Ready"), elapsed=0.1, now=now - 60)
+    assert sweeper.sweep_once() == 1
+    targets = {t["name"]: t for t in read(fake.api_client(), "kvm-lab")["status"]["targets"]}
+    assert targets["lab1"]["ready"] and not targets["lab2"]["ready"]
+    assert targets["lab2"]["reason"] == ph.CHECK_STALE

@@ -1,7 +1,7 @@
 """Reconcile steps on the kubernetes provider, in-process, against the API fake and real Redis.
 
 The tests drive :mod:`app.reconcile` the way the Celery tasks do and play the kubelet by
-writing Pod status through the API, so every rule of SPEC §5 is pinned without a broker.
+writing Pod status through the API, so every reconcile rule is pinned without a broker.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def api(fake):
 
 @pytest.fixture()
 def ctx(api, redis_client):
-    config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings()),))
+    # the images the spec-change tests switch to are allowed, as an operator would list them
+    k8s_settings = KubernetesSettings(images=("example/squid:6", "example/squid:7"))
+    config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, k8s_settings),))
     registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
     return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)

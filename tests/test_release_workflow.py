@@ -1,4 +1,4 @@
-"""The release workflow (.gitea/workflows/release.yml, SPEC §10).
+"""The release workflow (.gitea/workflows/release.yml).
 
 Two kinds of checks:
 

@@ -32,6 +32,8 @@ from typing import Callable
 
 from kubernetes import client as k8s
 
+from app import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -124,14 +126,17 @@ class LeaderElector:
                     if not self._leading.is_set():
                         log.info("%s became leader of lease %s/%s", self.identity, self.namespace, self.name)
                         self._leading.set()
+                        metrics.WATCHER_LEADER.set(1)
                 elif self._leading.is_set() and now - self._last_renew >= s.renew_deadline:
                     log.warning("%s could not renew lease %s/%s for %.1fs; stepping down",
                                 self.identity, self.namespace, self.name, now - self._last_renew)
                     self._leading.clear()
+                    metrics.WATCHER_LEADER.set(0)
                 stop.wait(s.retry_period)
         finally:
             if self._leading.is_set():
                 self._leading.clear()
+                metrics.WATCHER_LEADER.set(0)
                 if release:
                     self.release()
 
@@ -160,6 +165,7 @@ class LeaderElector:
             if self._leading.is_set():
                 log.warning("%s lost lease %s/%s to %s", self.identity, self.namespace, self.name, holder)
                 self._leading.clear()
+                metrics.WATCHER_LEADER.set(0)
             if now - self._observed_at < duration:
                 return False  # held and not expired (by our clock)
             log.info("lease %s/%s held by %s expired; taking over", self.namespace, self.name, holder)

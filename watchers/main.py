@@ -11,6 +11,13 @@ read timeout), ``WATCH_BACKOFF_MAX`` (30), ``LEASE_DURATION`` (15),
 ``LEASE_RENEW_DEADLINE`` (10), ``LEASE_RETRY_PERIOD`` (2) and ``WATCHER_LIVENESS_WINDOW``
 (read timeout + backoff max + 30): how long a leader's stream may go without progress, or
 a standby without reaching the Lease, before ``/healthz`` answers 503.
+
+Events go from the stream to the callback through a :class:`watchers.handoff.Handoff`: the
+stream never waits for the callback, and an event the callback fails on (Redis unreachable)
+is retried with capped exponential backoff until it goes through, never dropped.  Only the
+leader delivers; events still waiting when leadership is lost are delivered if it comes back
+(the new leader relists anyway).  A failing hand-off does not fail ``/healthz`` (restarting
+the watcher would not bring Redis back); ``/healthz`` names it in its reason.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kubernetes import client as k8s
 
 from app import kube
+from watchers.handoff import Handoff
 from watchers.health import Progress, serve
 from watchers.leader import ElectionSettings, LeaderElector
 from watchers.stream import OnEvent, ProxyStream, StreamSettings
@@ -87,7 +96,8 @@ class WatcherSettings:
 
 def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-operator-watcher", identity: str,
         health_bind: str | None = None, stop: threading.Event | None = None,
-        settings: WatcherSettings | None = None, api_client: k8s.ApiClient | None = None) -> None:
+        settings: WatcherSettings | None = None, api_client: k8s.ApiClient | None = None,
+        while_leading: Callable[[threading.Event], None] | None = None) -> None:
     """Run the watcher until ``stop`` is set (or SIGTERM/SIGINT when no ``stop`` is given).
 
     Args:
@@ -101,6 +111,9 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
         settings: :class:`WatcherSettings` (default: :meth:`WatcherSettings.from_env`).
         api_client: client to use (default: :func:`app.kube.api_client`, i.e. KUBECONFIG
             or in-cluster).
+        while_leading: ``while_leading(term)`` runs in a thread of its own for each term of
+            leadership and must return once ``term`` is set (the provider-health stale sweep,
+            :class:`app.provider_health.StaleSweeper`); an exception in it is logged.
 
     On the way out the stream stops first, then the lease is released, so a standby takes
     over at once and two leaders never stream together.
@@ -112,7 +125,8 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
     client = api_client or kube.api_client()
     elector = LeaderElector(k8s.CoordinationV1Api(client), lease_namespace, lease_name, identity, settings.election)
     progress = Progress()
-    stream = ProxyStream(k8s.CustomObjectsApi(client), on_event, settings.stream, on_progress=progress.mark)
+    handoff = Handoff(on_event, settings.stream)
+    stream = ProxyStream(k8s.CustomObjectsApi(client), handoff.submit, settings.stream, on_progress=progress.mark)
     elector_stop = threading.Event()
     elector_thread = threading.Thread(target=elector.run, args=(elector_stop,), name="leader-election", daemon=True)
     window = settings.window
@@ -124,6 +138,10 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
             age = progress.age()
             if age > window:
                 return False, f"leader, but the Proxy stream made no progress for {age:.0f}s"
+            failing = handoff.failing_for()
+            if failing > 0:
+                return True, (f"leader, streaming; event hand-off failing for {failing:.0f}s, "
+                              f"{handoff.backlog()} event(s) waiting")
             return True, "leader, streaming"
         if elector.last_contact is None:
             age = progress.age()  # since start
@@ -140,7 +158,7 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
         while elector.wait_for_leadership(stop):
             log.info("leading: streaming Proxy events")
             progress.mark()
-            _stream_while_leading(stream, elector, stop)
+            _stream_while_leading(stream, handoff, elector, stop, while_leading)
             if not stop.is_set():
                 log.warning("leadership lost: Proxy stream stopped; standing by")
     finally:
@@ -154,17 +172,32 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
         log.info("watcher %s stopped", identity)
 
 
-def _stream_while_leading(stream: ProxyStream, elector: LeaderElector, stop: threading.Event) -> None:
-    """Run the stream in a thread until ``stop`` or loss of leadership; return when it has ended."""
+def _stream_while_leading(stream: ProxyStream, handoff: Handoff, elector: LeaderElector,
+                          stop: threading.Event, while_leading: Callable[[threading.Event], None] | None = None) -> None:
+    """Run the stream and the hand-off (and ``while_leading``) in threads until ``stop`` or loss
+    of leadership; return when the stream and the hand-off have ended."""
     term = threading.Event()
     worker = threading.Thread(target=stream.run, args=(term,), name="proxy-stream", daemon=True)
+    deliverer = threading.Thread(target=handoff.run, args=(term,), name="proxy-handoff", daemon=True)
     worker.start()
+    deliverer.start()
+    if while_leading is not None:
+        def extra() -> None:
+            try:
+                while_leading(term)
+            except Exception:  # noqa: BLE001 - never take the stream down with it
+                log.exception("background work of the leader failed")
+        threading.Thread(target=extra, name="leader-background", daemon=True).start()
     while worker.is_alive():
         if not term.is_set() and (stop.is_set() or not elector.is_leader):
             term.set()
         if term.is_set():
             stream.interrupt()  # repeated: a watch opened just after the first interrupt ends too
         worker.join(0.1)
+    term.set()
+    # An attempt in progress finishes first; should it hang, a later term's hand-off thread
+    # waits for it (Handoff.run admits one deliverer at a time).
+    deliverer.join(timeout=30)
 
 
 def _signal_stop() -> threading.Event:

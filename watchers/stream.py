@@ -34,6 +34,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
+from app import metrics
 from app.resources import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -124,24 +125,32 @@ class ProxyStream:
                     self._relist(stop)
                     if stop.is_set():
                         break
-                if self._watch_once(stop):
+                progressed = self._watch_once(stop)
+                if not stop.is_set():
+                    metrics.WATCH_RESTARTS.labels("ended").inc()
+                if progressed:
                     attempt = 0
                     continue
             except k8s.ApiException as exc:
                 if exc.status == 410:
+                    metrics.WATCH_GONE.inc()
+                    metrics.WATCH_RESTARTS.labels("gone").inc()
                     log.info("watch resourceVersion %s expired (410 Gone); relisting", self.resource_version)
                     self.resource_version = None
                     if attempt == 0:
                         attempt = 1
                         continue  # relist at once the first time
                 else:
+                    metrics.WATCH_RESTARTS.labels("error").inc()
                     log.warning("proxy list/watch failed: HTTP %s %s", exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if stop.is_set():
                     break
+                metrics.WATCH_RESTARTS.labels("error").inc()
                 log.warning("proxy watch connection failed (%s); reconnecting from resourceVersion %s",
                             _describe(exc), self.resource_version)
             except Exception:  # noqa: BLE001 - the stream must survive anything
+                metrics.WATCH_RESTARTS.labels("error").inc()
                 log.exception("proxy list/watch failed unexpectedly")
             if stop.is_set():
                 break
@@ -187,6 +196,7 @@ class ProxyStream:
         for uid in [u for u in self._known if u not in seen]:
             self._deliver(DELETED, self._known.pop(uid))
         self.resource_version = list_rv
+        metrics.WATCH_RELISTS.inc()
         log.info("listed %d proxies at resourceVersion %s", count, list_rv)
         self.on_progress()
 
@@ -210,6 +220,7 @@ class ProxyStream:
                 meta = obj.get("metadata") or {}
                 rv = meta.get("resourceVersion")
                 if etype == BOOKMARK:
+                    metrics.WATCH_EVENTS.labels(BOOKMARK).inc()
                     log.debug("bookmark resourceVersion %s", rv)
                 elif etype in (ADDED, MODIFIED, DELETED):
                     uid = meta.get("uid")
@@ -236,6 +247,7 @@ class ProxyStream:
         return progressed
 
     def _deliver(self, etype: str, obj: dict) -> None:
+        metrics.WATCH_EVENTS.labels(etype).inc()
         meta = obj.get("metadata") or {}
         log.debug("proxy %s %s/%s resourceVersion %s", etype, meta.get("namespace"), meta.get("name"),
                   meta.get("resourceVersion"))

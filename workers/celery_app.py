@@ -1,6 +1,7 @@
 """The Celery application every worker, beat and the watcher share (``celery -A workers``).
 
-Broker: Redis at ``REDIS_URL``.  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
+Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.settings.redis_url_from_env`;
+Celery logs the URL masked, ``redis://:**@...``).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
 task whose worker dies is redelivered; prefetch 1; JSON only; results ignored.  The broker's
 visibility timeout exceeds the hard time limit of every task and the longest countdown we
 schedule (Celery docs, "Using Redis: Visibility timeout").
@@ -15,19 +16,32 @@ from __future__ import annotations
 import importlib.util
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import beat_init, setup_logging, worker_init
 from kombu import Exchange, Queue
 
 from app.settings import Settings
-from workers import routing
+from workers import broker, routing
+
+# redis:// resolves to kombu's Redis transport re-creating the queue bindings a flushed or
+# emptied Redis lost (workers/broker.py); before any connection is made.
+broker.install()
 
 settings = Settings.from_env()
 
 celery_app = Celery("proxy-operator")
 celery_app.conf.update(
     broker_url=settings.redis_url,
+    # Never give up on the broker: a worker, beat or watcher outlives any Redis outage
+    # (None = retry forever, at start-up and after losing an established connection).
     broker_connection_retry_on_startup=True,
-    broker_transport_options={"visibility_timeout": int(settings.visibility_timeout)},
+    broker_connection_retry=True,
+    broker_connection_max_retries=None,
+    broker_transport_options={
+        "visibility_timeout": int(settings.visibility_timeout),
+        # A Redis that vanishes without closing the connection (failover, a network partition)
+        # must fail a command, not hang it: the consumer's BRPOP answers within 1 s normally.
+        "socket_timeout": 30, "socket_connect_timeout": 5, "socket_keepalive": True,
+    },
     task_serializer="json",
     accept_content=["json"],
     result_serializer="json",
@@ -49,11 +63,14 @@ celery_app.conf.update(
     worker_send_task_events=False,
     redbeat_redis_url=settings.redis_url,
     redbeat_key_prefix="po:redbeat",
+    redbeat_redis_options={"socket_timeout": 10, "socket_connect_timeout": 5, "socket_keepalive": True,
+                           "health_check_interval": 25},
     # The leader extends its lock every tick (the health sweep ticks every few seconds), so a
     # short lock lets a standby take over within a minute of a beat dying.
     redbeat_lock_timeout=60,
     beat_max_loop_interval=10,
-    beat_scheduler="redbeat.RedBeatScheduler",
+    # redbeat's scheduler, riding out Redis outages, restarts and flushes (workers/beat_scheduler.py).
+    beat_scheduler="workers.beat_scheduler.ResilientRedBeatScheduler",
     timezone="UTC",
     include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],
 )
@@ -69,3 +86,19 @@ def _logging(**_):
     from app.logs import setup
 
     setup("celery")
+
+
+@worker_init.connect
+def _worker_credentials(**_):
+    """Exit (status 2, one clear line) if Redis refuses the worker's credentials (app.redis_check)."""
+    from app.redis_check import exit_if_credentials_refused
+
+    exit_if_credentials_refused(settings.redis_url, "worker")
+
+
+@beat_init.connect
+def _beat_credentials(**_):
+    """Exit (status 2, one clear line) if Redis refuses beat's credentials (app.redis_check)."""
+    from app.redis_check import exit_if_credentials_refused
+
+    exit_if_credentials_refused(settings.redis_url, "beat")

@@ -55,16 +55,28 @@ class Enqueuer:
                 message is also sent when it would run earlier than the queued one.
         Returns:
             whether a message was sent.
+        Raises:
+            redis.RedisError / kombu.exceptions.OperationalError: Redis or the broker is
+                unreachable; the de-duplication mark is then released (best effort), so a
+                retry or the resync sends the message instead of finding it "already queued".
         """
         eta = time.time() + max(0.0, delay)
         ttl_ms = int((max(0.0, delay) + self.stale_after) * 1000)
         mode = "idle" if only_if_idle else "earlier"
-        if not self._claim(keys=[dedup_key(action, ref.uid)], args=[f"{eta:.3f}", ttl_ms, mode]):
+        key = dedup_key(action, ref.uid)
+        if not self._claim(keys=[key], args=[f"{eta:.3f}", ttl_ms, mode]):
             return False
         options = {"queue": queue}
         if delay > 0:
             options["countdown"] = delay
-        self.app.send_task(TASKS[action], args=[ref.namespace, ref.name, ref.uid, attempt], **options)
+        try:
+            self.app.send_task(TASKS[action], args=[ref.namespace, ref.name, ref.uid, attempt], **options)
+        except Exception:
+            try:
+                self.redis.delete(key)
+            except Exception:  # noqa: BLE001 - Redis down too: the mark expires after stale_after
+                pass
+            raise
         log.debug("queued %s %s/%s on %s in %.1fs", action, ref.namespace, ref.name, queue, delay)
         return True
 

@@ -37,7 +37,9 @@ def _runtime() -> tuple[redis_lib.Redis, HealthSettings]:
         if _state.get("pid") != os.getpid():
             _state.update(
                 pid=os.getpid(),
-                redis=redis_lib.Redis.from_url(Settings.from_env().redis_url, decode_responses=True),
+                redis=redis_lib.Redis.from_url(Settings.from_env().redis_url, decode_responses=True,
+                                               socket_timeout=10, socket_connect_timeout=5,
+                                               socket_keepalive=True),
                 settings=HealthSettings.from_env(),
             )
         return _state["redis"], _state["settings"]
@@ -74,7 +76,8 @@ def _credentials() -> SecretCredentials:
     """This process's basic-auth credentials reader (cached Secret reads)."""
     global _creds
     if _creds is None:
-        _creds = SecretCredentials(kube.Kube().read_secret_data)
+        # reads the Proxy first: only the Secret its record's Proxy owns is used (app.health.credentials)
+        _creds = SecretCredentials(kube.Kube())
     return _creds
 
 
@@ -82,8 +85,10 @@ def _credentials() -> SecretCredentials:
 def probe_batch(uids: list[str]) -> dict:
     """Probe the proxies ``uids``; return counts only (no addresses, no messages)."""
     r, settings = _runtime()
+    creds = _credentials()
     report = engine.probe_batch(r, list(uids), settings, get_proxy=kube.get_proxy,
-                                patch_status=kube.patch_proxy_status, credentials=_credentials())
+                                patch_status=kube.patch_proxy_status, credentials=creds,
+                                record_event=creds.kube.record_event)
     return {"probed": report.probed, "succeeded": report.succeeded, "failed": report.failed,
             "statusWritten": report.status_written, "statusErrors": report.status_errors,
-            "wentFailed": report.went_failed, "outage": report.outage}
+            "wentFailed": report.went_failed, "outage": report.outage, "originDown": report.origin_down}

@@ -291,7 +291,7 @@ def provider_check(provider_name: str) -> dict:
     Providers with hosts (kvm) are checked one host per task on the host's queue
     (``providers.check_host``), so the check uses the connection that worker owns.
     """
-    from app.provider_health import ProviderHealthWriter, check
+    from app.provider_health import ProviderHealthWriter, expected_targets, publish_snapshot, record_round, run_check
 
     ctx = context()
     pc = ctx.registry.configs[provider_name]
@@ -302,21 +302,24 @@ def provider_check(provider_name: str) -> dict:
             provider_check_host.apply_async(args=[provider_name, host], queue=queue,
                                             expires=pc.check_interval or None)
         return {"provider": provider_name, "fanned_out": len(hosts)}
-    verdicts = check(provider, provider_name, pc.check_timeout)
-    ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
-    return {"provider": provider_name, "ready": sum(v.ready for v in verdicts), "total": len(verdicts)}
+    verdicts, elapsed, failed = run_check(provider, pc.check_timeout)
+    # One snapshot in Redis (app.provider_health): the object and the metrics are read from it.
+    record_round(ctx.redis, provider_name, verdicts, elapsed=elapsed, failed=failed, targets=expected_targets(pc))
+    states = publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube.client), pc)
+    return {"provider": provider_name, "ready": sum(s.verdict.ready for s in states), "total": len(states)}
 
 
 @celery_app.task(name="providers.check_host")
 def provider_check_host(provider_name: str, host: str) -> dict:
     """Check one host of a provider and publish the provider's ProviderHealth with every host's latest verdict."""
-    from app.provider_health import ProviderHealthWriter, check_target, record_target
+    from app.provider_health import ProviderHealthWriter, check_one, publish_snapshot, record_target
 
     ctx = context()
     pc = ctx.registry.configs[provider_name]
     provider = ctx.registry.unwrapped[provider_name]
-    verdict = check_target(lambda: provider.check_host(host), provider_name, host, pc.check_timeout)
-    stale_after = 3 * max(pc.check_interval, pc.check_timeout)
-    verdicts = record_target(ctx.redis, provider_name, verdict, provider.hosts(), stale_after)
-    ProviderHealthWriter(ctx.kube.client).publish(provider_name, verdicts)
+    # A timeout is recorded under the host's own name: that host reads 0, not a generic target.
+    verdict, elapsed = check_one(lambda: provider.check_host(host), host, pc.check_timeout)
+    record_target(ctx.redis, provider_name, verdict, elapsed=elapsed)
+    # Every host's latest verdict, silent ones as CheckStale (app.provider_health.read_snapshot).
+    publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube.client), pc)
     return {"provider": provider_name, "host": host, "ready": verdict.ready}

@@ -19,6 +19,9 @@ def make_on_event():
     :class:`workers.enqueue.OwnWrites`); every other event queues what
     :func:`app.reconcile.decide` says the Proxy needs.  ``SYNC`` items from a (re)list are
     always dispatched.
+
+    ``on_event`` raises ``redis.RedisError`` or ``kombu.exceptions.OperationalError`` while
+    Redis is unreachable; the watcher's :class:`watchers.handoff.Handoff` retries the event.
     """
     from workers.tasks import context, dispatch, enqueuer, own_writes
 

@@ -1,4 +1,4 @@
-"""The health engine (SPEC §6): probes through each published proxy, thresholds, status.
+"""The health engine: probes through each published proxy, thresholds, status.
 
 Modules, each with one job:
 
@@ -8,6 +8,10 @@ Modules, each with one job:
 * :mod:`app.health.status` — the verdict → a Proxy status patch (on change only).
 * :mod:`app.health.schedule` — the sweep: which proxies are due, in batches (O(due)).
 * :mod:`app.health.engine` — one batch end to end (what the ``health.probe_batch`` task runs).
+* :mod:`app.health.destinations` — where a probe may go: endpoints and health URLs in
+  denied ranges are refused (``DestinationDenied``), endpoints pinned to the checked address.
+* :mod:`app.health.credentials` — basic-auth credentials, only those of the Proxy a record
+  names, as read from the Kubernetes API.
 * :mod:`app.health.settings` — settings from the environment.
 * :mod:`app.health.metrics` — Prometheus metrics.
 """

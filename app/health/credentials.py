@@ -1,7 +1,10 @@
 """Basic-auth credentials for the health probes, read from each Proxy's Secret (cached).
 
-The serving view only names the Secret (``authSecret``); the username and password stay in
-Kubernetes, never in Redis, which the API processes also read.
+The serving view only names the Secret (``authSecret``).  The probe batch
+(:mod:`app.health.engine`) copies the credentials it probed with into their own Redis hash,
+``po:auth:<uid>``, which only the lease scripts read: the API hands them to the client that
+leases the proxy (a crawler outside the cluster cannot read the Secret).  They are never part
+of the serving record (``po:proxy:<uid>``), never logged and never in metrics.
 """
 
 from __future__ import annotations
@@ -12,47 +15,86 @@ import time
 from typing import Callable
 
 from app import serving
-from app.squid import SECRET_PASSWORD_KEY, SECRET_USERNAME_KEY
 
 log = logging.getLogger(__name__)
-
-ReadSecret = Callable[[str, str], "dict[str, bytes] | None"]
 
 
 class SecretCredentials:
     """``credentials(record) -> (username, password) | None`` for :func:`app.health.engine.probe_batch`.
 
+    A serving-view record is a claim, not a fact: anything that can write to Redis can forge
+    one naming any namespace, Secret and address.  So the record only says *which* Proxy to
+    look up; the credentials are read and used only when, against the Proxy as read from the
+    Kubernetes API:
+
+    1. the Proxy ``record.namespace/record.name`` exists and its UID is ``record.uid``;
+    2. the record's endpoint (``address``, ``port``) is the Proxy's own (``status.address`` /
+       ``spec.endpoint.host``, ``status.port``): credentials never go to another address;
+    3. the record's ``authSecret`` is the Proxy's credentials Secret, ``<proxy>-proxy-auth`` in
+       the Proxy's namespace (:meth:`app.kube.Kube.credentials_secret_name`);
+    4. that Secret's ``ownerReferences`` name the Proxy's UID
+       (:meth:`app.kube.Kube.read_proxy_credentials`; Kubernetes docs, "Owners and
+       Dependents": https://kubernetes.io/docs/concepts/overview/working-with-objects/owners-dependents/).
+
+    Anything else gives ``None`` (the probe then goes without credentials and reports
+    ProxyAuthRequired, as a crawler without them would) and a warning naming the record's
+    Proxy and the check that failed, never a value.
+
     Args:
-        read_secret: ``(namespace, name) -> {key: bytes} | None``
-            (:meth:`app.kube.Kube.read_secret_data`).
-        ttl: seconds a read (or a miss) is reused, so a sweep of many proxies costs one read
-            per Secret per ``ttl``.
+        kube: an :class:`app.kube.Kube` (``get_proxy``, ``credentials_secret_name``,
+            ``read_proxy_credentials``).
+        ttl: seconds a verdict (credentials or a refusal) is reused for the same record
+            identity (namespace, name, uid, address, port, Secret), so a sweep of many proxies
+            costs two API reads per proxy per ``ttl``.
         clock: monotonic clock, seconds.
-    A Secret that cannot be read gives ``None`` (the probe then reports ProxyAuthRequired, which
-    is what a crawler without credentials would see); the failure is logged without values.
     """
 
-    def __init__(self, read_secret: ReadSecret, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic):
-        self.read_secret, self.ttl, self.clock = read_secret, ttl, clock
-        self._cache: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+    def __init__(self, kube, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.kube, self.ttl, self.clock = kube, ttl, clock
+        self._cache: dict[tuple, tuple[float, tuple[str, str] | None]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, record: dict[str, str]) -> tuple[str, str] | None:
         ref = serving.auth_secret_of(record)
         if ref is None:
             return None
+        key = (record.get("namespace", ""), record.get("name", ""), record.get("uid", ""),
+               record.get("address", ""), record.get("port", ""), ref[1])
         now = self.clock()
         with self._lock:
-            hit = self._cache.get(ref)
+            hit = self._cache.get(key)
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         value = None
         try:
-            data = self.read_secret(*ref) or {}
-            if SECRET_USERNAME_KEY in data and SECRET_PASSWORD_KEY in data:
-                value = (data[SECRET_USERNAME_KEY].decode(), data[SECRET_PASSWORD_KEY].decode())
+            value = self._verified(*key)
         except Exception as exc:  # noqa: BLE001 - a probe without credentials reports it itself
-            log.warning("health: cannot read credentials Secret %s/%s: %s", *ref, type(exc).__name__)
+            log.warning("health: cannot read the credentials of Proxy %s/%s: %s", key[0], key[1],
+                        type(exc).__name__)
         with self._lock:
-            self._cache[ref] = (now, value)
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[key] = (now, value)
         return value
+
+    def _verified(self, namespace: str, name: str, uid: str, address: str, port: str,
+                  secret: str) -> tuple[str, str] | None:
+        def refuse(why: str) -> None:
+            log.warning("health: credentials withheld for the serving-view record of Proxy %s/%s: %s",
+                        namespace, name, why)
+
+        if not namespace or not name:
+            return refuse("the record names no Proxy")
+        proxy = self.kube.get_proxy(namespace, name)
+        if proxy is None:
+            return refuse("no such Proxy in the Kubernetes API")
+        if not uid or proxy.uid != uid:
+            return refuse("the record's uid is not the Proxy's")
+        if (proxy.effective_host() or "") != address or str(proxy.effective_port()) != port:
+            return refuse("the record's endpoint is not the Proxy's")
+        if secret != self.kube.credentials_secret_name(proxy):
+            return refuse("the record names a Secret that is not the Proxy's credentials Secret")
+        found = self.kube.read_proxy_credentials(proxy)  # owner check; raises on a foreign Secret
+        if found is None:
+            return refuse("the Proxy's credentials Secret is missing or incomplete")
+        return found[0], found[1]

@@ -14,6 +14,10 @@ PROBE_LATENCY = Histogram(
 PROBE_FAILURES = Counter(
     "proxy_operator_probe_failures_total", "Failed health probes, by reason (ConnectionRefused, Timeout, ...).",
     ["reason"])
+PROBE_RESULTS = Counter(
+    "proxy_operator_probe_results_total",
+    "Health probes by the reason they ended with (ProbeSucceeded, RateLimited, ConnectionRefused, ..., "
+    "OriginDown: failed while the health URL's origin was down, not held against the proxy).", ["reason"])
 PROBE_OUTAGE = Gauge(
     "proxy_operator_probe_outage", "1 while every probe of every proxy fails (a probe-side outage), else 0.",
     multiprocess_mode="livemostrecent")

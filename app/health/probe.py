@@ -1,4 +1,4 @@
-"""One probe: ``GET healthCheck.url`` through a proxy, and the egress IP it exposes (SPEC §6).
+"""One probe: ``GET healthCheck.url`` through a proxy, and the egress IP it exposes.
 
 Plain-HTTP URLs are sent to the proxy as absolute-URI requests; HTTPS URLs go through a
 ``CONNECT`` tunnel (urllib3's ``ProxyManager`` does both).  Every failure is told apart by
@@ -20,10 +20,14 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import urllib3
 from urllib3 import exceptions as u3
+
+if TYPE_CHECKING:
+    from app.health.destinations import DestinationPolicy
 
 OK = "ProbeSucceeded"
 CONNECTION_REFUSED = "ConnectionRefused"
@@ -34,10 +38,19 @@ TLS_ERROR = "TLSError"
 TUNNEL_FAILED = "TunnelFailed"
 CONNECTION_RESET = "ConnectionReset"
 CONNECTION_FAILED = "ConnectionFailed"
+#: The endpoint or the health URL is in a denied range (:mod:`app.health.destinations`):
+#: nothing was sent.
+DESTINATION_DENIED = "DestinationDenied"
+#: The health URL answered ``429 Too Many Requests`` through the proxy: the proxy works, its
+#: egress IP is rate limited.  ``Retry-After`` is kept on the result (:attr:`ProbeResult.retry_after`).
+RATE_LIMITED = "RateLimited"
 
 #: Every failure reason, as shown in the Healthy condition and the failure metric.
 REASONS = (CONNECTION_REFUSED, TIMEOUT, PROXY_AUTH_REQUIRED, UNEXPECTED_STATUS, TLS_ERROR,
-           TUNNEL_FAILED, CONNECTION_RESET, CONNECTION_FAILED)
+           TUNNEL_FAILED, CONNECTION_RESET, CONNECTION_FAILED, DESTINATION_DENIED, RATE_LIMITED)
+
+#: Longest ``Retry-After`` honoured, seconds (a larger one is cut to this).
+MAX_RETRY_AFTER = 3600.0
 
 _BODY_LIMIT = 64 * 1024
 _ECHO_LIMIT = 4096
@@ -85,6 +98,8 @@ class ProbeResult:
         started: epoch seconds when the probe started.
         egress_ip: the address the IP-echo URL saw, when asked and learnt.
         egress_error: why the egress IP could not be learnt, when asked and not learnt.
+        retry_after: seconds the origin asked to wait (``Retry-After`` of a 429), capped at
+            :data:`MAX_RETRY_AFTER`; ``None`` when it gave none.
     """
 
     uid: str
@@ -96,6 +111,7 @@ class ProbeResult:
     started: float
     egress_ip: str | None = None
     egress_error: str | None = None
+    retry_after: float | None = None
 
 
 _contexts: dict[str | None, ssl.SSLContext] = {}
@@ -171,6 +187,30 @@ def _short(exc: BaseException) -> str:
     return (str(inner) or type(inner).__name__)[:300]
 
 
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Return the seconds a ``Retry-After`` header asks for, or ``None``.
+
+    Accepts both forms of RFC 9110 §10.2.3 (https://www.rfc-editor.org/rfc/rfc9110#section-10.2.3):
+    a number of seconds, or an HTTP-date (seconds until then, from ``now``).  The answer is
+    between 0 and :data:`MAX_RETRY_AFTER`; anything unparsable gives ``None``.
+    """
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return min(MAX_RETRY_AFTER, float(text))
+    try:
+        from email.utils import parsedate_to_datetime
+
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, min(MAX_RETRY_AFTER, when.timestamp() - now))
+
+
 def parse_egress(body: bytes) -> str:
     """Return the IP address in an IP-echo answer.
 
@@ -217,19 +257,38 @@ def _get(pm: urllib3.ProxyManager, url: str, timeout: float, limit: int) -> tupl
         resp.release_conn()
 
 
-def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = None) -> ProbeResult:
+def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = None,
+          policy: "DestinationPolicy | None" = None) -> ProbeResult:
     """Probe one proxy; never raises for network problems.
 
     Args:
         target: what to probe.
-        echo_url: IP-echo URL fetched after a successful GET when ``target.want_egress``.
+        echo_url: IP-echo URL fetched after a successful GET when ``target.want_egress``
+            (operator-configured: not checked against ``policy``).
         ca_bundle: CA file for HTTPS URLs (``None`` = system store).
+        policy: when given, the endpoint and ``target.url`` are checked first
+            (:mod:`app.health.destinations`): a denied one gives :data:`DESTINATION_DENIED`
+            without any connection, and the probe connects to the endpoint address that was
+            checked, never to the name again.  The health engine always passes one.
     Returns:
         a :class:`ProbeResult`; ``latency_ms`` covers the health GET only.
     """
     where = f"proxy {target.host}:{target.port}"
     started = time.time()
     t0 = time.perf_counter()
+    if policy is not None:
+        from app.health.destinations import DestinationDenied
+
+        try:
+            address = policy.endpoint_address(target.host, target.port)
+            policy.check_url(target.url)
+        except DestinationDenied as exc:
+            return ProbeResult(target.uid, False, DESTINATION_DENIED, f"not probed: {exc}", None,
+                               (time.perf_counter() - t0) * 1000, started)
+        except OSError as exc:
+            return ProbeResult(target.uid, False, CONNECTION_FAILED, f"cannot resolve {where}: {exc}", None,
+                               (time.perf_counter() - t0) * 1000, started)
+        target = replace(target, host=address)
     pm = _manager(target, ca_bundle)
     try:
         try:
@@ -243,6 +302,12 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
             if status == 407:
                 return ProbeResult(target.uid, False, PROXY_AUTH_REQUIRED,
                                    f"{where} requires proxy authentication (407)", 407, latency, started)
+            if status == 429:
+                wait = parse_retry_after(headers.get("Retry-After") or headers.get("retry-after"))
+                after = f"; Retry-After {wait:.0f}s" if wait is not None else ""
+                return ProbeResult(target.uid, False, RATE_LIMITED,
+                                   f"GET {target.url} through {where} answered 429 Too Many Requests{after}",
+                                   429, latency, started, retry_after=wait)
             squid_error = headers.get("X-Squid-Error") or headers.get("x-squid-error")
             detail = f" ({where} says {squid_error})" if squid_error else ""
             return ProbeResult(target.uid, False, UNEXPECTED_STATUS,
@@ -267,16 +332,16 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
 
 
 def probe_many(targets: list[ProbeTarget], *, concurrency: int = 64, echo_url: str = "",
-               ca_bundle: str | None = None) -> list[ProbeResult]:
+               ca_bundle: str | None = None, policy: "DestinationPolicy | None" = None) -> list[ProbeResult]:
     """Probe ``targets`` concurrently on a thread pool; return results in the same order.
 
     Args:
         targets: what to probe.
         concurrency: most probes in flight at once.
-        echo_url / ca_bundle: see :func:`probe`.
+        echo_url / ca_bundle / policy: see :func:`probe`.
     """
     if not targets:
         return []
     workers = max(1, min(concurrency, len(targets)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe") as pool:
-        return list(pool.map(lambda t: probe(t, echo_url=echo_url, ca_bundle=ca_bundle), targets))
+        return list(pool.map(lambda t: probe(t, echo_url=echo_url, ca_bundle=ca_bundle, policy=policy), targets))

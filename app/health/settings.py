@@ -34,6 +34,12 @@ class HealthSettings:
         ca_bundle: CA file for HTTPS health/echo URLs, ``None`` = system store
             (``PROBE_CA_BUNDLE``).
         status_concurrency: status writes in flight at once (``HEALTH_STATUS_CONCURRENCY``).
+        denied_ranges: CIDR ranges no probe may reach, on top of loopback, link-local and
+            ``0.0.0.0/8`` (``PROBE_DENIED_RANGES``, comma or space separated; e.g. the cluster's
+            Pod and Service ranges, the VPC).  See :mod:`app.health.destinations`.
+        allowed_ranges: CIDR ranges exempted from every denied range, defaults included
+            (``PROBE_ALLOWED_RANGES``; ``127.0.0.0/8`` for a local stack or the test suite, whose
+            Squids and origins run on loopback).
     """
 
     echo_url: str = DEFAULT_ECHO_URL
@@ -47,6 +53,8 @@ class HealthSettings:
     outage_min_proxies: int = 3
     ca_bundle: str | None = None
     status_concurrency: int = 8
+    denied_ranges: tuple[str, ...] = ()
+    allowed_ranges: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> "HealthSettings":
@@ -70,4 +78,29 @@ class HealthSettings:
             ca_bundle=os.environ.get("PROBE_CA_BUNDLE") or None,
             status_concurrency=int(env_number("HEALTH_STATUS_CONCURRENCY", cls.status_concurrency,
                                            minimum=1, integer=True)),
+            denied_ranges=_ranges("PROBE_DENIED_RANGES"),
+            allowed_ranges=_ranges("PROBE_ALLOWED_RANGES"),
         )
+
+    def destination_policy(self):
+        """Return the process's shared :class:`app.health.destinations.DestinationPolicy` for
+        :attr:`denied_ranges` / :attr:`allowed_ranges`.
+
+        Raises:
+            ValueError: a range that does not parse, naming its variable.
+        """
+        from app.health import destinations
+
+        return destinations.policy(tuple(self.denied_ranges), tuple(self.allowed_ranges))
+
+
+def _ranges(name: str) -> tuple[str, ...]:
+    """The CIDR ranges in environment variable ``name`` (validated; ``()`` when unset).
+
+    Raises:
+        ValueError: an entry that is not an address or a CIDR range, naming the variable.
+    """
+    from app.health.destinations import parse_ranges
+
+    raw = os.environ.get(name) or ""
+    return tuple(str(net) for net in parse_ranges(raw, name=f"environment variable {name}"))

@@ -107,7 +107,9 @@ def advance(state: HealthState, result: p.ProbeResult, thresholds: Thresholds, *
         if s.health != HEALTHY and s.successes >= max(1, thresholds.success):
             return replace(s, health=HEALTHY, ever_healthy=True, reason=result.reason, message=result.message)
         if s.health == HEALTHY:
-            return replace(s, message=result.message)
+            # Still healthy: keep the verdict current (ProbeSucceeded, or RateLimited when a 429
+            # counts as a success).
+            return replace(s, reason=result.reason, message=result.message)
         return s
     s = replace(state, successes=0, failures=state.failures + 1)
     if outage:

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 GetProxy = Callable[[str, str], "dict | None"]
 PatchStatus = Callable[[str, str, dict, str], object]
+#: ``record_event(proxy, event_type, reason, message)``: :meth:`app.kube.Kube.record_event`.
+RecordEvent = Callable[[Proxy, str, str, str], None]
+
+#: Event reasons the health engine emits (one Event per phase change it writes).
+EVENT_READY = "Ready"
+EVENT_UNHEALTHY = "Unhealthy"
+EVENT_DEADLINE = "ProvisioningDeadlineExceeded"
 
 #: Phases in which health owns the phase; in any other phase the writer leaves the object alone
 #: (the reconciler is creating, replacing or deleting it).
@@ -69,13 +76,33 @@ def build_status(proxy: Proxy, v: Verdict, *, last_probe: float | None, latency_
     return out
 
 
+def event_for(old_phase: str, v: Verdict) -> tuple[str, str, str] | None:
+    """The Kubernetes Event ``(type, reason, message)`` for writing ``v`` over phase ``old_phase``.
+
+    One per phase change: ``Ready`` (Normal), ``Unhealthy`` (Warning; the message starts with
+    the probe reason), ``ProvisioningDeadlineExceeded`` (Warning: never healthy within the
+    provisioning deadline, phase Failed); ``None`` when the phase does not change.
+    """
+    if not v.phase or v.phase == old_phase:
+        return None
+    if v.phase == READY:
+        return "Normal", EVENT_READY, f"probes pass; the proxy is handed out ({v.message})"
+    if v.phase == UNHEALTHY:
+        return "Warning", EVENT_UNHEALTHY, f"{v.reason}: {v.message}; withdrawn until probes pass again"
+    if v.phase == FAILED:
+        return "Warning", EVENT_DEADLINE, f"{v.reason}: {v.message}"
+    return None
+
+
 def write_status(get_proxy: GetProxy, patch_status: PatchStatus, *, uid: str, namespace: str, name: str,
-                 v: Verdict, last_probe: float | None, latency_ms: float | None) -> bool:
+                 v: Verdict, last_probe: float | None, latency_ms: float | None,
+                 record_event: RecordEvent | None = None) -> bool:
     """Write verdict ``v`` to the Proxy ``namespace/name`` if it is still the object ``uid``.
 
     Skips (returns ``False``) when the object is gone, is another object with the same name,
     is being deleted, or is in a phase health does not own (see :data:`PROBED_PHASES`; a
-    Failed verdict may only be written from those phases too).
+    Failed verdict may only be written from those phases too).  A write that changes the phase
+    emits one Event through ``record_event`` (:func:`event_for`; best effort).
 
     Returns:
         whether the status was written.
@@ -101,4 +128,11 @@ def write_status(get_proxy: GetProxy, patch_status: PatchStatus, *, uid: str, na
         level = logging.WARNING if v.phase in (UNHEALTHY, FAILED) else logging.INFO
         log.log(level, "health: %s/%s %s -> %s (%s: %s)", namespace, name, proxy.phase, v.phase,
                 v.reason, v.message)
+    event = event_for(proxy.phase, v)
+    if event is not None and record_event is not None:
+        try:
+            record_event(proxy, *event)
+        except Exception as exc:  # noqa: BLE001 - Events are best effort
+            log.warning("health: Event %s for %s/%s not recorded: %s", event[1], namespace, name,
+                        type(exc).__name__)
     return True

@@ -1,10 +1,13 @@
-"""The provider contract (SPEC §4): one interface every backend implements.
+"""The provider contract: one interface every backend implements.
 
 A provider is any object with these methods (structural typing via :class:`Provider`):
 
 * ``create(request: CreateRequest) -> Instance`` — idempotent by ``request.name``.
 * ``get(provider_id: str) -> Instance`` — raises :class:`~app.providers.errors.NotFound`.
-* ``delete(provider_id: str) -> None`` — succeeds when the instance is already gone.
+* ``delete(provider_id: str) -> None`` — succeeds when the instance is already gone; re-reads
+  the instance first and raises :class:`~app.providers.errors.NotManaged` (Permanent, logged,
+  the instance left in place) when it does not carry our managed-by tag and a Proxy UID
+  (:func:`require_managed`).
 * ``list_by_tag(tag: str) -> ListResult`` — every instance carrying the managed-by tag
   ``tag``; ``ListResult.partial`` is true when some target could not be listed.
 * ``abandon(provider_id: str) -> None`` — mark the instance abandoned (the tag
@@ -31,9 +34,15 @@ errors are the taxonomy of :mod:`app.providers.errors`.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
+
+from app.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
+from app.providers.errors import NotManaged
+
+log = logging.getLogger("proxy_operator.providers")
 
 
 class InstanceState(str, enum.Enum):
@@ -172,3 +181,31 @@ class Provider(Protocol):
     def start(self, provider_id: str) -> None: ...
 
     def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]: ...
+
+
+def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:
+    """Refuse to touch an instance that is not ours (issue 10, item 1; docs/security.md).
+
+    Ours means: the managed-by tag equals :data:`app.naming.MANAGED_BY` and a non-empty Proxy
+    UID tag is present (the tags every create writes, :func:`app.naming.tags_for`).  Every
+    provider's ``delete`` calls this on the instance it has just re-read, so a forged or
+    mistaken ``gc.delete`` naming ``kube-system/<pod>``, someone's VM or domain deletes nothing.
+
+    Args:
+        tags: the instance's tags as the provider maps them back (``Instance.tags``), or ``None``
+            when the instance carries none at all.
+        provider: the provider name (for the message).
+        provider_id: the instance's provider ID (for the message).
+    Raises:
+        NotManaged: (Permanent) the tags are missing or name another manager; logged at WARNING.
+    """
+    tags = tags or {}
+    if tags.get(TAG_MANAGED_BY) == MANAGED_BY and tags.get(TAG_PROXY_UID):
+        return
+    have = tags.get(TAG_MANAGED_BY)
+    why = (f"its {TAG_MANAGED_BY} tag is {have!r}" if have and have != MANAGED_BY
+           else f"it carries no {TAG_MANAGED_BY}={MANAGED_BY} tag" if not have
+           else f"it carries no {TAG_PROXY_UID} tag")
+    message = f"provider {provider}: refusing to delete {provider_id}: {why}, so proxy-operator did not create it"
+    log.warning("%s", message)
+    raise NotManaged(message)

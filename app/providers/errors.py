@@ -1,4 +1,4 @@
-"""The provider error taxonomy (SPEC §4).
+"""The provider error taxonomy.
 
 Every provider maps its SDK's errors onto exactly one of these classes and keeps the
 original exception as ``__cause__`` (``raise NotFound(...) from sdk_error``), so the
@@ -49,6 +49,34 @@ class Permanent(ProviderError):
     """A failure that will not go away until the spec or the configuration changes."""
 
     reason = "Permanent"
+
+
+class NotManaged(Permanent):
+    """A delete named an instance that does not carry our managed-by tag and a Proxy UID.
+
+    Raised by every provider's ``delete`` after re-reading the instance (issue 10, item 1:
+    defence in depth against a forged ``gc.delete`` task or a wrong provider ID); the instance
+    is left in place.
+    """
+
+    reason = "NotManaged"
+
+
+class SpecNotAllowed(Permanent):
+    """A Proxy's spec asks for something the provider's config does not allow.
+
+    The message starts with the field (``spec.placement.image: ...``); the reconciler writes it
+    into the ``Provisioned`` condition of the ``Failed`` Proxy.
+
+    Attributes:
+        field: the dotted spec field, e.g. ``"spec.placement.image"``.
+    """
+
+    reason = "SpecNotAllowed"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 def classify(exc: BaseException) -> type[ProviderError]:

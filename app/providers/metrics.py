@@ -1,4 +1,4 @@
-"""The metrics decorator every provider is wrapped in (SPEC §4, §8).
+"""The metrics decorator every provider is wrapped in.
 
 Counts requests by provider, type, operation and outcome class (``ok`` or the taxonomy class
 name) and observes their duration.  Health checks use the unwrapped provider, so they never

@@ -1,4 +1,4 @@
-"""Builds the configured providers from constructors it is given (SPEC §4).
+"""Builds the configured providers from constructors it is given.
 
 The registry knows no concrete provider: the composition root (:mod:`app.wiring`) passes a
 ``{type: constructor}`` map, so adding a provider never touches this module.

@@ -10,8 +10,9 @@
 # Optional environment:
 #   ZONES=a,b,c              spread the Proxies round-robin over these placement zones
 #                            (gcp: zones, kvm: host names; kubernetes: ignored by the provider)
-#   IMAGE=...                placement.image (gcp image, kvm image key or URL, container image)
-#   MACHINE_TYPE=...         placement.machineType (gcp machine type, kvm profile key)
+#   IMAGE=...                placement.image (gcp image, kvm image key or URL, container image);
+#                            only what the provider's config allows (README, "Configuration")
+#   MACHINE_TYPE=...         placement.machineType (gcp machine type, kvm profile key; allowed ones only)
 #   CLOUD_INIT_SECRET=name[/key]  spec.cloudInit.secretRef for VM providers (key default user-data);
 #                            create it first, e.g. from deploy/samples/proxy_gcp.yaml
 #   MAX_LEASES=5             spec.maxLeases (0 = never lease)

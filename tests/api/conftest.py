@@ -89,4 +89,5 @@ def fleet(fake, redis_client, api_origin):
 
 @pytest.fixture()
 def health_settings(api_origin) -> HealthSettings:
-    return HealthSettings(echo_url=api_origin.url("/ip"), concurrency=16)
+    # the Squids and origins of these tests are on loopback, which probes may not reach by default
+    return HealthSettings(echo_url=api_origin.url("/ip"), concurrency=16, allowed_ranges=("127.0.0.0/8",))

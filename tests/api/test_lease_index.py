@@ -10,7 +10,7 @@ import pytest
 from api import create_app
 from app import leases, serving
 from app.resources import Proxy
-from tests.api.helpers import auth
+from tests.api.helpers import auth, excluded
 from tests.health.fleet import start_squid
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +81,7 @@ def test_a_full_proxy_leaves_the_index_until_a_lease_ends(redis_client, lease_se
     assert redis_client.zscore(serving.LOAD_KEY, a) is None
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    assert "1 match the filters, 1 of them at maxLeases" in info.value.message
+    assert info.value.message.endswith(excluded(1, full=1))
     leases.release(redis_client, "c", first.id, "ok", lease_settings)
     assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1.25)
 
@@ -115,7 +115,7 @@ def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_setting
     assert got.uid == odd
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
-    assert "1 match the filters, 1 of them at maxLeases" in info.value.message
+    assert info.value.message.endswith(excluded(41, full=1, filtered=40))
 
 
 def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet, health_settings, lease_settings):
@@ -204,7 +204,7 @@ def test_a_saturated_fleet_answers_503_without_reading_it(redis_client, lease_se
     before = _hmget_calls(redis_client)
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "late", filters, 60, lease_settings)
-    assert "300 match the filters, 300 of them at maxLeases, 0 cooling down" in info.value.message
+    assert info.value.message.endswith(excluded(300, full=300))
     spent = _hmget_calls(redis_client) - before
     # Without filters the count of full proxies is read, not the proxies; a filter must look
     # at each full proxy's placement (one read each), never at their leases.
@@ -222,10 +222,10 @@ def test_the_503_counts_cooling_full_and_free_proxies_apart(redis_client, lease_
     assert leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings).uid == c  # c is not cooling for x
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings)
-    assert "3 match the filters, 2 of them at maxLeases, 1 cooling down" in info.value.message
+    assert info.value.message.endswith(excluded(3, full=2, cooling=1))
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "y", leases.Filters(namespace="idx"), 60, lease_settings)
-    assert "3 match the filters, 2 of them at maxLeases, 1 cooling down" in info.value.message
+    assert info.value.message.endswith(excluded(3, full=2, cooling=1))
 
 
 def test_rebuilding_the_index_drops_members_without_a_record(redis_client, lease_settings):
@@ -257,3 +257,66 @@ def test_a_sticky_lease_on_a_freed_proxy_leaves_it_in_one_half_of_the_index(redi
     assert got.uid == p and got.sticky and got.used == 1
     assert not redis_client.sismember(serving.FULL_KEY, p)
     assert redis_client.zscore(serving.LOAD_KEY, p) == pytest.approx(1 + 1 / 3 / 2)
+
+
+def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_settings):
+    """One proxy per reason; a request whose filters match nothing counts them as filtered out."""
+    full, cooling, draining, sick = _publish(redis_client, 4, max_leases=1)
+    fresh = Proxy.from_dict({"metadata": {"name": "fresh", "namespace": "idx", "uid": "uid-fresh"},
+                             "spec": {"mode": "External", "endpoint": {"host": "127.0.9.99", "port": 3128}}})
+    serving.publish(redis_client, fresh, address="127.0.9.99", port=3128, phase="Running")  # not probed yet
+    for uid, field, value in ((draining, "maxLeases", "0"), (sick, "healthy", "0")):
+        redis_client.hset(serving.proxy_key(uid), field, value)
+        serving.reindex(redis_client, uid)
+    assert leases.acquire(redis_client, "other", leases.Filters(), 60, lease_settings).uid == full
+    cooled = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert cooled.uid == cooling
+    leases.release(redis_client, "c", cooled.id, "blocked", lease_settings)
+    expected = excluded(5, unhealthy=2, draining=1, full=1, cooling=1)
+    for filters in (leases.Filters(), leases.Filters(namespace="idx")):
+        with pytest.raises(leases.LeaseError) as info:
+            leases.acquire(redis_client, "c", filters, 60, lease_settings)
+        assert info.value.message.endswith(expected), filters
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(namespace="elsewhere"), 60, lease_settings)
+    assert info.value.message.endswith(excluded(5, filtered=5))
+    # the sets follow the proxies out of the serving view
+    serving.withdraw(redis_client, sick)
+    serving.withdraw(redis_client, draining)
+    assert redis_client.smembers(serving.UNHEALTHY_KEY) == {"uid-fresh"}
+    assert redis_client.scard(serving.DRAINING_KEY) == 0
+
+
+def test_one_unhealthy_proxy_is_not_zero_matches(redis_client, lease_settings):
+    [uid] = _publish(redis_client, 1)
+    redis_client.hset(serving.proxy_key(uid), "healthy", "0")
+    serving.reindex(redis_client, uid)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert info.value.message == "no proxy can be leased now: " + excluded(1, unhealthy=1)
+
+
+def test_an_unhealthy_fleet_answers_503_without_reading_it(redis_client, lease_settings):
+    uids = _publish(redis_client, 300)
+    for uid in uids:
+        redis_client.hset(serving.proxy_key(uid), "healthy", "0")
+        serving.reindex(redis_client, uid)
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(redis_client, "late", leases.Filters(), 60, lease_settings)  # loads the script
+    before = _hmget_calls(redis_client)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "late", leases.Filters(), 60, lease_settings)
+    assert info.value.message.endswith(excluded(300, unhealthy=300))
+    assert _hmget_calls(redis_client) - before == 0
+
+
+def test_rebuilding_the_index_restores_the_exclusion_sets(redis_client):
+    """A Redis written before po:unhealthy and po:draining existed (an upgrade)."""
+    ok, drained, sick = _publish(redis_client, 3)
+    redis_client.hset(serving.proxy_key(drained), "maxLeases", "0")
+    redis_client.hset(serving.proxy_key(sick), "healthy", "0")
+    redis_client.delete(serving.UNHEALTHY_KEY, serving.DRAINING_KEY, serving.LOAD_KEY)
+    assert serving.reindex_all(redis_client) == 1
+    assert redis_client.smembers(serving.UNHEALTHY_KEY) == {sick}
+    assert redis_client.smembers(serving.DRAINING_KEY) == {drained}
+    assert redis_client.zrange(serving.LOAD_KEY, 0, -1) == [ok]

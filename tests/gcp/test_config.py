@@ -14,10 +14,11 @@ def _parse(gcp):
 
 
 def test_minimal_block_gets_documented_defaults():
-    s = _parse({"project": "demo-project"}).providers[0].settings
+    s = _parse({"project": "demo-project", "zones": ["europe-west1-b"]}).providers[0].settings
     assert isinstance(s, GcpSettings)
     assert s.project == "demo-project"
-    assert s.zones == ()
+    assert s.zones == ("europe-west1-b",)
+    assert s.allowed_images() == (DEFAULT_IMAGE,) and s.allowed_machine_types() == ("e2-micro",)
     assert s.machine_type == "e2-micro"
     assert s.image == DEFAULT_IMAGE
     assert s.network == "default" and s.subnetwork is None
@@ -71,10 +72,18 @@ def test_full_block_is_read():
     ({"project": "demo-project", "serviceAccount": "nobody"}, "gcp.serviceAccount", "e-mail"),
     ({"project": "demo-project", "machineType": "e2 micro"}, "gcp.machineType", "resource name"),
     ({"project": "demo-project", "zone": "europe-west1-b"}, "gcp.zone", "unknown key"),
+    ({"project": "demo-project", "zones": None}, "gcp.zones", "required"),
+    ({"project": "demo-project", "zones": []}, "gcp.zones", "at least one zone"),
+    ({"project": "demo-project", "images": ["projects/p/global/images/ok", "bad image"]}, "gcp.images[1]",
+     "resource name"),
+    ({"project": "demo-project", "images": "projects/p/global/images/ok"}, "gcp.images", "must be a list"),
+    ({"project": "demo-project", "machineTypes": ["e2-small", "e2 'x'"]}, "gcp.machineTypes[1]", "resource name"),
 ])
 def test_bad_block_is_rejected_naming_file_provider_and_field(gcp, field, problem):
+    if "project" in gcp and "zones" not in gcp:
+        gcp = {**gcp, "zones": ["europe-west1-b"]}  # required; the case is about another field
     with pytest.raises(ConfigError) as info:
-        _parse(gcp)
+        _parse({k: v for k, v in gcp.items() if v is not None})
     err = info.value
     assert (err.file, err.provider, err.field) == ("providers.yaml", "gcp-eu", field)
     assert problem in err.problem

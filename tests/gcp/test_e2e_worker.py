@@ -56,6 +56,7 @@ def operator(cluster, compute, redis_url, tmp_path):
         "POLL_INITIAL": "0.5", "POLL_MAX": "1", "RETRY_INITIAL": "0.3", "RETRY_MAX": "0.6",
         "QUOTA_BACKOFF": str(QUOTA_BACKOFF), "TASK_SOFT_TIME_LIMIT": "20", "TASK_TIME_LIMIT": "25",
         "BROKER_VISIBILITY_TIMEOUT": "120", "LOG_LEVEL": "DEBUG",
+        "PROBE_ALLOWED_RANGES": "127.0.0.0/8",  # the Compute fake's instances are on loopback
     }
     procs = {"worker": celery_worker(env).start(), "beat": celery_beat(env, str(tmp_path)).start(),
              "watcher": watcher(env).start()}

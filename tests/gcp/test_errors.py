@@ -10,6 +10,7 @@ from google.api_core import exceptions as gexc
 from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, Transient, describe
+from app.validation import ConfigError
 from tests.gcp.conftest import PROJECT, gcp_config, write_service_account_key
 
 ZONE = "europe-west1-b"
@@ -212,13 +213,13 @@ def test_malformed_provider_id_is_permanent(fake, provider, bad):
     assert fake.requests == []
 
 
-def test_create_without_any_zone_is_permanent(fake, make_provider):
-    provider = make_provider(zones=[])
-    req = CreateRequest(name=instance_name("u"), tags=tags_for("u"), namespace="crawl")
-    with pytest.raises(Permanent, match="placement.zone"):
+def test_a_config_without_zones_is_refused_and_an_unlisted_zone_is_permanent(fake, make_provider):
+    with pytest.raises(ConfigError, match=r'provider "gcp-test": gcp.zones: must list at least one zone'):
+        make_provider(zones=[])
+    provider = make_provider()
+    req = CreateRequest(name=instance_name("u"), tags=tags_for("u"), namespace="crawl", zone="eu/west")
+    with pytest.raises(Permanent, match="^spec.placement.zone: 'eu/west' is not allowed"):
         provider.create(req)
-    with pytest.raises(Permanent, match="not a GCE zone"):
-        provider.create(CreateRequest(name=req.name, tags=req.tags, namespace="crawl", zone="eu/west"))
     assert fake.requests == []
 
 

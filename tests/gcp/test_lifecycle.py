@@ -9,7 +9,7 @@ import pytest
 
 from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
-from app.providers.errors import NotFound
+from app.providers.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
 from app.providers.gcp import ids
 from tests.gcp.conftest import PROJECT, ZONES, gcp_config
 
@@ -34,7 +34,8 @@ def test_construction_dials_nothing(fake, tmp_path):
     assert fake.requests == []
 
 
-def test_create_inserts_labels_user_data_machine_type_and_waits(fake, provider):
+def test_create_inserts_labels_user_data_machine_type_and_waits(fake, make_provider):
+    provider = make_provider(machineTypes=["e2-small"])  # the Proxy asks for it: the config allows it
     req = _request("0b1c2d3e-0000-4000-8000-000000000001", zone="europe-west1-c", machine_type="e2-small",
                    squid_config="http_port 3128\n", auth_htpasswd="crawler:$2b$10$hash")
     inst = provider.create(req)
@@ -172,8 +173,8 @@ def test_delete_waits_and_is_idempotent(fake, provider):
     delete_ops = [n for n, op in fake.operations.items() if op.body["operationType"] == "delete"]
     assert len(delete_ops) == 1
     assert fake.calls("POST", rf"/operations/{delete_ops[0]}/wait$")
-    provider.delete(inst.provider_id)  # already gone: success
-    assert len(fake.calls("DELETE", r"/instances/")) == 2
+    provider.delete(inst.provider_id)  # already gone: success (the read before the delete says so)
+    assert len(fake.calls("DELETE", r"/instances/")) == 1
     with pytest.raises(NotFound):
         provider.get(inst.provider_id)
 
@@ -267,3 +268,42 @@ def test_guard_catches_the_sdk_extended_operation_trap(fake, loopback_only):
     assert any("googleapis.com" in v for v in loopback_only.violations)
     assert not fake.calls(path_regex=r"/operations/")  # the poll never reached the fake
     loopback_only.violations.clear()
+
+
+@pytest.mark.parametrize("labels", [{}, {"managed-by": "someone-else", "proxy-uid": "u"},
+                                    {"managed-by": MANAGED_BY}, {"env": "prod"}])
+def test_delete_refuses_an_instance_that_is_not_ours_and_leaves_it(fake, provider, labels):
+    """Issue 10 item 1: a gc.delete (or a wrong provider ID) naming someone's VM deletes nothing."""
+    fake.add_instance(PROJECT, "europe-west1-b", "web-1", labels)
+    pid = f"projects/{PROJECT}/zones/europe-west1-b/instances/web-1"
+    with pytest.raises(NotManaged, match="refusing to delete .*web-1") as info:
+        provider.delete(pid)
+    assert isinstance(info.value, Permanent) and info.value.reason == "NotManaged"
+    assert (PROJECT, "europe-west1-b", "web-1") in fake.instances
+    assert not fake.calls("DELETE", r"/instances/web-1$"), "not even asked"
+    # ours, same zone: deleted; one read before the delete keeps it cheap
+    ours = provider.create(_request("uid-ours", zone="europe-west1-b"))
+    reads = len(fake.calls("GET", rf"/instances/{ours.name}$"))
+    provider.delete(ours.provider_id)
+    assert (PROJECT, "europe-west1-b", ours.name) not in fake.instances
+    assert len(fake.calls("GET", rf"/instances/{ours.name}$")) == reads + 1
+
+
+def test_placement_outside_the_allow_lists_is_refused_naming_the_field(fake, make_provider):
+    """Issue 10 item 3: a Proxy author picks among what the operator lists, nothing else."""
+    provider = make_provider(images=["projects/p/global/images/squid-2026"], machineTypes=["e2-small"])
+    cases = [({"zone": "us-central1-a"}, "spec.placement.zone"),
+             ({"zone": "europe-west1-b", "image": "projects/evil/global/images/miner"}, "spec.placement.image"),
+             ({"zone": "europe-west1-b", "machine_type": "a2-ultragpu-8g"}, "spec.placement.machineType")]
+    for fields, spec_field in cases:
+        with pytest.raises(SpecNotAllowed) as info:
+            provider.create(_request("uid-refused", **fields))
+        assert info.value.field == spec_field and str(info.value).startswith(f"{spec_field}: ")
+        assert isinstance(info.value, Permanent) and info.value.reason == "SpecNotAllowed"
+    assert fake.requests == [], "nothing reached the API"
+    inst = provider.create(_request("uid-listed", zone="europe-west1-d", image="projects/p/global/images/squid-2026",
+                                    machine_type="e2-small"))
+    body = fake.calls("POST", r"/instances$")[0].body
+    assert body["disks"][0]["initializeParams"]["sourceImage"] == "projects/p/global/images/squid-2026"
+    assert body["machineType"] == "zones/europe-west1-d/machineTypes/e2-small"
+    provider.delete(inst.provider_id)

@@ -17,6 +17,8 @@ from tests.health.servers import OriginServer
 from tests.kubefake.server import FakeKube
 
 ORIGIN_ADDRESS = "127.0.3.1"
+#: Probes may reach loopback in these tests (``PROBE_ALLOWED_RANGES``).
+LOOPBACK = ("127.0.0.0/8",)
 _addresses = (f"127.0.3.{n}" for n in itertools.cycle(range(10, 250)))
 
 
@@ -49,9 +51,10 @@ def fleet(fake, redis_client, origin):
 
 @pytest.fixture()
 def settings(origin) -> HealthSettings:
-    """Health settings for tests: local IP echo, a long provisioning deadline."""
+    """Health settings for tests: local IP echo, a long provisioning deadline; loopback allowed
+    (every Squid and origin here is on 127.0.3.x, which the default destination policy denies)."""
     return HealthSettings(echo_url=origin.url("/ip"), provision_deadline=600, outage_min_proxies=3,
-                          concurrency=16)
+                          concurrency=16, allowed_ranges=LOOPBACK)
 
 
 @pytest.fixture()

@@ -9,6 +9,7 @@ itself is outside these tests).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -25,17 +26,20 @@ from app.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
 from app.settings import Settings
 from tests.health.servers import free_port
-from tests.support.squid import SquidProcess
+from tests.support.squid import SquidProcess, loopback_policy
 
 
 def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
-                egress: bool = True) -> SquidProcess:
+                egress: bool = True, loopback_origins: bool = True) -> SquidProcess:
     """Start a real Squid on ``address`` with the product policy; ``egress`` pins its outgoing
-    address to ``address`` so an IP-echo origin sees a per-proxy egress IP."""
+    address to ``address`` so an IP-echo origin sees a per-proxy egress IP;
+    ``loopback_origins`` exempts the loopback test origins from the product's destination
+    denial (:func:`tests.support.squid.loopback_policy`)."""
     policy = policy or squid_conf.SquidPolicy()
+    if loopback_origins:
+        policy = loopback_policy(policy)
     if egress:
-        policy = squid_conf.SquidPolicy(policy.allowed_ranges, policy.connect_ports, policy.basic_auth_file,
-                                        (*policy.extra, f"tcp_outgoing_address {address}"))
+        policy = dataclasses.replace(policy, extra=(*policy.extra, f"tcp_outgoing_address {address}"))
     port = free_port(address)
     return SquidProcess(address, port, squid_conf.render(port, policy)).start()
 

@@ -1,7 +1,7 @@
 """Real local servers for the health and API tests (loopback only).
 
 * :class:`OriginServer` — an HTTP origin: ``/generate_204`` answers 204, ``/status/<n>`` answers
-  ``n``, ``/headers`` echoes the request headers as JSON, ``/ip`` echoes the client's address
+  ``n``, ``/ratelimit/<s>`` answers 429 with ``Retry-After: <s>``, ``/headers`` echoes the request headers as JSON, ``/ip`` echoes the client's address
   (the IP-echo service; ``/ip.json`` answers ``{"ip": ...}``).
 * :class:`TLSOrigin` — an HTTPS origin with a self-signed certificate for ``127.0.0.1``-style
   addresses (a probe that does not trust it fails with a TLS error).
@@ -53,6 +53,14 @@ class _OriginHandler(http.server.BaseHTTPRequestHandler):
             self._send(204)
         elif path.startswith("/status/"):
             self._send(int(path.rsplit("/", 1)[1]), b"status\n")
+        elif path.startswith("/ratelimit/"):
+            body = b"slow down\n"
+            self.send_response(429)
+            self.send_header("Retry-After", path.rsplit("/", 1)[1])
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif path == "/headers":
             self._send(200, json.dumps(dict(self.headers.items())).encode(), "application/json")
         elif path == "/ip":
@@ -74,16 +82,26 @@ class _Server(http.server.ThreadingHTTPServer):
         self.requests: list[dict] = []
 
 
+class _OneShotHandler(_OriginHandler):
+    protocol_version = "HTTP/1.0"  # one request per connection: a stopped origin serves nothing more
+
+
 class OriginServer:
     """A plain-HTTP origin on ``address:port`` (see the module docstring for its paths).
+
+    Args:
+        address / port: where to listen (port ``None``: any free one).
+        keep_alive: HTTP/1.1 persistent connections; ``False`` closes each connection after one
+            answer, so :meth:`stop` really takes the origin down for a proxy that pools its
+            connections to it (an outage test).
 
     Attributes:
         requests: every request received, as ``{"path", "headers"}`` dicts.
     """
 
-    def __init__(self, address: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, address: str = "127.0.0.1", port: int | None = None, *, keep_alive: bool = True) -> None:
         self.address = address
-        self.server = _Server((address, port or 0), _OriginHandler)
+        self.server = _Server((address, port or 0), _OriginHandler if keep_alive else _OneShotHandler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

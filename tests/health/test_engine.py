@@ -15,7 +15,7 @@ from app.health import schedule
 from app.health import probe as p
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole, free_port
-from tests.support.squid import SquidProcess
+from tests.support.squid import SquidProcess, loopback_policy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -93,7 +93,7 @@ def test_unhealthy_after_the_failure_threshold_and_back(fleet, settings, squids,
 
 def start_again(stopped: SquidProcess) -> SquidProcess:
     """Start a fresh Squid on a stopped one's address and port (the same policy)."""
-    policy = squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {stopped.address}",))
+    policy = loopback_policy(squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {stopped.address}",)))
     return SquidProcess(stopped.address, stopped.port, squid_conf.render(stopped.port, policy)).start()
 
 

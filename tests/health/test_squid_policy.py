@@ -26,6 +26,28 @@ def test_defaults_and_a_full_block():
     assert "request_header_access Proxy-Authorization deny all" in conf
     # source ranges are checked before authentication: outsiders get 403, not a 407 challenge
     assert conf.index("http_access deny !allowed_src") < conf.index("http_access deny !authenticated")
+    # destination defaults: plain HTTP to 80/443 only; loopback, link-local and metadata denied
+    assert p.http_ports == (80, 443) and "acl http_ports port 80 443" in conf
+    assert "acl denied_dst dst 127.0.0.0/8 0.0.0.0/8 169.254.0.0/16 ::1/128 ::/128 fe80::/10" in conf
+    assert "http_access deny denied_dst" in conf and "allowed_dst" not in conf
+    # the address rules resolve names: after authentication, so outsiders cannot make Squid resolve
+    assert conf.index("http_access deny !authenticated") < conf.index("http_access deny denied_dst")
+
+
+def test_destination_keys():
+    p = policy({"httpPorts": [80, "8000-8099"], "deniedDestinations": ["10.96.0.0/12", "fd00::/8"],
+                "allowedDestinations": ["127.0.0.1/32"]})
+    assert p.http_ports == (80, "8000-8099")
+    assert p.denied_destinations == ("10.96.0.0/12", "fd00::/8") and p.allowed_destinations == ("127.0.0.1/32",)
+    conf = squid_conf.render(3128, p)
+    assert "acl http_ports port 80 8000-8099" in conf
+    assert "fe80::/10 10.96.0.0/12 fd00::/8" in conf
+    assert "acl allowed_dst dst 127.0.0.1/32" in conf and "http_access deny denied_dst !allowed_dst" in conf
+    # metadata addresses and names are denied before (and regardless of) the exemptions
+    assert conf.index("http_access deny metadata_dst") < conf.index("http_access deny denied_dst !allowed_dst")
+    assert squid_conf.SquidPolicy(connect_ports=(443, "8443-8444")).connect_ports == (443, "8443-8444")
+    with pytest.raises(ValueError):
+        squid_conf.SquidPolicy(http_ports=("9-8",))
 
 
 @pytest.mark.parametrize("block,field,problem", [
@@ -33,6 +55,11 @@ def test_defaults_and_a_full_block():
     ({"allowedSourceRanges": []}, "squid.allowedSourceRanges", "at least one"),
     ({"connectPorts": [0]}, "squid.connectPorts[0]", "1..65535"),
     ({"connectPorts": "443"}, "squid.connectPorts", "non-empty list"),
+    ({"httpPorts": []}, "squid.httpPorts", "non-empty list"),
+    ({"httpPorts": [80, "90-80"]}, "squid.httpPorts[1]", "low-high"),
+    ({"httpPorts": [80, 70000]}, "squid.httpPorts[1]", "1..65535"),
+    ({"deniedDestinations": ["10.0.0.0/8", "cluster"]}, "squid.deniedDestinations[1]", "not a CIDR"),
+    ({"allowedDestinations": "127.0.0.1/32"}, "squid.allowedDestinations", "must be a list"),
     ({"basicAuth": "yes"}, "squid.basicAuth", "true or false"),
     ({"colour": "red"}, "squid.colour", "unknown key"),
 ])

@@ -21,7 +21,8 @@ def test_sweep_and_probe_batch_in_a_worker(fake, fleet, redis_url, origin, squid
     sq = squids(start_squid(next_address()))
     pxs = [fleet.external(f"t{i}", sq.address, sq.port) for i in range(3)]
     env = {"REDIS_URL": redis_url, "KUBECONFIG": fake.write_kubeconfig(str(tmp_path / "kubeconfig")),
-           "EGRESS_ECHO_URL": origin.url("/ip"), "HEALTH_BATCH_SIZE": "2", "PROVIDERS_CONFIG": ""}
+           "EGRESS_ECHO_URL": origin.url("/ip"), "HEALTH_BATCH_SIZE": "2", "PROVIDERS_CONFIG": "",
+           "PROBE_ALLOWED_RANGES": "127.0.0.0/8"}  # the Squid is on loopback
     worker = celery_worker(env, queues="health", concurrency=1, name="health-worker").start()
     client = Celery("test-client", broker=redis_url)
     try:

@@ -1,4 +1,4 @@
-"""An HTTP fake of the Kubernetes API server for tests (SPEC §11).
+"""An HTTP fake of the Kubernetes API server for tests.
 
 No kube-apiserver can run here, so the real ``kubernetes`` client talks to this fake, which
 behaves like the server wherever the operator depends on it: resourceVersion and 409

@@ -47,9 +47,9 @@ class _Fault:
     """A scripted failure (the next ``times`` matching requests get ``code``) or delay."""
 
     def __init__(self, verb: str | None, resource: str | None, code: int, times: int, reason: str,
-                 delay: float = 0.0) -> None:
+                 delay: float = 0.0, message: str | None = None) -> None:
         self.verb, self.resource, self.code, self.times, self.reason = verb, resource, code, times, reason
-        self.delay = delay
+        self.delay, self.message = delay, message
 
 
 class _WatchStream:
@@ -85,6 +85,7 @@ class FakeKube:
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
         self.requests: collections.Counter = collections.Counter()
+        self._audits: dict[str, set] = {}
         self._host, self._port = host, port
         self._faults: list[_Fault] = []
         self._watches: set[_WatchStream] = set()
@@ -154,9 +155,10 @@ class FakeKube:
 
         return k8s.ApiClient(self.configuration())
 
-    def write_kubeconfig(self, path: str) -> str:
-        """Write a kubeconfig for this server to ``path`` (see :func:`write_kubeconfig`)."""
-        return write_kubeconfig(path, self.url)
+    def write_kubeconfig(self, path: str, *, token: str = "kubefake") -> str:
+        """Write a kubeconfig for this server to ``path`` (see :func:`write_kubeconfig`); a
+        ``token`` of the test's choice lets :meth:`audit` tell its requests apart."""
+        return write_kubeconfig(path, self.url, token=token)
 
     # -- test hooks ------------------------------------------------------------------------
     def set_admission(self, resource: str | ResourceType, admit) -> None:
@@ -191,7 +193,7 @@ class FakeKube:
             return sum(1 for w in self._watches if resource is None or w.resource == resource)
 
     def fail_next(self, verb: str | None = None, resource: str | None = None, *, code: int = 500,
-                  times: int = 1, reason: str = "InternalError") -> None:
+                  times: int = 1, reason: str = "InternalError", message: str | None = None) -> None:
         """Answer the next ``times`` requests matching ``verb``/``resource`` with an error Status.
 
         Args:
@@ -199,9 +201,11 @@ class FakeKube:
                 or ``None`` for any.
             resource: plural, optionally ``plural/status``; ``None`` for any.
             code / reason: HTTP status and ``Status.reason``.
+            message: ``Status.message`` (default: names the injected failure), e.g.
+                kube-apiserver's ``pods "x" is forbidden: exceeded quota: ...``.
         """
         with self._lock:
-            self._faults.append(_Fault(verb, resource, code, times, reason))
+            self._faults.append(_Fault(verb, resource, code, times, reason, message=message))
 
     def delay_next(self, verb: str | None = None, resource: str | None = None, *, seconds: float,
                    times: int = 1) -> None:
@@ -225,6 +229,30 @@ class FakeKube:
             return sum(n for (v, r), n in self.requests.items()
                        if (verb is None or v == verb) and (resource is None or r == resource))
 
+    def audit(self, token: str) -> set:
+        """Record, from now on, every resource request sent with ``Authorization: Bearer <token>``.
+
+        Returns the live set this fills with ``(verb, group, resource, namespace)``: the RBAC
+        verb (``get list watch create update patch delete``), the API group (``""`` for core),
+        the resource (``plural`` or ``plural/subresource``) and the namespace (``None`` for a
+        cluster-scoped or all-namespaces request), as kube-apiserver's authorizer sees a request
+        (Kubernetes docs, "Authorization", request verbs and attributes:
+        https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb).
+        Discovery and ``/version`` are not recorded (every authenticated user may read them).
+        Requests with other tokens (a test's own client) are not recorded either.
+        """
+        with self._lock:
+            return self._audits.setdefault(token, set())
+
+    def _audit(self, authorization: str, verb: str, group: str, resource: str, namespace: str | None) -> None:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return
+        with self._lock:
+            seen = self._audits.get(token.strip())
+            if seen is not None:
+                seen.add((verb, group, resource, namespace))
+
     def _take_fault(self, verb: str, resource: str) -> ApiError | None:
         delay = 0.0
         error = None
@@ -242,24 +270,26 @@ class FakeKube:
                     if f.delay:
                         delay = f.delay
                     else:
-                        error = ApiError(f.code, f.reason, f"injected failure ({f.code}) for {verb} {resource}")
+                        error = ApiError(f.code, f.reason,
+                                         f.message or f"injected failure ({f.code}) for {verb} {resource}")
         if delay:
             time.sleep(delay)
         return error
 
 
-def write_kubeconfig(path: str, url: str, *, namespace: str = "default") -> str:
+def write_kubeconfig(path: str, url: str, *, namespace: str = "default", token: str = "kubefake") -> str:
     """Write a kubeconfig that points ``kubectl``-style clients at ``url``; return ``path``.
 
     ``KUBECONFIG=path`` then makes :func:`app.kube.api_client` (and subprocesses using it)
-    reach the fake.  The token is a placeholder: the fake does not authenticate.
+    reach the fake.  The token is a placeholder: the fake does not authenticate, it only
+    records requests by token (:meth:`FakeKube.audit`).
     """
     import yaml
 
     doc = {
         "apiVersion": "v1", "kind": "Config", "current-context": "kubefake", "preferences": {},
         "clusters": [{"name": "kubefake", "cluster": {"server": url}}],
-        "users": [{"name": "kubefake", "user": {"token": "kubefake"}}],
+        "users": [{"name": "kubefake", "user": {"token": token}}],
         "contexts": [{"name": "kubefake", "context": {"cluster": "kubefake", "user": "kubefake",
                                                       "namespace": namespace}}],
     }
@@ -357,6 +387,7 @@ class _Handler(BaseHTTPRequestHandler):
                 and store.resource(group, version, rest[2]) is not None
                 and store.resource(group, version, rest[2]).namespaced):
             namespace, rest = rest[1], rest[2:]
+        self._request_scope = (group, namespace)  # for the audit (FakeKube.audit)
         rt = store.resource(group, version, rest[0]) if rest else None
         if rt is None or len(rest) > 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -416,6 +447,9 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError.method_not_allowed()
 
     def _fault(self, verb: str, resource: str) -> None:
+        """Record the request for :meth:`FakeKube.audit`, then apply any scripted fault."""
+        group, namespace = self._request_scope
+        self.fake._audit(self.headers.get("Authorization", ""), verb, group, resource, namespace)
         err = self.fake._take_fault(verb, resource)
         if err is not None:
             raise err

@@ -210,12 +210,16 @@ class ImageServer:
     """A loopback HTTP server: ``put(path, data)`` serves bytes, ``gets[path]`` counts GETs.
 
     ``delays[path]`` seconds are slept before answering a GET of ``path`` (a slow download:
-    a create that is still in progress).
+    a create that is still in progress).  ``redirects[path] = location`` answers 302 to
+    ``location``; a path in ``no_length`` is served without ``Content-Length`` (the body ends
+    when the connection closes).
     """
 
     files: dict[str, bytes] = field(default_factory=dict)
     gets: dict[str, int] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
+    no_length: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         server = self
@@ -224,13 +228,20 @@ class ImageServer:
             def do_GET(self):  # noqa: N802 - http.server API
                 server.gets[self.path] = server.gets.get(self.path, 0) + 1
                 time.sleep(server.delays.get(self.path, 0))
+                if self.path in server.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirects[self.path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 data = server.files.get(self.path)
                 if data is None:
                     self.send_error(404)
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(data)))
+                if self.path not in server.no_length:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 

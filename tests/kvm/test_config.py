@@ -89,3 +89,30 @@ def test_duplicate_host_and_bad_image_key():
     e["kvm"]["images"]["Debian_12"] = e["kvm"]["images"].pop("debian-12")
     with pytest.raises(ConfigError, match="plain identifier"):
         provider_config(e)
+
+
+def test_allow_image_urls_is_off_by_default_and_parsed_strictly():
+    assert provider_config(entry()).settings.image_urls is None
+    s = provider_config(entry(allowImageURLs={"hosts": ["Images.Example.com", "10.0.0.5"]})).settings
+    assert s.image_urls.hosts == ("images.example.com", "10.0.0.5")
+    assert s.image_urls.max_bytes == 10 * 1024 ** 3
+    assert provider_config(entry(allowImageURLs={"hosts": ["h"], "maxSize": "512MiB"})).settings \
+        .image_urls.max_bytes == 512 * 1024 ** 2
+    assert provider_config(entry(allowImageURLs={"hosts": ["h"], "maxSize": 1000})).settings \
+        .image_urls.max_bytes == 1000
+
+
+@pytest.mark.parametrize("value, field, problem", [
+    (True, "kvm.allowImageURLs", "must be a mapping"),
+    ({}, "kvm.allowImageURLs.hosts", "required"),
+    ({"hosts": []}, "kvm.allowImageURLs.hosts", "at least one host"),
+    ({"hosts": ["https://images.example.com"]}, "kvm.allowImageURLs.hosts[0]", "not a host name"),
+    ({"hosts": ["h"], "maxSize": "lots"}, "kvm.allowImageURLs.maxSize", "must be a size"),
+    ({"hosts": ["h"], "maxSize": 0}, "kvm.allowImageURLs.maxSize", "greater than 0"),
+    ({"hosts": ["h"], "checksum": False}, "kvm.allowImageURLs.checksum", "unknown key"),
+])
+def test_bad_allow_image_urls_names_file_provider_and_field(value, field, problem):
+    with pytest.raises(ConfigError) as info:
+        provider_config(entry(allowImageURLs=value))
+    assert (info.value.file, info.value.provider, info.value.field) == ("<kvm-test>", "kvm-test", field)
+    assert problem in info.value.problem

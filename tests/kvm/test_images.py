@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from app.providers.errors import Permanent, Transient
+from app.providers.errors import Permanent, SpecNotAllowed, Transient
 from app.providers.kvm.images import ImageInUse, resolve
 from app.providers.kvm.config import ImageSettings
 
@@ -80,31 +80,95 @@ def test_http_errors_are_classified(rig, make_provider, request_for):
         dead.create(request_for(image="gone"))
 
 
-def test_url_images_are_cached_under_a_derived_key(rig, make_provider, image, request_for):
-    path, url, sha, _ = image()
-    provider = make_provider()
-    inst = provider.create(request_for(image=url))
-    key = resolve(provider.settings, url).key
-    assert key.startswith("url-")
+def url_entry(rig, **limits):
+    """A kvm entry that lets Proxies name images by URL on the rig's image server (127.0.0.1)."""
+    return rig.entry(allowImageURLs={"hosts": ["127.0.0.1"], **limits})
+
+
+def unique_image(rig, image, size: str = "16M"):
+    """Like the ``image`` fixture, with bytes no other test serves: URL images are cached by
+    digest, and qemu-img makes identical empty images (trailing bytes do not bother qcow2)."""
+    import uuid
+    _, _, _, data = image(size)
+    data += uuid.uuid4().bytes * 64
+    path = f"/images/{uuid.uuid4().hex}.qcow2"
+    url, sha = rig.images.put(path, data)
+    return path, url, sha, data
+
+
+def test_url_images_need_a_digest_and_are_cached_under_it(rig, make_provider, image, request_for):
+    path, url, sha, _ = unique_image(rig, image)
+    provider = make_provider(url_entry(rig))
+    with pytest.raises(SpecNotAllowed, match="must end with #sha256="):
+        provider.create(request_for(image=url))
+    inst = provider.create(request_for(image=f"{url}#sha256={sha}"))
+    key = resolve(provider.settings, f"{url}#sha256={sha}").key
+    assert key == f"url-{sha[:16]}"
     pool = rig.daemon.pool_dir
     assert _sha(pool / f"base-{key}.qcow2") == sha
     assert (pool / f"base-{key}.qcow2.sha256-{sha}").exists()
-    provider.create(request_for(image=url))
+    provider.create(request_for(image=f"{url}#sha256={sha}"))
     assert rig.images.gets[path] == 1, "a cached URL image is not fetched again"
     provider.delete(inst.provider_id)
 
 
+def test_a_url_digest_that_does_not_match_is_permanent(rig, make_provider, image, request_for):
+    path, url, sha, _ = unique_image(rig, image)
+    provider = make_provider(url_entry(rig))
+    with pytest.raises(Permanent, match=f"SHA-256 of .* is {sha}, spec.placement.image says 1111"):
+        provider.create(request_for(image=f"{url}#sha256={'1' * 64}"))
+    assert not list(rig.daemon.pool_dir.glob(f"base-url-{'1' * 16}*"))
+
+
+def test_url_redirects_stay_on_the_allowed_hosts(rig, make_provider, image, request_for):
+    path, url, sha, data = unique_image(rig, image)
+    provider = make_provider(url_entry(rig))
+    port = rig.images.port
+    # on the allowed host: followed
+    rig.images.redirects["/r/same.qcow2"] = path
+    inst = provider.create(request_for(image=f"http://127.0.0.1:{port}/r/same.qcow2#sha256={sha}"))
+    assert rig.images.gets[path] == 1
+    provider.delete(inst.provider_id)
+    # off the allowed hosts (the same server under another name): refused before any GET there
+    _, other_sha = rig.images.put("/images/other.qcow2", data + b"\0" * 512)
+    rig.images.redirects["/r/off.qcow2"] = f"http://localhost:{port}/images/other.qcow2"
+    with pytest.raises(Permanent, match=r"redirects to http://localhost:\d+/images/other.qcow2, off"):
+        provider.create(request_for(image=f"http://127.0.0.1:{port}/r/off.qcow2#sha256={other_sha}"))
+    assert rig.images.gets.get("/images/other.qcow2", 0) == 0
+
+
+def test_url_images_are_cut_at_the_size_cap(rig, make_provider, image, request_for):
+    path, url, sha, data = unique_image(rig, image, "16M")
+    provider = make_provider(url_entry(rig, maxSize="64KiB"))
+    with pytest.raises(Permanent, match=r"over kvm.allowImageURLs.maxSize \(65536 bytes\)"):
+        provider.create(request_for(image=f"{url}#sha256={sha}"))
+    rig.images.no_length.add(path)  # no Content-Length announced: counted while streaming
+    with pytest.raises(Permanent, match=r"passed kvm.allowImageURLs.maxSize \(65536 bytes\); cut"):
+        provider.create(request_for(image=f"{url}#sha256={sha}"))
+    assert not list(rig.daemon.pool_dir.glob(f"base-url-{sha[:16]}*")), "nothing left in the pool"
+
+
 def test_resolve_rules():
     from tests.kvm.harness import kvm_entry, provider_config
-    one = provider_config(kvm_entry(user="u", port=22, key_file="/k", known_hosts_file="/kh",
-                                    hosts=[{"name": "h", "address": "a"}],
-                                    images={"d": {"url": "https://example.invalid/d.qcow2", "sha256": "a" * 64,
-                                                  "format": "raw"}})).settings
+    common = dict(user="u", port=22, key_file="/k", known_hosts_file="/kh", hosts=[{"name": "h", "address": "a"}],
+                  images={"d": {"url": "https://example.invalid/d.qcow2", "sha256": "a" * 64, "format": "raw"}})
+    one = provider_config(kvm_entry(**common)).settings
     assert resolve(one, None) == ImageSettings("d", "https://example.invalid/d.qcow2", "a" * 64, "raw", "uefi")
-    raw = resolve(one, "https://example.invalid/disk.raw?sig=1")
-    assert raw.format == "raw" and raw.sha256 is None and raw.firmware == "uefi"
-    with pytest.raises(Permanent):
-        resolve(one, "ftp://example.invalid/x")
+    for bad in ("https://example.invalid/disk.raw?sig=1#sha256=" + "b" * 64, "ftp://example.invalid/x", "debian-13"):
+        with pytest.raises(SpecNotAllowed) as info:
+            resolve(one, bad)
+        assert info.value.field == "spec.placement.image"
+    urls = provider_config(kvm_entry(**common, allowImageURLs={"hosts": ["Images.Example.invalid"],
+                                                               "maxSize": "2GiB"})).settings
+    raw = resolve(urls, "https://images.example.invalid/disk.raw?sig=1#sha256=" + "B" * 64)
+    assert raw == ImageSettings("url-" + "b" * 16, "https://images.example.invalid/disk.raw?sig=1", "b" * 64, "raw",
+                                "uefi", ("images.example.invalid",), 2 * 1024 ** 3)
+    for bad, problem in (("https://elsewhere.invalid/x.qcow2#sha256=" + "b" * 64, "not in kvm.allowImageURLs.hosts"),
+                         ("https://images.example.invalid/x.qcow2", "#sha256="),
+                         ("https://images.example.invalid/x.qcow2#sha256=abc", "#sha256="),
+                         ("ftp://images.example.invalid/x#sha256=" + "b" * 64, "not a configured image")):
+        with pytest.raises(SpecNotAllowed, match=problem):
+            resolve(urls, bad)
 
 
 @pytest.fixture

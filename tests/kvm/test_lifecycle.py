@@ -14,7 +14,7 @@ import pytest
 
 from app.naming import MANAGED_BY
 from app.providers.base import InstanceState
-from app.providers.errors import NotFound, Permanent
+from app.providers.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
 from app.providers.kvm import domain as dom_xml
 
 pytestmark = pytest.mark.timeout(120)
@@ -251,16 +251,20 @@ def test_bad_placement_is_permanent_without_dialling(rig, make_provider, request
     _, url, sha, _ = image()
     provider = make_provider(rig.entry(images={"a": {"url": url, "sha256": sha}, "b": {"url": url, "sha256": sha}},
                                        machine_types={"small": {}, "large": {"vcpus": 2}}))
-    with pytest.raises(Permanent, match="not a configured host"):
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.zone: 'nope' is not a configured host"):
         provider.create(request_for(zone="nope", image="a", machine_type="small"))
-    with pytest.raises(Permanent, match="placement.image 'debian-13' is neither"):
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.image: 'debian-13' is not a configured image"):
         provider.create(request_for(image="debian-13", machine_type="small"))
-    with pytest.raises(Permanent, match="placement.image is required"):
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.image: required"):
         provider.create(request_for(machine_type="small"))
-    with pytest.raises(Permanent, match="placement.machineType 'huge'"):
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.machineType: 'huge'"):
         provider.create(request_for(image="a", machine_type="huge"))
-    with pytest.raises(Permanent, match="placement.machineType is required"):
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.machineType: required"):
         provider.create(request_for(image="a"))
+    # a URL is refused unless the provider sets allowImageURLs (issue 10, item 3)
+    with pytest.raises(SpecNotAllowed, match="^spec.placement.image: http://127.0.0.1:.* is a URL.*allowImageURLs"):
+        provider.create(request_for(image=url, machine_type="small"))
+    assert issubclass(SpecNotAllowed, Permanent)
     assert provider.link("h1").dials == 0
 
 
@@ -273,3 +277,45 @@ def test_queue_for_names_the_host_queue(make_provider, rig):
     assert single.queue_for(None) == "kvm.kvm-test.h1"
     assert single.hosts() == ["h1"]
     assert single.host_of("hosts/h1/domains/x") == "h1"
+
+
+def test_delete_refuses_a_domain_that_is_not_ours_and_leaves_it(rig, make_provider, image, request_for):
+    """Issue 10 item 1: a gc.delete (or a wrong provider ID) naming someone's domain deletes nothing."""
+    _, url, sha, _ = image()
+    provider = make_provider(rig.entry(images={"tiny": {"url": url, "sha256": sha}}))
+    link = provider.link("h1")
+    req = request_for()
+    # a squatter with one of our instance names, and a domain whose metadata names another manager
+    squatter = (f"<domain type='qemu'><name>{req.name}</name><memory unit='MiB'>64</memory>"
+                "<os><type arch='x86_64' machine='q35'>hvm</type></os></domain>")
+    other = ("<domain type='qemu'><name>other-tool-vm</name><memory unit='MiB'>64</memory>"
+             "<metadata>" + dom_xml.metadata_xml({"managed-by": "someone-else", "proxy-uid": "x"}, None) +
+             "</metadata><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>")
+    link.call("virDomainDefineXML", lambda c: c.defineXML(squatter))
+    link.call("virDomainDefineXML", lambda c: c.defineXML(other))
+    pool = rig.daemon.pool_dir
+    (pool / f"{req.name}.qcow2").write_bytes(b"someone's disk")
+    link.call("virStoragePoolRefresh", lambda c: c.storagePoolLookupByName("default").refresh(0))
+    for name in (req.name, "other-tool-vm"):
+        with pytest.raises(NotManaged, match=f"refusing to delete hosts/h1/domains/{name}"):
+            provider.delete(f"hosts/h1/domains/{name}")
+        assert link.call("virDomainLookupByName", lambda c, n=name: c.lookupByName(n).name()) == name
+    assert (pool / f"{req.name}.qcow2").read_bytes() == b"someone's disk", "its volumes are left alone too"
+    # no domain and a name that is not one of ours: its volumes are not ours to remove either
+    (pool / "important.qcow2").write_bytes(b"keep")
+    link.call("virStoragePoolRefresh", lambda c: c.storagePoolLookupByName("default").refresh(0))
+    provider.delete("hosts/h1/domains/important")
+    assert (pool / "important.qcow2").exists()
+    (pool / "important.qcow2").unlink()
+    for name in (req.name, "other-tool-vm"):
+        link.call("virDomainUndefine", lambda c, n=name: c.lookupByName(n).undefine())
+    (pool / f"{req.name}.qcow2").unlink()
+    link.call("virStoragePoolRefresh", lambda c: c.storagePoolLookupByName("default").refresh(0))
+
+    # ours: deleted, volumes included; gone: success
+    inst = provider.create(req)
+    provider.delete(inst.provider_id)
+    with pytest.raises(NotFound):
+        provider.get(inst.provider_id)
+    assert not (pool / f"{req.name}.qcow2").exists()
+    provider.delete(inst.provider_id)

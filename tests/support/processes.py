@@ -96,8 +96,9 @@ def celery_worker(env: dict[str, str], queues: str = "proxies,health,gc", concur
 
 
 def celery_beat(env: dict[str, str], workdir: str) -> Process:
-    """``celery -A workers beat`` with the redbeat scheduler."""
-    return Process("beat", [str(BIN / "celery"), "-A", "workers", "beat", "-S", "redbeat.RedBeatScheduler",
+    """``celery -A workers beat`` with the deployed scheduler (redbeat's, riding out Redis loss)."""
+    return Process("beat", [str(BIN / "celery"), "-A", "workers", "beat", "-S",
+                            "workers.beat_scheduler.ResilientRedBeatScheduler",
                             "--loglevel", "INFO", "--pidfile", str(Path(workdir) / "beat.pid")], env)
 
 

@@ -3,10 +3,17 @@
 ``SquidProcess(address, port, conf)`` runs ``squid -N -f <conf>`` with the product's
 squid.conf plus test-only overrides (pid, logs and cache under a temp dir owned by user
 ``proxy``, DNS pinned to 127.0.0.1, instant shutdown), bound to ``address:port``.
+
+The product denies loopback destinations and plain HTTP to ports other than 80/443
+(app/squid.py); test origins run on ``127.0.0.x`` at ephemeral ports, so every test proxy that
+must reach one declares it the way an operator would: :func:`loopback_policy` (a
+:class:`app.squid.SquidPolicy`) or :data:`LOOPBACK_SQUID_BLOCK` (a providers-config ``squid:``
+block).  Nothing here rewrites the product's rules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -18,6 +25,27 @@ import time
 from app import squid as squid_conf
 
 SQUID_BIN = shutil.which("squid") or "/usr/sbin/squid"
+
+#: Destinations test origins live on (exempted from the product's loopback denial).
+LOOPBACK_DESTINATIONS = ("127.0.0.0/8",)
+#: Plain-HTTP ports test origins use (ephemeral ports) on top of the product's 80/443.
+TEST_HTTP_PORTS = ("1024-65535",)
+#: The providers-config ``squid:`` keys that let a provider's proxies reach loopback test origins.
+LOOPBACK_SQUID_BLOCK = {"allowedDestinations": list(LOOPBACK_DESTINATIONS),
+                        "httpPorts": [80, 443, *TEST_HTTP_PORTS]}
+
+
+def loopback_policy(policy: squid_conf.SquidPolicy | None = None) -> squid_conf.SquidPolicy:
+    """Return ``policy`` (default: the product default) that may also reach origins on loopback.
+
+    Adds :data:`LOOPBACK_DESTINATIONS` to ``allowed_destinations`` and :data:`TEST_HTTP_PORTS`
+    to ``http_ports``; everything else (metadata names and addresses, link-local, ports of
+    CONNECT) stays as the product renders it.
+    """
+    policy = policy or squid_conf.SquidPolicy()
+    return dataclasses.replace(
+        policy, allowed_destinations=(*policy.allowed_destinations, *LOOPBACK_DESTINATIONS),
+        http_ports=(*policy.http_ports, *TEST_HTTP_PORTS))
 
 
 def test_overrides(workdir: str) -> tuple[str, ...]:
@@ -61,16 +89,21 @@ class SquidProcess:
     Args:
         address: loopback address such as ``"127.0.0.5"``.
         port: TCP port.
-        conf: product squid.conf text (default: :func:`app.squid.render` with loopback allowed).
+        conf: product squid.conf text (default: :func:`app.squid.render` of
+            :func:`loopback_policy`: loopback clients and loopback origins allowed).
         htpasswd: content of the basic-auth password file the conf refers to (written into the
             workdir, readable by Squid's helper), or ``None``.
+        netns: name of a network namespace to run in (``ip netns exec``; see
+            :mod:`tests.support.netns`), or ``None`` for the host's.  Readiness is then read
+            from Squid's cache.log, since the namespace's addresses are out of this process's reach.
     """
 
-    def __init__(self, address: str, port: int, conf: str | None = None, htpasswd: str | None = None) -> None:
-        self.address, self.port = address, port
+    def __init__(self, address: str, port: int, conf: str | None = None, htpasswd: str | None = None,
+                 netns: str | None = None) -> None:
+        self.address, self.port, self.netns = address, port, netns
         self.workdir = tempfile.mkdtemp(prefix="squid-")
         os.chmod(self.workdir, 0o777)
-        conf = conf or squid_conf.render(port)
+        conf = conf or squid_conf.render(port, loopback_policy())
         htpasswd_path = None
         if htpasswd is not None:
             htpasswd_path = os.path.join(self.workdir, "htpasswd")
@@ -89,8 +122,9 @@ class SquidProcess:
 
     def start(self, timeout: float = 20.0) -> "SquidProcess":
         """Start Squid and wait until it accepts connections; raise RuntimeError with its log otherwise."""
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(
-            [SQUID_BIN, "-N", "-f", self.conf_path],
+            [*prefix, SQUID_BIN, "-N", "-f", self.conf_path],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.workdir, "stderr.log"), "wb"),
             start_new_session=True,
         )
@@ -98,6 +132,11 @@ class SquidProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
+            if self.netns:
+                if "Accepting HTTP Socket connections" in self.log():
+                    return self
+                time.sleep(0.05)
+                continue
             try:
                 with socket.create_connection((self.address, self.port), timeout=0.5):
                     return self

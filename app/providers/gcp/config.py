@@ -4,9 +4,11 @@ Shape (every key but ``project`` optional; docs/gcp-provider.md is the user refe
 
     gcp:
       project: demo-project
-      zones: [europe-west1-b, europe-west1-c]
+      zones: [europe-west1-b, europe-west1-c]   # required: where instances go, and the only zones a Proxy may name
       machineType: e2-micro
+      machineTypes: [e2-small]          # other machine types a Proxy may name (machineType always allowed)
       image: projects/debian-cloud/global/images/family/debian-12
+      images: [projects/my-project/global/images/squid-2026]   # other images a Proxy may name
       network: default
       subnetwork: proxies-eu            # optional
       networkTags: [proxy-operator]
@@ -90,10 +92,14 @@ class GcpSettings:
     Attributes:
         project: GCP project ID (required).
         zones: zones to spread instances over when a Proxy names none (the zone is picked
-            deterministically from the instance name).
+            deterministically from the instance name), and the only zones a Proxy may name in
+            ``spec.placement.zone`` (required, non-empty).
         machine_type: default machine type (a name such as ``e2-micro``, or a
-            ``zones/<z>/machineTypes/<t>`` path).
-        image: default boot image (an image or image-family path/URL).
+            ``zones/<z>/machineTypes/<t>`` path); always allowed.
+        image: default boot image (an image or image-family path/URL); always allowed.
+        images: further images a Proxy may name in ``spec.placement.image`` (exact strings).
+        machine_types: further machine types a Proxy may name in ``spec.placement.machineType``
+            (exact strings).
         network: VPC network name or path (default ``default``).
         subnetwork: subnetwork name or path, or ``None`` (auto-mode network).
         network_tags: network tags put on every instance; the firewall rule targets the first.
@@ -128,10 +134,20 @@ class GcpSettings:
     operation_timeout: float = 300.0
     firewall: FirewallSettings = field(default_factory=FirewallSettings)
     wire_logging: WireLogSettings = field(default_factory=WireLogSettings)
+    images: tuple[str, ...] = ()
+    machine_types: tuple[str, ...] = ()
+
+    def allowed_images(self) -> tuple[str, ...]:
+        """Return every image a Proxy may name: ``image`` first, then ``images``."""
+        return (self.image, *(i for i in self.images if i != self.image))
+
+    def allowed_machine_types(self) -> tuple[str, ...]:
+        """Return every machine type a Proxy may name: ``machine_type`` first, then ``machine_types``."""
+        return (self.machine_type, *(m for m in self.machine_types if m != self.machine_type))
 
 
-def _labels(block: Reader, key: str, default: list[str] | None = None) -> list[str]:
-    values = block.str_list(key, default)
+def _labels(block: Reader, key: str, default: list[str] | None = None, *, required: bool = False) -> list[str]:
+    values = block.str_list(key, default, required=required)
     for i, value in enumerate(values):
         if not RFC1035.match(value):
             raise block.error(f"{key}[{i}]", f"{value!r} is not a lowercase RFC 1035 label "
@@ -144,6 +160,14 @@ def _resource(block: Reader, key: str, default: str | None = None) -> str | None
     if value is not None and not _RESOURCE.match(value):
         raise block.error(key, f"{value!r} is not a resource name or path")
     return value
+
+
+def _resources(block: Reader, key: str) -> tuple[str, ...]:
+    values = block.str_list(key)
+    for i, value in enumerate(values):
+        if not _RESOURCE.match(value):
+            raise block.error(f"{key}[{i}]", f"{value!r} is not a resource name or path")
+    return tuple(values)
 
 
 def _endpoint(block: Reader, key: str) -> str | None:
@@ -204,15 +228,17 @@ def parse(block: Reader) -> GcpSettings:
     Returns:
         :class:`GcpSettings`.
     Raises:
-        app.validation.ConfigError: a missing project, a malformed value, an unknown key in a
-            nested block, or an inconsistent combination (``anonymous`` without
+        app.validation.ConfigError: a missing project or zone list, a malformed value, an
+            unknown key in a nested block, or an inconsistent combination (``anonymous`` without
             ``apiEndpoint`` or with ``credentialsFile``, ``firewall.ensure`` without source
             ranges or network tags), naming the field.
     """
     project = block.str("project", required=True)
     if not PROJECT_ID.match(project):
         raise block.error("project", f"{project!r} is not a GCP project ID")
-    zones = _labels(block, "zones")
+    zones = _labels(block, "zones", required=True)
+    if not zones:
+        raise block.error("zones", "must list at least one zone (where instances go, and the zones a Proxy may name)")
     tags = _labels(block, "networkTags", [DEFAULT_NETWORK_TAG])
     service_account = block.str("serviceAccount")
     if service_account is not None and "@" not in service_account and service_account != "default":
@@ -244,4 +270,6 @@ def parse(block: Reader) -> GcpSettings:
         operation_timeout=_positive_duration(block, "operationTimeout", 300.0),
         firewall=firewall,
         wire_logging=_wire(block),
+        images=_resources(block, "images"),
+        machine_types=_resources(block, "machineTypes"),
     )

@@ -1,6 +1,6 @@
 """GCE provider IDs, zone choice and resource paths (pure; no SDK import).
 
-A gcp provider ID is ``projects/<project>/zones/<zone>/instances/<name>`` (SPEC §4): enough
+A gcp provider ID is ``projects/<project>/zones/<zone>/instances/<name>``: enough
 to find the instance with no other state.  Zones and names are RFC 1035 labels and projects
 never contain ``/``, so the ID always splits back into its three parts.
 """

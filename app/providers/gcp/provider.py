@@ -1,13 +1,15 @@
 """The gcp provider: Compute Engine instances through google-cloud-compute (REST transport).
 
-Implements the contract of :mod:`app.providers.base` (SPEC §4, gcp):
+Implements the contract of :mod:`app.providers.base`:
 
 * ``create`` inserts an instance named ``request.name`` in ``request.zone`` (else a zone of
   ``gcp.zones`` picked from the name), labelled with ``request.tags``, with the Proxy's
   cloud-init as ``user-data`` metadata, waits for the zone operation and returns the
   instance; an instance that already exists (409) is fetched and returned (idempotent).
 * ``get`` maps the instance status and reads the external, else internal, IPv4.
-* ``delete`` waits for the zone operation; an instance already gone (404) is success.
+* ``delete`` reads the instance, refuses one without our ``managed-by``/``proxy-uid`` labels
+  (NotManaged, Permanent), deletes it and waits for the zone operation; an instance already
+  gone (404) is success.
 * ``abandon`` adds the label ``abandoned=true`` (``setLabels`` with the label fingerprint of a
   fresh get; a stale fingerprint, 412, is re-read and retried).
 * ``start`` runs a stopped (TERMINATED) instance with ``instances.start`` and a SUSPENDED one
@@ -49,8 +51,8 @@ from google.cloud import compute_v1
 
 from app.config import ProviderConfig
 from app.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
-from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
-from app.providers.errors import NotFound, Permanent, ProviderError, Transient
+from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict, require_managed
+from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.gcp import ids, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
@@ -334,12 +336,15 @@ class GcpProvider:
         """Create the instance ``request.name`` (idempotent by name) and return it.
 
         Raises:
+            SpecNotAllowed: (Permanent) ``spec.placement.zone``, ``.image`` or ``.machineType``
+                is not allowed by the config (:meth:`check_placement`); nothing is sent.
             Permanent: no zone to use, a zone or name that is not an RFC 1035 label,
                 user-data that is not UTF-8, a rejected request (400/403/404).
             QuotaExceeded: quota or capacity refused, at the call or in the operation.
             Transient: 5xx, timeouts, connection errors, the operation still running.
         """
         s = self.settings
+        self.check_placement(request)
         try:
             zone = request.zone or ids.pick_zone(request.name, s.zones)
         except ValueError as exc:
@@ -369,6 +374,26 @@ class GcpProvider:
                 return self.get(pid)
             raise
         return self.get(pid)
+
+    def check_placement(self, request: CreateRequest) -> None:
+        """Refuse a zone, image or machine type the providers config does not list.
+
+        Allowed: ``gcp.zones``; ``gcp.image`` and ``gcp.images``; ``gcp.machineType`` and
+        ``gcp.machineTypes`` (exact strings).  A Proxy that names none gets the defaults.
+
+        Raises:
+            SpecNotAllowed: naming ``spec.placement.zone``, ``spec.placement.image`` or
+                ``spec.placement.machineType``.
+        """
+        s = self.settings
+        checks = (("spec.placement.zone", request.zone, s.zones, "gcp.zones"),
+                  ("spec.placement.image", request.image, s.allowed_images(), "gcp.image/images"),
+                  ("spec.placement.machineType", request.machine_type, s.allowed_machine_types(),
+                   "gcp.machineType/machineTypes"))
+        for spec_field, value, allowed, keys in checks:
+            if value and value not in allowed:
+                raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
+                                                 f"({keys}: {', '.join(allowed)})")
 
     def _instance_body(self, request: CreateRequest, zone: str) -> compute_v1.Instance:
         s = self.settings
@@ -422,14 +447,25 @@ class GcpProvider:
         return to_instance(inst, project, zone)
 
     def delete(self, provider_id: str) -> None:
-        """Delete the instance and wait for the operation; an instance already gone is success.
+        """Delete the instance if it is ours and wait for the operation; an instance already gone is success.
+
+        Reads the instance first (one ``instances.get``) and refuses one whose labels lack
+        ``managed-by=proxy-operator`` and a ``proxy-uid`` (:func:`app.providers.base.require_managed`).
 
         Raises:
+            NotManaged: (Permanent) the instance is not ours; it is left in place.
             Permanent: a malformed provider ID, or a rejected request.
             QuotaExceeded / Transient: rate limited, 5xx, timeouts, operation still running.
         """
         project, zone, name = self._parse(provider_id)
         api = self._api()
+        try:
+            inst = self._call(f"get {provider_id}", lambda: api.instances.get(
+                project=project, zone=zone, instance=name, timeout=self.settings.request_timeout, retry=None))
+        except NotFound:
+            log.debug("gcp delete %s: already gone", provider_id)
+            return
+        require_managed(dict(inst.labels), self.name, provider_id)
         request = compute_v1.DeleteInstanceRequest(project=project, zone=zone, instance=name)
         try:
             op = self._call(f"delete {provider_id}", lambda: api.instances.delete_unary(

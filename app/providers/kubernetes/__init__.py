@@ -1,1 +1,1 @@
-"""The kubernetes provider: Squid Pods in the operator's own cluster (SPEC §4, kubernetes)."""
+"""The kubernetes provider: Squid Pods in the operator's own cluster."""

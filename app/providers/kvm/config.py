@@ -18,6 +18,9 @@ Shape (docs/kvm-provider.md is the user reference; every key not marked required
       configureSquid: true        # vendor-data writes the operator's squid.conf and (re)starts Squid
       images:
         debian-12: {url: "https://...", sha256: "<64 hex>", format: qcow2, firmware: uefi}
+      allowImageURLs:             # absent: a Proxy may only name a key of images
+        hosts: [images.example.com]   # required: the URL's host and every redirect's host
+        maxSize: 10GiB            # the download is cut (Permanent) beyond this
       machineTypes:
         small: {vcpus: 1, memoryMiB: 512, diskGiB: 8}
       hosts:
@@ -53,6 +56,14 @@ _LIBVIRT_URI = re.compile(r"^[a-z][a-z0-9]*:///[a-z][a-z0-9]*$")
 #: libvirt object names we paste into XML and volume paths: no slashes, spaces or quotes.
 _LIBVIRT_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
 IMAGE_FORMATS = ("qcow2", "raw")
+#: Default ``allowImageURLs.maxSize``: 10 GiB.
+DEFAULT_IMAGE_URL_MAX_BYTES = 10 * 1024 ** 3
+_SIZE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T|KB|MB|GB|TB)?$")
+_SIZE_UNITS = {None: 1, "B": 1, "K": 1024, "KiB": 1024, "M": 1024 ** 2, "MiB": 1024 ** 2, "G": 1024 ** 3,
+               "GiB": 1024 ** 3, "T": 1024 ** 4, "TiB": 1024 ** 4, "KB": 1000, "MB": 1000 ** 2,
+               "GB": 1000 ** 3, "TB": 1000 ** 4}
+#: A host name (or IP address) as written in ``allowImageURLs.hosts``.
+_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$|^\[?[0-9a-f:.]+\]?$")
 FIRMWARES = ("uefi", "bios")
 DOMAIN_TYPES = ("kvm", "qemu")
 
@@ -90,10 +101,14 @@ class ImageSettings:
     Attributes:
         key: plain identifier; the cached volume is ``base-<key>.<format>``.
         url: ``http(s)://`` source.
-        sha256: expected lowercase hex digest of the downloaded bytes, or ``None`` (only for
-            images given as a URL in a Proxy: then nothing is verified).
+        sha256: expected lowercase hex digest of the downloaded bytes (every image has one:
+            configured images in the config, URL images in the URL's ``#sha256=`` fragment).
         format: ``qcow2`` or ``raw``.
         firmware: ``uefi`` (default: OVMF, secure boot off) or ``bios`` (SeaBIOS).
+        allowed_hosts: for an image a Proxy gave as a URL, the hosts the download and every
+            redirect may go to (redirects are followed by hand and checked); ``None`` for a
+            configured image (the operator's own URL: redirects followed freely).
+        max_bytes: a size cap for the download (Permanent beyond it), or ``None`` for none.
     """
 
     key: str
@@ -101,6 +116,21 @@ class ImageSettings:
     sha256: str | None
     format: str = "qcow2"
     firmware: str = "uefi"
+    allowed_hosts: tuple[str, ...] | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ImageURLSettings:
+    """``allowImageURLs``: Proxies may name an image by URL, within limits.
+
+    Attributes:
+        hosts: lowercase host names (no port) the URL and each redirect must point at.
+        max_bytes: the largest download accepted.
+    """
+
+    hosts: tuple[str, ...]
+    max_bytes: int = DEFAULT_IMAGE_URL_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -155,6 +185,8 @@ class KvmSettings:
         hosts: configured hypervisors, in file order.
         ssh: :class:`SshSettings`.
         images: image key -> :class:`ImageSettings`.
+        image_urls: :class:`ImageURLSettings` when Proxies may give an image as a URL
+            (``allowImageURLs``), else ``None``: only keys of ``images`` are accepted.
         machine_types: profile key -> :class:`MachineType`.
         call_timeout: seconds one libvirt call may take before the link is dropped.
         image_timeout: seconds one image download and upload may take.
@@ -171,6 +203,7 @@ class KvmSettings:
     image_timeout: float = 1800.0
     install_guest_agent: bool = True
     configure_squid: bool = True
+    image_urls: ImageURLSettings | None = None
 
     def host(self, name: str | None) -> KvmHost | None:
         """Return the host called ``name`` or ``None``."""
@@ -186,6 +219,39 @@ def _positive(reader: Reader, key: str, default: float, *, allow_zero: bool = Fa
     if value == 0 and not allow_zero:
         raise reader.error(key, "must be greater than 0")
     return value
+
+
+def _size(reader: Reader, key: str, default: int) -> int:
+    value = reader.raw(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and _SIZE.match(value.strip()):
+        number, unit = _SIZE.match(value.strip()).groups()
+        size = int(number) * _SIZE_UNITS[unit]
+    else:
+        raise reader.error(key, f"must be a size such as 10GiB, 512MiB or a number of bytes, got {value!r}")
+    if size <= 0:
+        raise reader.error(key, "must be greater than 0")
+    return size
+
+
+def _image_urls(block: Reader) -> ImageURLSettings | None:
+    if not block.has("allowImageURLs"):
+        return None
+    value = block.raw("allowImageURLs")
+    if not isinstance(value, dict):
+        raise block.error("allowImageURLs", "must be a mapping {hosts: [...], maxSize: ...} (absent: no URLs)")
+    urls = block.child("allowImageURLs")
+    hosts = urls.str_list("hosts", required=True)
+    if not hosts:
+        raise urls.error("hosts", "must list at least one host the images may come from")
+    for i, host in enumerate(hosts):
+        if not _HOST.match(host.lower()):
+            raise urls.error(f"hosts[{i}]", f"{host!r} is not a host name (no scheme, port or path)")
+    settings = ImageURLSettings(hosts=tuple(h.lower().strip("[]") for h in hosts),
+                                max_bytes=_size(urls, "maxSize", DEFAULT_IMAGE_URL_MAX_BYTES))
+    urls.done()
+    return settings
 
 
 def parse(block: Reader) -> KvmSettings:
@@ -277,4 +343,5 @@ def parse(block: Reader) -> KvmSettings:
         image_timeout=_positive(block, "imageTimeout", 1800.0),
         install_guest_agent=block.bool("installGuestAgent", True),
         configure_squid=block.bool("configureSquid", True),
+        image_urls=_image_urls(block),
     )

@@ -1,4 +1,4 @@
-"""libvirt errors onto the provider taxonomy (SPEC §4), and the dial-stage errors.
+"""libvirt errors onto the provider taxonomy, and the dial-stage errors.
 
 libvirt reports every failure as ``libvirt.libvirtError`` carrying a numeric code
 (``virErrorNumber``, https://libvirt.org/html/libvirt-virterror.html).  :func:`classify_libvirt`
@@ -14,7 +14,7 @@ import libvirt
 
 from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
 
-#: Dial stages, in order (SPEC §4 kvm: "Dial errors say their stage").
+#: Dial stages, in order ("Dial errors say their stage").
 STAGE_MATERIAL = "SSH material"
 STAGE_TCP = "TCP"
 STAGE_HANDSHAKE = "SSH handshake"
@@ -97,7 +97,7 @@ def classify_libvirt(exc: libvirt.libvirtError, what: str) -> ProviderError:
         :class:`NotFound` for a missing domain/volume/pool/network/metadata;
         :class:`QuotaExceeded` when the host is out of disk or memory;
         :class:`Permanent` for invalid XML, unsupported configuration, invalid arguments,
-        denied operations; :class:`Transient` otherwise (SPEC §4: unclassified is Transient).
+        denied operations; :class:`Transient` otherwise (unclassified is Transient).
     """
     code = exc.get_error_code()
     text = exc.get_error_message() or str(exc)

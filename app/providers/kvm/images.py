@@ -1,7 +1,10 @@
 """Image resolution and the per-host image cache in the storage pool.
 
-A Proxy's ``placement.image`` is a key of the config's ``images`` map or an ``http(s)`` URL.
-Each host caches it in its pool as ``base-<key>.<format>``:
+A Proxy's ``spec.placement.image`` is a key of the config's ``images`` map or, only when the
+provider sets ``allowImageURLs``, an ``http(s)`` URL on one of its hosts that carries the
+image's digest as ``#sha256=<64 hex>`` (issue 10, item 3: a Proxy author must not make the
+hypervisor boot whatever an arbitrary URL serves).  Each host caches it in its pool as
+``base-<key>.<format>``:
 
 * the download is streamed straight into the volume (``virStorageVolUpload``) through a
   SHA-256 tee; a mismatch deletes the volume (Permanent: the configured checksum is wrong or
@@ -14,8 +17,10 @@ Each host caches it in its pool as ``base-<key>.<format>``:
   read a different disk): that create fails Transient with reason ``ImageInUse`` until those
   VMs are gone.  Rolling to a new image is done with a new image key.
 
-URL images carry no checksum: the digest is computed and recorded in the marker; the key is
-``url-`` + the first 12 hex characters of the URL's SHA-256.
+URL images are verified like configured ones (the digest of the fragment); their key is
+``url-`` + the first 16 hex characters of that digest, so one content is cached once.  Their
+download follows redirects by hand, each one only to an allowed host, and is cut at
+``allowImageURLs.maxSize`` (Permanent): no redirect to an internal address, no pool filled.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import libvirt
 import requests
 
-from app.providers.errors import NotFound, Permanent, Transient
+from app.providers.errors import NotFound, Permanent, SpecNotAllowed, Transient
 from app.providers.kvm.config import ImageSettings, KvmSettings
 from app.providers.kvm.domain import backing_path, volume_xml
 from app.providers.kvm.link import HostLink
@@ -39,6 +44,9 @@ from app.providers.kvm.link import HostLink
 log = logging.getLogger("proxy_operator.kvm.images")
 
 _CHUNK = 1 << 20
+#: Redirects a URL image's download may follow (each to an allowed host).
+MAX_REDIRECTS = 5
+_FRAGMENT_SHA256 = re.compile(r"^sha256=([0-9a-fA-F]{64})$")
 
 
 class ImageInUse(Transient):
@@ -52,26 +60,46 @@ def resolve(settings: KvmSettings, image: str | None) -> ImageSettings:
 
     Args:
         settings: the provider's settings.
-        image: ``placement.image``: a configured key, an ``http(s)`` URL, or ``None`` (allowed
-            when exactly one image is configured).
+        image: ``spec.placement.image``: a configured key; an ``http(s)`` URL ending in
+            ``#sha256=<64 hex>`` on a host of ``allowImageURLs.hosts`` (only when that is set);
+            or ``None`` (allowed when exactly one image is configured).
+    Returns:
+        the configured :class:`ImageSettings`, or one built for the URL (its fragment removed,
+        ``sha256`` from the fragment, ``allowed_hosts`` and ``max_bytes`` from
+        ``allowImageURLs``, format ``raw`` for a path ending ``.raw`` else ``qcow2``, UEFI).
     Raises:
-        Permanent: unknown key, no image given with zero or several configured.
+        SpecNotAllowed: (Permanent, naming ``spec.placement.image``) an unknown key, a URL while
+            URLs are not allowed, a URL on another host, without its digest, or not http(s);
+            no image given with zero or several configured.
     """
+    field = "spec.placement.image"
+    configured = ", ".join(sorted(settings.images)) or "none"
     if image is None or image == "":
         if len(settings.images) == 1:
             return next(iter(settings.images.values()))
-        raise Permanent("placement.image is required: configured images are "
-                        f"{', '.join(sorted(settings.images)) or 'none'}")
+        raise SpecNotAllowed(field, f"required: the provider's configured images are {configured}")
     if image in settings.images:
         return settings.images[image]
     parts = urlsplit(image)
-    if parts.scheme in ("http", "https") and parts.netloc:
-        path = parts.path.lower()
-        fmt = "raw" if path.endswith(".raw") else "qcow2"
-        key = "url-" + hashlib.sha256(image.encode("utf-8")).hexdigest()[:12]
-        return ImageSettings(key=key, url=image, sha256=None, format=fmt, firmware="uefi")
-    raise Permanent(f"placement.image {image!r} is neither a configured image "
-                    f"({', '.join(sorted(settings.images)) or 'none'}) nor an http(s) URL")
+    shown = redacted(image) if parts.netloc else repr(image)  # never log a URL's userinfo or query
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SpecNotAllowed(field, f"{shown} is not a configured image ({configured})")
+    urls = settings.image_urls
+    if urls is None:
+        raise SpecNotAllowed(field, f"{shown} is a URL, and this provider takes only its configured images "
+                                    f"({configured}; kvm.allowImageURLs is not set)")
+    host = (parts.hostname or "").lower()
+    if host not in urls.hosts:
+        raise SpecNotAllowed(field, f"{shown}: host {host!r} is not in kvm.allowImageURLs.hosts "
+                                    f"({', '.join(urls.hosts)})")
+    m = _FRAGMENT_SHA256.match(parts.fragment)
+    if not m:
+        raise SpecNotAllowed(field, f"{shown}: a URL image must end with #sha256=<64 hex digits> "
+                                    "(the SHA-256 of the image file)")
+    digest = m.group(1).lower()
+    fmt = "raw" if parts.path.lower().endswith(".raw") else "qcow2"
+    return ImageSettings(key="url-" + digest[:16], url=image.split("#", 1)[0], sha256=digest, format=fmt,
+                         firmware="uefi", allowed_hosts=urls.hosts, max_bytes=urls.max_bytes)
 
 
 def base_name(img: ImageSettings) -> str:
@@ -221,19 +249,54 @@ def _http_error(img: ImageSettings, status: int) -> Exception:
     return Permanent(msg)
 
 
+def _get(img: ImageSettings) -> requests.Response:
+    """Send the GET of ``img`` and return the (streamed) final response.
+
+    A configured image follows redirects as requests does.  A URL image (``allowed_hosts`` set)
+    follows at most :data:`MAX_REDIRECTS` redirects by hand, each only to an ``http(s)`` URL on
+    an allowed host, so a redirect cannot point the hypervisor's operator at an internal address.
+
+    Raises:
+        Permanent: a redirect off the allowed hosts, or too many redirects.
+        Transient: network errors (their text scrubbed of userinfo and query strings).
+    """
+    url = img.url
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            resp = requests.get(url, stream=True, timeout=(10, 60), allow_redirects=img.allowed_hosts is None)
+        except requests.RequestException as exc:
+            cause = _scrubbed(exc, url)
+            raise Transient(f"image {img.key}: GET {redacted(url)}: {type(exc).__name__}: {cause}") from cause
+        if img.allowed_hosts is None or not resp.is_redirect:
+            return resp
+        location = urljoin(url, resp.headers.get("Location", ""))
+        resp.close()
+        parts = urlsplit(location)
+        if parts.scheme not in ("http", "https") or (parts.hostname or "").lower() not in img.allowed_hosts:
+            raise Permanent(f"image {img.key}: GET {redacted(url)} redirects to {redacted(location)}, "
+                            f"off kvm.allowImageURLs.hosts ({', '.join(img.allowed_hosts)})")
+        url = location
+    raise Permanent(f"image {img.key}: GET {redacted(img.url)}: more than {MAX_REDIRECTS} redirects")
+
+
 def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: str, img: ImageSettings,
            timeout: float) -> str:
-    """Stream ``img`` into a new volume ``base``; return the verified hex digest."""
+    """Stream ``img`` into a new volume ``base``; return the verified hex digest.
+
+    Raises:
+        Permanent: HTTP 4xx, a checksum mismatch, a download larger than ``img.max_bytes``
+            (announced or counted), a redirect off the allowed hosts.
+        Transient: network trouble, a truncated download, libvirt errors.
+    """
     source = redacted(img.url)
-    try:
-        resp = requests.get(img.url, stream=True, timeout=(10, 60))
-    except requests.RequestException as exc:
-        cause = _scrubbed(exc, img.url)
-        raise Transient(f"image {img.key}: GET {source}: {type(exc).__name__}: {cause}") from cause
+    resp = _get(img)
     with resp:
         if resp.status_code != 200:
             raise _http_error(img, resp.status_code)
         length = int(resp.headers.get("Content-Length") or 0)
+        if img.max_bytes is not None and length > img.max_bytes:
+            raise Permanent(f"image {img.key}: {source} is {length} bytes, over kvm.allowImageURLs.maxSize "
+                            f"({img.max_bytes} bytes)")
         xml = volume_xml(base, 0, "raw")
         vol = link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0),
                         pool=pool_name, volume=base, xml=xml)
@@ -246,6 +309,9 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                     for chunk in resp.iter_content(_CHUNK):
                         digest.update(chunk)
                         total += len(chunk)
+                        if img.max_bytes is not None and total > img.max_bytes:
+                            raise Permanent(f"image {img.key}: download from {source} passed "
+                                            f"kvm.allowImageURLs.maxSize ({img.max_bytes} bytes); cut")
                         send_all(stream, chunk)
                 except requests.RequestException as exc:
                     cause = _scrubbed(exc, img.url)
@@ -255,8 +321,9 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                     raise Transient(f"image {img.key}: download from {source} ended after {total} of "
                                     f"{length} bytes")
                 if img.sha256 and digest.hexdigest() != img.sha256:
+                    who = "the config" if img.allowed_hosts is None else "spec.placement.image"
                     raise Permanent(f"image {img.key}: SHA-256 of {source} is {digest.hexdigest()}, "
-                                    f"the config says {img.sha256}")
+                                    f"{who} says {img.sha256}")
             return digest.hexdigest(), total
 
         try:

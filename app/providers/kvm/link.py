@@ -275,7 +275,7 @@ class HostLink:
             if not self._alive(live):
                 self._drop(live, f"{rpc} failed and the connection is gone")
             raise classify_libvirt(exc, f"kvm host {self.host.name}: {what}") from exc
-        except Exception as exc:  # noqa: BLE001 - unclassified: Transient (SPEC §4)
+        except Exception as exc:  # noqa: BLE001 - unclassified: Transient
             self._trace(rpc, ids, started, error=f"{type(exc).__name__}: {exc}")
             if not self._alive(live):
                 self._drop(live, f"{rpc} failed and the connection is gone")

@@ -1,4 +1,4 @@
-"""The kvm provider: libvirt domains on hypervisors reached over SSH (SPEC §4 kvm).
+"""The kvm provider: libvirt domains on hypervisors reached over SSH.
 
 ``placement.zone`` is the host name; the provider ID is ``hosts/<host>/domains/<name>``; work
 for host H belongs on the Celery queue ``kvm.<provider>.H`` (:meth:`KvmProvider.queue_for`) so
@@ -16,9 +16,9 @@ from datetime import datetime, timezone
 import libvirt
 
 from app.config import ProviderConfig
-from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned
-from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict
-from app.providers.errors import NotFound, Permanent, ProviderError, Transient
+from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
+from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict, require_managed
+from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.kvm import domain as dom_xml
 from app.providers.kvm import images, seed, sshlink
 from app.providers.kvm.config import DEFAULT_MACHINE_TYPE, KvmHost, KvmSettings, MachineType
@@ -118,15 +118,16 @@ class KvmProvider:
 
     # -- resolution -----------------------------------------------------------------------------
     def _host_for(self, zone: str | None) -> KvmHost:
+        """Return the host ``spec.placement.zone`` names.  Raises SpecNotAllowed (Permanent) naming the field."""
         if not zone:
             if len(self.settings.hosts) == 1:
                 return self.settings.hosts[0]
-            raise Permanent(f"kvm provider {self.name}: placement.zone (the host) is required; hosts: "
-                            f"{', '.join(self._links)}")
+            raise SpecNotAllowed("spec.placement.zone", f"required (the host): kvm provider {self.name} has "
+                                                        f"hosts {', '.join(self._links)}")
         host = self.settings.host(zone)
         if host is None:
-            raise Permanent(f"kvm provider {self.name}: placement.zone {zone!r} is not a configured host "
-                            f"(hosts: {', '.join(self._links)})")
+            raise SpecNotAllowed("spec.placement.zone", f"{zone!r} is not a configured host of kvm provider "
+                                                        f"{self.name} (hosts: {', '.join(self._links)})")
         return host
 
     def _machine_type(self, key: str | None) -> MachineType:
@@ -139,11 +140,12 @@ class KvmProvider:
             if not types:
                 return MachineType(DEFAULT_MACHINE_TYPE["vcpus"], DEFAULT_MACHINE_TYPE["memoryMiB"],
                                    DEFAULT_MACHINE_TYPE["diskGiB"])
-            raise Permanent(f"kvm provider {self.name}: placement.machineType is required; profiles: "
-                            f"{', '.join(sorted(types))}")
+            raise SpecNotAllowed("spec.placement.machineType", f"required: kvm provider {self.name} has "
+                                                               f"profiles {', '.join(sorted(types))}")
         if key not in types:
-            raise Permanent(f"kvm provider {self.name}: placement.machineType {key!r} is not a configured "
-                            f"profile ({', '.join(sorted(types)) or 'none'})")
+            raise SpecNotAllowed("spec.placement.machineType", f"{key!r} is not a configured profile of kvm "
+                                                               f"provider {self.name} "
+                                                               f"({', '.join(sorted(types)) or 'none'})")
         return types[key]
 
     # -- libvirt helpers ------------------------------------------------------------------------
@@ -219,8 +221,10 @@ class KvmProvider:
         Returns:
             the instance (Provisioning until an address is known).
         Raises:
-            Permanent: unknown host, image or machine type; missing pool; bad checksum; a domain
-                of that name that belongs to someone else.
+            SpecNotAllowed: (Permanent) ``spec.placement.zone``/``image``/``machineType`` is not
+                a configured host, image (or allowed image URL) or profile; nothing is dialled.
+            Permanent: missing pool; bad checksum; an image over its size cap or redirected off
+                the allowed hosts; a domain of that name that belongs to someone else.
             ImageInUse (Transient): the cached image must be replaced but other VMs use it.
             DialError (Transient) / BadSSHMaterial (Permanent): the host is unreachable.
             NotFound, QuotaExceeded, Transient: libvirt errors, classified.
@@ -363,9 +367,15 @@ class KvmProvider:
     def delete(self, provider_id: str) -> None:
         """Destroy and undefine the domain (with its NVRAM) and remove its overlay and seed.
 
+        The domain found is checked first (one ``virDomainGetMetadata`` on the lookup): one
+        without our metadata (``managed-by=proxy-operator`` and a ``proxy-uid``) is refused and
+        left alone, volumes included (:func:`app.providers.base.require_managed`).  With no
+        domain, the leftover overlay and seed of an interrupted create are removed only when
+        the name has the shape of our instance names (:func:`app.naming.is_instance_name`).
         Every already-gone case is success, and so is a host that is no longer configured.
 
         Raises:
+            NotManaged: (Permanent) the domain is not ours.
             Permanent: the ID does not parse.
             DialError (Transient): the host is unreachable.
         """
@@ -376,6 +386,17 @@ class KvmProvider:
             return
         link = self.link(host_name)
         dom = self._lookup(link, name)
+        if dom is not None:
+            meta = self._metadata(link, dom, name)
+            # No metadata read back: the domain has none (not ours), or was undefined meanwhile.
+            if meta is not None or self._lookup(link, name) is not None:
+                require_managed(meta.tags if meta is not None else None, self.name, provider_id)
+            else:
+                dom = None
+        if dom is None and not is_instance_name(name):
+            log.info("kvm host %s: delete %s: no such domain, and %s is not an instance name of ours; "
+                     "leaving its volumes alone", host_name, provider_id, name)
+            return
         if dom is not None:
             try:
                 link.call("virDomainDestroy", lambda c: dom.destroy(), domain=name)

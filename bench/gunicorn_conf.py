@@ -1,7 +1,7 @@
-"""gunicorn settings of the discovery and lease API: ``gunicorn -c python:api.gunicorn_conf 'api:create_app()'``.
-
-One place for how the API is served, used by ``proxy-operator api``, deploy/base/api.yaml,
-docker-compose.yml and bench/leases.py, so the benchmark measures what is deployed.
+"""The API's former server, for bench/leases.py's side-by-side only: gunicorn with the
+configuration the API was deployed with until issue 11 (``gunicorn -c bench/gunicorn_conf.py
+'api:create_app()'``).  The API is now served by granian (api/server.py); gunicorn is a test
+dependency, installed for this comparison.
 
 * ``gthread`` workers (``API_WORKERS``, default 2) with ``API_THREADS`` threads each (default
   4): crawlers keep their connections alive between lease and release, and gthread parks an

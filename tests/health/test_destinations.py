@@ -1,0 +1,202 @@
+"""Probes are no port scanner (issue 10, item 4) and one slow proxy stalls nobody (item 5).
+
+Destination checks use the real resolver (``/etc/hosts``, numeric forms glibc accepts) and
+real listeners on loopback; the engine tests run External Proxies in the API fake against real
+Squids, with settings that deny loopback the way production does (no ``PROBE_ALLOWED_RANGES``),
+or that allow only the addresses a test names.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from app import serving
+from app.health import engine
+from app.health import probe as p
+from app.health.destinations import DestinationDenied, DestinationPolicy, parse_ranges
+from app.health.settings import HealthSettings
+from tests.health.fleet import start_squid
+from tests.health.servers import Blackhole
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def conds(proxy):
+    return {c["type"]: c for c in proxy.status.get("conditions") or ()}
+
+
+def denied_settings(**kw) -> HealthSettings:
+    """Production-like settings: loopback denied unless ``allowed_ranges`` says otherwise."""
+    return HealthSettings(echo_url="", provision_deadline=600, concurrency=8, **kw)
+
+
+def untouched(listener: Blackhole) -> bool:
+    """Whether nobody connected to ``listener`` (the kernel queues connections; none queued)."""
+    listener.sock.setblocking(False)
+    try:
+        conn, _ = listener.sock.accept()
+    except BlockingIOError:
+        return True
+    conn.close()
+    return False
+
+
+# -- the policy ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.1", "127.0.3.77", "localhost", "2130706433", "0x7f.1", "::1", "::ffff:127.0.0.1",
+    "169.254.169.254", "fe80::1", "0.0.0.0", "metadata.google.internal", "METADATA.google.internal.",
+])
+def test_the_default_policy_denies_loopback_link_local_and_the_metadata_server(host):
+    with pytest.raises(DestinationDenied):
+        DestinationPolicy().endpoint_address(host, 3128)
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/computeMetadata/v1/", "http://metadata.google.internal/computeMetadata/v1/",
+    "http://localhost:8080/admin", "https://127.1/", "http://[::1]:6379/", "http://[fe80::1]/",
+    "http://2130706433/", "http://[::ffff:169.254.169.254]/",
+])
+def test_the_default_policy_denies_health_urls_there(url):
+    with pytest.raises(DestinationDenied, match="denied"):
+        DestinationPolicy().check_url(url)
+
+
+def test_public_addresses_pass_and_unresolvable_url_hosts_are_left_to_the_proxy():
+    policy = DestinationPolicy()
+    assert policy.endpoint_address("192.0.2.10", 3128) == "192.0.2.10"
+    assert policy.endpoint_address("2001:db8::7", 3128) == "2001:db8::7"
+    policy.check_url("http://192.0.2.1/generate_204")
+    policy.check_url("http://no-such-host.invalid/generate_204")  # the proxy resolves it, in its network
+    with pytest.raises(OSError):
+        policy.endpoint_address("no-such-host.invalid", 3128)  # an endpoint must resolve here
+
+
+def test_configured_ranges_are_denied_and_allowed_ranges_carve_exceptions():
+    policy = DestinationPolicy(parse_ranges("10.0.0.0/8, fd00::/8"), parse_ranges("127.0.3.0/24"))
+    for host in ("10.96.0.1", "fd00::1"):
+        with pytest.raises(DestinationDenied, match="denied range"):
+            policy.endpoint_address(host, 3128)
+    assert policy.endpoint_address("127.0.3.9", 3128) == "127.0.3.9"  # allowed explicitly
+    with pytest.raises(DestinationDenied, match=r"127\.0\.0\.0/8"):
+        policy.endpoint_address("127.0.0.1", 3128)  # the rest of loopback stays denied
+    with pytest.raises(DestinationDenied):
+        policy.endpoint_address("metadata.google.internal", 80)  # names are not ranges: always denied
+
+
+def test_settings_read_the_ranges_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PROBE_DENIED_RANGES", "10.0.0.0/8 192.168.0.0/16")
+    monkeypatch.setenv("PROBE_ALLOWED_RANGES", "127.0.0.0/8")
+    settings = HealthSettings.from_env()
+    assert settings.denied_ranges == ("10.0.0.0/8", "192.168.0.0/16")
+    policy = settings.destination_policy()
+    assert policy.endpoint_address("127.0.0.1", 3128) == "127.0.0.1"
+    with pytest.raises(DestinationDenied):
+        policy.endpoint_address("192.168.1.1", 3128)
+    monkeypatch.setenv("PROBE_DENIED_RANGES", "10.0.0.0/8, cluster")
+    with pytest.raises(ValueError, match="PROBE_DENIED_RANGES: not an IP address or CIDR range: 'cluster'"):
+        HealthSettings.from_env()
+
+
+def test_one_denied_address_denies_the_name():
+    answers = {"mixed.test": ["192.0.2.10", "169.254.169.254"]}
+
+    def resolver(host, port, type=0):  # noqa: A002 - getaddrinfo's keyword
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
+
+    with pytest.raises(DestinationDenied, match="resolves to 169.254.169.254"):
+        DestinationPolicy(resolver=resolver).endpoint_address("mixed.test", 3128)
+
+
+def test_the_probe_connects_to_the_address_it_checked(origin, squids, next_address):
+    """A name that resolves to an allowed address once: the probe uses that address, not the
+    name again (urllib3 cannot resolve ``squid.rebind.test`` at all, so success proves it)."""
+    sq = squids(start_squid(next_address()))
+    calls = []
+
+    def resolver(host, port, type=0):  # noqa: A002
+        calls.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (sq.address, port))]
+
+    policy = DestinationPolicy(allowed=parse_ranges(f"{sq.address} {origin.address}"), resolver=resolver)
+    target = p.ProbeTarget(uid="u1", host="squid.rebind.test", port=sq.port, url=origin.url("/generate_204"))
+    result = p.probe(target, policy=policy)
+    assert result.ok, result.message
+    assert calls == ["squid.rebind.test"]  # resolved once, by the check
+
+
+# -- through the engine ----------------------------------------------------------------------
+
+def test_an_endpoint_on_loopback_is_refused_without_a_connection(fleet):
+    listener = Blackhole("127.0.3.5")
+    try:
+        px = fleet.external("scan", listener.address, listener.port, health={"timeoutSeconds": 1})
+        report = fleet.probe([px], denied_settings())
+        assert report.failed == 1 and report.reasons == {p.DESTINATION_DENIED: 1}
+        healthy = conds(fleet.read("default", "scan"))["Healthy"]
+        assert (healthy["status"], healthy["reason"]) == ("False", "DestinationDenied")
+        assert "127.0.0.0/8" in healthy["message"]
+        assert untouched(listener)
+    finally:
+        listener.stop()
+
+
+def test_a_health_url_in_a_denied_range_is_never_fetched(fleet, origin, squids, next_address):
+    sq = squids(start_squid(next_address()))
+    before = len(origin.requests)
+    # The Squid's own address is allowed; the origin (127.0.3.1) is not.
+    settings = denied_settings(allowed_ranges=(f"{sq.address}/32",))
+    px = fleet.external("meta", sq.address, sq.port, health={"url": origin.url("/generate_204")})
+    fleet.probe([px], settings)
+    healthy = conds(fleet.read("default", "meta"))["Healthy"]
+    assert (healthy["status"], healthy["reason"]) == ("False", "DestinationDenied")
+    assert "health URL host 127.0.3.1" in healthy["message"]
+    assert len(origin.requests) == before
+
+    for url in ("http://169.254.169.254/computeMetadata/v1/", "http://192.0.2.1/generate_204"):
+        fleet.r.delete(serving.proxy_key(px.uid))
+        serving.publish(fleet.r, fleet.read("default", "meta"), address=sq.address, port=sq.port, phase="Running")
+        fleet.r.hset(serving.proxy_key(px.uid), "healthCheck", json.dumps({"url": url, "timeoutSeconds": 2}))
+        report = fleet.probe([px], denied_settings(allowed_ranges=(f"{sq.address}/32",),
+                                                   denied_ranges=("192.0.2.0/24",)))
+        assert report.reasons == {p.DESTINATION_DENIED: 1}, url
+
+
+def test_allowed_ranges_let_a_local_stack_probe_loopback(fleet, origin, squids, next_address):
+    sq = squids(start_squid(next_address()))
+    px = fleet.external("local", sq.address, sq.port)
+    report = fleet.probe([px], denied_settings(allowed_ranges=("127.0.0.0/8",)))
+    assert report.succeeded == 1 and fleet.read("default", "local").phase == "Ready"
+
+
+def test_a_forged_timeout_is_capped():
+    record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps({"timeoutSeconds": 86400})}
+    target = engine.target_of("u1", record, HealthSettings(echo_url=""), 0.0)
+    assert target.timeout == engine.MAX_TIMEOUT_SECONDS == 60
+
+
+# -- item 5: results as they come --------------------------------------------------------------
+
+def test_one_slow_proxy_does_not_delay_the_others_status_writes(fleet, settings, squids, next_address):
+    sq = squids(start_squid(next_address()))
+    hole = Blackhole("127.0.3.6")  # accepts, never answers: the probe waits its whole timeout
+    try:
+        slow = fleet.external("slow", hole.address, hole.port, health={"timeoutSeconds": 30, "intervalSeconds": 60})
+        fast = [fleet.external(f"fast{i}", sq.address, sq.port) for i in range(3)]
+        batch = threading.Thread(target=fleet.probe, args=([slow, *fast], settings), daemon=True)
+        batch.start()
+        wait_for(lambda: all(fleet.read("default", f"fast{i}").phase == "Ready" for i in range(3)), 20,
+                 "the fast proxies' Ready status while the slow probe is still waiting")
+        assert batch.is_alive(), "the batch ended: the slow probe did not hold"
+        assert all(serving.get(fleet.r, px.uid)["healthy"] == "1" for px in fast)
+        assert serving.get(fleet.r, slow.uid)["lastProbe"] == ""  # still in flight
+    finally:
+        hole.stop()  # resets the waiting connection: the slow probe ends now
+    batch.join(30)
+    assert not batch.is_alive()
+    assert serving.get(fleet.r, slow.uid)["lastReason"] in (p.CONNECTION_RESET, p.CONNECTION_FAILED, p.TIMEOUT)

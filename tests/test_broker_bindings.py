@@ -1,0 +1,56 @@
+"""The broker transport (workers/broker.py): a publish after Redis lost its bindings is delivered.
+
+kombu keeps exchange bindings in Redis and declares each queue once per connection, so after
+``FLUSHALL`` (or an empty restart kombu did not notice) a publish to a fleet queue would go
+nowhere, silently.  Real Redis, real kombu.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kombu import Connection, Exchange, Queue
+
+from workers import broker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _queue(name: str) -> Queue:
+    """A fleet queue as workers.celery_app declares it: bound to the direct exchange of its name."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+@pytest.mark.parametrize("name", ["proxies", "health", "gc", "kvm.kvm-lab.lab1"])
+def test_a_publish_after_flushall_reaches_the_fleet_queue(redis_url, redis_client, name, caplog):
+    broker.install()
+    queue = _queue(name)
+    with Connection(redis_url) as conn:
+        assert isinstance(conn.transport, broker.Transport)
+        assert conn.as_uri().startswith("redis://")  # Flower and the banner still see redis://
+        producer = conn.Producer()
+        producer.publish({"n": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        redis_client.flushall()
+        # the producer still believes the queue is declared: nothing re-declares it
+        producer.publish({"n": 2}, exchange=queue.exchange, routing_key=name, declare=[queue])
+    [message] = redis_client.lrange(name, 0, -1)
+    assert json.loads(message)["properties"]["delivery_info"]["routing_key"] == name
+    assert redis_client.smembers(f"_kombu.binding.{name}") == {f"{name}\x06\x16\x06\x16{name}"}
+    assert f"the binding of queue {name} was missing" in caplog.text
+
+
+def test_other_exchanges_are_left_alone(redis_url, redis_client):
+    broker.install()
+    queue = Queue("someone-elses", Exchange("someone-elses-exchange", type="direct"), routing_key="key")
+    with Connection(redis_url) as conn:
+        producer = conn.Producer()
+        producer.publish({"n": 1}, exchange=queue.exchange, routing_key="key", declare=[queue])
+        redis_client.flushall()
+        producer.publish({"n": 2}, exchange=queue.exchange, routing_key="key", declare=[queue])
+    assert redis_client.keys("*") == []  # kombu's behaviour for exchanges of other shapes
+
+
+def test_self_bound_names_the_fleet_queues_only():
+    assert all(broker.self_bound(q) for q in ("proxies", "health", "gc", "kvm.p.h"))
+    assert not any(broker.self_bound(q) for q in ("celery", "reply.celery.pidbox", "celeryev", ""))

@@ -1,0 +1,174 @@
+"""RBAC exactly as used (issue 10, item 7): what the operator's processes ask the Kubernetes API
+is what deploy/rbac grants them, nothing missing and nothing unused.
+
+The real watcher, Celery worker and beat run through a whole lifecycle against the API fake
+(CRD admission, kubelet stand-in with real Squids), with a kubeconfig whose bearer token only
+they use; the fake records every ``(verb, group, resource, namespace)`` sent with that token
+(:meth:`tests.kubefake.server.FakeKube.audit`).  The lifecycle: a stale ProviderHealth pruned at
+start, leader election (acquire, renew, release), a Proxy with generated basic-auth
+credentials applied, Running, probed to Ready through its Squid with those credentials, a
+provider check written to its ProviderHealth, a GC sweep, a Proxy released with skip-cleanup
+(its Pod labelled abandoned), and a delete (Pod and Secret gone).  The recorded set is then
+compared with the rules of the roles deploy/rbac binds to the operator's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from app.resources import GROUP, PLURAL, VERSION
+from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
+from tests.support.processes import celery_beat, celery_worker, watcher
+from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[1]
+RBAC = ROOT / "deploy" / "rbac"
+SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"
+TOKEN = "rbac-audit-operator-token-3c9e"
+SERVICE_ACCOUNT = ("proxy-operator", "proxy-operator")  # namespace, name
+LEASE_NAMESPACE = "proxy-operator"
+
+
+def operator_grants() -> set[tuple[str, str, str, str | None]]:
+    """``(verb, group, resource, namespace)`` granted to the operator's ServiceAccount by
+    deploy/rbac: ClusterRoles through ClusterRoleBindings (``namespace`` None: everywhere),
+    Roles through RoleBindings (their namespace).  Kubernetes RBAC:
+    https://kubernetes.io/docs/reference/access-authn-authz/rbac/
+    """
+    docs = [d for p in sorted(RBAC.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(p.read_text()) if d]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    grants = set()
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        subjects = {(s.get("namespace"), s["name"]) for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+        if SERVICE_ACCOUNT not in subjects:
+            continue
+        ref = binding["roleRef"]
+        scope = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        role = roles[(ref["kind"], scope if ref["kind"] == "Role" else None, ref["name"])]
+        for rule in role.get("rules") or ():
+            assert not rule.get("resourceNames"), "resourceNames are not modelled here"
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        grants.add((verb, group, resource, scope))
+    return grants
+
+
+def granted(request: tuple, grants: set) -> bool:
+    verb, group, resource, namespace = request
+    return (verb, group, resource, None) in grants or (
+        namespace is not None and (verb, group, resource, namespace) in grants)
+
+
+@pytest.fixture()
+def cluster():
+    with FakeCluster(bookmark_interval=1.0) as c:
+        yield c
+
+
+@pytest.fixture()
+def origin():
+    with origin_server() as url:
+        yield url
+
+
+def _custom(cluster) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(cluster.fake.api_client())
+
+
+def _proxy(cluster, name: str) -> dict | None:
+    try:
+        return _custom(cluster).get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _phase(cluster, name: str) -> str | None:
+    return ((_proxy(cluster, name) or {}).get("status") or {}).get("phase")
+
+
+def _apply(cluster, name: str, origin: str, annotations: dict | None = None) -> dict:
+    body = yaml.safe_load(SAMPLE.read_text())
+    body["metadata"]["name"] = name
+    body["metadata"]["annotations"] = annotations or {}
+    body["spec"]["healthCheck"] = {"url": f"{origin}/generate_204", "intervalSeconds": 1, "timeoutSeconds": 1}
+    return _custom(cluster).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+
+def test_the_operator_uses_exactly_what_deploy_rbac_grants(cluster, origin, redis_url, tmp_path):
+    recorded = cluster.fake.audit(TOKEN)
+    providers = tmp_path / "providers.yaml"
+    providers.write_text(yaml.safe_dump({"providers": [{
+        "name": "k8s-local", "type": "kubernetes", "checkInterval": "10s",
+        "squid": {"basicAuth": True, "allowedSourceRanges": ["127.0.0.0/8"], **LOOPBACK_SQUID_BLOCK}}]}))
+    env = {
+        "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig"), token=TOKEN),
+        "REDIS_URL": redis_url, "PROVIDERS_CONFIG": str(providers),
+        "RESYNC_INTERVAL": "3", "GC_INTERVAL": "2", "POLL_INITIAL": "0.5", "POLL_MAX": "2",
+        "RETRY_INITIAL": "0.5", "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
+        "BROKER_VISIBILITY_TIMEOUT": "60", "HEALTH_SWEEP_INTERVAL": "1", "EGRESS_ECHO_URL": "",
+        "PROBE_ALLOWED_RANGES": "127.0.0.0/8",  # the kubelet's Squids and the origin are on loopback
+    }
+    # A ProviderHealth of a provider no longer configured: the watcher prunes it at start.
+    _custom(cluster).create_cluster_custom_object(GROUP, VERSION, "providerhealths", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProviderHealth",
+        "metadata": {"name": "retired", "labels": {"app.kubernetes.io/managed-by": "proxy-operator"}}})
+
+    procs = [celery_worker(env).start(), celery_beat(env, str(tmp_path)).start(), watcher(env).start()]
+    worker, _, watch = procs
+    try:
+        worker.wait_for_log("ready", timeout=60)
+        watch.wait_for_log("leading: streaming Proxy events", timeout=30)
+
+        _apply(cluster, "px-auth", origin)
+        wait_for(lambda: _phase(cluster, "px-auth") == "Ready", 90, "px-auth Ready (probed with its credentials)")
+        core = k8s.CoreV1Api(cluster.fake.api_client())
+        assert core.read_namespaced_secret("px-auth-proxy-auth", "default").metadata.owner_references
+
+        _apply(cluster, "px-keep", origin, {"crawl.example.com/skip-cleanup": "true"})
+        wait_for(lambda: _phase(cluster, "px-keep") in ("Running", "Ready"), 60, "px-keep Running")
+        _custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "px-keep")
+        wait_for(lambda: _proxy(cluster, "px-keep") is None, 30, "px-keep released")
+
+        _custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "px-auth")
+        wait_for(lambda: _proxy(cluster, "px-auth") is None, 30, "px-auth deleted")
+        with pytest.raises(k8s.ApiException):
+            core.read_namespaced_secret("px-auth-proxy-auth", "default")
+
+        def health_written():
+            try:
+                obj = _custom(cluster).get_cluster_custom_object(GROUP, VERSION, "providerhealths", "k8s-local")
+            except k8s.ApiException:
+                return False
+            return bool((obj.get("status") or {}).get("targets"))
+
+        wait_for(health_written, 60, "the provider check's ProviderHealth")
+        wait_for(lambda: ("list", "", "pods", None) in recorded and ("list", GROUP, PLURAL, None) in recorded,
+                 30, "a GC sweep")
+        wait_for(lambda: ("create", "", "events", "default") in recorded, 10, "an Event")
+    finally:
+        for p in procs:
+            p.stop()  # the watcher releases its Lease on the way out
+
+    found = set(recorded)
+    assert ("delete", GROUP, "providerhealths", None) in found  # the stale one was pruned
+    assert ("patch", "", "pods", "default") in found  # the abandoned label of px-keep's Pod
+    grants = operator_grants()
+    missing = sorted(r for r in found if not granted(r, grants))
+    assert missing == [], f"requests deploy/rbac does not grant: {missing}"
+    used = {(v, g, r) for v, g, r, _ in found}
+    used_in = {(v, g, r, ns) for v, g, r, ns in found if ns is not None}
+    unused = sorted(g for g in grants if (g[:3] not in used if g[3] is None else g not in used_in))
+    assert unused == [], f"grants in deploy/rbac no process used: {unused}"

@@ -1,0 +1,86 @@
+"""The Redis broker transport of the fleet: kombu's, plus self-healing exchange bindings.
+
+kombu's Redis transport keeps the bindings of each exchange in Redis (``_kombu.binding.<exchange>``)
+and each process remembers which queues it has declared, declaring them once per connection.
+After ``FLUSHALL``, or a Redis restarted without persistence whose reconnect kombu did not see
+(redis-py reconnects by itself), the binding sets are gone while every publisher still believes
+its queues are declared: a direct exchange with no binding routes nowhere, and kombu drops the
+message without an error.  Beat's resync, the watcher's tasks and every followup would vanish.
+
+Every queue of the fleet is bound to the direct exchange of its own name by its own name
+(``celery_app.task_queues`` and the ``kvm.<provider>.<host>`` queues created on demand), so a
+missing binding of one of *those* exchanges can only mean Redis lost it: :class:`Channel`
+re-creates it at the first publish that finds it missing, and the message is delivered.
+Exchanges of other shapes (Celery's pidbox and event exchanges) are left alone.
+
+:func:`install` (called by ``workers.celery_app`` at import, before any connection exists)
+makes ``redis://`` URLs resolve to :class:`Transport` through kombu's transport aliases, so the
+broker URL, Celery's banner and Flower's broker view keep saying ``redis://``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kombu import transport as kombu_transport
+from kombu.transport import redis as kombu_redis
+
+from workers import routing
+
+log = logging.getLogger(__name__)
+
+_FIXED_QUEUES = frozenset((routing.PROXIES, routing.HEALTH, routing.GC))
+
+
+def self_bound(exchange: str) -> bool:
+    """Whether ``exchange`` is the exchange of one of the fleet's queues (bound by its own name).
+
+    True for ``proxies``, ``health``, ``gc`` and every ``kvm.<provider>.<host>``.
+    """
+    return exchange in _FIXED_QUEUES or exchange.startswith("kvm.")
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel, re-creating the lost binding of a fleet queue when publishing.
+
+    Raises what kombu's channel raises (``redis.ConnectionError`` and friends while Redis is
+    unreachable).
+    """
+
+    def get_table(self, exchange):
+        """Return the bindings of ``exchange`` (``[(routing_key, pattern, queue)]``).
+
+        An empty table of a fleet exchange (:func:`self_bound`) is a wiped one: the binding
+        ``exchange -> queue exchange`` (routing key = queue = exchange name) is written back to
+        Redis and returned, so the message being published is delivered.
+        """
+        table = super().get_table(exchange)
+        if table or not exchange or not self_bound(exchange):
+            return table
+        log.warning("broker: the binding of queue %s was missing from Redis (flushed or restarted "
+                    "empty); re-created", exchange)
+        # the member a consumer's declaration writes: routing key, no pattern (direct), queue
+        self._queue_bind(exchange, exchange, "", exchange)
+        return [(exchange, "", exchange)]
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`Channel`."""
+
+    Channel = Channel
+
+
+#: What ``redis://`` resolves to once :func:`install` ran.
+TRANSPORT_PATH = "workers.broker:Transport"
+
+
+def install() -> None:
+    """Make kombu resolve ``redis://`` broker URLs to :class:`Transport` (idempotent).
+
+    Must run before the first broker connection is made (kombu resolves the transport when a
+    ``Connection`` is built); ``rediss://`` and sentinel URLs keep kombu's own transports.
+    """
+    kombu_transport.TRANSPORT_ALIASES["redis"] = TRANSPORT_PATH
+
+
+__all__ = ["Channel", "Transport", "TRANSPORT_PATH", "install", "self_bound"]
