@@ -54,12 +54,14 @@ def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str],
             extra hint only, correctness rests on the tag.
         now: current time, timezone-aware.
         grace_seconds: minimum age; instances without a creation time are kept.
-        current: for live Proxies of *this* provider's sweep that record an instance, Proxy UID ->
-            the provider ID their status names (``""`` when it names another provider's).
-            An instance of such a Proxy that is not the named one is *superseded* (left behind
-            by a move to another zone, host or provider whose old place was unreachable) and
-            is collected like an orphan.  Proxies recording nothing are left out: their
-            instance may be being created.
+        current: for live Proxies that record an instance, Proxy UID -> the provider ID their
+            status names, whichever provider it belongs to.  An instance of such a Proxy that
+            is not the named one is *superseded* (left behind by a move to another zone, host
+            or provider whose old place was unreachable) and is collected like an orphan.
+            Proxies recording nothing are left out: their instance may be being created.
+            Compared by ID only: two providers may list the same instances (two kubernetes
+            providers on one cluster, two gcp providers in one project), and the instance a
+            Proxy of the other provider names must not look superseded to this one.
     """
     out = []
     for inst in instances:
@@ -89,9 +91,10 @@ def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, 
         provider_name: the provider being swept.
     Returns:
         the UIDs of every Proxy, and the ``current`` mapping :func:`orphans` takes: UID ->
-        recorded ``status.providerID`` for Proxies whose recorded provider
-        (``status.provider``, else ``spec.provider``) is ``provider_name``, ``""`` for those
-        recording another provider's instance.
+        recorded ``status.providerID``, whatever provider (``status.provider``) it belongs
+        to: provider IDs of different providers never coincide unless they name the very
+        same instance (two providers listing one cluster or project), which must be kept.
+        ``provider_name`` is kept for the callers (and logs).
     """
     live: set[str] = set()
     current: dict[str, str] = {}
@@ -99,17 +102,21 @@ def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, 
         live.add(proxy.uid)
         recorded = proxy.status.get("providerID")
         if recorded:
-            owner = proxy.status.get("provider") or proxy.spec.provider
-            current[proxy.uid] = recorded if owner == provider_name else ""
+            current[proxy.uid] = recorded
     return live, current
 
 
 def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], abandoned: set[str],
-          grace_seconds: float, now: datetime | None = None, current: dict[str, str] | None = None) -> SweepReport:
+          grace_seconds: float, now: datetime | None = None, current: dict[str, str] | None = None,
+          superseded=None) -> SweepReport:
     """Delete the orphans in ``listing`` with ``delete(provider_id)``.
 
     ``delete`` is the provider's own ``delete``, or (sharded sweeps) a function that queues
-    the deletion on the instance's host queue.
+    the deletion on the instance's host queue.  ``superseded(uid, provider_id) -> bool``, when
+    given, takes over the *superseded* instances (their Proxy is live): the verdict was made
+    from a Proxy listing that may be stale by now (moved back: the Proxy names the instance
+    again), so it must be re-checked under the per-Proxy lock (:func:`delete_superseded`);
+    it returns whether the instance was deleted (or its deletion queued).
 
     Returns:
         a :class:`SweepReport`; delete failures are collected, never raised.
@@ -122,10 +129,14 @@ def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], 
         return report
     for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds,
                         current):
+        uid = inst.tags.get(naming.TAG_PROXY_UID)
         try:
-            delete(inst.provider_id)
+            if superseded is not None and uid in live_uids:
+                if not superseded(uid, inst.provider_id):
+                    continue
+            else:
+                delete(inst.provider_id)
             report.deleted.append(inst.provider_id)
-            uid = inst.tags.get(naming.TAG_PROXY_UID)
             log.info("gc %s: deleted %s %s (proxy uid %s)", provider_name,
                      "superseded instance" if uid in live_uids else "orphan", inst.provider_id, uid)
         except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
@@ -134,8 +145,41 @@ def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], 
     return report
 
 
+def proxy_lock_key(uid: str) -> str:
+    """The Redis key of the per-Proxy lock every step of a Proxy holds (``workers.tasks``)."""
+    return f"po:lock:{uid}"
+
+
+def delete_superseded(redis, list_proxies, provider_name: str, delete, uid: str, provider_id: str,
+                      lock_timeout: float = 60.0) -> bool:
+    """Delete ``provider_id`` if its live Proxy ``uid`` still names another instance; return whether it did.
+
+    Taken under the Proxy's lock and re-checked against a fresh listing, so a create that
+    moved the Proxy back (and adopted this very instance) since the sweep's listing is not
+    undone.  A Proxy busy with a step (lock taken) is left for the next sweep; a Proxy gone
+    meanwhile makes the instance an orphan, deleted.
+    """
+    lock = redis.lock(proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
+    if not lock.acquire():
+        log.info("gc %s: proxy uid %s is busy; superseded %s left for the next sweep", provider_name, uid,
+                 provider_id)
+        return False
+    try:
+        live, current = current_instances(list_proxies(), provider_name)
+        if uid in live and (uid not in current or current[uid] == provider_id):
+            log.info("gc %s: %s is current again (proxy uid %s); kept", provider_name, provider_id, uid)
+            return False
+        delete(provider_id)
+        return True
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired
+            pass
+
+
 def collect(provider_name: str, provider, list_proxies, abandoned: set[str], grace_seconds: float,
-            tag: str = naming.MANAGED_BY) -> SweepReport:
+            tag: str = naming.MANAGED_BY, redis=None, lock_timeout: float = 60.0) -> SweepReport:
     """One provider's GC pass: list by tag, then delete the orphans and superseded instances.
 
     Args:
@@ -145,12 +189,21 @@ def collect(provider_name: str, provider, list_proxies, abandoned: set[str], gra
             called *after* the provider listing, so a Proxy created meanwhile is seen as live.
         abandoned: UIDs released with skip-cleanup.
         grace_seconds: minimum orphan age.
+        redis: when given, superseded instances are re-checked under the per-Proxy lock
+            before they are deleted (:func:`delete_superseded`); ``lock_timeout`` is that
+            lock's timeout.
     Raises:
         Exception: when listing the Proxies fails (nothing is deleted then).
     """
     listing = provider.list_by_tag(tag)
     live, current = current_instances(list_proxies(), provider_name)
-    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds, current=current)
+    superseded = None
+    if redis is not None:
+        def superseded(uid: str, provider_id: str) -> bool:
+            return delete_superseded(redis, list_proxies, provider_name, provider.delete, uid, provider_id,
+                                     lock_timeout)
+    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds, current=current,
+                 superseded=superseded)
 
 
 # -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------

@@ -33,43 +33,6 @@ PROXIES_BY_PHASE = Gauge("proxy_operator_proxies", "Proxies by phase and provide
                          ["phase", "provider"], multiprocess_mode="mostrecent")
 
 
-# -- watcher ----------------------------------------------------------------------------------
-WATCH_EVENTS = Counter(
-    "proxy_operator_watch_events_total",
-    "Proxy events the watcher received from the API, by type (SYNC from a list, ADDED, MODIFIED, "
-    "DELETED, BOOKMARK).", ["type"])
-WATCH_RESTARTS = Counter(
-    "proxy_operator_watch_restarts_total",
-    "Proxy watch requests reopened, by why the previous one ended (timeout: the server's "
-    "timeoutSeconds; gone: 410; error: anything else).", ["reason"])
-WATCH_GONE = Counter("proxy_operator_watch_gone_total",
-                     "410 Gone answers to a Proxy watch (its resourceVersion left the server's history).")
-WATCH_RELISTS = Counter("proxy_operator_watch_relists_total", "Complete lists of every Proxy (start, after 410).")
-WATCHER_LEADER = Gauge("proxy_operator_watcher_leader", "1 while this watcher holds the leader Lease, else 0.",
-                       multiprocess_mode="livemax")
-EVENT_TO_ENQUEUE = Histogram(
-    "proxy_operator_watch_event_to_enqueue_seconds",
-    "Seconds from a Proxy event's arrival from the API to its hand-off done (task queued, or nothing to do).",
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
-HANDOFF_BACKLOG = Gauge("proxy_operator_watch_handoff_backlog",
-                        "Proxy events waiting for the dispatcher (one per Proxy; grows while Redis is down).",
-                        multiprocess_mode="livemax")
-
-# -- beat -------------------------------------------------------------------------------------
-BEAT_FIRED = Counter("proxy_operator_beat_schedules_fired_total",
-                     "Schedule entries beat sent as tasks, by entry name.", ["entry"])
-BEAT_LOCK = Gauge("proxy_operator_beat_lock_held",
-                  "1 while this beat holds the scheduler lock (it is the one scheduling), else 0.",
-                  multiprocess_mode="livemax")
-
-# -- workers ----------------------------------------------------------------------------------
-TASK_DURATION = Histogram(
-    "proxy_operator_task_duration_seconds", "Seconds a Celery task ran in a worker, by task name.", ["task"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
-TASKS = Counter("proxy_operator_tasks_total", "Celery tasks finished in a worker, by task name and outcome "
-                "(success, failure, retry).", ["task", "outcome"])
-
-
 class _Forward:
     """A collector yielding everything another registry holds (the process-wide one)."""
 

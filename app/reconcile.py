@@ -263,11 +263,11 @@ def _guard(ctx: Context, latest: _Latest, action: str, attempt: int, fn) -> Foll
 
 # -- instances elsewhere ---------------------------------------------------------------------
 def _retire(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> None:
-    if ctx.retire is not None:
-        ctx.retire(provider_name, provider_id, ref)
-        return
-    try:  # inline (no task layer): best effort, GC collects the instance as superseded
-        retire_instance(ctx, provider_name, provider_id, ref)
+    try:  # best effort either way: GC collects the instance as superseded if this fails
+        if ctx.retire is not None:
+            ctx.retire(provider_name, provider_id, ref)  # queued on the instance's own queue
+            return
+        retire_instance(ctx, provider_name, provider_id, ref)  # inline (no task layer)
     except Exception as exc:  # noqa: BLE001
         log.warning("proxy %s/%s: deleting replaced instance %s failed: %s (GC collects it)", ref.namespace,
                     ref.name, provider_id, describe(exc))
@@ -416,6 +416,7 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             return Followup(POLL, 0)
         name = naming.instance_name(p.uid)
         new_id = provider.instance_ids(name, p.namespace, p.spec.zone)[0]
+        retire_old = False
         if old_id and (old_id != new_id or old_provider != p.spec.provider or not same_spec):
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
             serving.withdraw(ctx.redis, p.uid)
@@ -426,8 +427,16 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 provider.delete(old_id)  # same place and name: the old one must go first (same queue)
             else:
                 # Elsewhere: deleted on its own queue, never waited for; GC collects it as
-                # superseded if that place stays unreachable.
-                _retire(ctx, old_provider, old_id, Ref(p.namespace, p.name, p.uid))
+                # superseded if that place stays unreachable.  Handed over only once the
+                # write-ahead below names the new instance: retire_instance keeps an instance
+                # the status still names (it would keep this one if run before the write).
+                retire_old = True
+                if _exists(provider, new_id):
+                    # A leftover of an earlier stay here (moved away and back before its retire
+                    # ran), built from an older spec: create is idempotent by name and would
+                    # adopt it as is.  It is in the new place, so on this queue: delete it first.
+                    log.info("proxy %s: deleting leftover instance %s before creating there", p.key, new_id)
+                    provider.delete(new_id)
         # Write-ahead: record where the instance will be *before* creating it, so a delete that
         # arrives at any point finds it (a status write after a slow create may fail on a stale
         # resourceVersion; this one fails before anything exists).
@@ -436,6 +445,8 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             "specHash": p.spec_hash, "observedGeneration": p.generation, "address": None,
             "conditions": _provisioned(p, "False", "Creating", f"creating instance {name}"),
         }))
+        if retire_old:
+            _retire(ctx, old_provider, old_id, Ref(p.namespace, p.name, p.uid))
         try:
             inst = provider.create(_request(ctx, p))
         except BaseException:
@@ -450,9 +461,11 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             return None
         if current.deleting:
             return Followup(DELETE, 0)
+        # Record the spec the instance was made from (p's), not the re-read one: a spec change
+        # that landed during the create must still look unobserved, so decide() replaces it.
         p = latest(_write_status(ctx, current, {
             "phase": PROVISIONING, "providerID": inst.provider_id, "provider": p.spec.provider,
-            "instanceName": inst.name, "specHash": current.spec_hash, "observedGeneration": current.generation,
+            "instanceName": inst.name, "specHash": p.spec_hash, "observedGeneration": p.generation,
             "address": None,
             "conditions": _provisioned(current, "False", "Provisioning", f"instance {inst.name} requested"),
         }))
@@ -511,6 +524,14 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 ctx.kube.record_event(latest.proxy, "Normal", "InstanceStarted",
                                       f"instance {provider_id} was stopped and has been started again")
                 return Followup(POLL, poll_delay(ctx.settings, attempt), attempt + 1)
+        if inst is None and proxy.phase == PROVISIONING and retry_scheduled(proxy):
+            # This generation's create failed (QuotaExceeded, Transient) and its retry is queued:
+            # nothing was lost, so no InstanceLost.  Ask for the create no earlier than its
+            # backoff: de-duplicated against the queued retry, it only replaces a lost message.
+            cond = conditions.find(proxy.status.get("conditions"), COND_PROVISIONED) or {}
+            delay = ctx.settings.quota_backoff if cond.get("reason") == "QuotaExceeded" else \
+                backoff(ctx.settings, attempt)
+            return Followup(CREATE, delay, attempt)
         if inst is None or inst.state == InstanceState.TERMINATED:
             what = "gone" if inst is None else inst.state.value.lower()
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)

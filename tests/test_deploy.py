@@ -264,7 +264,7 @@ def test_kvm_worker_overlay_consumes_one_host_queue():
 
 @needs_kubectl
 def test_prometheus_service_monitor_selects_metrics_services(default_render):
-    [monitor] = render("prometheus")
+    [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
     services = _kind(default_render, "Service")

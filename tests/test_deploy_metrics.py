@@ -93,11 +93,36 @@ def test_worker_serves_metrics_and_is_scraped(default_docs):
     deploy = _kind(default_docs, "Deployment")["worker"]
     service = _kind(default_docs, "Service")["worker-metrics"]
     _assert_serves_metrics(deploy, service)
-    [monitor] = render("prometheus")
+    [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
     scraped = _scraped(monitor, list(_kind(default_docs, "Service").values()))
     assert scraped["worker-metrics"] == {"metrics"}
     assert scraped["api"] == {"http"} and scraped["flower"] == {"http"}
     assert "redis" not in scraped
+
+
+@pytest.mark.parametrize("component", ["watcher", "beat"])
+def test_watcher_and_beat_serve_metrics_and_are_scraped(component, default_docs):
+    """Single-process: METRICS_BIND on a named port, a headless Service, the ServiceMonitor."""
+    deploy = _kind(default_docs, "Deployment")[component]
+    service = _kind(default_docs, "Service")[f"{component}-metrics"]
+    [c] = deploy["spec"]["template"]["spec"]["containers"]
+    host, _, port = _env(c)["METRICS_BIND"].rpartition(":")
+    assert host == "0.0.0.0" and {"name": "metrics", "containerPort": int(port)} in c["ports"]
+    assert "PROMETHEUS_MULTIPROC_DIR" not in _env(c)  # one process: nothing to aggregate
+    assert service["spec"].get("clusterIP") == "None"
+    assert service["spec"]["selector"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert {"name": "metrics", "port": int(port), "targetPort": "metrics"} in service["spec"]["ports"]
+    [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
+    assert _scraped(monitor, [service]) == {service["metadata"]["name"]: {"metrics"}}
+
+
+def test_prometheus_kustomization_ships_the_rules_and_the_dashboard():
+    docs = render("prometheus")
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap", "PrometheusRule", "ServiceMonitor"]
+    [dashboard] = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "grafana-dashboard.json" in dashboard["data"]
 
 
 def test_kvm_worker_serves_metrics_and_is_scraped(kvm_docs):
@@ -106,7 +131,7 @@ def test_kvm_worker_serves_metrics_and_is_scraped(kvm_docs):
     assert service["metadata"]["name"] == "kvm-worker-metrics-kvm-lab-lab1"
     assert service["spec"]["selector"]["crawl.example.com/kvm-queue"] == "kvm.kvm-lab.lab1"
     _assert_serves_metrics(deploy, service)
-    [monitor] = render("prometheus")
+    [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
     assert _scraped(monitor, [service]) == {service["metadata"]["name"]: {"metrics"}}
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable
 
-from app import metrics
+from watchers import metrics
 from watchers.stream import DELETED, SYNC, OnEvent, StreamSettings, backoff_delay
 
 log = logging.getLogger(__name__)

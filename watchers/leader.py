@@ -32,7 +32,7 @@ from typing import Callable
 
 from kubernetes import client as k8s
 
-from app import metrics
+from watchers import metrics
 
 log = logging.getLogger(__name__)
 

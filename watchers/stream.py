@@ -34,7 +34,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from app import metrics
+from watchers import metrics
 from app.resources import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

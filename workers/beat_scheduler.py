@@ -34,7 +34,13 @@ import redis
 from redbeat.decoder import RedBeatJSONEncoder, to_timestamp
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, get_redis
 
-from app.metrics import BEAT_FIRED, BEAT_LOCK
+from prometheus_client import Counter, Gauge
+
+# Beat's own metrics (docs/observability.md), defined here so only beat has them.
+BEAT_FIRED = Counter("proxy_operator_beat_schedules_fired_total",
+                     "Schedule entries beat sent as tasks, by entry name.", ["entry"])
+BEAT_LOCK = Gauge("proxy_operator_beat_lock_held",
+                  "1 while this beat holds the scheduler lock (it is the one scheduling), else 0.")
 
 log = logging.getLogger("celery.beat")
 

@@ -16,9 +16,11 @@ What each process adds on top of the shared metrics (docs/observability.md lists
 * **beat**: ``proxy_operator_beat_schedules_fired_total`` and ``proxy_operator_beat_lock_held``
   (workers/beat_scheduler.py), ``proxy_operator_beat_last_run_timestamp_seconds{entry}`` read
   from redbeat's schedule in Redis at scrape time (:class:`BeatScheduleCollector`: the standby
-  shows the leader's runs too), and the provider-health gauges
+  shows the leader's runs too), the provider-health gauges
   (:class:`app.provider_health.ProviderHealthCollector`), exported here because beat is not
-  the process that runs the checks: a dead checker shows as a stale target, not as silence.
+  the process that runs the checks: a dead checker shows as a stale target, not as silence;
+  and ``proxy_operator_serving_proxies{state}`` (:class:`ServingViewCollector`), the fleet as
+  the lease API sees it.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ import time
 
 from celery.signals import (beat_init, task_failure, task_postrun, task_prerun, task_retry, task_success,
                             worker_init, worker_process_shutdown)
-from prometheus_client import multiprocess
+from prometheus_client import Counter, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 
 from app import metrics
 from app.metrics import registry_for_scrape
 
 log = logging.getLogger(__name__)
+
+TASK_DURATION = Histogram(
+    "proxy_operator_task_duration_seconds", "Seconds a Celery task ran in a worker, by task name.", ["task"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+TASKS = Counter("proxy_operator_tasks_total", "Celery tasks finished in a worker, by task name and outcome "
+                "(success, failure, retry).", ["task", "outcome"])
 
 #: kombu's Redis transport keeps a queue's messages in one list per priority step: the queue's
 #: own name for priority 0, ``<queue>\x06\x16<step>`` for the others (kombu.transport.redis).
@@ -142,6 +150,51 @@ class BeatScheduleCollector:
         yield gauge
 
 
+class ServingViewCollector:
+    """``proxy_operator_serving_proxies{state}``: the published proxies by what a lease can do with them.
+
+    Read from the Redis serving view at scrape time (:mod:`app.serving`): ``published`` (every
+    published proxy), ``leasable`` (healthy, not draining, below ``maxLeases``: the lease
+    index), ``full`` (at ``maxLeases``), ``unhealthy`` (unhealthy or not yet probed),
+    ``draining`` (``maxLeases`` 0).  The last four add up to ``published``.
+
+    Args:
+        redis_factory: ``() -> redis.Redis``.
+    """
+
+    def __init__(self, redis_factory) -> None:
+        self.redis_factory = redis_factory
+        self._r = None
+
+    def describe(self):
+        """Nothing up front (no Redis read when registered)."""
+        return []
+
+    def collect(self):
+        """Yield the gauge family."""
+        from app import serving
+
+        gauge = GaugeMetricFamily("proxy_operator_serving_proxies",
+                                  "Published proxies by state in the serving view (published, leasable, full, "
+                                  "unhealthy, draining).", labels=["state"])
+        try:
+            if self._r is None:
+                self._r = self.redis_factory()
+            pipe = self._r.pipeline(transaction=False)
+            pipe.scard(serving.PROXIES_KEY)
+            pipe.zcard(serving.LOAD_KEY)
+            pipe.scard(serving.FULL_KEY)
+            pipe.scard(serving.UNHEALTHY_KEY)
+            pipe.scard(serving.DRAINING_KEY)
+            counts = pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail because Redis is down
+            log.warning("cannot read the serving view for /metrics: %s", type(exc).__name__)
+            return
+        for state, n in zip(("published", "leasable", "full", "unhealthy", "draining"), counts):
+            gauge.add_metric([state], float(n))
+        yield gauge
+
+
 def _serve_worker(sender=None, **_) -> None:
     bind = os.environ.get("METRICS_BIND")
     if not bind:
@@ -165,7 +218,8 @@ def _serve_beat(sender=None, **_) -> None:
 
     factory = _redis_factory()
     metrics.serve(bind, registry_for_scrape(BeatScheduleCollector(celery_app, factory),
-                                            ProviderHealthCollector(factory, providers_config.providers)))
+                                            ProviderHealthCollector(factory, providers_config.providers),
+                                            ServingViewCollector(factory)))
     log.info("serving /metrics on %s", bind)
 
 
@@ -189,22 +243,22 @@ def _task_ended(task_id=None, task=None, **_) -> None:
     with _started_lock:
         start = _started.pop(task_id, None)
     if start is not None and task is not None:
-        metrics.TASK_DURATION.labels(task.name).observe(time.monotonic() - start)
+        TASK_DURATION.labels(task.name).observe(time.monotonic() - start)
 
 
 @task_success.connect
 def _task_success(sender=None, **_) -> None:
-    metrics.TASKS.labels(getattr(sender, "name", "unknown"), "success").inc()
+    TASKS.labels(getattr(sender, "name", "unknown"), "success").inc()
 
 
 @task_failure.connect
 def _task_failure(sender=None, **_) -> None:
-    metrics.TASKS.labels(getattr(sender, "name", "unknown"), "failure").inc()
+    TASKS.labels(getattr(sender, "name", "unknown"), "failure").inc()
 
 
 @task_retry.connect
 def _task_retry(sender=None, **_) -> None:
-    metrics.TASKS.labels(getattr(sender, "name", "unknown"), "retry").inc()
+    TASKS.labels(getattr(sender, "name", "unknown"), "retry").inc()
 
 
 @worker_process_shutdown.connect

@@ -62,15 +62,20 @@ def queue_for_proxy(ctx, proxy, action: str | None = None) -> str:
     """
     if not proxy.spec.managed:
         return routing.PROXIES
+    provider_id = proxy.status.get("providerID")
+    if action in (reconcile.POLL, reconcile.DELETE) and provider_id:
+        # The recorded instance belongs to status.provider, which differs from spec.provider
+        # while a move to another provider has not recorded its new instance yet.
+        try:
+            recorded = ctx.registry.get(proxy.status.get("provider") or proxy.spec.provider)
+        except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
+            return routing.PROXIES
+        return routing.queue_for_instance(recorded, provider_id)
     try:
         provider = ctx.registry.get(proxy.spec.provider)
     except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
         return routing.PROXIES
-    zone = proxy.spec.zone
-    provider_id = proxy.status.get("providerID")
-    if action in (reconcile.POLL, reconcile.DELETE) and provider_id and hasattr(provider, "host_of"):
-        zone = provider.host_of(provider_id) or zone
-    return routing.queue_for(provider, zone)
+    return routing.queue_for(provider, proxy.spec.zone)
 
 
 def _lock_timeout(ctx) -> float:
@@ -250,21 +255,35 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
     live, current = (set(), {}) if merged.partial else gc_logic.current_instances(ctx.kube.list_proxies(),
                                                                                   provider_name)
 
-    def queue_delete(provider_id: str) -> None:
-        gc_delete.apply_async(args=[provider_name, provider_id], expires=ctx.settings.gc_interval,
-                              queue=routing.queue_for_instance(provider, provider_id))
+    def queue_delete(provider_id: str, uid: str | None = None) -> bool:
+        gc_delete.apply_async(args=[provider_name, provider_id], kwargs={"uid": uid} if uid else {},
+                              expires=ctx.settings.gc_interval, queue=routing.queue_for_instance(provider, provider_id))
+        return True
 
+    # Superseded instances carry their Proxy's UID to gc.delete, which re-checks under the
+    # per-Proxy lock (the Proxy may name the instance again by the time the message runs).
     report = gc_logic.sweep(provider_name, queue_delete, merged, live,
-                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace, current=current)
+                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace, current=current,
+                            superseded=lambda uid, provider_id: queue_delete(provider_id, uid))
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
 
 
 @celery_app.task(name="gc.delete")
-def gc_delete(provider_name: str, provider_id: str) -> None:
-    """Delete one orphan found by a sharded sweep (on its host's queue)."""
+def gc_delete(provider_name: str, provider_id: str, uid: str | None = None) -> None:
+    """Delete one orphan found by a sharded sweep (on its host's queue).
+
+    With ``uid`` the instance was found *superseded* (its Proxy is live): re-checked under the
+    Proxy's lock first and kept if the Proxy names it again (:func:`app.gc.delete_superseded`).
+    """
     ctx = context()
-    ctx.registry.get(provider_name).delete(provider_id)
+    provider = ctx.registry.get(provider_name)
+    if uid:
+        if not gc_logic.delete_superseded(ctx.redis, ctx.kube.list_proxies, provider_name, provider.delete, uid,
+                                          provider_id, _lock_timeout(ctx)):
+            return
+    else:
+        provider.delete(provider_id)
     metrics.GC_DELETED.labels(provider_name).inc()
     log.info("gc %s: deleted orphan %s", provider_name, provider_id)
 
@@ -276,7 +295,7 @@ def gc_collect(provider_name: str) -> dict:
     provider = ctx.registry.get(provider_name)
     abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
     report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxies,
-                              abandoned, ctx.settings.gc_grace)
+                              abandoned, ctx.settings.gc_grace, redis=ctx.redis, lock_timeout=_lock_timeout(ctx))
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
     metrics.GC_DELETED.labels(provider_name).inc(len(report.deleted))

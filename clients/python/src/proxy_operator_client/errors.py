@@ -1,0 +1,81 @@
+"""The exceptions of the client.
+
+* :class:`ApiError` — the API answered with an error (any 4xx/5xx, or an answer that is not the
+  API's JSON).  Its :attr:`~ApiError.code` is the API's stable ``error`` code
+  (``no_proxy_available``, ``lease_expired``, ``unauthorized``, ... — docs/discovery-api.md,
+  "Errors").
+* :class:`TransportError` — the API could not be reached or did not answer in time.
+* :class:`ClientClosed` — the :class:`~proxy_operator_client.Client` was closed while a call
+  waited.
+
+All three derive from :class:`ProxyOperatorError`.  None of them ever carries the bearer token
+or a proxy credential in its message.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from typing import Optional
+
+
+class ProxyOperatorError(Exception):
+    """Base class of every exception this package raises (besides ``ValueError`` for bad
+    arguments)."""
+
+
+class ApiError(ProxyOperatorError):
+    """An error answer of the discovery/lease API.
+
+    Args:
+        status: the HTTP status (e.g. ``503``).
+        code: the API's ``error`` code (e.g. ``"no_proxy_available"``); ``"unexpected_response"``
+            when the answer was not the API's JSON error document (a gateway's HTML page, say).
+        message: the API's ``message`` (never a token or credential: the API guarantees it).
+        field: the request field at fault (``"ttlSeconds"``, ``"sessionKey"``, ...) or ``None``.
+        retry_after: seconds the API asked to wait before retrying (``Retry-After``), or ``None``.
+
+    Attributes:
+        status, code, message, field, retry_after: as above.
+    """
+
+    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None,
+                 retry_after: Optional[float] = None) -> None:
+        super().__init__(status, code, message, field, retry_after)
+        self.status, self.code, self.message = status, code, message
+        self.field, self.retry_after = field, retry_after
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"ApiError(status={self.status}, code={self.code!r}, message={self.message!r}, field={self.field!r})"
+
+
+class TransportError(ProxyOperatorError):
+    """The API could not be reached (connection refused, DNS, TLS) or did not answer within the
+    client's timeout.  The message names the API's address and the operation, nothing more."""
+
+
+class ClientClosed(ProxyOperatorError):
+    """The client was closed (:meth:`proxy_operator_client.Client.close`) while the call waited
+    for a proxy, or before it started."""
+
+
+def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds to wait from a ``Retry-After`` header value: delta-seconds (``"1"``) or an
+    HTTP-date; ``None`` when absent or unreadable.  Never negative."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

@@ -1,0 +1,388 @@
+"""A Scrapy downloader middleware that sends every request through a proxy leased from
+proxy-operator, rotates on bans and gives every lease back when the spider closes.
+
+Enable it in the project's settings (needs ``pip install 'proxy-operator-client[scrapy]'``)::
+
+    DOWNLOADER_MIDDLEWARES = {"proxy_operator_client.scrapy.ProxyLeaseMiddleware": 580}
+    PROXY_OPERATOR_URL = "http://proxy-api:8080"
+    PROXY_OPERATOR_TOKEN = "..."            # or the environment variable PROXY_OPERATOR_TOKEN
+
+The priority must stay between 550 (``RetryMiddleware``) and 590
+(``HttpCompressionMiddleware``): requests then get their proxy before
+``HttpProxyMiddleware`` (750) turns its credentials into a ``Proxy-Authorization`` header,
+and responses reach the ban detection decompressed and before ``RetryMiddleware`` retries a
+429 through the banned proxy.
+
+Settings:
+
+========================================  ==========================================================
+``PROXY_OPERATOR_URL``                    the API's base URL (required unless disabled)
+``PROXY_OPERATOR_TOKEN``                  bearer token (else the ``PROXY_OPERATOR_TOKEN`` env var)
+``PROXY_OPERATOR_ENABLED``                ``True``; ``False`` turns the middleware off
+``PROXY_OPERATOR_POOL``                   only Proxies of this namespace
+``PROXY_OPERATOR_PROVIDER``, ``_ZONE``    only proxies of this provider / zone
+``PROXY_OPERATOR_LABELS``                 dict (every label must match) or a label-selector string
+``PROXY_OPERATOR_TTL``                    lease TTL, seconds (300); renewed in the background
+``PROXY_OPERATOR_WAIT``                   seconds to wait for a proxy when none is free (60)
+``PROXY_OPERATOR_TIMEOUT``                seconds per API call (10)
+``PROXY_OPERATOR_BAN_CODES``              statuses that mean "banned" (``[403, 429]``)
+``PROXY_OPERATOR_BAN_DETECTOR``           callable ``(request, response) -> bool`` (or its import
+                                          path) that also detects bans, e.g. a captcha page
+``PROXY_OPERATOR_BAN_RETRY_TIMES``        retries of a banned request (default: the request's
+                                          ``max_retry_times`` meta, else ``RETRY_TIMES``)
+``PROXY_OPERATOR_THREADS``                threads for API calls (8), apart from the reactor's pool
+========================================  ==========================================================
+
+Behaviour:
+
+* One lease per download slot (by default one per domain), or per
+  ``request.meta["proxy_session"]`` when set: a sticky session for multi-step flows (sent to the
+  API as ``sessionKey``; keys outside ``A-Za-z0-9._:-`` or over 128 characters are hashed).
+  ``request.meta["dont_proxy_operator"] = True`` leaves a request alone (it is then fetched
+  without a leased proxy).  Every other request waits for its lease; when none can be had
+  within ``PROXY_OPERATOR_WAIT`` the request fails with :class:`~proxy_operator_client.ApiError`
+  (``no_proxy_available``): a page is never fetched without a proxy.
+* A response whose status is in ``PROXY_OPERATOR_BAN_CODES``, or that the ban detector flags,
+  ends its lease as ``blocked`` (the proxy cools down for this client), and the request is
+  retried through a new lease with :func:`scrapy.downloadermiddlewares.retry.get_retry_request`
+  (reason ``proxy_operator_ban``: ``retry_times`` meta, ``retry/*`` stats, give-up log).  When
+  its retries are used up the banned response goes on to the spider.
+* A refused connection or failed CONNECT tunnel to the proxy ends the lease as ``failed``; a
+  ``407`` (credentials changed) ends it ``ok``; the request is retried through a new lease
+  (by ``RetryMiddleware`` for the exceptions).
+* A lease the API ends behind our back (proxy turned unhealthy or drained) is replaced at the
+  next request.
+* When the spider closes, every lease is released (``ok``) before the close completes; a lease
+  granted during the close is given back at once.
+
+Stats (``proxy_operator/...``): ``leases/taken``, ``leases/released/<outcome>``,
+``leases/lost``, ``bans`` and ``bans/<namespace>/<name>`` (leases ended as blocked),
+``banned_responses``, ``proxy_failures/<namespace>/<name>``, ``retries``, ``errors/<code>``.
+No stat, log line or ``repr`` shows the token or a proxy's credentials (the proxy URL with
+credentials lives in ``request.meta["proxy"]`` only until ``HttpProxyMiddleware`` moves them
+into the request's ``Proxy-Authorization`` header; a retried request is sent back to the
+scheduler without either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from scrapy import signals
+from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.misc import load_object
+from twisted.internet import defer, threads
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+from proxy_operator_client.client import Client, Lease
+from proxy_operator_client.errors import ApiError, ClientClosed, ProxyOperatorError
+
+log = logging.getLogger(__name__)
+
+#: ``request.meta`` key of a sticky session (one lease per distinct value).
+META_SESSION = "proxy_session"
+#: ``request.meta`` key that, when true, leaves the request alone.
+META_SKIP = "dont_proxy_operator"
+#: ``request.meta`` key the middleware keeps its bookkeeping under: ``{"key", "lease", "proxy"}``
+#: (plain values: requests may be serialized to a disk queue).
+META_LEASE = "_proxy_operator"
+DEFAULT_BAN_CODES = (403, 429)
+_SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+STATS = "proxy_operator"
+
+
+def _proxy_failures() -> Tuple[type, ...]:
+    """Exceptions that say the proxy itself failed (not the target site)."""
+    found: List[type] = []
+    for path in ("twisted.internet.error.ConnectionRefusedError",
+                 "scrapy.exceptions.DownloadConnectionRefusedError",
+                 "scrapy.core.downloader.handlers.http11.TunnelError"):
+        try:
+            found.append(load_object(path))
+        except (ImportError, AttributeError, NameError, ValueError):
+            pass
+    return tuple(found)
+
+
+def session_key(value: Any) -> str:
+    """The API ``sessionKey`` for a ``proxy_session`` meta value: itself when it is 1-128 of
+    ``A-Za-z0-9._:-``, else ``h:`` + the first 40 hex digits of its SHA-256."""
+    text = str(value)
+    if _SESSION_KEY.match(text):
+        return text
+    return "h:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+
+class ProxyLeaseMiddleware:
+    """Downloader middleware leasing proxies from proxy-operator (see the module docstring for
+    settings, behaviour and stats).
+
+    Args:
+        crawler: the Scrapy crawler (settings, stats, signals, engine).
+        client: the :class:`~proxy_operator_client.Client` it leases with (closed when the
+            spider closes).
+        filters: keyword arguments of :meth:`Client.lease` (``pool``, ``provider``, ``zone``,
+            ``labels``, ``ttl``, ``wait``).
+        ban_codes: HTTP statuses that mean the proxy is banned.
+        ban_detector: ``(request, response) -> bool``, or ``None``.
+        ban_retry_times: retries of a banned request, or ``None`` for Scrapy's default.
+        threads: size of the thread pool the blocking API calls run in.
+    """
+
+    def __init__(self, crawler, client: Client, *, filters: Dict[str, Any], ban_codes=DEFAULT_BAN_CODES,
+                 ban_detector: Optional[Callable[[Any, Any], bool]] = None, ban_retry_times: Optional[int] = None,
+                 threads: int = 8) -> None:
+        from twisted.internet import reactor
+
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.client = client
+        self.filters = dict(filters)
+        self.ban_codes = frozenset(int(c) for c in ban_codes)
+        self.ban_detector = ban_detector
+        self.ban_retry_times = ban_retry_times
+        self._leases: Dict[Tuple[str, str], Lease] = {}
+        self._waiters: Dict[Tuple[str, str], List[defer.Deferred]] = {}
+        self._releases: set = set()
+        self._closed = False
+        self._failures = _proxy_failures()
+        self._pool = ThreadPool(minthreads=0, maxthreads=max(1, int(threads)), name="proxy-operator-client")
+        self._pool.start()
+        self._pool_stopped = False
+        self._reactor = reactor
+        reactor.addSystemEventTrigger("during", "shutdown", self._stop_pool)
+
+    @classmethod
+    def from_crawler(cls, crawler) -> "ProxyLeaseMiddleware":
+        """Build the middleware from the crawler's settings.
+
+        Raises:
+            NotConfigured: ``PROXY_OPERATOR_ENABLED`` is false.
+            ValueError: ``PROXY_OPERATOR_URL`` or the token missing, or a malformed setting
+                (naming it; the token's value is never shown).
+        """
+        from scrapy.exceptions import NotConfigured
+
+        s = crawler.settings
+        if not s.getbool("PROXY_OPERATOR_ENABLED", True):
+            raise NotConfigured("PROXY_OPERATOR_ENABLED is false")
+        url = s.get("PROXY_OPERATOR_URL")
+        if not url:
+            raise ValueError("PROXY_OPERATOR_URL: required (the discovery API's URL), or set "
+                             "PROXY_OPERATOR_ENABLED = False")
+        token = s.get("PROXY_OPERATOR_TOKEN") or os.environ.get("PROXY_OPERATOR_TOKEN")
+        if not token:
+            raise ValueError("PROXY_OPERATOR_TOKEN: required (setting or environment variable)")
+        labels = s.get("PROXY_OPERATOR_LABELS")
+        if isinstance(labels, str) and labels.strip().startswith("{"):
+            labels = s.getdict("PROXY_OPERATOR_LABELS")
+        detector = s.get("PROXY_OPERATOR_BAN_DETECTOR")
+        if isinstance(detector, str):
+            detector = load_object(detector)
+        if detector is not None and not callable(detector):
+            raise ValueError("PROXY_OPERATOR_BAN_DETECTOR: must be a callable (request, response) -> bool "
+                             "or its import path")
+        retry_times = s.get("PROXY_OPERATOR_BAN_RETRY_TIMES")
+        wait = s.getfloat("PROXY_OPERATOR_WAIT", 60.0)
+        client = Client(url, token, wait=wait, timeout=s.getfloat("PROXY_OPERATOR_TIMEOUT", 10.0))
+        filters = {"pool": s.get("PROXY_OPERATOR_POOL") or None, "provider": s.get("PROXY_OPERATOR_PROVIDER") or None,
+                   "zone": s.get("PROXY_OPERATOR_ZONE") or None, "labels": labels or None,
+                   "ttl": s.getint("PROXY_OPERATOR_TTL", 300), "wait": wait}
+        codes = [int(c) for c in s.getlist("PROXY_OPERATOR_BAN_CODES", list(DEFAULT_BAN_CODES))]
+        mw = cls(crawler, client, filters=filters, ban_codes=codes, ban_detector=detector,
+                 ban_retry_times=None if retry_times in (None, "") else int(retry_times),
+                 threads=s.getint("PROXY_OPERATOR_THREADS", 8))
+        crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        return mw
+
+    def __repr__(self) -> str:
+        return f"<ProxyLeaseMiddleware {self.client!r} leases={len(self._leases)}>"
+
+    # -- leases ------------------------------------------------------------------------
+    def _key(self, request) -> Tuple[str, str]:
+        session = request.meta.get(META_SESSION)
+        if session is not None:
+            return ("session", session_key(session))
+        slot = request.meta.get("download_slot")
+        if slot is None:
+            downloader = self.crawler.engine.downloader
+            if hasattr(downloader, "get_slot_key"):
+                slot = downloader.get_slot_key(request)
+            else:  # Scrapy before 2.13
+                slot = downloader._get_slot_key(request, None)
+        return ("slot", str(slot))
+
+    def _take(self, key: Tuple[str, str]) -> Lease:
+        """In a pool thread: lease a proxy for ``key``."""
+        kind, value = key
+        return self.client.lease(session_key=value if kind == "session" else None, **self.filters)
+
+    async def _lease_for(self, key: Tuple[str, str]) -> Lease:
+        lease = self._leases.get(key)
+        if lease is not None:
+            if lease.alive:
+                return lease
+            del self._leases[key]
+            self.stats.inc_value(f"{STATS}/leases/lost")
+            self._release(lease, "ok")
+        waiter: defer.Deferred = defer.Deferred()
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            self._waiters[key] = [waiter]
+            task = threads.deferToThreadPool(self._reactor, self._pool, self._take, key)
+            task.addBoth(self._taken, key)
+        else:
+            waiters.append(waiter)
+        return await maybe_deferred_to_future(waiter)
+
+    def _taken(self, result, key: Tuple[str, str]) -> None:
+        waiters = self._waiters.pop(key, [])
+        if isinstance(result, Failure):
+            err = result.value
+            code = err.code if isinstance(err, ApiError) else type(err).__name__
+            self.stats.inc_value(f"{STATS}/errors/{code}")
+            if not isinstance(err, ClientClosed):
+                log.error("proxy-operator: no lease for %s %s: %s", key[0], key[1], err)
+            for w in waiters:
+                w.errback(result)
+            return None
+        lease: Lease = result
+        self.stats.inc_value(f"{STATS}/leases/taken")
+        if self._closed:
+            self._release(lease, "ok")
+            for w in waiters:
+                w.errback(Failure(IgnoreRequest("proxy-operator: the spider is closing")))
+            return None
+        log.debug("proxy-operator: %s %s -> lease %s on %s", key[0], key[1], lease.id, lease.proxy)
+        self._leases[key] = lease
+        for w in waiters:
+            w.callback(lease)
+        return None
+
+    def _release(self, lease: Lease, outcome: str) -> defer.Deferred:
+        """Release ``lease`` in a pool thread; count it when done.  Returns the Deferred (never
+        failing: errors are logged)."""
+        d = threads.deferToThreadPool(self._reactor, self._pool, lease.release, outcome)
+
+        def done(result):
+            self._releases.discard(d)
+            if isinstance(result, Failure):
+                self.stats.inc_value(f"{STATS}/errors/release")
+                log.warning("proxy-operator: release of lease %s on %s (%s) failed: %s", lease.id, lease.proxy,
+                            outcome, result.value)
+            else:
+                self.stats.inc_value(f"{STATS}/leases/released/{result.outcome}")
+            return None
+
+        self._releases.add(d)
+        d.addBoth(done)
+        return d
+
+    def _end(self, info: Dict[str, Any], outcome: str) -> bool:
+        """End the lease ``info`` names with ``outcome`` if it is still the current lease of its
+        key (a response from an older lease of the key changes nothing).  Whether it was."""
+        key = tuple(info["key"])
+        lease = self._leases.get(key)
+        if lease is None or lease.id != info["lease"]:
+            return False
+        del self._leases[key]
+        self._release(lease, outcome)
+        return True
+
+    # -- downloader middleware API -----------------------------------------------------
+    async def process_request(self, request, spider=None):
+        """Give ``request`` the proxy of its key's lease (``request.meta["proxy"]``), leasing
+        one first when needed.
+
+        Raises:
+            ApiError: no lease could be had (``no_proxy_available`` after
+                ``PROXY_OPERATOR_WAIT``, ``unauthorized``, ...): the request fails.
+            TransportError: the API is unreachable.
+            IgnoreRequest: the spider is closing.
+        """
+        if request.meta.get(META_SKIP):
+            return None
+        if self._closed:
+            raise IgnoreRequest("proxy-operator: the spider is closing")
+        key = self._key(request)
+        lease = await self._lease_for(key)
+        request.meta["proxy"] = lease.proxy_url
+        request.meta[META_LEASE] = {"key": list(key), "lease": lease.id, "proxy": str(lease.proxy)}
+        return None
+
+    def is_ban(self, request, response) -> bool:
+        """Whether ``response`` says the proxy is banned: its status is one of the ban codes, or
+        the ban detector says so."""
+        if response.status in self.ban_codes:
+            return True
+        return bool(self.ban_detector and self.ban_detector(request, response))
+
+    def process_response(self, request, response, spider=None):
+        """Rotate on a ban (or a 407): end the lease and return a retry of the request, or the
+        response itself when the request's retries are used up."""
+        info = request.meta.get(META_LEASE)
+        if not info or request.meta.get(META_SKIP):
+            return response
+        if response.status == 407:
+            self._end(info, "ok")
+            return self._retry(request, response, "proxy_operator_proxy_auth")
+        if not self.is_ban(request, response):
+            return response
+        self.stats.inc_value(f"{STATS}/banned_responses")
+        if self._end(info, "blocked"):
+            self.stats.inc_value(f"{STATS}/bans")
+            self.stats.inc_value(f"{STATS}/bans/{info['proxy']}")
+            log.info("proxy-operator: proxy %s banned (HTTP %s): lease released as blocked", info["proxy"],
+                     response.status)
+        return self._retry(request, response, "proxy_operator_ban")
+
+    def process_exception(self, request, exception, spider=None):
+        """End the lease as ``failed`` when the proxy itself failed; ``RetryMiddleware`` then
+        retries the request, which gets a new lease."""
+        info = request.meta.get(META_LEASE)
+        if info and self._failures and isinstance(exception, self._failures) and self._end(info, "failed"):
+            self.stats.inc_value(f"{STATS}/proxy_failures/{info['proxy']}")
+            log.warning("proxy-operator: proxy %s failed (%s): lease released as failed", info["proxy"],
+                        type(exception).__name__)
+        return None
+
+    def _retry(self, request, response, reason: str):
+        new = get_retry_request(request, spider=self.crawler.spider, reason=reason,
+                                max_retry_times=self.ban_retry_times)
+        if new is None:
+            return response
+        self.stats.inc_value(f"{STATS}/retries")
+        # back to the scheduler (maybe a disk queue) without the old proxy or its credentials
+        for name in ("proxy", "_auth_proxy", META_LEASE):
+            new.meta.pop(name, None)
+        if b"Proxy-Authorization" in new.headers:
+            del new.headers[b"Proxy-Authorization"]
+        return new
+
+    # -- closing -----------------------------------------------------------------------
+    async def spider_closed(self, spider=None, reason=None) -> None:
+        """Release every lease (``ok``), wait for the releases under way, close the client
+        (a lease still being granted is given back), stop the thread pool."""
+        self._closed = True
+        leases, self._leases = list(self._leases.values()), {}
+        pending = [self._release(lease, "ok") for lease in leases] + list(self._releases)
+        await maybe_deferred_to_future(defer.DeferredList(pending, consumeErrors=True))
+        try:
+            await maybe_deferred_to_future(threads.deferToThreadPool(self._reactor, self._pool, self.client.close))
+        except ProxyOperatorError as exc:
+            log.warning("proxy-operator: closing the client: %s", exc)
+        # acquisitions interrupted by the close have failed their waiters by now
+        self._stop_pool()
+        log.info("proxy-operator: every lease released (%s this close)", len(leases))
+
+    def _stop_pool(self) -> None:
+        if not self._pool_stopped:
+            self._pool_stopped = True
+            self._pool.stop()

@@ -1,0 +1,380 @@
+"""Adversarial cases for issue 9 (lose nothing, leak nothing), in-process with real parts.
+
+Each test plays a hostile interleaving against the reconcile steps and GC: the Kubernetes API
+fake (with its delay/fault hooks), real Redis, and the real kubernetes provider.  Tests that
+pin a hole still open are ``xfail(strict=True)`` with the reason; the others are regression
+tests for holes fixed alongside them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kubernetes import client as k8s
+
+from app import gc as gc_logic
+from app.config import ProviderConfig, ProvidersConfig
+from app.kube import Kube
+from app.naming import instance_name
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, KubernetesProvider
+from app.providers.registry import build
+from app.reconcile import CREATE, DELETE, POLL, Context, Ref, create, decide, delete, poll
+from app.resources import GROUP, PLURAL, VERSION
+from app.settings import Settings
+from tests.kubefake.server import FakeKube
+from tests.support.waiting import wait_until
+
+NS = "default"
+IMAGES = ("example/squid:6", "example/squid:7")
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture()
+def fake():
+    with FakeKube() as server:
+        yield server
+
+
+@pytest.fixture()
+def api(fake):
+    client = fake.api_client()
+    yield client
+    client.close()
+
+
+def _settings() -> Settings:
+    return Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, quota_backoff=1)
+
+
+def _ctx(api, redis_client, *providers: ProviderConfig, retire=None) -> Context:
+    registry = build(ProvidersConfig(tuple(providers)),
+                     {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
+    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings(), retire=retire)
+
+
+def k8s_provider(name: str = "k8s-local", namespace: str = "") -> ProviderConfig:
+    return ProviderConfig(name, "kubernetes", 60, 15, KubernetesSettings(namespace=namespace, images=IMAGES))
+
+
+@pytest.fixture()
+def ctx(api, redis_client):
+    return _ctx(api, redis_client, k8s_provider())
+
+
+def apply(api, name: str, spec: dict) -> Ref:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    return Ref(NS, name, obj["metadata"]["uid"])
+
+
+def patch_spec(api, name: str, spec: dict) -> None:
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, {"spec": spec})
+
+
+def kubectl_delete(api, ref: Ref) -> None:
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+
+
+def read(api, ref: Ref):
+    return Kube(api).get_proxy(ref.namespace, ref.name)
+
+
+def pods(api) -> list:
+    return k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
+
+
+def pod_images(api) -> list[tuple[str, str, str]]:
+    return sorted((p.metadata.namespace, p.metadata.name, p.spec.containers[0].image) for p in pods(api))
+
+
+def kubelet_runs_all(api) -> None:
+    for pod in pods(api):
+        if (pod.status.phase if pod.status else None) != "Running":
+            k8s.CoreV1Api(api).patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": {"phase": "Running", "podIP": "10.1.2.3"}})
+
+
+def settle(ctx, api, ref: Ref, limit: int = 30) -> None:
+    """Drive the Proxy the way the task layer does until nothing is left to do.
+
+    Each round runs what :func:`decide` answers for the object as it is now (the watcher's
+    and ``changed_meanwhile``'s view), following a step's own followups; the kubelet runs
+    every Pod between rounds.
+    """
+    steps = {CREATE: create, POLL: poll, DELETE: delete}
+    for _ in range(limit):
+        kubelet_runs_all(api)
+        proxy = read(api, ref)
+        if proxy is None or proxy.uid != ref.uid:
+            return
+        action = decide(proxy)
+        if action is None:
+            return
+        followup = steps[action](ctx, ref, 0)
+        while followup is not None:
+            kubelet_runs_all(api)
+            followup = steps[followup.action](ctx, ref, followup.attempt)
+    raise AssertionError("the Proxy never settled")
+
+
+class Background:
+    """Runs one reconcile step in a thread and keeps what it returned or raised."""
+
+    def __init__(self, fn, *args) -> None:
+        self.result = self.error = None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            self.result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.error = exc
+
+    def join(self, timeout: float = 30):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the step never finished"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# -- spec changes racing a create -------------------------------------------------------------------
+def test_a_spec_change_that_lands_during_the_create_is_not_lost(fake, api, ctx):
+    """The image is changed while the Pod create (old image) is in flight.
+
+    The create used to record the *new* spec hash and generation for the Pod it made from the
+    old spec, so decide() saw nothing to do and the change was lost for good.
+    """
+    ref = apply(api, "race-1", {"provider": "k8s-local", "placement": {"image": IMAGES[0]}})
+    fake.delay_next("create", "pods", seconds=2)
+    creating = Background(create, ctx, ref)
+    wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
+    patch_spec(api, "race-1", {"placement": {"image": IMAGES[1]}})
+    creating.join()
+    proxy = read(api, ref)
+    assert proxy.status.get("specHash") != proxy.spec_hash, "status claims the new spec for the old Pod"
+    assert decide(proxy) == CREATE
+    settle(ctx, api, ref)
+    assert pod_images(api) == [(NS, instance_name(ref.uid), IMAGES[1])]
+    assert read(api, ref).status["specHash"] == read(api, ref).spec_hash
+
+
+def test_a_provider_change_during_the_create_replaces_and_retires_the_old_pod(fake, api, redis_client):
+    """spec.provider changes while the create for the old provider is in flight: the new
+    provider gets its Pod, the old one is retired, nothing is left over."""
+    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
+    ref = apply(api, "race-2", {"provider": "k8s-a"})
+    fake.delay_next("create", "pods", seconds=2)
+    creating = Background(create, ctx, ref)
+    wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
+    patch_spec(api, "race-2", {"provider": "k8s-b"})
+    creating.join()
+    settle(ctx, api, ref)
+    name = instance_name(ref.uid)
+    assert pod_images(api) == [("ns-b", name, "ubuntu/squid:latest")]
+    proxy = read(api, ref)
+    assert proxy.status["provider"] == "k8s-b" and proxy.status["providerID"] == f"ns-b/{name}"
+
+
+# -- the write-ahead status patch refused ------------------------------------------------------------
+@pytest.mark.parametrize("code", [409, 500])
+def test_a_refused_write_ahead_creates_nothing_and_the_retry_creates_one(fake, api, ctx, code):
+    ref = apply(api, f"wa-{code}", {"provider": "k8s-local"})
+    create(ctx, ref, 0)
+    # Pending was written by the first pass only if it went through; start clean each time.
+    assert len(pods(api)) == 1
+    # Now the same with the write-ahead refused: a second Proxy.
+    ref2 = apply(api, f"wa2-{code}", {"provider": "k8s-local"})
+    Kube(api).add_finalizer(read(api, ref2))
+    proxy = read(api, ref2)
+    Kube(api).patch_status(proxy, {"phase": "Pending"})   # so the next status write is the write-ahead
+    fake.fail_next("patch", f"{PLURAL}/status", code=code, reason="Conflict" if code == 409 else "InternalError")
+    followup = create(ctx, ref2, 0)
+    assert followup is not None and followup.action == CREATE
+    assert [p for p in pods(api) if p.metadata.name == instance_name(ref2.uid)] == []
+    create(ctx, ref2, followup.attempt)
+    assert len([p for p in pods(api) if p.metadata.name == instance_name(ref2.uid)]) == 1
+    assert len(pods(api)) == 2
+
+
+# -- the same name, a new UID -----------------------------------------------------------------------
+def test_deleted_and_recreated_with_the_same_name_during_the_create(fake, api, ctx):
+    """The old object's create lands after a new object of the same name exists: the old
+    Pod goes, the new object gets its own Pod, nothing is shared."""
+    old = apply(api, "same-1", {"provider": "k8s-local"})
+    fake.delay_next("create", "pods", seconds=2)
+    creating = Background(create, ctx, old)
+    wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
+    kubectl_delete(api, old)
+    assert delete(ctx, old) is None                    # no Pod yet: released
+    new = apply(api, "same-1", {"provider": "k8s-local"})
+    assert new.uid != old.uid
+    creating.join()                                    # lands, finds another object: deletes its Pod
+    settle(ctx, api, new)
+    assert [p.metadata.name for p in pods(api)] == [instance_name(new.uid)]
+
+
+# -- a move back before the old place was cleaned up ----------------------------------------------------
+def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, redis_client):
+    retired: list = []   # the retire tasks never run (the old place is unreachable)
+    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+               retire=lambda name, pid, ref: retired.append((name, pid)))
+    ref = apply(api, "back-1", {"provider": "k8s-a", "placement": {"image": IMAGES[0]}})
+    settle(ctx, api, ref)
+    patch_spec(api, "back-1", {"provider": "k8s-b", "placement": {"image": IMAGES[0]}})
+    settle(ctx, api, ref)
+    patch_spec(api, "back-1", {"provider": "k8s-a", "placement": {"image": IMAGES[1]}})
+    settle(ctx, api, ref)
+    name = instance_name(ref.uid)
+    current = read(api, ref).status["providerID"]
+    assert current == f"ns-a/{name}"
+    images = {f"{ns}/{n}": image for ns, n, image in pod_images(api)}
+    assert images[current] == IMAGES[1], "the Proxy names a Pod built from an older spec"
+
+
+# -- GC against a move back ------------------------------------------------------------------------------
+def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client):
+    """GC decides 'superseded' from one Proxy listing and deletes later (gc.collect: after the
+    listing; sharded sweeps: a gc.delete queued on the host queue, possibly behind the create).
+    A Proxy moved back in between names the instance again (the create adopted it); GC used
+    to delete it by ID anyway (Ready -> InstanceLost -> rebuilt).  Now the superseded verdict
+    is re-checked under the per-Proxy lock (app.gc.delete_superseded)."""
+    retired: list = []
+    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+               retire=lambda name, pid, ref: retired.append((name, pid)))
+    ref = apply(api, "gcback-1", {"provider": "k8s-a"})
+    settle(ctx, api, ref)
+    patch_spec(api, "gcback-1", {"provider": "k8s-b"})
+    settle(ctx, api, ref)
+    name = instance_name(ref.uid)
+    assert sorted(ns for ns, _, _ in pod_images(api)) == ["ns-a", "ns-b"]   # ns-a's retire never ran
+
+    provider_a = ctx.registry.get("k8s-a")
+    kube = Kube(api)
+
+    calls = []
+
+    def list_proxies_then_move_back():
+        listed = kube.list_proxies()             # GC's view: the Proxy names ns-b's Pod
+        if not calls:
+            patch_spec(api, "gcback-1", {"provider": "k8s-a"})
+            settle(ctx, api, ref)                # the move back adopts ns-a's Pod (no rebuild)
+        calls.append(1)
+        return listed
+
+    report = gc_logic.collect("k8s-a", provider_a, list_proxies_then_move_back, set(), grace_seconds=0,
+                              redis=redis_client)
+    assert report.deleted == []
+    assert read(api, ref).status["providerID"] == f"ns-a/{name}"
+    assert f"ns-a/{name}" in {f"{ns}/{n}" for ns, n, _ in pod_images(api)}, "GC deleted the live instance"
+    # ... while one that stays superseded is still collected: move away again, its retire lost.
+    patch_spec(api, "gcback-1", {"provider": "k8s-b"})
+    settle(ctx, api, ref)
+    report = gc_logic.collect("k8s-a", provider_a, kube.list_proxies, set(), grace_seconds=0, redis=redis_client)
+    assert report.deleted == [f"ns-a/{name}"]
+    assert [f"{ns}/{n}" for ns, n, _ in pod_images(api)] == [f"ns-b/{name}"]
+
+
+def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api, redis_client):
+    """A step holds the Proxy's lock (a create may be adopting the instance): GC keeps its hands off."""
+    retired: list = []
+    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+               retire=lambda name, pid, ref: retired.append((name, pid)))
+    ref = apply(api, "gcbusy-1", {"provider": "k8s-a"})
+    settle(ctx, api, ref)
+    patch_spec(api, "gcbusy-1", {"provider": "k8s-b"})
+    settle(ctx, api, ref)
+    lock = redis_client.lock(gc_logic.proxy_lock_key(ref.uid), timeout=30)
+    assert lock.acquire()
+    try:
+        report = gc_logic.collect("k8s-a", ctx.registry.get("k8s-a"), Kube(api).list_proxies, set(),
+                                  grace_seconds=0, redis=redis_client)
+    finally:
+        lock.release()
+    assert report.deleted == [] and len(pods(api)) == 2
+
+
+# -- a create whose re-read fails after the Proxy was released ----------------------------------------
+@pytest.mark.xfail(strict=True, reason=(
+    "when the per-Proxy lock is lost (Redis flush) a delete can release the Proxy while its create "
+    "is in flight; if the create's re-read after the provider call then fails (API 500, or the "
+    "worker is killed there), its retry finds no Proxy and returns: the Pod is an orphan until "
+    "GC (grace, ~20 min by default). The retried step knows only the ref, not the provider."))
+def test_a_create_whose_re_read_fails_after_the_release_leaks_nothing(fake, api, ctx):
+    ref = apply(api, "reread-1", {"provider": "k8s-local"})
+    fake.delay_next("create", "pods", seconds=2)
+    creating = Background(create, ctx, ref)
+    wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
+    kubectl_delete(api, ref)
+    assert delete(ctx, ref) is None                    # nothing exists yet: released
+    assert read(api, ref) is None
+    gets = fake.request_count("get", PLURAL)
+    fake.fail_next("get", PLURAL, code=500)           # the create's re-read after the Pod create
+    followup = creating.join()
+    assert fake.request_count("get", PLURAL) > gets
+    while followup is not None:                       # the task layer retries the step
+        time.sleep(min(followup.delay, 1))
+        followup = {CREATE: create, POLL: poll, DELETE: delete}[followup.action](ctx, ref, followup.attempt)
+    assert pods(api) == []
+
+
+# -- GC of one provider against the instances of another in the same place ---------------------------
+def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api, redis_client):
+    """Two kubernetes providers on the one cluster (different namespaces): each one's GC lists
+    every managed Pod cluster-wide.  A live Proxy of k8s-b named its Pod; k8s-a's sweep used to
+    count it 'superseded' (its Proxy records another provider) and delete it after the grace."""
+    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
+    ref = apply(api, "two-1", {"provider": "k8s-b"})
+    settle(ctx, api, ref)
+    assert read(api, ref).phase == "Running"
+    for name in ("k8s-a", "k8s-b"):
+        report = gc_logic.collect(name, ctx.registry.get(name), Kube(api).list_proxies, set(), grace_seconds=0,
+                                  redis=redis_client)
+        assert report.deleted == [], name
+    assert [p.metadata.name for p in pods(api)] == [instance_name(ref.uid)]
+
+
+def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same_project(api, redis_client):
+    """Two gcp providers in one project (other zones): the aggregated listing of either shows
+    every managed instance of the project; neither GC may take the other's live instance."""
+    from app.providers.gcp.provider import GcpProvider
+    from tests.gcp.fake_compute import FakeCompute
+    from tests.gcp.conftest import gcp_config
+
+    with FakeCompute() as compute:
+        config = ProvidersConfig((gcp_config(compute, "gcp-b", zones=["europe-west1-b"]),
+                                  gcp_config(compute, "gcp-c", zones=["europe-west1-c"])))
+        registry = build(config, {"gcp": GcpProvider})
+        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings())
+        ref = apply(api, "two-gce", {"provider": "gcp-c", "placement": {"zone": "europe-west1-c"}})
+        create(ctx, ref)
+        assert len(compute.instances) == 1
+        for name in ("gcp-b", "gcp-c"):
+            report = gc_logic.collect(name, registry.get(name), Kube(api).list_proxies, set(), grace_seconds=0,
+                                      redis=redis_client)
+            assert report.deleted == [], name
+        assert len(compute.instances) == 1
+
+
+# -- routing: the delete of a Proxy moving to another provider ------------------------------------------
+def test_a_delete_during_a_move_to_another_provider_runs_on_the_recorded_hosts_queue(tmp_path):
+    """The Proxy moves from kvm host h1 to another provider; the create has not recorded the
+    new instance yet (its write-ahead failed, or it is still queued) when the Proxy is
+    deleted.  The delete removes the recorded domain on h1 (status.provider), so it must run
+    on h1's queue; it used to be routed by spec.provider (no hosts: ``proxies``)."""
+    from tests.test_routing import UID, _ctx as routing_ctx
+    from app.resources import Proxy
+    from workers.tasks import queue_for_proxy
+
+    ctx = routing_ctx(tmp_path)
+    status = {"providerID": "hosts/h1/domains/proxy-abc", "provider": "lab", "phase": "Provisioning"}
+    for new_provider in ("gcp-elsewhere", "lab-removed"):
+        proxy = Proxy.from_dict({"metadata": {"namespace": "ns", "name": "p", "uid": UID, "generation": 3},
+                                 "spec": {"provider": new_provider}, "status": status})
+        assert queue_for_proxy(ctx, proxy, DELETE) == "kvm.lab.h1", new_provider
+        assert queue_for_proxy(ctx, proxy, CREATE) == "proxies"

@@ -1,0 +1,314 @@
+"""Metrics from every process, the alert rules and the dashboard (issue 12, item 3 and "Real parts").
+
+Fast (promtool only): the rules in deploy/prometheus/prometheus_rule.yaml pass ``promtool
+check rules`` and promtool's unit tests (tests/prometheus/alerts_test.yaml).
+
+Slow, one stack for the module: the API fake with its kubelet stand-in (a real Squid per Pod),
+a private Redis, and the watcher, a prefork worker, beat and the API started through their
+real commands, each serving ``/metrics`` on its own loopback port.  One Proxy goes Ready and is
+leased; the watcher's watches end every 2 s and the fake's history is compacted once (410,
+relist).  Then:
+
+* every metric named in docs/observability.md is read from a real scrape of the process that
+  exports it;
+* the Grafana dashboard refers only to metrics those scrapes expose;
+* a real Prometheus server (Debian's ``prometheus``) scrapes the four processes every second
+  with the project's alert rules loaded (their ``for:`` cut to 2 s, expressions as shipped):
+  every target is up, and a provider outage (every Pod list answered after the check's
+  timeout) fires ``ProxyOperatorProviderDown``, which clears when the API answers again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.resources import GROUP, PLURAL, VERSION
+from tests.api.served import request as api_request
+from tests.api.served import start_api
+from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
+from tests.support.processes import Process, celery_beat, celery_worker, watcher
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE = ROOT / "deploy" / "prometheus" / "prometheus_rule.yaml"
+DASHBOARD = ROOT / "deploy" / "prometheus" / "grafana-dashboard.json"
+DOC = ROOT / "docs" / "observability.md"
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed")
+
+#: What each process must export (read from a real scrape of that process).
+EXPECTED = {
+    "watcher": {"proxy_operator_watch_events_total", "proxy_operator_watch_restarts_total",
+                "proxy_operator_watch_gone_total", "proxy_operator_watch_relists_total",
+                "proxy_operator_watcher_leader", "proxy_operator_watch_event_to_enqueue_seconds",
+                "proxy_operator_watch_handoff_backlog"},
+    "beat": {"proxy_operator_beat_schedules_fired_total", "proxy_operator_beat_last_run_timestamp_seconds",
+             "proxy_operator_beat_lock_held", "proxy_operator_provider_up", "proxy_operator_provider_check_stale",
+             "proxy_operator_provider_check_duration_seconds", "proxy_operator_provider_check_timestamp_seconds",
+             "proxy_operator_serving_proxies"},
+    "worker": {"proxy_operator_queue_depth", "proxy_operator_task_duration_seconds", "proxy_operator_tasks_total",
+               "proxy_operator_provider_requests_total", "proxy_operator_provider_request_duration_seconds",
+               "proxy_operator_reconcile_total", "proxy_operator_proxies", "proxy_operator_gc_deleted_total",
+               "proxy_operator_probe_duration_seconds", "proxy_operator_probe_results_total",
+               "proxy_operator_probe_outage", "proxy_operator_health_status_writes_total"},
+    "api": {"proxy_operator_lease_requests_total", "proxy_operator_leases_active"},
+}
+
+
+def rules_file(directory: Path, *, short_for: str | None = None) -> Path:
+    """Write the PrometheusRule's ``spec`` as a plain rules file (``for:`` replaced if asked)."""
+    spec = yaml.safe_load(RULE.read_text())["spec"]
+    if short_for:
+        for group in spec["groups"]:
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = short_for
+    path = directory / "rules.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# -- promtool ---------------------------------------------------------------------------------
+@needs_promtool
+def test_the_rules_pass_promtool_check_rules(tmp_path):
+    out = subprocess.run([PROMTOOL, "check", "rules", str(rules_file(tmp_path))], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = {r["alert"] for g in yaml.safe_load(RULE.read_text())["spec"]["groups"] for r in g["rules"]}
+    assert {"ProxyOperatorProviderDown", "ProxyOperatorFleetMostlyUnhealthy", "ProxyOperatorNoLeaseCapacity",
+            "ProxyOperatorQueueBacklogGrowing", "ProxyOperatorBeatNotScheduling",
+            "ProxyOperatorWatcherNotLeading"} <= names
+    doc = DOC.read_text()
+    assert all(f"`{n}`" in doc for n in names), "every alert is described in docs/observability.md"
+
+
+@needs_promtool
+def test_each_alert_fires_on_what_it_is_about(tmp_path):
+    rules_file(tmp_path)
+    shutil.copy(ROOT / "tests" / "prometheus" / "alerts_test.yaml", tmp_path / "alerts_test.yaml")
+    out = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "alerts_test.yaml")], capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- names ------------------------------------------------------------------------------------
+_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                 "offset", "le", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: identifiers that are neither functions nor
+    keywords, outside label matchers, ``by (...)`` lists and strings."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)            # strings
+    text = re.sub(r"\{[^}]*\}", "", text)                        # label matchers
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)                       # ranges and subqueries
+    names = set()
+    for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        word = m.group(0)
+        rest = text[m.end():].lstrip()
+        if word.lower() in _PROMQL_WORDS or rest.startswith("("):
+            continue
+        names.add(word)
+    return names
+
+
+def documented_metrics() -> set[str]:
+    """Metric names in the first column of docs/observability.md's metric tables."""
+    return set(re.findall(r"^\| `(proxy_operator_[a-z0-9_]+)`", DOC.read_text(), re.M))
+
+
+def family_names(text: str) -> set[str]:
+    """Metric family names in a scrape, counters with their ``_total`` (as PromQL sees them)."""
+    names = set()
+    for family in text_string_to_metric_families(text):
+        if not family.samples:
+            continue
+        names.add(family.name + "_total" if family.type == "counter" else family.name)
+        names.update(s.name for s in family.samples)  # _bucket, _sum, _count, _total
+    return names
+
+
+def test_every_dashboard_query_parses_to_known_names():
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    read = set().union(*(metric_names(e) for e in exprs))
+    base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in read}
+    assert base <= documented_metrics(), f"not documented: {sorted(base - documented_metrics())}"
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for topic in ("phase", "probe latency", "leases", "queue", "provider"):
+        assert topic in titles, topic
+
+
+# -- the real processes -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Redis, the API fake + kubelet, an origin, watcher/worker/beat/API with /metrics; one Ready,
+    leased Proxy.  Yields ``{"urls": {process: metrics URL}, "cluster": ..., "procs": ...}``."""
+    tmp = tmp_path_factory.mktemp("observability")
+    redis = RedisServer()
+    cluster = FakeCluster(bookmark_interval=1.0).start()
+    procs: dict[str, Process] = {}
+    with origin_server() as origin:
+        try:
+            providers = tmp / "providers.yaml"
+            providers.write_text(yaml.safe_dump({"providers": [{
+                "name": "k8s-local", "type": "kubernetes", "checkInterval": "10s", "checkTimeout": "2s",
+                "squid": LOOPBACK_SQUID_BLOCK}]}))
+            env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp / "kubeconfig")), "REDIS_URL": redis.url,
+                   "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600",
+                   "POLL_INITIAL": "0.5", "POLL_MAX": "1", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
+                   "BROKER_VISIBILITY_TIMEOUT": "60", "HEALTH_SWEEP_INTERVAL": "1", "EGRESS_ECHO_URL": "",
+                   "PROBE_ALLOWED_RANGES": "127.0.0.0/8", "WATCH_TIMEOUT": "2"}
+            ports = {name: free_port() for name in ("watcher", "beat", "worker")}
+            (tmp / "prom").mkdir()
+            procs["worker"] = celery_worker({**env, "METRICS_BIND": f"127.0.0.1:{ports['worker']}",
+                                             "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom")}).start()
+            procs["beat"] = celery_beat({**env, "METRICS_BIND": f"127.0.0.1:{ports['beat']}"}, str(tmp)).start()
+            procs["watcher"] = watcher({**env, "METRICS_BIND": f"127.0.0.1:{ports['watcher']}"}).start()
+            procs["api"], ports["api"] = start_api(tmp, redis.url)
+            procs["worker"].wait_for_log("ready", timeout=60)
+            custom = k8s.CustomObjectsApi(cluster.fake.api_client())
+            custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+                "metadata": {"name": "observed", "namespace": "default"},
+                "spec": {"provider": "k8s-local", "healthCheck": {"url": f"{origin}/generate_204",
+                                                                  "intervalSeconds": 1, "timeoutSeconds": 1}}})
+            wait_for(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "observed")
+                              .get("status") or {}).get("phase") == "Ready", 60, "the Proxy Ready")
+            status, _, body = wait_for(lambda: (r := api_request(ports["api"], "POST", "/v1/leases", b"{}"))[0] == 201
+                                       and r, 20, "a lease")
+            # The watch's history is compacted: its next resume gets 410 Gone and relists.
+            cluster.fake.compact()
+            urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
+            yield {"urls": urls, "cluster": cluster, "procs": procs, "tmp": tmp}
+        finally:
+            for p in procs.values():
+                p.stop()
+            cluster.close()
+            redis.stop()
+
+
+def scrape_names(url: str) -> set[str]:
+    return family_names(requests.get(url, timeout=5).text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_every_process_exports_its_metrics(stack):
+    for process, names in EXPECTED.items():
+        seen = wait_for(lambda u=stack["urls"][process], n=names: (s := scrape_names(u)) >= n and s, 30,
+                        f"{process} to export {sorted(names)}")
+        assert names <= seen
+    # the watcher saw what was arranged: restarts after its 2 s watches, a 410 and a relist
+    text = requests.get(stack["urls"]["watcher"], timeout=5).text
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}
+    wait_for(lambda: _value(stack["urls"]["watcher"], "proxy_operator_watch_gone_total") >= 1, 20, "a 410")
+    assert _value(stack["urls"]["watcher"], "proxy_operator_watch_relists_total") >= 2
+    assert values[("proxy_operator_watcher_leader", ())] == 1
+    assert values[("proxy_operator_watch_restarts_total", (("reason", "ended"),))] >= 1
+    # every documented metric of these processes was read from one of the scrapes
+    everything = set().union(*(scrape_names(u) for u in stack["urls"].values()))
+    documented = documented_metrics()
+    missing = {n for n in documented if n not in everything and n + "_total" not in everything}
+    # counted only when they happen (GC found a partial listing, a probe failed)
+    assert missing <= {"proxy_operator_gc_partial_sweeps_total", "proxy_operator_probe_failures_total"}, \
+        sorted(missing)
+    queues = _labels(stack["urls"]["worker"], "proxy_operator_queue_depth", "queue")
+    assert {"proxies", "health", "gc"} <= queues
+    entries = _labels(stack["urls"]["beat"], "proxy_operator_beat_last_run_timestamp_seconds", "entry")
+    assert {"health-sweep", "proxy-resync", "provider-check-k8s-local"} <= entries
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_dashboard_refers_only_to_metrics_the_processes_export(stack):
+    everything = set().union(*(scrape_names(u) for u in stack["urls"].values()))
+    dash = json.loads(DASHBOARD.read_text())
+    read = set().union(*(metric_names(t["expr"]) for p in dash["panels"] for t in p.get("targets", [])))
+    assert read <= everything, f"the dashboard reads metrics nobody exports: {sorted(read - everything)}"
+
+
+def _value(url: str, name: str, labels: dict | None = None) -> float:
+    for family in text_string_to_metric_families(requests.get(url, timeout=5).text):
+        for s in family.samples:
+            if s.name == name and (labels is None or all(s.labels.get(k) == v for k, v in labels.items())):
+                return s.value
+    return float("nan")
+
+
+def _labels(url: str, name: str, label: str) -> set[str]:
+    return {s.labels[label] for f in text_string_to_metric_families(requests.get(url, timeout=5).text)
+            for s in f.samples if s.name == name}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus (Debian package prometheus) is not installed")
+def test_a_real_prometheus_scrapes_everything_and_a_provider_outage_fires_and_clears(stack, tmp_path):
+    targets = {name: url.removeprefix("http://").removesuffix("/metrics") for name, url in stack["urls"].items()}
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+              "rule_files": [str(rules_file(tmp_path, short_for="2s"))],
+              "scrape_configs": [{"job_name": name, "static_configs": [{"targets": [t]}]}
+                                 for name, t in targets.items()]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = Process("prometheus", [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], {}, str(tmp_path)).start()
+    api = f"http://127.0.0.1:{port}/api/v1"
+    fake = stack["cluster"].fake
+
+    def alerts(name: str) -> list[dict]:
+        data = requests.get(f"{api}/alerts", timeout=5).json()["data"]["alerts"]
+        return [a for a in data if a["labels"]["alertname"] == name]
+
+    def query(expr: str) -> list:
+        return requests.get(f"{api}/query", params={"query": expr}, timeout=5).json()["data"]["result"]
+
+    try:
+        def all_up():
+            try:
+                active = requests.get(f"{api}/targets", timeout=2).json()["data"]["activeTargets"]
+            except (requests.RequestException, ValueError, KeyError):
+                return False
+            return len(active) == 4 and all(t["health"] == "up" for t in active) and active
+        active = wait_for(all_up, 30, f"Prometheus to scrape all four processes; log: {server.log()[-2000:]}")
+        assert {t["labels"]["job"] for t in active} == {"watcher", "beat", "worker", "api"}
+        wait_for(lambda: query('proxy_operator_provider_up{provider="k8s-local",target="cluster"} == 1'), 30,
+                 "the provider up in Prometheus")
+        assert alerts("ProxyOperatorProviderDown") == []
+
+        # The outage: every Pod list (the kubernetes provider's check) answers after its timeout.
+        fake.delay_next("list", "pods", seconds=4, times=10_000)
+        firing = wait_for(lambda: [a for a in alerts("ProxyOperatorProviderDown") if a["state"] == "firing"], 40,
+                          "ProxyOperatorProviderDown to fire")
+        assert firing[0]["labels"]["provider"] == "k8s-local" and firing[0]["labels"]["target"] == "cluster"
+        assert firing[0]["labels"]["severity"] == "critical"
+
+        fake.clear_faults()
+        wait_for(lambda: alerts("ProxyOperatorProviderDown") == [], 40, "ProxyOperatorProviderDown to clear")
+        # the other alerts stay quiet on a healthy stack
+        quiet = ("ProxyOperatorWatcherNotLeading", "ProxyOperatorBeatNotScheduling", "ProxyOperatorNoLeaseCapacity")
+        assert all(alerts(name) == [] for name in quiet), [alerts(n) for n in quiet]
+    finally:
+        fake.clear_faults()
+        server.stop()

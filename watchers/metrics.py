@@ -1,0 +1,31 @@
+"""Prometheus metrics of the watcher (served on ``METRICS_BIND`` by ``proxy-operator watch``).
+
+Defined here, not in :mod:`app.metrics`, so that only the watcher process has them: an
+unlabelled gauge defined in a shared module would read 0 in every other process.  Meanings and
+labels: docs/observability.md.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+WATCH_EVENTS = Counter(
+    "proxy_operator_watch_events_total",
+    "Proxy events the watcher received from the API, by type (SYNC from a list, ADDED, MODIFIED, "
+    "DELETED, BOOKMARK).", ["type"])
+WATCH_RESTARTS = Counter(
+    "proxy_operator_watch_restarts_total",
+    "Proxy watch requests reopened, by why the previous one ended (ended: the server closed it, "
+    "e.g. at timeoutSeconds; gone: 410; error: anything else).", ["reason"])
+WATCH_GONE = Counter("proxy_operator_watch_gone_total",
+                     "410 Gone answers to a Proxy watch (its resourceVersion left the server's history).")
+WATCH_RELISTS = Counter("proxy_operator_watch_relists_total", "Complete lists of every Proxy (start, after 410).")
+WATCHER_LEADER = Gauge("proxy_operator_watcher_leader", "1 while this watcher holds the leader Lease, else 0.",
+                       multiprocess_mode="livemax")
+EVENT_TO_ENQUEUE = Histogram(
+    "proxy_operator_watch_event_to_enqueue_seconds",
+    "Seconds from a Proxy event's arrival from the API to its hand-off done (task queued, or nothing to do).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+HANDOFF_BACKLOG = Gauge("proxy_operator_watch_handoff_backlog",
+                        "Proxy events waiting for the dispatcher (one per Proxy; grows while Redis is down).",
+                        multiprocess_mode="livemax")
