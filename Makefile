@@ -7,10 +7,10 @@ BIN := $(VENV)/bin
 
 venv: $(BIN)/proxy-operator
 
-$(BIN)/proxy-operator: pyproject.toml
+$(BIN)/proxy-operator: pyproject.toml clients/python/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,kvm]'
+	$(BIN)/pip install -q -e '.[test,kvm]' -e ./clients/python
 	touch $@
 
 ## test: the whole suite (starts its own Redis, Squid, sshd, libvirtd, fakes; needs root for libvirtd)

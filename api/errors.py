@@ -81,6 +81,23 @@ def redis_unavailable(exc: redis.RedisError) -> ApiError:
                     headers={"Retry-After": "1"})
 
 
+def script_failed(exc: redis.RedisError) -> bool:
+    """Whether ``exc`` is a Lua script of ours failing on what it was given (a bug, e.g. input
+    the script cannot decode), as opposed to Redis being unreachable, busy or read-only."""
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and ("user_script" in text or "Error running script" in text)
+
+
+def redis_error(exc: redis.RedisError) -> ApiError:
+    """The answer to a Redis error: a failing script is a bug, answered 500 ``internal_error``
+    with its traceback logged (a 503 with ``Retry-After`` would have clients retry the same
+    request forever); anything else is 503 ``redis_unavailable`` (:func:`redis_unavailable`).
+    Call it while handling ``exc``."""
+    if script_failed(exc):
+        return internal_error()
+    return redis_unavailable(exc)
+
+
 def internal_error() -> ApiError:
     """Log the exception being handled, with its traceback, and return the 500 for it."""
     log.exception("api: unexpected error")
@@ -113,7 +130,7 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(redis.RedisError)
     def _redis_error(exc: redis.RedisError):
-        return redis_unavailable(exc).response()
+        return redis_error(exc).response()
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import redis
 
 from api import inputs, routes
-from api.errors import ApiError, internal_error, json_bytes, redis_unavailable
+from api.errors import ApiError, internal_error, json_bytes, redis_error
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class FastPath:
         except ApiError as exc:
             return exc.wsgi(start_response)
         except redis.RedisError as exc:
-            return redis_unavailable(exc).wsgi(start_response)
+            return redis_error(exc).wsgi(start_response)
         except Exception:  # noqa: BLE001 - a bug: logged with its traceback, answered 500
             return internal_error().wsgi(start_response)
         body = json_bytes(doc)

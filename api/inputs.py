@@ -2,7 +2,9 @@
 
 Every problem is a 400 (413 for a body over :data:`MAX_BODY_BYTES`, 415 for a body that is not
 JSON) whose ``field`` names the culprit; nothing unknown is silently ignored, and no input
-makes a 5xx.
+makes a 5xx.  What reaches the lease script has been checked here: no lone UTF-16 surrogate
+(Redis' JSON decoder refuses them), no control character, selectors within the caps of
+:mod:`app.selectors`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _READ_CHUNK = 16 * 1024
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*+"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: C0 and C1 control characters and DEL: never part of a provider, zone or namespace name.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 LEASE_ID = re.compile(r"^[0-9a-f]{32}$")
 FILTER_FIELDS = ("provider", "zone", "namespace", "selector")
@@ -165,11 +169,23 @@ def _text(field: str, value) -> str:
         raise bad_field(field, f"must be a string, got {type(value).__name__}")
     if not value or len(value) > MAX_FILTER_LENGTH:
         raise bad_field(field, f"must be 1 to {MAX_FILTER_LENGTH} characters")
+    if _CONTROL.search(value):
+        raise bad_field(field, "must not contain control characters")
+    if _SURROGATE.search(value):
+        raise bad_field(field, "must not contain a lone UTF-16 surrogate")
     return value
 
 
 def filters(values: dict) -> Filters:
-    """Build :class:`app.leases.Filters` from ``provider zone namespace selector`` values."""
+    """Build :class:`app.leases.Filters` from ``provider zone namespace selector`` values
+    (a JSON body or the query string).
+
+    Raises:
+        ApiError: 400 ``invalid_field`` naming the field: not a string, empty or over
+            :data:`MAX_FILTER_LENGTH` characters, a control character or lone surrogate in
+            ``provider``/``zone``/``namespace``; a selector that does not parse or exceeds a
+            cap of :mod:`app.selectors` (the message names the cap).
+    """
     reqs = ()
     if "selector" in values:
         sel = values["selector"]

@@ -3,10 +3,19 @@ and its errors.  Limits that come from settings (the maximum TTL) are filled in 
 
 from __future__ import annotations
 
+from app import selectors
 from app.leases import OUTCOMES, LeaseSettings
 from api.inputs import MAX_FILTER_LENGTH
 
-_FILTER = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_LENGTH}
+_FILTER = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_LENGTH,
+           "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$", "description": "No control characters."}
+_SELECTOR = {"type": "string", "maxLength": selectors.MAX_LENGTH,
+             "description": (f"Kubernetes label selector: `k=v,k2!=v2,k3 in (a,b),k4 notin (c),k5,!k6`. At most "
+                             f"{selectors.MAX_REQUIREMENTS} requirements, {selectors.MAX_VALUES} values in one "
+                             f"`in`/`notin` list; keys: a prefix of at most {selectors.MAX_PREFIX_LENGTH} "
+                             f"characters and a name of at most {selectors.MAX_NAME_LENGTH}; values at most "
+                             f"{selectors.MAX_VALUE_LENGTH} characters. Beyond a cap: 400 `invalid_field` "
+                             "naming it.")}
 
 
 def _error_response(description: str) -> dict:
@@ -16,13 +25,18 @@ def _error_response(description: str) -> dict:
 
 def _errors(*codes: int) -> dict:
     words = {400: "Bad request: malformed JSON (not UTF-8, nested deeper than 32 levels, a lone UTF-16 "
-                  "surrogate, NaN), an unknown or invalid field (named in `field`).",
+                  "surrogate, NaN), an unknown or invalid field (named in `field`; a control character in a "
+                  "filter, a selector beyond its caps), an unknown query parameter.",
              401: "Missing or invalid bearer token.",
              403: "The lease belongs to another client.",
              404: "No such lease.",
              409: "The lease's proxy is no longer healthy or leasable; the lease was ended.",
              413: "Request body over 64 KiB, however it is framed (Content-Length or chunked).",
              415: "The body is not application/json.",
+             429: "`client_lease_limit`: the client holds as many live leases as its `maxLeases` in the "
+                  "tokens file allows (the message names the limit). A lease request gets `Retry-After`: "
+                  "seconds until the client's earliest lease expires (none for a limit of 0); a renewal "
+                  "refused because the client is above its limit leaves the lease to run out.",
              503: "No proxy fits (leases: the message counts the published proxies and why each was "
                   "excluded) or the lease store is unavailable."}
     return {str(c): _error_response(words[c]) for c in codes}
@@ -37,8 +51,8 @@ def document(settings: LeaseSettings) -> dict:
          "description": "Only proxies in this zone (kvm: host)."},
         {"name": "namespace", "in": "query", "required": False, "schema": _FILTER,
          "description": "Only Proxies of this Kubernetes namespace."},
-        {"name": "selector", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 4096},
-         "description": "Kubernetes label selector: `k=v,k2!=v2,k3 in (a,b),k4 notin (c),k5,!k6`."},
+        {"name": "selector", "in": "query", "required": False, "schema": {"type": "string", "maxLength": selectors.MAX_LENGTH},
+         "description": _SELECTOR["description"]},
         {"name": "healthy", "in": "query", "required": False, "schema": {"type": "boolean"},
          "description": "true: only healthy proxies; false: only the others."},
     ]
@@ -96,7 +110,7 @@ def document(settings: LeaseSettings) -> dict:
                     "type": "object", "additionalProperties": False,
                     "properties": {
                         "provider": _FILTER, "zone": _FILTER, "namespace": _FILTER,
-                        "selector": {"type": "string", "maxLength": 4096},
+                        "selector": _SELECTOR,
                         "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": settings.max_ttl,
                                        "description": f"Default {settings.default_ttl}."},
                         "sessionKey": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
@@ -183,14 +197,14 @@ def document(settings: LeaseSettings) -> dict:
                 "requestBody": {"required": False, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/LeaseRequest"}}}},
                 "responses": {"201": {"description": "Lease granted", "content": lease_ok},
-                              **_errors(400, 401, 413, 415, 503)}}},
+                              **_errors(400, 401, 413, 415, 429, 503)}}},
             "/v1/leases/{leaseId}/renew": {"post": {
                 "summary": "Extend a live lease (owner only).", "security": [{"bearer": []}],
                 "parameters": [lease_id],
                 "requestBody": {"required": False, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/RenewRequest"}}}},
                 "responses": {"200": {"description": "Lease renewed", "content": lease_ok},
-                              **_errors(400, 401, 403, 404, 409, 413, 415, 503)}}},
+                              **_errors(400, 401, 403, 404, 409, 413, 415, 429, 503)}}},
             "/v1/leases/{leaseId}": {"delete": {
                 "summary": "Release a lease (owner only); blocked/failed start a cooldown.",
                 "security": [{"bearer": []}],

@@ -24,7 +24,7 @@ from app.tokens import Client, TokenStore
 log = logging.getLogger(__name__)
 
 _LEASE_STATUS = {leases.NO_PROXY_AVAILABLE: 503, leases.LEASE_NOT_FOUND: 404, leases.NOT_LEASE_OWNER: 403,
-                 leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409}
+                 leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409, leases.CLIENT_LEASE_LIMIT: 429}
 _OPEN = {"/healthz", "/metrics", "/openapi.json"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
 ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey")
@@ -75,9 +75,15 @@ def lease_json(lease: leases.Lease) -> dict:
 
 
 def lease_error(operation: str, exc: leases.LeaseError) -> ApiError:
-    """Count a refused lease operation and return its HTTP error."""
+    """Count a refused lease operation and return its HTTP error: ``Retry-After: 1`` on a
+    ``503 no_proxy_available``; on a ``429 client_lease_limit`` the seconds until the client's
+    earliest lease expires (none when waiting cannot help: a limit of 0, a refused renewal)."""
     metrics.LEASE_REQUESTS.labels(operation, exc.code).inc()
-    headers = {"Retry-After": "1"} if exc.code == leases.NO_PROXY_AVAILABLE else None
+    headers = None
+    if exc.code == leases.NO_PROXY_AVAILABLE:
+        headers = {"Retry-After": "1"}
+    elif exc.retry_after is not None:
+        headers = {"Retry-After": str(exc.retry_after)}
     return ApiError(_LEASE_STATUS[exc.code], exc.code, exc.message, headers=headers)
 
 
@@ -86,7 +92,8 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     :func:`api.inputs.body`): validate the fields, lease, count it.
 
     Raises:
-        ApiError: 400 for a field, 503 ``no_proxy_available`` (:func:`lease_error`).
+        ApiError: 400 for a field, 429 ``client_lease_limit`` (the client holds its
+            ``maxLeases``), 503 ``no_proxy_available`` (:func:`lease_error`).
         redis.RedisError: Redis unreachable.
     """
     filters = inputs.filters(doc)
@@ -94,7 +101,7 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else cfg.default_ttl
     session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
     try:
-        lease = leases.acquire(state.redis, client.name, filters, ttl, cfg, session)
+        lease = leases.acquire(state.redis, client.name, filters, ttl, cfg, session, client.max_leases)
     except leases.LeaseError as exc:
         raise lease_error("acquire", exc) from None
     metrics.OK["acquire"].inc()
@@ -163,17 +170,19 @@ def register(app: Flask, state: State) -> None:
 
     @app.post("/v1/leases")
     def acquire_route():
+        inputs.query(request, ())  # the fast path takes the plain form; any parameter is refused here
         lease = acquire(state, client(), inputs.body(request, ACQUIRE_FIELDS))
         return _json(lease_json(lease), 201, {"Location": f"/v1/leases/{lease.id}"})
 
     @app.post("/v1/leases/<lease_id>/renew")
     def renew(lease_id: str):
         lease_id = inputs.lease_id(lease_id)
+        inputs.query(request, ())
         doc = inputs.body(request, ("ttlSeconds",))
         cfg = state.settings.leases
         ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else None
         try:
-            lease = leases.renew(state.redis, client().name, lease_id, ttl, cfg)
+            lease = leases.renew(state.redis, client().name, lease_id, ttl, cfg, client().max_leases)
         except leases.LeaseError as exc:
             raise lease_error("renew", exc) from None
         metrics.OK["renew"].inc()

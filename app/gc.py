@@ -178,6 +178,60 @@ def delete_superseded(redis, list_proxies, provider_name: str, delete, uid: str,
             pass
 
 
+def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, list_proxies,
+                      grace_seconds: float, lock_timeout: float = 60.0, now: datetime | None = None) -> bool:
+    """Delete ``provider_id`` only if GC's own rules, applied afresh, say it is collectable.
+
+    What a ``gc.delete`` task runs.  Its arguments come from a Redis message and are not
+    trusted: the instance is read from the provider (NotFound: nothing to do), then, under
+    its Proxy's lock, judged by :func:`orphans` against a fresh listing of the Proxies: our
+    managed-by tag, no abandoned mark, its Proxy gone (or the instance superseded), older
+    than the grace period.  A forged message can therefore delete only what GC would delete
+    anyway.
+
+    Args:
+        provider: the provider (``get`` and ``delete``).
+        provider_name: for logs and :func:`current_instances`.
+        provider_id: the instance.
+        redis: ``redis.Redis`` for the per-Proxy lock.
+        list_proxies: callable returning every existing Proxy.
+        grace_seconds: minimum age.
+        lock_timeout: seconds.
+        now: current time (timezone-aware), for tests.
+    Returns:
+        whether the instance was deleted.
+    Raises:
+        ProviderError: reading or deleting the instance failed.
+    """
+    from app.providers.errors import NotFound
+
+    try:
+        inst = provider.get(provider_id)
+    except NotFound:
+        return False
+    uid = inst.tags.get(naming.TAG_PROXY_UID)
+    if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY or not uid:
+        log.warning("gc %s: %s carries no managed-by tag and Proxy UID; not deleting it", provider_name, provider_id)
+        return False
+    lock = redis.lock(proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
+    if not lock.acquire():
+        log.info("gc %s: proxy uid %s is busy; %s left for the next sweep", provider_name, uid, provider_id)
+        return False
+    try:
+        live, current = current_instances(list_proxies(), provider_name)
+        if not orphans([inst], live, set(), now or datetime.now(timezone.utc), grace_seconds, current):
+            log.warning("gc %s: %s is not collectable (live, abandoned or too young); not deleting it",
+                        provider_name, provider_id)
+            return False
+        provider.delete(provider_id)
+        return True
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired
+            pass
+
+
 def collect(provider_name: str, provider, list_proxies, abandoned: set[str], grace_seconds: float,
             tag: str = naming.MANAGED_BY, redis=None, lock_timeout: float = 60.0) -> SweepReport:
     """One provider's GC pass: list by tag, then delete the orphans and superseded instances.

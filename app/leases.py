@@ -1,8 +1,12 @@
 """Leases: selection and reservation of proxies for crawlers, atomic in Redis.
 
 Selection and reservation run in one Lua script (``EVALSHA``), so under any concurrency no
-proxy ever holds more than ``maxLeases`` live leases.  The script:
+proxy ever holds more than ``maxLeases`` live leases, and no client more than its own
+``maxLeases`` of the tokens file (:class:`app.tokens.Client`).  The script:
 
+0. when the client has a lease limit, counts its live leases (``po:client-leases:<client>``,
+   expired ones dropped first) and refuses with ``client_lease_limit`` at the limit, before
+   anything else;
 1. drops this client's expired cooldowns, and ends leases that expired since the last
    request (up to :data:`EXPIRE_BATCH` per request; the rest on the next ones), so the lease
    index counts only live leases;
@@ -23,9 +27,9 @@ proxy ever holds more than ``maxLeases`` live leases.  The script:
    (``po:draining``), at ``maxLeases`` (``po:full``), cooling down for this client, awaiting
    its credentials, or filtered out.  Without filters it reads only the sizes of those sets;
    with filters, the placement and labels of their members;
-4. reserves: adds the lease to the proxy's sorted set of live leases and to the expiry
-   index, writes the lease record, (re)binds the session, and moves the proxy in the index.
-   The answer carries the proxy's credentials when it requires them.
+4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to
+   the expiry index, writes the lease record, (re)binds the session, and moves the proxy in
+   the index.  The answer carries the proxy's credentials when it requires them.
 
 Keys (besides the serving view of :mod:`app.serving`):
 
@@ -35,6 +39,12 @@ Keys (besides the serving view of :mod:`app.serving`):
 * ``po:lease:<id>`` — hash ``uid client ttl expiresAt createdAt sessionKey``, kept
   ``record_grace`` seconds past expiry so a late renew says "expired" and a late release can
   still report an outcome;
+* ``po:client-leases:<client>`` — sorted set lease id → expiry (ms): the client's live leases,
+  for its ``maxLeases``.  Kept for every client (so a limit added to the tokens file counts
+  the leases already held); a lease leaves it when it is released, ended by a renewal
+  (``proxy_unavailable``, ``lease_expired``), taken out by the expiry sweep, or its proxy is
+  withdrawn (:func:`app.serving.withdraw`); entries past their expiry are dropped before every
+  count, and the key expires with its last lease;
 * ``po:cooldown:<client>`` — sorted set uid → end of the cooldown (ms);
 * ``po:sticky:<client>:<sessionKey>`` — the uid a session is bound to (expires after
   ``sticky_ttl`` seconds without use).
@@ -63,6 +73,7 @@ LEASE_NOT_FOUND = "lease_not_found"
 NOT_LEASE_OWNER = "not_lease_owner"
 LEASE_EXPIRED = "lease_expired"
 PROXY_UNAVAILABLE = "proxy_unavailable"
+CLIENT_LEASE_LIMIT = "client_lease_limit"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
@@ -72,31 +83,60 @@ EXPIRE_BATCH = 100
 EXPIRE_BACKLOG = 10_000
 #: Proxies one page of the lease index holds (the script reads pages until one fits).
 INDEX_PAGE = 32
+#: Sorted set ``<uid>/<lease id>`` -> expiry (ms) of every live lease.
+EXPIRY_KEY = "po:lease-expiry"
 
 _PRELUDE = serving.NOW_LUA + serving.REINDEX_LUA
 #: The module's limits, written into the lease script (fewer arguments to send per request).
 _LIMITS = (f"local expire_batch, index_page, expire_backlog = {EXPIRE_BATCH}, {INDEX_PAGE}, "
            f"{EXPIRE_BACKLOG}\n")
 
-_ACQUIRE = serving.Lua(_PRELUDE + _LIMITS + """
+#: Lua: the key of a client's live leases (lease id -> expiry, ms).
+_HELD_LUA = """
+local function held_key(name) return 'po:client-leases:' .. name end
+"""
+
+_ACQUIRE = serving.Lua(_PRELUDE + _HELD_LUA + _LIMITS + """
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local f = cjson.decode(ARGV[4])
 local session = ARGV[5]
+-- the client's own limit (ARGV[8], '' = none) comes first: at it, nothing else is read
+local held = held_key(client)
+redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+local client_max = tonumber(ARGV[8])
+if client_max then
+  local count = redis.call('ZCARD', held)
+  if count >= client_max then
+    local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
+    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max,
+                         nextExpiry = tonumber(first[2]) or 0, now = now})
+  end
+end
+local f = cjson.decode(ARGV[4])
 local cool = 'po:cooldown:' .. client
 redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
 local cooling_any = redis.call('EXISTS', cool) == 1
 local sel = f.selector or {}
+-- the values of in/notin as a set, once per request (not once per proxy read)
+for _, req in ipairs(sel) do
+  local set = {}
+  for _, x in ipairs(req[3]) do set[x] = true end
+  req[4] = set
+end
 local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0}
 
--- leases that expired since the last request leave the index (at most limit of them);
--- returns how many were swept
+-- leases that expired since the last request leave the index and their client's count (at
+-- most limit of them); returns how many were swept
 local function sweep(limit)
   local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, limit)
   local expired_on = {}
   for _, member in ipairs(due) do
     redis.call('ZREM', 'po:lease-expiry', member)
-    local uid = string.match(member, '^(.*)/[^/]*$')
-    if uid then expired_on[uid] = true end
+    local uid, id = string.match(member, '^(.*)/([^/]*)$')
+    if uid then
+      expired_on[uid] = true
+      local owner = redis.call('HGET', 'po:lease:' .. id, 'client')
+      if owner then redis.call('ZREM', held_key(owner), id) end
+    end
   end
   for uid in pairs(expired_on) do reindex(uid, now) end
   return #due
@@ -116,10 +156,7 @@ local function labels_ok(raw)
     elseif op == '!=' then
       if v ~= nil and v == vals[1] then return false end
     elseif op == 'in' or op == 'notin' then
-      local found = false
-      if v ~= nil then
-        for _, x in ipairs(vals) do if x == v then found = true; break end end
-      end
+      local found = v ~= nil and req[4][v] == true
       if op == 'in' and not found then return false end
       if op == 'notin' and found then return false end
     elseif op == 'exists' then
@@ -254,6 +291,8 @@ end
 local exp = now + ttl
 redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
 redis.call('ZADD', 'po:lease-expiry', exp, chosen .. '/' .. lease_id)
+redis.call('ZADD', held, exp, lease_id)
+if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
 local used_now = chosen_used + 1
 if used_now >= chosen_max then
   redis.call('ZREM', KEYS[1], chosen)
@@ -276,7 +315,7 @@ return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, 
                      zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
 """)
 
-_RENEW = serving.Lua(_PRELUDE + """
+_RENEW = serving.Lua(_PRELUDE + _HELD_LUA + """
 local id, client = ARGV[1], ARGV[2]
 local lk = 'po:lease:' .. id
 local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
@@ -286,10 +325,12 @@ local zk = 'po:leases:' .. h[1]
 local member = h[1] .. '/' .. id
 local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
                      'namespace', 'name', 'provider', 'zone', 'authSecret')
+local held = held_key(client)
 if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
   -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
   redis.call('ZREM', zk, id)
   redis.call('ZREM', 'po:lease-expiry', member)
+  redis.call('ZREM', held, id)
   redis.call('DEL', lk)
   reindex(h[1], now)
   return cjson.encode({error = 'proxy_unavailable'})
@@ -298,13 +339,28 @@ local score = redis.call('ZSCORE', zk, id)
 if not score or tonumber(score) <= now then
   redis.call('ZREM', zk, id)
   redis.call('ZREM', 'po:lease-expiry', member)
+  redis.call('ZREM', held, id)
   reindex(h[1], now)
   return cjson.encode({error = 'lease_expired'})
+end
+-- over the client's own limit (lowered since, or leases from before limits were counted):
+-- no renewal, the lease runs out at its expiry
+local client_max = tonumber(ARGV[6])
+if client_max then
+  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+  local count = redis.call('ZCARD', held)
+  if not redis.call('ZSCORE', held, id) then count = count + 1 end
+  if count > client_max then
+    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max, renew = 1,
+                         expiresAt = tonumber(score)})
+  end
 end
 local ttl = tonumber(ARGV[3]) or tonumber(h[3])
 local exp = now + ttl
 redis.call('ZADD', zk, 'XX', exp, id)
 redis.call('ZADD', 'po:lease-expiry', exp, member)
+redis.call('ZADD', held, exp, id)
+if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
 redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
 if h[4] and h[4] ~= '' then
@@ -320,7 +376,7 @@ return cjson.encode({uid = h[1], used = used, expiresAt = exp, ttl = ttl,
                      username = auth[1], password = auth[2]})
 """)
 
-_RELEASE = serving.Lua(_PRELUDE + """
+_RELEASE = serving.Lua(_PRELUDE + _HELD_LUA + """
 local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local lk = 'po:lease:' .. id
 local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
@@ -331,6 +387,7 @@ local score = redis.call('ZSCORE', zk, id)
 local live = score and tonumber(score) > now
 redis.call('ZREM', zk, id)
 redis.call('ZREM', 'po:lease-expiry', h[1] .. '/' .. id)
+redis.call('ZREM', held_key(client), id)
 redis.call('DEL', lk)
 reindex(h[1], now)
 local until_ms = 0
@@ -353,13 +410,17 @@ class LeaseError(Exception):
 
     Attributes:
         code: stable error code (:data:`NO_PROXY_AVAILABLE`, :data:`LEASE_NOT_FOUND`,
-            :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`).
+            :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`,
+            :data:`CLIENT_LEASE_LIMIT`).
         message: human-readable explanation.
+        retry_after: whole seconds after which the same request may succeed without anything
+            else changing (:data:`CLIENT_LEASE_LIMIT` of an acquire: until the client's
+            earliest lease expires), else ``None``.
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.retry_after = code, message, retry_after
 
 
 @dataclass(frozen=True)
@@ -511,8 +572,37 @@ def new_lease_id() -> str:
     return secrets.token_hex(16)
 
 
+def _limit(value: int | None) -> str:
+    """A client's lease limit as the scripts take it (``""`` = none)."""
+    return "" if value is None else str(int(value))
+
+
+def client_limit_message(client: str, counts: dict) -> str:
+    """The message of a ``client_lease_limit`` error, from the lease script's counts.
+
+    Args:
+        client: the client's name (never its token).
+        counts: ``held`` (the client's live leases, counting the renewed one) and ``max`` (its
+            ``maxLeases``); ``renew`` is 1 for a refused renewal, whose ``expiresAt`` (ms) it
+            keeps.
+    Returns:
+        e.g. ``"client 'crawler-a' holds 3 live leases, its limit (maxLeases in the tokens
+        file) is 3: release a lease or wait for one to expire"``.
+    """
+    held, limit = int(counts.get("held") or 0), int(counts.get("max") or 0)
+    if counts.get("renew"):
+        until = datetime.fromtimestamp(int(counts.get("expiresAt") or 0) / 1000.0, timezone.utc)
+        return (f"client {client!r} holds {held} live leases, more than its limit (maxLeases in the tokens file) "
+                f"of {limit}: this lease is not renewed and ends at its expiry, "
+                f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}; release leases to get back under the limit")
+    if limit == 0:
+        return f"client {client!r} may hold no leases (maxLeases 0 in the tokens file)"
+    return (f"client {client!r} holds {held} live leases, its limit (maxLeases in the tokens file) is {limit}: "
+            "release a lease or wait for one to expire")
+
+
 def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
-            session_key: str | None = None) -> Lease:
+            session_key: str | None = None, client_max_leases: int | None = None) -> Lease:
     """Pick an eligible proxy and reserve a lease on it for ``client`` (atomic).
 
     Args:
@@ -522,18 +612,28 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
         ttl: lease TTL in seconds (the caller checked it against ``settings.max_ttl``).
         settings: :class:`LeaseSettings`.
         session_key: sticky-session key, or ``None``.
+        client_max_leases: live leases ``client`` may hold at once (its ``maxLeases`` in the
+            tokens file), ``None`` for no limit.  Counted in the same script as the lease, so
+            concurrent requests never take the client past it.
     Returns:
         the :class:`Lease`, with the proxy's credentials when it requires basic auth.
     Raises:
-        LeaseError: ``no_proxy_available``; the message counts the published proxies and why
-            each was excluded (:func:`no_proxy_message`).
+        LeaseError: ``client_lease_limit`` (the client holds ``client_max_leases`` live leases;
+            ``retry_after``: seconds until the earliest of them expires, ``None`` when the
+            limit is 0), checked first; ``no_proxy_available``, the message counting the
+            published proxies and why each was excluded (:func:`no_proxy_message`).
     """
     lease_id = new_lease_id()
     raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.FULL_KEY], [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000])
+        settings.record_grace * 1000, _limit(client_max_leases)])
     doc = json.loads(raw)
     if "error" in doc:
+        if doc["error"] == CLIENT_LEASE_LIMIT:
+            wait = None
+            if int(doc.get("held") or 0) > 0:
+                wait = max(1, -(-(int(doc["nextExpiry"]) - int(doc["now"])) // 1000))
+            raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc), wait)
         raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc))
     return _lease(lease_id, doc, session_key)
 
@@ -574,17 +674,32 @@ _MESSAGES = {
 }
 
 
-def renew(r, client: str, lease_id: str, ttl: int | None, settings: LeaseSettings) -> Lease:
+def renew(r, client: str, lease_id: str, ttl: int | None, settings: LeaseSettings,
+          client_max_leases: int | None = None) -> Lease:
     """Extend a live lease of ``client`` to ``ttl`` seconds from now (default: its last TTL).
 
+    Args:
+        r: ``redis.Redis`` (``decode_responses=True``).
+        client: the authenticated client's name.
+        lease_id: the lease (32 hex digits).
+        ttl: new TTL in seconds (checked by the caller), ``None`` for the lease's last TTL.
+        settings: :class:`LeaseSettings`.
+        client_max_leases: the client's ``maxLeases`` (tokens file), ``None`` for no limit.  A
+            client holding more live leases than that (its limit was lowered) gets no renewal:
+            renewals never keep it above its limit.
+    Returns:
+        the renewed :class:`Lease`.
     Raises:
-        LeaseError: ``lease_not_found``, ``not_lease_owner``, ``lease_expired`` or
-            ``proxy_unavailable`` (the proxy turned unhealthy or was drained; the lease ends).
+        LeaseError: ``lease_not_found``, ``not_lease_owner``, ``lease_expired``,
+            ``proxy_unavailable`` (the proxy turned unhealthy or was drained; the lease ends) or
+            ``client_lease_limit`` (over the limit; the lease is left to run out at its expiry).
     """
     raw = _RENEW(r, [], [lease_id, client, "" if ttl is None else int(ttl) * 1000,
-                         settings.record_grace * 1000, settings.sticky_ttl])
+                         settings.record_grace * 1000, settings.sticky_ttl, _limit(client_max_leases)])
     doc = json.loads(raw)
     if "error" in doc:
+        if doc["error"] == CLIENT_LEASE_LIMIT:
+            raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc))
         raise LeaseError(doc["error"], _MESSAGES[doc["error"]])
     return _lease(lease_id, doc, _str(doc.get("sessionKey")))
 
@@ -657,13 +772,16 @@ def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
 
 
 def live_leases(r) -> int:
-    """Return the number of live leases over all published proxies (for the metrics gauge)."""
-    uids = sorted(r.smembers(serving.PROXIES_KEY))
-    if not uids:
-        return 0
+    """Return the number of live leases over all published proxies (for the metrics gauge).
+
+    Two Redis commands whatever the fleet's size (``TIME``, then ``ZCOUNT`` of the expiry
+    index ``po:lease-expiry``, which holds every live lease: granted, renewed, released and
+    withdrawn leases keep it in step), so a ``/metrics`` scrape costs the same with 10 or
+    10,000 proxies.
+
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
     now_s, now_us = r.time()
     now_ms = now_s * 1000 + now_us // 1000
-    pipe = r.pipeline(transaction=False)
-    for uid in uids:
-        pipe.zcount(serving.leases_key(uid), f"({now_ms}", "+inf")
-    return int(sum(pipe.execute()))
+    return int(r.zcount(EXPIRY_KEY, f"({now_ms}", "+inf"))

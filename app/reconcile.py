@@ -276,20 +276,32 @@ def _retire(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> Non
 def retire_instance(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> bool:
     """Delete a replaced instance unless its Proxy names it again; return whether it was deleted.
 
-    Runs on the instance's own queue (the task layer routes it there).  The Proxy ``ref`` is
-    re-read first: when its status records ``provider_id`` of ``provider_name`` again (moved
-    back), the instance is current and kept.
+    Runs on the instance's own queue (the task layer routes it there).  The arguments come
+    from a task message (Redis), so they are not trusted: the instance itself is read first
+    and kept unless it carries our managed-by tag and ``ref.uid`` as its Proxy UID and no
+    abandoned mark.  Then the Proxy ``ref`` is re-read: when its status records
+    ``provider_id`` of ``provider_name`` again (moved back), the instance is current and kept.
 
     Raises:
-        ProviderError: the delete failed (the caller retries; GC collects the instance as
-            superseded if it never succeeds).
+        ProviderError: reading or deleting failed (the caller retries; GC collects the
+            instance as superseded if it never succeeds).
     """
+    provider = ctx.registry.get(provider_name)
+    try:
+        inst = provider.get(provider_id)
+    except NotFound:
+        return False
+    if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY or inst.tags.get(naming.TAG_PROXY_UID) != ref.uid \
+            or naming.is_abandoned(inst.tags):
+        log.warning("retire %s: the instance is not a replaced instance of proxy uid %s (tags say otherwise); "
+                    "not deleting it", provider_id, ref.uid)
+        return False
     proxy = _load(ctx, ref)
     if proxy is not None and proxy.status.get("providerID") == provider_id and \
             (proxy.status.get("provider") or proxy.spec.provider) == provider_name:
         log.info("proxy %s: instance %s is current again; not deleting it", proxy.key, provider_id)
         return False
-    ctx.registry.get(provider_name).delete(provider_id)
+    provider.delete(provider_id)
     log.info("proxy %s/%s: deleted replaced instance %s", ref.namespace, ref.name, provider_id)
     return True
 

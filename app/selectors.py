@@ -10,6 +10,13 @@ set-based requirements, comma = AND):
 
 :func:`parse` returns :class:`Requirement` s; :func:`matches` evaluates them in Python, and
 :func:`as_lua` encodes them for the lease script, which applies the same rules in Redis.
+
+A selector is evaluated against every proxy a request reads (in Redis, inside the lease
+script, for ``POST /v1/leases``), so its size is capped (issue 10): at most
+:data:`MAX_LENGTH` characters, :data:`MAX_REQUIREMENTS` requirements, :data:`MAX_VALUES`
+values in one ``in``/``notin`` list; keys are Kubernetes label keys (an optional DNS-subdomain
+prefix of at most :data:`MAX_PREFIX_LENGTH` characters, ``/``, a name of at most
+:data:`MAX_NAME_LENGTH`), values Kubernetes label values (at most :data:`MAX_VALUE_LENGTH`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,15 @@ _EQ = re.compile(r"^\s*(?P<key>[^\s!=()]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(
 _EXISTS = re.compile(r"^\s*(?P<neg>!?)\s*(?P<key>[^\s!=(),]+)\s*$")
 
 EQ, NE, IN, NOTIN, EXISTS, NOT_EXISTS = "=", "!=", "in", "notin", "exists", "!exists"
+
+#: Longest selector string, characters.
+MAX_LENGTH = 4096
+#: Most requirements (comma-separated parts) in one selector.
+MAX_REQUIREMENTS = 16
+#: Most values in one ``in`` / ``notin`` list.
+MAX_VALUES = 32
+#: Longest key prefix (the DNS subdomain before ``/``), name part and value (Kubernetes' limits).
+MAX_PREFIX_LENGTH, MAX_NAME_LENGTH, MAX_VALUE_LENGTH = 253, 63, 63
 
 
 class SelectorError(ValueError):
@@ -78,12 +94,22 @@ def _split(text: str) -> list[str]:
 
 
 def _key(key: str, part: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if slash and len(prefix) > MAX_PREFIX_LENGTH:
+        raise SelectorError(f"{part.strip()[:80]!r}: the key prefix is {len(prefix)} characters long, "
+                            f"at most {MAX_PREFIX_LENGTH}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise SelectorError(f"{part.strip()[:80]!r}: the key name is {len(name)} characters long, "
+                            f"at most {MAX_NAME_LENGTH}")
     if not _KEY.match(key):
         raise SelectorError(f"{part.strip()!r}: {key!r} is not a valid label key")
     return key
 
 
 def _value(value: str, part: str) -> str:
+    if len(value) > MAX_VALUE_LENGTH:
+        raise SelectorError(f"{part.strip()[:80]!r}: a value is {len(value)} characters long, at most "
+                            f"{MAX_VALUE_LENGTH}")
     if not _VALUE.match(value):
         raise SelectorError(f"{part.strip()!r}: {value!r} is not a valid label value")
     return value
@@ -92,20 +118,30 @@ def _value(value: str, part: str) -> str:
 def parse(text: str | None) -> tuple[Requirement, ...]:
     """Parse a selector string (``None``/empty = no requirement).
 
+    Returns:
+        the requirements, in order (AND).
     Raises:
-        SelectorError: naming the offending requirement.
+        SelectorError: naming the offending requirement, or the limit exceeded (more than
+            :data:`MAX_LENGTH` characters, :data:`MAX_REQUIREMENTS` requirements or
+            :data:`MAX_VALUES` values in a list; a key or value over its length).
     """
     if text is None or not text.strip():
         return ()
-    if len(text) > 4096:
-        raise SelectorError("selector longer than 4096 characters")
+    if len(text) > MAX_LENGTH:
+        raise SelectorError(f"the selector is {len(text)} characters long, at most {MAX_LENGTH}")
+    parts = _split(text)
+    if len(parts) > MAX_REQUIREMENTS:
+        raise SelectorError(f"the selector has {len(parts)} requirements, at most {MAX_REQUIREMENTS}")
     out = []
-    for part in _split(text):
+    for part in parts:
         if not part.strip():
             raise SelectorError("empty requirement (two commas in a row or a trailing comma)")
         m = _SET.match(part)
         if m:
             values = [v.strip() for v in m.group("values").split(",")]
+            if len(values) > MAX_VALUES:
+                raise SelectorError(f"{m.group('key')[:80]!r} {m.group('op')} (...): {len(values)} values, at most "
+                                    f"{MAX_VALUES} in one list")
             if not values or any(v == "" for v in values):
                 raise SelectorError(f"{part.strip()!r}: the value list must not be empty or have empty items")
             out.append(Requirement(_key(m.group("key"), part), m.group("op"),

@@ -22,7 +22,8 @@ Keys (``r`` is a ``redis.Redis`` with ``decode_responses=True``):
   only the due part, so it costs O(due), not O(fleet)).
 * ``po:health:ok`` / ``po:health:failing`` — uids whose last probe succeeded / failed (the
   latter only for proxies that were healthy once); together they detect a probe-side outage.
-* ``po:leases:<uid>`` — live leases of the proxy (owned by :mod:`app.leases`).
+* ``po:leases:<uid>`` — live leases of the proxy (owned by :mod:`app.leases`, as are
+  ``po:lease-expiry``, ``po:lease:<id>`` and the clients' ``po:client-leases:<client>``).
 * ``po:load`` — the lease index: sorted set of the uids a lease can go to (``healthy`` is
   ``"1"``, ``maxLeases`` > 0, fewer live leases than ``maxLeases``) scored by load,
   ``used + used / maxLeases / 2`` (live leases first, then the fill ratio), so a lease
@@ -287,6 +288,8 @@ def auth_secret_of(record: dict[str, str]) -> tuple[str, str] | None:
 _FORGET_LEASES = Lua("""
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   redis.call('ZREM', 'po:lease-expiry', ARGV[1] .. '/' .. id)
+  local owner = redis.call('HGET', 'po:lease:' .. id, 'client')
+  if owner then redis.call('ZREM', 'po:client-leases:' .. owner, id) end
 end
 return 1
 """)
@@ -294,7 +297,7 @@ return 1
 
 def withdraw(r, uid: str) -> None:
     """Remove the Proxy ``uid`` from the serving view, its probe schedule, the lease index,
-    its live leases and its credentials.
+    its live leases (from the expiry index and their clients' counts too) and its credentials.
 
     No error when absent.  Lease records (``po:lease:<id>``) are left to expire; renewing one
     answers ``proxy_unavailable`` and ends it, releasing one still reports its outcome.

@@ -60,8 +60,15 @@ METADATA_ADDRESSES = ("169.254.169.254/32", "fd00:ec2::254/128")
 #: Metadata-server names (Squid ``dstdom_regex``, case-insensitive, no reverse DNS), refused
 #: whatever ``allowedDestinations`` says, before any rule that needs DNS.
 METADATA_NAME_PATTERNS = (r"(^|\.)metadata\.google\.internal\.?$", r"(^|\.)metadata\.goog\.?$", r"^metadata\.?$")
-#: Where providers put the htpasswd file inside an instance when basic auth is on.
-DEFAULT_HTPASSWD_PATH = "/etc/squid/proxy-operator.htpasswd"
+#: Where providers put the htpasswd file inside an instance when basic auth is on: a file of its
+#: own directory, so that the kubernetes provider mounts the Secret volume on the directory (no
+#: ``subPath``: the kubelet updates it when the Secret changes, and ``basic_ncsa_auth`` re-reads
+#: a file whose modification time changed).
+DEFAULT_HTPASSWD_PATH = "/etc/squid/proxy-operator-auth/htpasswd"
+#: Default seconds Squid trusts a user:password pair its helper accepted (``credentialsttl``):
+#: after a password rotation the old one keeps working at most this long once the instance's
+#: htpasswd file has changed.
+DEFAULT_CREDENTIALS_TTL = 60
 #: Keys of the credentials Secret (:func:`credentials_secret`).
 SECRET_USERNAME_KEY, SECRET_PASSWORD_KEY, SECRET_HTPASSWD_KEY = "username", "password", "htpasswd"
 
@@ -85,6 +92,9 @@ class SquidPolicy:
             ``denied_destinations`` (never from :data:`METADATA_ADDRESSES` or
             :data:`METADATA_NAME_PATTERNS`): a loopback origin in tests, an internal service a
             proxy must reach on purpose.
+        credentials_ttl: seconds Squid trusts a pair its basic-auth helper accepted
+            (``auth_param basic credentialsttl``; 1..3600): the bound on an old password after
+            a rotation reached the instance.
     Raises:
         ValueError: a bad CIDR, a port outside 1..65535 or a malformed port range.
     """
@@ -96,8 +106,11 @@ class SquidPolicy:
     http_ports: tuple[int | str, ...] = DEFAULT_HTTP_PORTS
     denied_destinations: tuple[str, ...] = ()
     allowed_destinations: tuple[str, ...] = ()
+    credentials_ttl: int = DEFAULT_CREDENTIALS_TTL
 
     def __post_init__(self) -> None:
+        if not 1 <= int(self.credentials_ttl) <= 3600:
+            raise ValueError(f"credentials TTL must be 1..3600 seconds, got {self.credentials_ttl}")
         for cidr in (*self.allowed_ranges, *self.denied_destinations, *self.allowed_destinations):
             ipaddress.ip_network(cidr, strict=False)  # raises ValueError naming the bad range
         for port in (*self.connect_ports, *self.http_ports):
@@ -173,7 +186,7 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
         lines += [
             f"auth_param basic program /usr/lib/squid/basic_ncsa_auth {policy.basic_auth_file}",
             "auth_param basic realm proxy-operator",
-            "auth_param basic credentialsttl 1 hour",
+            f"auth_param basic credentialsttl {int(policy.credentials_ttl)} seconds",
             "acl authenticated proxy_auth REQUIRED",
             "http_access deny !authenticated",
         ]
@@ -275,6 +288,8 @@ def parse_policy(r: Reader) -> SquidPolicy:
           deniedDestinations: [10.0.0.0/8]     # added to loopback + link-local (always denied)
           allowedDestinations: [127.0.0.1/32]  # exempt from the denial (never the metadata server)
           basicAuth: true                      # default: false; htpasswd at DEFAULT_HTPASSWD_PATH
+          credentialsTTL: 60s                  # default 60s (1s..1h): how long an old password
+                                               # outlives a rotation that reached the instance
 
     Raises:
         app.validation.ConfigError: an unknown key, a bad CIDR, a port outside 1..65535 or a
@@ -289,7 +304,11 @@ def parse_policy(r: Reader) -> SquidPolicy:
     denied = _cidrs(r, "deniedDestinations")
     allowed = _cidrs(r, "allowedDestinations")
     basic = r.bool("basicAuth", False)
+    ttl = r.duration("credentialsTTL", float(DEFAULT_CREDENTIALS_TTL))
+    if not 1 <= ttl <= 3600 or ttl != int(ttl):
+        raise r.error("credentialsTTL", "must be whole seconds between 1s and 1h")
     r.done()
     return SquidPolicy(allowed_ranges=tuple(ranges), connect_ports=tuple(connect),
                        basic_auth_file=DEFAULT_HTPASSWD_PATH if basic else None, http_ports=tuple(http),
-                       denied_destinations=tuple(denied), allowed_destinations=tuple(allowed))
+                       denied_destinations=tuple(denied), allowed_destinations=tuple(allowed),
+                       credentials_ttl=int(ttl))

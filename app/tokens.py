@@ -7,6 +7,11 @@ File shape (mounted from a Secret)::
         token: "a-long-random-string"          # at least 16 characters
       - name: crawler-b
         tokenSHA256: "<64 hex digits>"         # sha256 of the token, instead of the token
+        maxLeases: 20                          # optional: live leases it may hold at once
+
+``maxLeases`` (an integer >= 0; absent = unlimited, 0 = may list proxies but lease none) caps
+the live leases of the client, counted atomically with each lease in Redis
+(:func:`app.leases.acquire`: ``429 client_lease_limit`` beyond it).
 
 Validation is strict: an unknown key, a missing or duplicate name, neither or both of
 ``token``/``tokenSHA256``, a short token, a malformed digest or a token shared by two clients
@@ -43,13 +48,15 @@ class Client:
     Attributes:
         name: the client's name (leases and cooldowns are kept per name).
         digest: SHA-256 of its token (32 bytes).
+        max_leases: live leases the client may hold at once (``maxLeases``), ``None`` for no limit.
     """
 
     name: str
     digest: bytes
+    max_leases: int | None = None
 
-    def __repr__(self) -> str:
-        return f"Client(name={self.name!r})"
+    def __repr__(self) -> str:  # never the digest
+        return f"Client(name={self.name!r}, max_leases={self.max_leases!r})"
 
 
 def digest(token: str) -> bytes:
@@ -60,8 +67,15 @@ def digest(token: str) -> bytes:
 def parse(data, file: str) -> tuple[Client, ...]:
     """Validate a decoded tokens document and return its clients.
 
+    Args:
+        data: the YAML document as decoded (``{"clients": [{name, token | tokenSHA256,
+            maxLeases?}, ...]}``).
+        file: the file's path, for messages.
+    Returns:
+        the clients, in file order.
     Raises:
-        ConfigError: the first problem, naming ``file`` and the field (``clients[2].token``).
+        ConfigError: the first problem, naming ``file`` and the field (``clients[2].token``,
+            ``clients[0].maxLeases``); never a token's value.
     """
     top = Reader(data, file)
     entries = top.items("clients", required=True)
@@ -95,12 +109,13 @@ def parse(data, file: str) -> tuple[Client, ...]:
             if not isinstance(hexd, str) or not _HEX64.match(hexd):
                 raise r.error("tokenSHA256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
             d = bytes.fromhex(hexd)
+        max_leases = r.int("maxLeases", minimum=0)
         r.done()
         if d in digests:
             raise r.error("token" if has_token else "tokenSHA256",
                           f"same token as clients[{digests[d]}]: every client needs its own")
         names[name], digests[d] = i, i
-        clients.append(Client(name, d))
+        clients.append(Client(name, d, max_leases))
     return tuple(clients)
 
 

@@ -94,9 +94,13 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         user, password = (base64.b64decode(secret.data[k]).decode() for k in ("username", "password"))
         assert secret.metadata.owner_references[0].uid == ref.uid
         pod = k8s.CoreV1Api(api).list_namespaced_pod("default").items[0]
-        [mount] = [m for m in pod.spec.containers[0].volume_mounts if m.mount_path == squid.DEFAULT_HTPASSWD_PATH]
+        # The Secret volume is mounted on the file's directory, without subPath (so the kubelet
+        # updates it when the Secret changes).
+        directory, _, filename = squid.DEFAULT_HTPASSWD_PATH.rpartition("/")
+        [mount] = [m for m in pod.spec.containers[0].volume_mounts if m.mount_path == directory]
         [volume] = [v for v in pod.spec.volumes if v.name == mount.name]
-        assert volume.secret.secret_name == "authed-proxy-auth" and mount.sub_path == "htpasswd" and mount.read_only
+        assert volume.secret.secret_name == "authed-proxy-auth" and mount.sub_path is None and mount.read_only
+        assert [(i.key, i.path) for i in volume.secret.items] == [("htpasswd", filename)]
         pod_text = json.dumps(api.sanitize_for_serialization(pod))
         assert password not in pod_text and "$2b$" not in pod_text
 

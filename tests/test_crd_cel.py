@@ -128,7 +128,7 @@ def test_defaults_apply_when_healthcheck_endpoint_and_maxleases_are_omitted(crd)
         "healthCheck": {
             "url": "http://connectivitycheck.gstatic.com/generate_204",
             "expectedStatus": 204, "intervalSeconds": 30, "timeoutSeconds": 10,
-            "failureThreshold": 3, "successThreshold": 1,
+            "failureThreshold": 3, "successThreshold": 1, "rateLimited": "Keep",
         },
         "maxLeases": 5,
     }
@@ -138,8 +138,15 @@ def test_partial_healthcheck_gets_the_missing_defaults(crd):
     spec = admit(crd, proxy({"provider": "k8s-local", "healthCheck": {"intervalSeconds": 15}}))["spec"]
     assert spec["healthCheck"] == {
         "url": resources.DEFAULT_HEALTH_URL, "expectedStatus": 204, "intervalSeconds": 15,
-        "timeoutSeconds": 10, "failureThreshold": 3, "successThreshold": 1,
+        "timeoutSeconds": 10, "failureThreshold": 3, "successThreshold": 1, "rateLimited": "Keep",
     }
+
+
+def test_rate_limited_is_keep_or_withdraw(crd):
+    spec = admit(crd, proxy({"provider": "k8s-local", "healthCheck": {"rateLimited": "Withdraw"}}))["spec"]
+    assert spec["healthCheck"]["rateLimited"] == "Withdraw"
+    with pytest.raises(Invalid):
+        admit(crd, proxy({"provider": "k8s-local", "healthCheck": {"rateLimited": "Sometimes"}}))
 
 
 def test_explicit_zero_max_leases_is_kept(crd):

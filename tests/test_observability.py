@@ -6,8 +6,8 @@ check rules`` and promtool's unit tests (tests/prometheus/alerts_test.yaml).
 Slow, one stack for the module: the API fake with its kubelet stand-in (a real Squid per Pod),
 a private Redis, and the watcher, a prefork worker, beat and the API started through their
 real commands, each serving ``/metrics`` on its own loopback port.  One Proxy goes Ready and is
-leased; the watcher's watches end every 2 s and the fake's history is compacted once (410,
-relist).  Then:
+leased; the watcher's watches end every 2 s, and one goes silent while the fake's history is
+compacted (410, relist).  Then:
 
 * every metric named in docs/observability.md is read from a real scrape of the process that
   exports it;
@@ -161,7 +161,7 @@ def test_every_dashboard_query_parses_to_known_names():
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Redis, the API fake + kubelet, an origin, watcher/worker/beat/API with /metrics; one Ready,
-    leased Proxy.  Yields ``{"urls": {process: metrics URL}, "cluster": ..., "procs": ...}``."""
+    leased Proxy; a 410 on the way.  Yields ``{"urls": {process: metrics URL}, "cluster": ..., "procs": ...}``."""
     tmp = tmp_path_factory.mktemp("observability")
     redis = RedisServer()
     cluster = FakeCluster(bookmark_interval=1.0).start()
@@ -176,7 +176,7 @@ def stack(tmp_path_factory):
                    "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600",
                    "POLL_INITIAL": "0.5", "POLL_MAX": "1", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
                    "BROKER_VISIBILITY_TIMEOUT": "60", "HEALTH_SWEEP_INTERVAL": "1", "EGRESS_ECHO_URL": "",
-                   "PROBE_ALLOWED_RANGES": "127.0.0.0/8", "WATCH_TIMEOUT": "2"}
+                   "PROBE_ALLOWED_RANGES": "127.0.0.0/8", "WATCH_TIMEOUT": "2", "WATCH_READ_TIMEOUT": "3"}
             ports = {name: free_port() for name in ("watcher", "beat", "worker")}
             (tmp / "prom").mkdir()
             procs["worker"] = celery_worker({**env, "METRICS_BIND": f"127.0.0.1:{ports['worker']}",
@@ -195,7 +195,11 @@ def stack(tmp_path_factory):
                               .get("status") or {}).get("phase") == "Ready", 60, "the Proxy Ready")
             status, _, body = wait_for(lambda: (r := api_request(ports["api"], "POST", "/v1/leases", b"{}"))[0] == 201
                                        and r, 20, "a lease")
-            # The watch's history is compacted: its next resume gets 410 Gone and relists.
+            # The open watch goes silent, the Proxy changes meanwhile, the history is compacted: the
+            # watcher's resume (after its 3 s read timeout) gets 410 Gone and relists.
+            wait_for(lambda: cluster.fake.hang_watches("proxies"), 10, "an open Proxy watch")
+            custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "observed",
+                                                  {"metadata": {"annotations": {"example.com/poked": "1"}}})
             cluster.fake.compact()
             urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
             yield {"urls": urls, "cluster": cluster, "procs": procs, "tmp": tmp}
@@ -222,7 +226,8 @@ def test_every_process_exports_its_metrics(stack):
     values = {(s.name, tuple(sorted(s.labels.items()))): s.value
               for f in text_string_to_metric_families(text) for s in f.samples}
     wait_for(lambda: _value(stack["urls"]["watcher"], "proxy_operator_watch_gone_total") >= 1, 20, "a 410")
-    assert _value(stack["urls"]["watcher"], "proxy_operator_watch_relists_total") >= 2
+    wait_for(lambda: _value(stack["urls"]["watcher"], "proxy_operator_watch_relists_total") >= 2, 20,
+             "the relist after the 410")
     assert values[("proxy_operator_watcher_leader", ())] == 1
     assert values[("proxy_operator_watch_restarts_total", (("reason", "ended"),))] >= 1
     # every documented metric of these processes was read from one of the scrapes

@@ -77,7 +77,7 @@ def _credentials() -> SecretCredentials:
     global _creds
     if _creds is None:
         # reads the Proxy first: only the Secret its record's Proxy owns is used (app.health.credentials)
-        _creds = SecretCredentials(kube.Kube())
+        _creds = SecretCredentials(kube.Kube(), ttl=_runtime()[1].credentials_ttl)
     return _creds
 
 

@@ -271,19 +271,19 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
 
 @celery_app.task(name="gc.delete")
 def gc_delete(provider_name: str, provider_id: str, uid: str | None = None) -> None:
-    """Delete one orphan found by a sharded sweep (on its host's queue).
+    """Delete one orphan or superseded instance found by a sharded sweep (on its host's queue).
 
-    With ``uid`` the instance was found *superseded* (its Proxy is live): re-checked under the
-    Proxy's lock first and kept if the Proxy names it again (:func:`app.gc.delete_superseded`).
+    The message is not trusted (anyone who can write to Redis can send one): the instance is
+    read and judged again by GC's rules under its Proxy's lock before it is deleted
+    (:func:`app.gc.verify_and_delete`).  ``uid`` is accepted for messages of older releases
+    and ignored: the instance's own tag names its Proxy.
     """
     ctx = context()
     provider = ctx.registry.get(provider_name)
-    if uid:
-        if not gc_logic.delete_superseded(ctx.redis, ctx.kube.list_proxies, provider_name, provider.delete, uid,
-                                          provider_id, _lock_timeout(ctx)):
-            return
-    else:
-        provider.delete(provider_id)
+    if not gc_logic.verify_and_delete(provider, provider_name, provider_id, redis=ctx.redis,
+                                      list_proxies=ctx.kube.list_proxies, grace_seconds=ctx.settings.gc_grace,
+                                      lock_timeout=_lock_timeout(ctx)):
+        return
     metrics.GC_DELETED.labels(provider_name).inc()
     log.info("gc %s: deleted orphan %s", provider_name, provider_id)
 

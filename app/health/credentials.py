@@ -54,7 +54,12 @@ class SecretCredentials:
         self._cache: dict[tuple, tuple[float, tuple[str, str] | None]] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, record: dict[str, str]) -> tuple[str, str] | None:
+    def fresh(self, record: dict[str, str]) -> tuple[str, str] | None:
+        """Like calling it, but read the Secret again whatever the cache holds (after a 407: the
+        password may have been rotated since it was cached)."""
+        return self(record, refresh=True)
+
+    def __call__(self, record: dict[str, str], refresh: bool = False) -> tuple[str, str] | None:
         ref = serving.auth_secret_of(record)
         if ref is None:
             return None
@@ -63,7 +68,7 @@ class SecretCredentials:
         now = self.clock()
         with self._lock:
             hit = self._cache.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
+        if hit is not None and now - hit[0] < self.ttl and not refresh:
             return hit[1]
         value = None
         try:

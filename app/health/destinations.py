@@ -44,7 +44,7 @@ DEFAULT_DENIED_RANGES = ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10"
 
 #: Host names denied whatever they resolve to here: GCE's metadata server (it resolves to
 #: 169.254.169.254 only inside GCE; docs: cloud.google.com/compute/docs/metadata/querying-metadata).
-DENIED_NAMES = frozenset({"metadata.google.internal", "metadata"})
+DENIED_NAMES = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})  # as app.squid refuses
 
 Resolver = Callable[..., list]
 

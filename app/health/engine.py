@@ -344,7 +344,10 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetP
             log.warning("health: %s/%s has no usable endpoint in the serving view; not probed",
                         rec.get("namespace"), rec.get("name"))
             return None
-        return target, p.probe(target, echo_url=settings.echo_url, ca_bundle=settings.ca_bundle, policy=policy)
+        res = p.probe(target, echo_url=settings.echo_url, ca_bundle=settings.ca_bundle, policy=policy)
+        if res.reason == p.PROXY_AUTH_REQUIRED and rec.get("authSecret"):
+            return _rotation(r, target, res, rec, credentials, settings, policy)
+        return target, res
 
     origins = OriginControl(r, policy, settings.ca_bundle, clock)
     ok_urls: dict[tuple[str, int], float] = {}  # URLs whose probes succeeded in this batch -> a timeout
@@ -382,6 +385,46 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetP
         pool.shutdown(wait=True)
         batch.close()
     return report
+
+
+def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentials: Credentials | None,
+              settings: HealthSettings, policy) -> tuple[p.ProbeTarget, p.ProbeResult]:
+    """After a 407: try the other credentials a password rotation leaves around, so a proxy is
+    never withdrawn because of its own rotation.
+
+    The proxy may already know a password the probe's cached copy of the Secret does not (the
+    Secret is read again, past the cache), or may still know only the previous one (the
+    kubelet has not updated the Pod's file yet, a KVM or GCE instance keeps its htpasswd
+    until it is replaced): the credentials of the last probe that passed, kept in
+    ``po:auth:<uid>``.  The first pair the proxy accepts wins; its result (and the pair, which
+    the lease answer hands out) is what counts.  Only a record whose own credentials were
+    granted (verified against its Proxy) is retried.  Credentials never appear in a message.
+    """
+    if target.credentials is None:
+        # The record was not verified against its Proxy (app.health.credentials): no other
+        # credentials go to its address either.
+        return target, res
+    tried = {target.credentials}
+    candidates: list[tuple[tuple[str, str] | None, str]] = []
+    fresh = getattr(credentials, "fresh", None)
+    if fresh is not None:
+        candidates.append((fresh(rec), ""))
+    try:
+        last = r.hgetall(serving.auth_key(target.uid))
+    except Exception:  # noqa: BLE001 - the first answer stands
+        last = {}
+    if last.get("username") and last.get("password") is not None:
+        candidates.append(((last["username"], last["password"]),
+                           "; the proxy accepts only the previous password so far (a rotation is on its way)"))
+    for creds, note in candidates:
+        if creds is None or creds in tried:
+            continue
+        tried.add(creds)
+        other = replace(target, credentials=creds)
+        again = p.probe(other, echo_url=settings.echo_url, ca_bundle=settings.ca_bundle, policy=policy)
+        if again.reason != p.PROXY_AUTH_REQUIRED:
+            return other, replace(again, message=again.message + note) if note and again.ok else again
+    return target, res
 
 
 def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]],

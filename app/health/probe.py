@@ -13,6 +13,8 @@ result, message or log.
 from __future__ import annotations
 
 import errno
+import http
+import http.client
 import ipaddress
 import json
 import re
@@ -55,6 +57,7 @@ MAX_RETRY_AFTER = 3600.0
 _BODY_LIMIT = 64 * 1024
 _ECHO_LIMIT = 4096
 _TUNNEL = re.compile(r"Tunnel connection failed: (\d{3})\s*(.*)")
+_SQUID_ERROR = re.compile(r"ERR_[A-Z0-9_]{1,40}(?: -?\d{1,6})?")
 
 
 @dataclass(frozen=True)
@@ -171,13 +174,41 @@ def classify(exc: BaseException, where: str) -> tuple[str, str, int | None]:
         status = int(m.group(1))
         if status == 407:
             return PROXY_AUTH_REQUIRED, f"{where} requires proxy authentication (407 on CONNECT)", 407
-        return TUNNEL_FAILED, f"{where} refused the CONNECT tunnel: {status} {m.group(2).strip()}", status
+        # The reason phrase is the peer's own text: only the standard phrase of the code is shown.
+        return TUNNEL_FAILED, f"{where} refused the CONNECT tunnel: {status} {_phrase(status)}".rstrip(), status
     if isinstance(exc, u3.ProtocolError) or code in (errno.ECONNRESET, errno.EPIPE):
         return CONNECTION_RESET, f"{where} closed or reset the connection: {_short(exc)}", None
     return CONNECTION_FAILED, f"request through {where} failed: {_short(exc)}", None
 
 
+def _phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+#: What the endpoint sent when it is no HTTP proxy at all (an SSH, Redis or SMTP banner): never
+#: copied into a message, which lands in the Proxy's conditions, readable by its author.
+_NOT_HTTP = (http.client.BadStatusLine, http.client.LineTooLong, http.client.UnknownProtocol)
+
+
+def _not_http(exc: BaseException) -> bool:
+    todo, seen = [exc], 0
+    while todo and seen < 20:
+        cur = todo.pop()
+        seen += 1
+        if isinstance(cur, _NOT_HTTP):
+            return True
+        todo += [e for e in (cur.__cause__, cur.__context__, getattr(cur, "reason", None),
+                             getattr(cur, "original_error", None), *cur.args)
+                 if isinstance(e, BaseException) and e is not cur]
+    return False
+
+
 def _short(exc: BaseException) -> str:
+    if _not_http(exc):
+        return "the answer is not HTTP (its bytes are not shown)"
     inner = exc
     for _ in range(5):  # the innermost cause is the informative part
         nxt = getattr(inner, "reason", None) or inner.__cause__
@@ -308,7 +339,9 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
                 return ProbeResult(target.uid, False, RATE_LIMITED,
                                    f"GET {target.url} through {where} answered 429 Too Many Requests{after}",
                                    429, latency, started, retry_after=wait)
-            squid_error = headers.get("X-Squid-Error") or headers.get("x-squid-error")
+            squid_error = headers.get("X-Squid-Error") or headers.get("x-squid-error") or ""
+            # Squid's own error code only (ERR_ACCESS_DENIED 0): no other text of the peer's.
+            squid_error = squid_error.strip() if _SQUID_ERROR.fullmatch(squid_error.strip()) else ""
             detail = f" ({where} says {squid_error})" if squid_error else ""
             return ProbeResult(target.uid, False, UNEXPECTED_STATUS,
                                f"GET {target.url} answered {status}, expected {target.expected_status}{detail}",

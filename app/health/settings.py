@@ -40,6 +40,9 @@ class HealthSettings:
         allowed_ranges: CIDR ranges exempted from every denied range, defaults included
             (``PROBE_ALLOWED_RANGES``; ``127.0.0.0/8`` for a local stack or the test suite, whose
             Squids and origins run on loopback).
+        credentials_ttl: seconds a Proxy's basic-auth credentials read from its Secret are
+            reused before the Secret is read again (``HEALTH_CREDENTIALS_TTL``); a 407 reads it
+            again at once.
     """
 
     echo_url: str = DEFAULT_ECHO_URL
@@ -55,6 +58,7 @@ class HealthSettings:
     status_concurrency: int = 8
     denied_ranges: tuple[str, ...] = ()
     allowed_ranges: tuple[str, ...] = ()
+    credentials_ttl: float = 60.0
 
     @classmethod
     def from_env(cls) -> "HealthSettings":
@@ -80,6 +84,7 @@ class HealthSettings:
                                            minimum=1, integer=True)),
             denied_ranges=_ranges("PROBE_DENIED_RANGES"),
             allowed_ranges=_ranges("PROBE_ALLOWED_RANGES"),
+            credentials_ttl=env_number("HEALTH_CREDENTIALS_TTL", cls.credentials_ttl, minimum=1),
         )
 
     def destination_policy(self):

@@ -129,13 +129,17 @@ def api(tmp_path, redis_url):
     proc.stop()
 
 
-def publish_authed(fleet, redis_client, settings, sq, name: str, *, max_leases: int = 3):
-    """An External Proxy on the basic-auth Squid ``sq``, published as the reconciler does for a
-    provider with ``squid.basicAuth`` (its Secret named) and probed healthy with USER /
-    PASSWORD (the probe copies them for the API, as the health engine does from the Secret)."""
-    px = fleet.external(name, sq.address, sq.port, max_leases=max_leases)
-    serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running",
-                    auth_secret=f"{name}-proxy-auth")
-    report = fleet.probe([px], settings, credentials=lambda record: (USER, PASSWORD))
-    assert report.succeeded == 1, report
-    return px
+def publish_authed(fleet, redis_client, settings, squids, prefix: str = "authed", *, max_leases: int = 3) -> list:
+    """External Proxies ``<prefix><i>`` on the basic-auth Squids ``squids``, published as the
+    reconciler does for a provider with ``squid.basicAuth`` (their Secret named) and probed
+    healthy in one batch with USER / PASSWORD (the probe copies them for the API, as the health
+    engine does from the Secret)."""
+    proxies = []
+    for i, sq in enumerate(squids):
+        px = fleet.external(f"{prefix}{i}", sq.address, sq.port, max_leases=max_leases)
+        serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running",
+                        auth_secret=f"{px.name}-proxy-auth")
+        proxies.append(px)
+    report = fleet.probe(proxies, settings, credentials=lambda record: (USER, PASSWORD))
+    assert report.succeeded == len(proxies), report
+    return proxies

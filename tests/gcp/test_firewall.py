@@ -38,7 +38,7 @@ def test_rule_is_created_before_the_first_instance_and_waited(fake, make_provide
 
 
 def test_rule_is_ensured_once_per_port(fake, make_provider):
-    provider = make_provider(firewall=FIREWALL)
+    provider = make_provider(firewall=dict(FIREWALL, ports=[3128, 8080]))  # 8080 listed on purpose
     provider.create(_request("fw-a"))
     provider.create(_request("fw-b"))
     provider.create(_request("fw-c", port=8080))

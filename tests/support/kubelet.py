@@ -14,6 +14,16 @@ squid.conf the kubernetes provider renders with :func:`app.squid.render`), the k
 
 All status writes go through the Pod's status subresource, so watchers see each step as a
 MODIFIED event.  When the Pod is deleted (or its deletion starts) the Squid is stopped.
+
+Secret volumes are handled as the real kubelet does: a volume mounted without ``subPath`` is a
+directory written the way the kubelet's AtomicWriter writes it (the files in a timestamped
+``..<time>`` directory, a ``..data`` symlink to it, and per-file symlinks ``<name> ->
+..data/<name>``), and when the Secret changes it is rewritten after ``secret_sync_delay``
+seconds by swapping ``..data`` atomically (a rename), so a process that re-reads the file sees
+the new content (Kubernetes docs, "Mounted Secrets are updated automatically":
+https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod;
+kubernetes/pkg/volume/util/atomic_writer.go).  A ``subPath`` mount is a copy made at start
+and never updated (the real kubelet bind-mounts the file, which the swap never touches).
 If Squid fails to start the Pod stays ``Pending`` with the container waiting in
 ``CrashLoopBackOff`` and the failure is recorded in :attr:`Kubelet.errors`.
 
@@ -26,8 +36,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -59,17 +72,22 @@ class Kubelet:
         first_address: first loopback address handed out.
         startup_timeout: seconds a Squid may take to accept connections.
         host_ip: reported as ``status.hostIP``.
+        secret_sync_delay: seconds between a Secret change and its volumes' update (the real
+            kubelet's sync period plus its cache delay: up to a minute or two).
 
     Attributes:
         errors: one line per Squid that failed to start (``"<ns>/<pod>: <reason>"``).
     """
 
     def __init__(self, fake, *, start_squid: bool = True, first_address: str = "127.0.0.10",
-                 startup_timeout: float = 20.0, host_ip: str = "127.0.0.1") -> None:
+                 startup_timeout: float = 20.0, host_ip: str = "127.0.0.1", secret_sync_delay: float = 1.0) -> None:
         self.store: Store = getattr(fake, "store", fake)
         self.start_squid = start_squid
         self.startup_timeout = startup_timeout
         self.host_ip = host_ip
+        self.secret_sync_delay = secret_sync_delay
+        # (namespace, secret) -> {pod key: (volume directory, {key: file name})}
+        self._secret_volumes: dict[tuple[str, str], dict[tuple, tuple[str, dict[str, str]]]] = {}
         self.errors: list[str] = []
         self._next = int(ipaddress.IPv4Address(first_address))
         self._squids: dict[tuple[str, str, str], SquidProcess] = {}
@@ -81,10 +99,14 @@ class Kubelet:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "Kubelet":
-        """Start following Pod events (existing Pods are picked up too); return self."""
+        """Start following Pod and Secret events (existing Pods are picked up too); return self."""
         sub = self.store.subscribe(R.PODS)
         self._thread = threading.Thread(target=self._run, args=(sub,), name="kubelet", daemon=True)
         self._thread.start()
+        secrets = self.store.subscribe(R.SECRETS, resource_version=str(self.store.resource_version))
+        self._secret_thread = threading.Thread(target=self._run_secrets, args=(secrets,), name="kubelet-secrets",
+                                               daemon=True)
+        self._secret_thread.start()
         return self
 
     def close(self) -> None:
@@ -92,6 +114,7 @@ class Kubelet:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._secret_thread.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             squids, self._squids = list(self._squids.values()), {}
@@ -181,24 +204,75 @@ class Kubelet:
                 probe.close()
         raise RuntimeError(f"no free loopback address for port {port}")
 
-    def _htpasswd(self, namespace: str, pod: dict, container: dict) -> tuple[bool, str | None]:
-        """Resolve the Secret mounted at the squid.conf's htpasswd path, as the kubelet would.
+    def _htpasswd(self, key, pod: dict, container: dict) -> tuple[bool, str | None, str | None]:
+        """Resolve the Secret volume mounted where the squid.conf's htpasswd file lives, as the
+        kubelet would.
 
-        Returns ``(ok, content)``: ``(True, None)`` when nothing is mounted there, ``(False,
-        None)`` when the Secret or its key is missing (a real kubelet refuses to start the
-        container: CreateContainerConfigError).
+        Returns ``(ok, content, path)``: ``(True, None, None)`` when nothing is mounted there;
+        ``(False, None, None)`` when the Secret or its key is missing (a real kubelet refuses to
+        start the container: CreateContainerConfigError); for a ``subPath`` mount of the file,
+        ``(True, content, None)`` (a copy, never updated); for a volume mounted on the file's
+        directory, ``(True, None, path)``: the file in a volume directory this kubelet writes and
+        keeps up to date with the Secret.
         """
-        mount = next((m for m in container.get("volumeMounts") or []
-                      if m.get("mountPath") == DEFAULT_HTPASSWD_PATH), None)
+        namespace = key[0]
+        directory, _, filename = DEFAULT_HTPASSWD_PATH.rpartition("/")
+        mounts = container.get("volumeMounts") or []
+        mount = next((m for m in mounts if m.get("mountPath") == DEFAULT_HTPASSWD_PATH and m.get("subPath")), None) \
+            or next((m for m in mounts if m.get("mountPath") == directory and not m.get("subPath")), None)
         if mount is None:
-            return True, None
+            return True, None, None
         volume = next((v for v in (pod.get("spec") or {}).get("volumes") or [] if v.get("name") == mount.get("name")),
                       None)
         source = (volume or {}).get("secret") or {}
-        path = mount.get("subPath") or ""
-        key = next((i.get("key") for i in source.get("items") or [] if i.get("path") == path), path)
-        value = _secret_value(self.store, namespace, {"name": source.get("secretName", ""), "key": key})
-        return value is not None, value
+        secret_name = source.get("secretName", "")
+        if mount.get("subPath"):
+            path = mount["subPath"]
+            skey = next((i.get("key") for i in source.get("items") or [] if i.get("path") == path), path)
+            value = _secret_value(self.store, namespace, {"name": secret_name, "key": skey})
+            return value is not None, value, None
+        items = {i.get("key"): i.get("path") for i in source.get("items") or []}
+        data = _secret_data(self.store, namespace, secret_name)
+        if data is None or (items and any(k not in data for k in items)):
+            return False, None, None
+        files = {items.get(k, k): v for k, v in data.items() if not items or k in items}
+        if filename not in files:
+            return False, None, None
+        volume_dir = tempfile.mkdtemp(prefix="kubelet-volume-")
+        os.chmod(volume_dir, 0o755)
+        write_atomic(volume_dir, files)
+        with self._lock:
+            self._secret_volumes.setdefault((namespace, secret_name), {})[key] = (volume_dir, items)
+        return True, None, os.path.join(volume_dir, filename)
+
+    def _run_secrets(self, sub) -> None:
+        """Rewrite the volumes of a Secret that changed, ``secret_sync_delay`` seconds later."""
+        while not self._stop.is_set():
+            try:
+                events = sub.next(0.2)
+            except Closed:
+                return
+            except ApiError:
+                sub = self.store.subscribe(R.SECRETS, resource_version=str(self.store.resource_version))
+                continue
+            for ev in events:
+                if ev.type == "MODIFIED":
+                    threading.Timer(self.secret_sync_delay, self._sync_secret, args=(ev.namespace, ev.name)).start()
+
+    def _sync_secret(self, namespace: str, name: str) -> None:
+        if self._stop.is_set():
+            return
+        data = _secret_data(self.store, namespace, name)
+        if data is None:
+            return  # the real kubelet keeps the last content of a Secret that went away
+        with self._lock:
+            volumes = list((self._secret_volumes.get((namespace, name)) or {}).values())
+        for volume_dir, items in volumes:
+            files = {items.get(k, k): v for k, v in data.items() if not items or k in items}
+            try:
+                write_atomic(volume_dir, files)
+            except OSError as exc:  # the Pod went away meanwhile
+                log.info("kubelet: volume %s not updated: %s", volume_dir, exc)
 
     def _start_pod(self, key, pod: dict, container: dict) -> None:
         ns, name, _ = key
@@ -215,7 +289,7 @@ class Kubelet:
             _condition("PodScheduled", "True")], "containerStatuses": [
             _container_status(container, waiting={"reason": "ContainerCreating"})]})
         conf = _env_value(container, SQUID_CONF_ENV) or ""
-        ok, htpasswd = self._htpasswd(ns, pod, container)
+        ok, htpasswd, htpasswd_file = self._htpasswd(key, pod, container)
         if not ok:
             self.errors.append(f"{ns}/{name}: secret for {DEFAULT_HTPASSWD_PATH} not found")
             self._set_status(key, {"phase": "Pending", "containerStatuses": [_container_status(
@@ -225,7 +299,7 @@ class Kubelet:
         squid, failure = None, ""
         for _ in range(3):  # another process may grab the address between probe and bind
             address = self._free_address(port)
-            squid = SquidProcess(address, port, conf, htpasswd=htpasswd)
+            squid = SquidProcess(address, port, conf, htpasswd=htpasswd, htpasswd_file=htpasswd_file)
             try:
                 squid.start(timeout=self.startup_timeout)
             except RuntimeError as exc:
@@ -257,8 +331,11 @@ class Kubelet:
         with self._lock:
             squid = self._squids.pop(key, None)
             self._addresses.pop(key, None)
+            gone = [vols.pop(key) for vols in self._secret_volumes.values() if key in vols]
         if squid is not None:
             squid.stop()
+        for volume_dir, _ in gone:
+            shutil.rmtree(volume_dir, ignore_errors=True)
 
     def _set_status(self, key, status: dict) -> bool:
         """Merge-patch the Pod's status if the Pod (same uid) still exists; return whether it did."""
@@ -295,6 +372,50 @@ def _secret_value(store, namespace: str, ref: dict) -> str | None:
     data = secret.get("data") or {}
     value = data.get(ref.get("key", ""))
     return base64.b64decode(value).decode() if value is not None else None
+
+
+def _secret_data(store, namespace: str, name: str) -> dict[str, str] | None:
+    """Every key of a Secret, decoded (``None`` when it does not exist)."""
+    import base64
+
+    try:
+        with store.cond:
+            secret = store.get(R.SECRETS, namespace, name).obj
+    except ApiError:
+        return None
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+def write_atomic(directory: str, files: dict[str, str]) -> None:
+    """Write ``files`` (name -> content) into a volume directory the way the kubelet does.
+
+    The content goes into a new ``..<timestamp>.<random>`` directory; the ``..data`` symlink is
+    pointed at it by renaming a fresh symlink over it (one atomic step); each file is a symlink
+    ``<name> -> ..data/<name>``; the previous timestamped directory is removed.  Readers that
+    open ``<name>`` see the old or the new content, never a mix (kubernetes
+    pkg/volume/util/atomic_writer.go).
+    """
+    stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime())
+    new_dir = tempfile.mkdtemp(prefix=stamp, dir=directory)
+    os.chmod(new_dir, 0o755)
+    for name, content in files.items():
+        path = os.path.join(new_dir, name)
+        with open(path, "w") as fh:
+            fh.write(content)
+        os.chmod(path, 0o444)
+    data = os.path.join(directory, "..data")
+    old = os.readlink(data) if os.path.islink(data) else None
+    tmp_link = os.path.join(directory, "..data_tmp")
+    if os.path.lexists(tmp_link):
+        os.unlink(tmp_link)
+    os.symlink(os.path.basename(new_dir), tmp_link)
+    os.rename(tmp_link, data)
+    for name in files:
+        link = os.path.join(directory, name)
+        if not os.path.lexists(link):
+            os.symlink(os.path.join("..data", name), link)
+    if old:
+        shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
 
 
 def _env_value(container: dict, name: str) -> str | None:

@@ -93,18 +93,20 @@ class SquidProcess:
             :func:`loopback_policy`: loopback clients and loopback origins allowed).
         htpasswd: content of the basic-auth password file the conf refers to (written into the
             workdir, readable by Squid's helper), or ``None``.
+        htpasswd_file: instead of ``htpasswd``, an existing file the helper reads where it is
+            (a volume the kubelet stand-in keeps up to date), or ``None``.
         netns: name of a network namespace to run in (``ip netns exec``; see
             :mod:`tests.support.netns`), or ``None`` for the host's.  Readiness is then read
             from Squid's cache.log, since the namespace's addresses are out of this process's reach.
     """
 
     def __init__(self, address: str, port: int, conf: str | None = None, htpasswd: str | None = None,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, htpasswd_file: str | None = None) -> None:
         self.address, self.port, self.netns = address, port, netns
         self.workdir = tempfile.mkdtemp(prefix="squid-")
         os.chmod(self.workdir, 0o777)
         conf = conf or squid_conf.render(port, loopback_policy())
-        htpasswd_path = None
+        htpasswd_path = htpasswd_file
         if htpasswd is not None:
             htpasswd_path = os.path.join(self.workdir, "htpasswd")
             with open(htpasswd_path, "w") as fh:

@@ -19,7 +19,7 @@ Shape (every key but ``project`` optional; docs/gcp-provider.md is the user refe
       anonymous: false                  # only with apiEndpoint: a local fake or emulator
       requestTimeout: 30s
       operationTimeout: 5m
-      firewall: {ensure: false, sourceRanges: [10.0.0.0/8]}
+      firewall: {ensure: false, sourceRanges: [10.0.0.0/8], ports: [3128]}   # ports: the only spec.endpoint.port values allowed while ensure is on
       wireLogging: {enabled: false, fullPayloads: false}
 
 Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the
@@ -60,11 +60,16 @@ class FirewallSettings:
         source_ranges: client CIDRs allowed to reach the proxies (required when ``ensure``).
         name: rule name prefix; the rule for port P is ``<name>-<P>``.  ``None`` means
             ``proxy-operator-<provider>``.
+        ports: the only ports a Proxy may ask for (``spec.endpoint.port``) while ``ensure`` is
+            on: the port becomes an ingress rule to every instance carrying the tag, so a Proxy
+            author must not pick it (22 would open SSH on every proxy VM; each new port is one
+            more rule).  Default ``(3128,)``.
     """
 
     ensure: bool = False
     source_ranges: tuple[str, ...] = ()
     name: str | None = None
+    ports: tuple[int, ...] = (3128,)
 
 
 @dataclass(frozen=True)
@@ -208,8 +213,14 @@ def _firewall(block: Reader) -> FirewallSettings:
     if ensure and not ranges:
         raise fw.error("sourceRanges", "required when ensure is true (the client CIDRs allowed "
                                        "to reach the proxies)")
+    ports = fw.raw("ports", [3128])
+    if not isinstance(ports, list) or not ports:
+        raise fw.error("ports", "must be a non-empty list of port numbers")
+    for i, port in enumerate(ports):
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise fw.error(f"ports[{i}]", f"must be a port number 1..65535, got {port!r}")
     fw.done()
-    return FirewallSettings(ensure=ensure, source_ranges=tuple(ranges), name=name)
+    return FirewallSettings(ensure=ensure, source_ranges=tuple(ranges), name=name, ports=tuple(ports))
 
 
 def _wire(block: Reader) -> WireLogSettings:

@@ -383,7 +383,8 @@ class GcpProvider:
 
         Raises:
             SpecNotAllowed: naming ``spec.placement.zone``, ``spec.placement.image`` or
-                ``spec.placement.machineType``.
+                ``spec.placement.machineType``; or ``spec.endpoint.port`` outside
+                ``gcp.firewall.ports`` while ``gcp.firewall.ensure`` is on.
         """
         s = self.settings
         checks = (("spec.placement.zone", request.zone, s.zones, "gcp.zones"),
@@ -394,6 +395,12 @@ class GcpProvider:
             if value and value not in allowed:
                 raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
                                                  f"({keys}: {', '.join(allowed)})")
+        # With the firewall opt-in the port becomes an ingress rule to every proxy VM (issue 10
+        # adversarial review): only the configured ports, never one a Proxy author picks.
+        if s.firewall.ensure and request.port not in s.firewall.ports:
+            raise SpecNotAllowed("spec.endpoint.port", f"{request.port} is not allowed by provider {self.name} "
+                                 f"(gcp.firewall.ports: {', '.join(map(str, s.firewall.ports))}); "
+                                 "with gcp.firewall.ensure the port opens an ingress rule to every proxy VM")
 
     def _instance_body(self, request: CreateRequest, zone: str) -> compute_v1.Instance:
         s = self.settings

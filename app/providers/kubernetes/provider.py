@@ -4,8 +4,12 @@
 * Labels carry the tags (``app.kubernetes.io/managed-by``, ``crawl.example.com/proxy-uid``),
   so GC lists by label across all namespaces (hence a ClusterRole).
 * The Squid config travels in the ``SQUID_CONF`` environment variable; the container writes
-  it to /tmp and runs ``squid -N -f`` on it.  With basic auth, the ``htpasswd`` key of the
-  Proxy's credentials Secret is mounted (``subPath``) at the path the squid.conf names.
+  it to /tmp and runs ``squid -N -f`` on it.  With basic auth, the Proxy's credentials Secret
+  is mounted as a volume (its ``htpasswd`` key as file ``htpasswd``) on the directory of the
+  path the squid.conf names, without ``subPath``: the kubelet updates the file when the Secret
+  changes (Kubernetes docs, "Mounted Secrets are updated automatically":
+  https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod),
+  and Squid's ``basic_ncsa_auth`` re-reads it, so a password rotation reaches the running Pod.
 * Phase mapping: Running with a Pod IP -> Running; Running without an IP or Pending ->
   Provisioning; Succeeded/Failed/Unknown -> Terminated.  A Pod being deleted is Terminated.
   Never Stopped: a Pod that has ended cannot be started again (Terminated means the
@@ -153,11 +157,12 @@ class KubernetesProvider:
             # The htpasswd line is mounted from the Proxy's credentials Secret where the squid.conf
             # expects it: nothing secret in the Pod spec, nothing written at start (the root
             # filesystem may be read-only and the image non-root).
+            # The directory, not the file (no subPath): a subPath mount never sees an update.
+            directory, _, filename = DEFAULT_HTPASSWD_PATH.rpartition("/")
             volumes.append(k8s.V1Volume(name=AUTH_VOLUME, secret=k8s.V1SecretVolumeSource(
                 secret_name=request.auth_secret, default_mode=0o444,
-                items=[k8s.V1KeyToPath(key=SECRET_HTPASSWD_KEY, path="htpasswd")])))
-            mounts.append(k8s.V1VolumeMount(name=AUTH_VOLUME, mount_path=DEFAULT_HTPASSWD_PATH,
-                                            sub_path="htpasswd", read_only=True))
+                items=[k8s.V1KeyToPath(key=SECRET_HTPASSWD_KEY, path=filename)])))
+            mounts.append(k8s.V1VolumeMount(name=AUTH_VOLUME, mount_path=directory, read_only=True))
         pod_security, container_security = security_contexts(port)
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=request.name, namespace=namespace, labels=labels),

@@ -74,7 +74,8 @@ def squid_script(squid_conf: str, htpasswd: str | None = None) -> bytes:
         pw = base64.b64encode(htpasswd.encode("utf-8")).decode("ascii")
         # Written under umask 027 (never world-readable), then handed to Squid's group: "proxy"
         # on Debian/Ubuntu, "squid" on Fedora/RHEL/SUSE/Alpine.
-        auth = (f"(umask 027; echo '{pw}' | base64 -d > {DEFAULT_HTPASSWD_PATH})\n"
+        auth = (f"mkdir -p -m 0755 {DEFAULT_HTPASSWD_PATH.rpartition('/')[0]}\n"
+                f"(umask 027; echo '{pw}' | base64 -d > {DEFAULT_HTPASSWD_PATH})\n"
                 f"chgrp proxy {DEFAULT_HTPASSWD_PATH} 2>/dev/null || chgrp squid {DEFAULT_HTPASSWD_PATH}\n"
                 f"chmod 0640 {DEFAULT_HTPASSWD_PATH}\n")
     return ("""\

@@ -286,7 +286,8 @@ class Lease:
 
     def _lose(self, exc: ApiError) -> None:
         with self._lock:
-            if self._released is not None or self._lost is not None:
+            # a release under way (it stops renewal first) explains a refused renewal
+            if self._released is not None or self._lost is not None or self._stop.is_set():
                 return
             self._lost = exc
         self._stop.set()

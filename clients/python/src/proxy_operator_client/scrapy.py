@@ -165,14 +165,17 @@ class ProxyLeaseMiddleware:
 
         Raises:
             NotConfigured: ``PROXY_OPERATOR_ENABLED`` is false.
-            ValueError: ``PROXY_OPERATOR_URL`` or the token missing, or a malformed setting
-                (naming it; the token's value is never shown).
+            ValueError: ``PROXY_OPERATOR_URL`` or the token missing, ``HTTPPROXY_ENABLED`` false,
+                or a malformed setting (naming it; the token's value is never shown).
         """
         from scrapy.exceptions import NotConfigured
 
         s = crawler.settings
         if not s.getbool("PROXY_OPERATOR_ENABLED", True):
             raise NotConfigured("PROXY_OPERATOR_ENABLED is false")
+        if not s.getbool("HTTPPROXY_ENABLED", True):
+            raise ValueError("PROXY_OPERATOR_URL: needs HttpProxyMiddleware (HTTPPROXY_ENABLED = True), which "
+                             "sends the leased proxy's credentials")
         url = s.get("PROXY_OPERATOR_URL")
         if not url:
             raise ValueError("PROXY_OPERATOR_URL: required (the discovery API's URL), or set "
@@ -269,7 +272,10 @@ class ProxyLeaseMiddleware:
     def _release(self, lease: Lease, outcome: str) -> defer.Deferred:
         """Release ``lease`` in a pool thread; count it when done.  Returns the Deferred (never
         failing: errors are logged)."""
-        d = threads.deferToThreadPool(self._reactor, self._pool, lease.release, outcome)
+        if self._pool_stopped:  # after the close: the client released it already, this only reads the result
+            d = defer.maybeDeferred(lease.release, outcome)
+        else:
+            d = threads.deferToThreadPool(self._reactor, self._pool, lease.release, outcome)
 
         def done(result):
             self._releases.discard(d)
@@ -372,7 +378,9 @@ class ProxyLeaseMiddleware:
         (a lease still being granted is given back), stop the thread pool."""
         self._closed = True
         leases, self._leases = list(self._leases.values()), {}
-        pending = [self._release(lease, "ok") for lease in leases] + list(self._releases)
+        for lease in leases:
+            self._release(lease, "ok")
+        pending = list(self._releases)  # these and the releases (blocked, failed) still under way
         await maybe_deferred_to_future(defer.DeferredList(pending, consumeErrors=True))
         try:
             await maybe_deferred_to_future(threads.deferToThreadPool(self._reactor, self._pool, self.client.close))

@@ -1,0 +1,144 @@
+"""The Scrapy middleware in real crawls: ``proxy_operator_client.scrapy.ProxyLeaseMiddleware``
+in a real ``CrawlerProcess`` (a subprocess: Twisted's reactor runs once per process), the real
+API, twelve real Squids requiring basic auth (a password full of URL-special characters), each
+sending from its own loopback address so the site can tell them apart, and a local site that
+bans an address after 20 requests (a 403, or a 200 captcha page only the ban detector sees).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from urllib.parse import quote
+
+import pytest
+
+from app import squid as squid_conf
+from proxy_operator_client import ApiError, Client
+from tests.client.conftest import PASSWORD, USER, publish_authed, start_all, stop_all
+from tests.client.site import BanSite
+from tests.health.fleet import htpasswd_file, start_squid
+from tests.support.processes import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+SITE_ADDRESS = "127.0.16.1"
+CRAWL_SQUIDS = [f"127.0.16.{n}" for n in range(30, 42)]
+PAGES = 200
+BAN_AFTER = 20
+
+
+@pytest.fixture(scope="module")
+def crawl_squids():
+    """Twelve Squids requiring USER / PASSWORD, each sending from its own address."""
+    policy = squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(USER, PASSWORD))
+    procs = start_all([lambda a=a: start_squid(a, policy=policy) for a in CRAWL_SQUIDS])
+    yield procs
+    stop_all(procs)
+
+
+@pytest.fixture()
+def proxies(fleet, redis_client, health_settings, crawl_squids):
+    """The twelve Squids published as Proxies ``authed0..11`` (maxLeases 3); name -> address."""
+    published = publish_authed(fleet, redis_client, health_settings, crawl_squids)
+    return {px.name: sq.address for px, sq in zip(published, crawl_squids)}
+
+
+def crawl(api, tmp_path, site: BanSite, *, pages: int = PAGES, sessions: int = 0, close_after: int = 0,
+          settings: dict | None = None) -> tuple[dict, str]:
+    """Run tests/client/crawl.py once; its stats and its DEBUG log."""
+    config = {"api": api.url, "base": site.url, "pages": pages, "sessions": sessions, "close_after": close_after,
+              "log": str(tmp_path / "scrapy.log"), "stats": str(tmp_path / "stats.json"), "settings": settings or {}}
+    (tmp_path / "crawl.json").write_text(json.dumps(config))
+    run = subprocess.run([sys.executable, "-m", "tests.client.crawl", str(tmp_path / "crawl.json")], cwd=ROOT,
+                         env={"PATH": "/usr/bin:/bin", "PROXY_OPERATOR_TOKEN": api.token}, capture_output=True,
+                         text=True, timeout=45)
+    (tmp_path / "stderr.txt").write_text(run.stdout + run.stderr)
+    log = (tmp_path / "scrapy.log").read_text() if (tmp_path / "scrapy.log").exists() else ""
+    assert run.returncode == 0, run.stdout + run.stderr + log[-5000:]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    return stats, log + run.stdout + run.stderr
+
+
+def assert_no_secret(api, *texts: str) -> None:
+    for text in texts:
+        assert api.token not in text and PASSWORD not in text and quote(PASSWORD, safe="") not in text
+
+
+def test_a_crawl_rotates_through_banned_proxies_and_completes(api, proxies, tmp_path):
+    site = BanSite(SITE_ADDRESS, BAN_AFTER)
+    try:
+        stats, log = crawl(api, tmp_path, site, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 5})
+    finally:
+        site.stop()
+    # every page was crawled, each through a proxy, and never a captcha page to the spider
+    assert stats["test/pages"] == PAGES
+    served = {r["path"] for r in site.records if not r["banned"]}
+    assert served == {f"/page/{i}" for i in range(PAGES)}
+    assert {r["client"] for r in site.records} <= set(proxies.values())
+    assert not any(r["proxy_auth"] for r in site.records)  # the Squids consumed the credentials
+
+    # every proxy that served 20 pages was banned, reported blocked once, and not leased again
+    banned = {key.split("/", 2)[2] for key in stats if key.startswith("proxy_operator/bans/")}
+    banned_names = {name.split("/", 1)[1] for name in banned}
+    assert len(banned) >= PAGES // BAN_AFTER - 1 and all(stats[f"proxy_operator/bans/{b}"] == 1 for b in banned)
+    assert {r["client"] for r in site.records if r["banned"]} == {proxies[n] for n in banned_names}
+    assert {r["status"] for r in site.records if r["banned"]} == {200, 403}  # captchas and 403s both seen
+    taken = stats["proxy_operator/leases/taken"]
+    assert taken in (len(banned), len(banned) + 1)  # one lease per proxy: a banned one never came back
+    assert stats["proxy_operator/bans"] == stats["proxy_operator/leases/released/blocked"] == len(banned)
+    assert stats.get("proxy_operator/leases/released/ok", 0) == taken - len(banned)  # released at close
+    # banned requests were retried the Scrapy way, none gave up
+    assert stats["proxy_operator/retries"] == stats["retry/reason_count/proxy_operator_ban"] >= len(banned)
+    assert stats["proxy_operator/banned_responses"] == sum(r["banned"] for r in site.records)
+    assert "retry/max_reached" not in stats
+
+    # the banned proxies cool down for this client: it can lease every other proxy, not them
+    with Client(api.url, api.token, wait=0) as client:
+        assert all(p["leases"]["used"] == 0 for p in client.proxies())  # nothing left leased
+        leased = []
+        with pytest.raises(ApiError) as info:
+            while True:
+                leased.append(client.lease(ttl=30).proxy.name)
+        assert not set(leased) & banned_names and len(set(leased)) == len(proxies) - len(banned)
+        assert f"{len(banned)} cooling down for this client" in info.value.message
+    assert_no_secret(api, log, json.dumps(stats), api.proc.log())
+
+
+def test_closing_the_spider_mid_crawl_releases_every_lease(api, proxies, redis_client, tmp_path):
+    site = BanSite(SITE_ADDRESS, 10_000)
+    try:
+        stats, log = crawl(api, tmp_path, site, sessions=6, close_after=40)
+    finally:
+        site.stop()
+    assert stats["finish_reason"] == "enough" and 40 <= stats["test/pages"] < PAGES
+    # one lease per session, each sticky to its proxy, all released when the spider closed
+    assert stats["proxy_operator/leases/taken"] == stats["proxy_operator/leases/released/ok"] == 6
+    by_session = defaultdict(set)
+    for r in site.records:
+        by_session[r["path"].split("/")[2]].add(r["client"])
+    assert len(by_session) == 6 and all(len(clients) == 1 for clients in by_session.values())
+    assert {r["client"] for r in site.records} <= set(proxies.values())
+    assert redis_client.zcard("po:lease-expiry") == 0  # no lease live in Redis
+    with Client(api.url, api.token) as client:
+        assert all(p["leases"]["used"] == 0 for p in client.proxies())
+    assert "every lease released" in log
+    assert_no_secret(api, log, json.dumps(stats))
+
+
+def test_no_page_is_fetched_without_a_proxy(api, proxies, tmp_path):
+    """No proxy matches the crawl's filter: every request fails with the API's error, none
+    reaches the site directly."""
+    site = BanSite(SITE_ADDRESS, 10_000)
+    try:
+        stats, log = crawl(api, tmp_path, site, pages=5,
+                           settings={"PROXY_OPERATOR_ZONE": "nowhere", "PROXY_OPERATOR_WAIT": 0})
+    finally:
+        site.stop()
+    assert site.records == [] and "test/pages" not in stats
+    assert stats["proxy_operator/errors/no_proxy_available"] >= 1
+    assert stats["downloader/exception_type_count/proxy_operator_client.errors.ApiError"] == 5
+    assert "proxy_operator/leases/taken" not in stats
+    assert_no_secret(api, log)
