@@ -10,9 +10,6 @@ tests/kvm/test_delete_during_create.py.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from kubernetes import client as k8s
 
@@ -21,12 +18,19 @@ from app.kube import Kube
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY, KubernetesProvider
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import DELETE, Context, Ref, create, delete
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kubefake.server import FakeKube
+from tests.support.proxies import (
+    Background,
+    apply,
+    kubectl_delete,
+    pods,
+    run_delete_until_released,
+)
 from tests.support.waiting import wait_until
 
 NS = "default"
@@ -57,17 +61,6 @@ def k8s_ctx(api, redis_client):
     return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings())
 
 
-def apply(api, name: str, spec: dict) -> Ref:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    return Ref(NS, name, obj["metadata"]["uid"])
-
-
-def kubectl_delete(api, ref: Ref) -> None:
-    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
-
-
 def proxy_exists(api, ref: Ref) -> bool:
     return Kube(api).get_proxy(ref.namespace, ref.name) is not None
 
@@ -77,46 +70,6 @@ def recorded_id(api, ref: Ref) -> str | None:
     return proxy.status.get("providerID") if proxy else None
 
 
-def pods(api) -> list:
-    return k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
-
-
-def run_delete_until_released(ctx, ref: Ref, limit: int = 20) -> None:
-    """Run the delete step and its followups (as the task layer would) until nothing is left."""
-    attempt = 0
-    for _ in range(limit):
-        followup = delete(ctx, ref, attempt)
-        if followup is None:
-            return
-        assert followup.action == DELETE
-        attempt = followup.attempt
-        time.sleep(followup.delay)
-    raise AssertionError("the delete never finished")
-
-
-class Background:
-    """Runs one reconcile step in a thread and keeps what it returned or raised."""
-
-    def __init__(self, fn, *args) -> None:
-        self.result = self.error = None
-        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn, *args) -> None:
-        try:
-            self.result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - reported by join()
-            self.error = exc
-
-    def join(self, timeout: float = 30):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the step never finished"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-# -- kubernetes -----------------------------------------------------------------------------------
 def test_kubernetes_delete_while_pod_create_is_in_flight_leaks_nothing(fake, api, k8s_ctx):
     """The issue's case: the Pod create is slow and the Proxy is deleted meanwhile."""
     ref = apply(api, "slow-1", {"provider": "k8s-local"})

@@ -8,7 +8,6 @@ tests for holes fixed alongside them.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -19,12 +18,30 @@ from app.config import ProviderConfig, ProvidersConfig
 from app.kube import Kube
 from app.naming import instance_name
 from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY, KubernetesProvider
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.providers.registry import build
-from app.reconcile import CREATE, DELETE, POLL, Context, Ref, create, decide, delete, poll
-from app.resources import GROUP, PLURAL, VERSION
+from app.reconcile import (
+    CREATE,
+    DELETE,
+    POLL,
+    Context,
+    Ref,
+    create,
+    decide,
+    delete,
+    poll,
+)
+from app.resources import PLURAL
 from app.settings import Settings
 from tests.kubefake.server import FakeKube
+from tests.support.proxies import (
+    Background,
+    apply,
+    kubectl_delete,
+    patch_spec,
+    pods,
+    read,
+)
 from tests.support.waiting import wait_until
 
 NS = "default"
@@ -64,29 +81,6 @@ def ctx(api, redis_client):
     return _ctx(api, redis_client, k8s_provider())
 
 
-def apply(api, name: str, spec: dict) -> Ref:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    return Ref(NS, name, obj["metadata"]["uid"])
-
-
-def patch_spec(api, name: str, spec: dict) -> None:
-    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, {"spec": spec})
-
-
-def kubectl_delete(api, ref: Ref) -> None:
-    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
-
-
-def read(api, ref: Ref):
-    return Kube(api).get_proxy(ref.namespace, ref.name)
-
-
-def pods(api) -> list:
-    return k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
-
-
 def pod_images(api) -> list[tuple[str, str, str]]:
     return sorted((p.metadata.namespace, p.metadata.name, p.spec.containers[0].image) for p in pods(api))
 
@@ -121,29 +115,6 @@ def settle(ctx, api, ref: Ref, limit: int = 30) -> None:
     raise AssertionError("the Proxy never settled")
 
 
-class Background:
-    """Runs one reconcile step in a thread and keeps what it returned or raised."""
-
-    def __init__(self, fn, *args) -> None:
-        self.result = self.error = None
-        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn, *args) -> None:
-        try:
-            self.result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - reported by join()
-            self.error = exc
-
-    def join(self, timeout: float = 30):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the step never finished"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-# -- spec changes racing a create -------------------------------------------------------------------
 def test_a_spec_change_that_lands_during_the_create_is_not_lost(fake, api, ctx):
     """The image is changed while the Pod create (old image) is in flight.
 
@@ -343,8 +314,8 @@ def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same
     """Two gcp providers in one project (other zones): the aggregated listing of either shows
     every managed instance of the project; neither GC may take the other's live instance."""
     from app.providers.gcp.provider import GcpProvider
-    from tests.gcp.fake_compute import FakeCompute
     from tests.gcp.conftest import gcp_config
+    from tests.gcp.fake_compute import FakeCompute
 
     with FakeCompute() as compute:
         config = ProvidersConfig((gcp_config(compute, "gcp-b", zones=["europe-west1-b"]),
@@ -367,8 +338,9 @@ def test_a_delete_during_a_move_to_another_provider_runs_on_the_recorded_hosts_q
     new instance yet (its write-ahead failed, or it is still queued) when the Proxy is
     deleted.  The delete removes the recorded domain on h1 (status.provider), so it must run
     on h1's queue; it used to be routed by spec.provider (no hosts: ``proxies``)."""
-    from tests.test_routing import UID, _ctx as routing_ctx
     from app.resources import Proxy
+    from tests.test_routing import UID
+    from tests.test_routing import _ctx as routing_ctx
     from workers.tasks import queue_for_proxy
 
     ctx = routing_ctx(tmp_path)

@@ -10,15 +10,28 @@ import pytest
 from kubernetes import client as k8s
 
 from app import serving
-from app.config import ProvidersConfig, ProviderConfig
+from app.config import ProviderConfig, ProvidersConfig
 from app.kube import Kube
 from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.providers.kubernetes.provider import (
+    LABEL_PROXY_UID,
+    KubernetesProvider,
+)
 from app.providers.registry import build
-from app.reconcile import ABANDONED_KEY, CREATE, POLL, Context, Ref, create, decide, delete, poll
-from app.resources import FINALIZER, GROUP, PLURAL, VERSION, Proxy
+from app.reconcile import (
+    ABANDONED_KEY,
+    CREATE,
+    POLL,
+    Context,
+    create,
+    decide,
+    delete,
+    poll,
+)
+from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kubefake.server import FakeKube
+from tests.support.proxies import apply, kubelet_runs, pods, read
 
 NS = "default"
 
@@ -44,27 +57,6 @@ def ctx(api, redis_client):
     registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
     return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
-
-
-def apply(api, name: str, spec: dict, annotations: dict | None = None) -> Ref:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-            "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}}, "spec": spec}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    return Ref(NS, name, obj["metadata"]["uid"])
-
-
-def read(api, ref: Ref) -> Proxy | None:
-    return Kube(api).get_proxy(ref.namespace, ref.name)
-
-
-def kubelet_runs(api, pod_name: str, ip: str, namespace: str = NS) -> None:
-    """Do what the kubelet does when the container starts: Running with a Pod IP."""
-    k8s.CoreV1Api(api).patch_namespaced_pod_status(pod_name, namespace,
-                                                   {"status": {"phase": "Running", "podIP": ip}})
-
-
-def pods(api) -> list:
-    return k8s.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
 
 
 def test_create_poll_running_then_delete(ctx, api, redis_client):

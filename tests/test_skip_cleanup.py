@@ -16,12 +16,27 @@ from app.gc import collect
 from app.kube import Kube
 from app.providers.errors import NotFound
 from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.providers.kubernetes.provider import (
+    LABEL_ABANDONED,
+    LABEL_MANAGED_BY,
+    LABEL_PROXY_UID,
+    KubernetesProvider,
+)
 from app.providers.registry import build
-from app.reconcile import ABANDONED_KEY, CREATE, DELETE, Context, Ref, create, delete, poll
+from app.reconcile import (
+    ABANDONED_KEY,
+    CREATE,
+    DELETE,
+    Context,
+    Ref,
+    create,
+    delete,
+    poll,
+)
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 from app.settings import Settings
 from tests.kubefake.server import FakeKube
+from tests.support.proxies import apply, read
 
 NS = "default"
 SETTINGS = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
@@ -48,17 +63,6 @@ def k8s_config() -> ProviderConfig:
 def ctx(api, redis_client):
     registry = build(ProvidersConfig((k8s_config(),)), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
     return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=SETTINGS)
-
-
-def apply(api, name: str, spec: dict) -> Ref:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": name, "namespace": NS},
-            "spec": spec}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    return Ref(NS, name, obj["metadata"]["uid"])
-
-
-def read(api, ref: Ref) -> Proxy | None:
-    return Kube(api).get_proxy(ref.namespace, ref.name)
 
 
 def release_with_skip_cleanup(api, ref: Ref) -> None:
@@ -196,7 +200,13 @@ def kvm_config(tmp_path, hosts: list[str]) -> ProviderConfig:
     """A kvm provider whose hosts are down: valid SSH material, but nothing listens on the port."""
     import shutil
 
-    from tests.kvm.harness import free_port, known_hosts_line, kvm_entry, make_keys, provider_config
+    from tests.kvm.harness import (
+        free_port,
+        known_hosts_line,
+        kvm_entry,
+        make_keys,
+        provider_config,
+    )
 
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is missing")

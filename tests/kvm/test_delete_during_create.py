@@ -23,8 +23,8 @@ from app.reconcile import DELETE, Context, Ref, create, delete
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kvm import harness
+from tests.support.proxies import Background
 from tests.support.waiting import wait_until
-from tests.test_delete_during_create import Background
 
 pytestmark = pytest.mark.timeout(120)
 NS = "default"
