@@ -70,7 +70,9 @@ def assert_no_secret(api, *texts: str) -> None:
 def test_a_crawl_rotates_through_banned_proxies_and_completes(api, proxies, tmp_path):
     site = BanSite(SITE_ADDRESS, BAN_AFTER)
     try:
-        stats, log = crawl(api, tmp_path, site, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 5})
+        # Up to 16 requests are given the current proxy before its ban shows, so about a third
+        # of all answers are bans: ten retries make giving up on a page vanishingly unlikely.
+        stats, log = crawl(api, tmp_path, site, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 10})
     finally:
         site.stop()
     # every page was crawled, each through a proxy, and never a captcha page to the spider

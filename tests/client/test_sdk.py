@@ -122,15 +122,17 @@ def test_a_503_is_retried_as_retry_after_says_until_the_deadline(api, fleet, cli
         with pytest.raises(ApiError) as info:
             client.lease(wait=2.5)
         elapsed = time.monotonic() - started
-        # Retry-After: 1 -> attempts at about 0, 1 and 2 s; the next would pass the deadline
-        assert info.value.code == "no_proxy_available" and 1.9 <= elapsed < 2.6, elapsed
-        assert _acquire_503s(api) - before == 3
+        attempts = _acquire_503s(api) - before
+        # Retry-After: 1 -> attempts at about 0, 1 and 2 s (fewer if the machine is slow); the
+        # next would start past the deadline, so the last 503 is raised without waiting for it
+        assert info.value.code == "no_proxy_available" and 2 <= attempts <= 3, attempts
+        assert (attempts - 1) * 1.0 <= elapsed < 2.5 + 0.5, elapsed
 
         threading.Timer(1.5, held.release).start()
         started = time.monotonic()
         with client.lease(wait=10) as lease:
             waited = time.monotonic() - started
-            assert 1.5 <= waited < 3.5, waited  # got the proxy at the first retry after the release
+            assert 1.5 <= waited < 4.5, waited  # got the proxy at the first retry after the release
             assert lease.proxy.name == "px0"
 
 

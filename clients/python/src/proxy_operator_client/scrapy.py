@@ -174,8 +174,8 @@ class ProxyLeaseMiddleware:
         if not s.getbool("PROXY_OPERATOR_ENABLED", True):
             raise NotConfigured("PROXY_OPERATOR_ENABLED is false")
         if not s.getbool("HTTPPROXY_ENABLED", True):
-            raise ValueError("PROXY_OPERATOR_URL: needs HttpProxyMiddleware (HTTPPROXY_ENABLED = True), which "
-                             "sends the leased proxy's credentials")
+            raise ValueError("HTTPPROXY_ENABLED: must stay true: HttpProxyMiddleware sends the leased proxy's "
+                             "credentials")
         url = s.get("PROXY_OPERATOR_URL")
         if not url:
             raise ValueError("PROXY_OPERATOR_URL: required (the discovery API's URL), or set "
