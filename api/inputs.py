@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from flask import Request
 from werkzeug.wsgi import get_content_length
@@ -36,8 +37,38 @@ LEASE_ID = re.compile(r"^[0-9a-f]{32}$")
 FILTER_FIELDS = ("provider", "zone", "namespace", "selector")
 
 
+def _query_is_utf8(environ: dict) -> None:
+    """Refuse a query string whose names or values, percent-decoded, are not UTF-8 (werkzeug
+    would replace the bad bytes with U+FFFD and go on); encoded surrogates (``%ed%a0%80``)
+    are not UTF-8 either.
+
+    Raises:
+        ApiError: 400 ``invalid_field`` naming the parameter (or ``query`` when its name is
+            at fault).
+    """
+    raw = environ.get("QUERY_STRING", "")
+    if not raw:
+        return
+    for pair in raw.encode("latin-1", "replace").split(b"&"):
+        name, _, value = pair.partition(b"=")
+        try:
+            key = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad_field("query", "a parameter name is not valid UTF-8") from None
+        try:
+            unquote_to_bytes(value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad_field(key, "not valid UTF-8 once percent-decoded") from None
+
+
 def query(req: Request, allowed: tuple[str, ...]) -> dict[str, str]:
-    """Return the query parameters, each given at most once and all in ``allowed``."""
+    """Return the query parameters, each given at most once and all in ``allowed``.
+
+    Raises:
+        ApiError: 400 ``unknown_parameter`` for a parameter not in ``allowed``; 400
+            ``invalid_field`` for one given twice or not UTF-8 once percent-decoded.
+    """
+    _query_is_utf8(req.environ)
     out = {}
     for key in req.args.keys():
         if key not in allowed:

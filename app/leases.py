@@ -101,9 +101,10 @@ local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local session = ARGV[5]
 -- the client's own limit (ARGV[8], '' = none) comes first: at it, nothing else is read
 local held = held_key(client)
-redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 local client_max = tonumber(ARGV[8])
 if client_max then
+  -- (without a limit the count is only written: the sweep and the key's expiry keep it short)
+  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
   local count = redis.call('ZCARD', held)
   if count >= client_max then
     local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')

@@ -459,8 +459,9 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         }))
         if retire_old:
             _retire(ctx, old_provider, old_id, Ref(p.namespace, p.name, p.uid))
+        request = _request(ctx, p)
         try:
-            inst = provider.create(_request(ctx, p))
+            inst = provider.create(request)
         except BaseException:
             _delete_if_abandoned(ctx, p, provider, new_id)
             raise
@@ -478,7 +479,7 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         p = latest(_write_status(ctx, current, {
             "phase": PROVISIONING, "providerID": inst.provider_id, "provider": p.spec.provider,
             "instanceName": inst.name, "specHash": p.spec_hash, "observedGeneration": p.generation,
-            "address": None,
+            "address": None, "credentialsHash": credentials_hash(request.auth_htpasswd),
             "conditions": _provisioned(current, "False", "Provisioning", f"instance {inst.name} requested"),
         }))
         if inst.state == InstanceState.RUNNING and inst.address:
@@ -487,6 +488,37 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         return Followup(POLL, poll_delay(ctx.settings, 0), 0)
 
     return _guard(ctx, latest, CREATE, attempt, step)
+
+
+# -- credentials baked into instances ---------------------------------------------------------
+def credentials_hash(htpasswd: str | None) -> str | None:
+    """Return a 16-hex-digit SHA-256 digest of the htpasswd line an instance was given, or ``None``.
+
+    Recorded as ``status.credentialsHash`` so a rotation of the Proxy's Secret is noticed
+    without keeping anything secret in the status (the line is itself a bcrypt hash).
+    """
+    if not htpasswd:
+        return None
+    import hashlib
+
+    return hashlib.sha256(htpasswd.strip().encode("utf-8")).hexdigest()[:16]
+
+
+def _credentials_rotated(ctx: Context, proxy: Proxy, provider) -> bool:
+    """Whether the Proxy's Secret now holds other credentials than its instance was built with.
+
+    Only for providers that bake the htpasswd into the instance (``credentials_in_instance``:
+    kvm vendor-data, gcp metadata); a kubernetes Pod mounts the Secret and follows it.  An
+    instance that recorded no hash (an older release) is never replaced for this.
+    """
+    if not getattr(provider, "credentials_in_instance", False):
+        return False
+    policy = _policy(ctx, proxy)
+    recorded = proxy.status.get("credentialsHash")
+    if policy is None or not policy.basic_auth_file or not recorded:
+        return False
+    creds = ctx.kube.read_proxy_credentials(proxy)
+    return creds is not None and credentials_hash(creds[2]) != recorded
 
 
 # -- poll ------------------------------------------------------------------------------------
@@ -515,6 +547,12 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     def step() -> Followup | None:
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
+        if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):
+            message = f"the basic-auth credentials changed; replacing instance {provider_id}, which carries the old ones"
+            log.info("proxy %s: %s", proxy.key, message)
+            latest(_write_status(ctx, proxy, {"specHash": None, "conditions": _provisioned(
+                proxy, "False", "CredentialsRotated", message)}, event=("Normal", "CredentialsRotated", message)))
+            return Followup(CREATE, 0)
         try:
             inst = provider.get(provider_id)
         except NotFound:

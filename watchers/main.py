@@ -18,6 +18,9 @@ is retried with capped exponential backoff until it goes through, never dropped.
 leader delivers; events still waiting when leadership is lost are delivered if it comes back
 (the new leader relists anyway).  A failing hand-off does not fail ``/healthz`` (restarting
 the watcher would not bring Redis back); ``/healthz`` names it in its reason.
+
+Metrics (:mod:`watchers.metrics`; served by ``proxy-operator watch --metrics-bind``): events by
+type, watch restarts, 410s, relists, leader status, event-to-enqueue latency, hand-off backlog.
 """
 
 from __future__ import annotations

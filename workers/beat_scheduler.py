@@ -22,7 +22,10 @@ would never find anything due again: redbeat writes them from code only at start
   is missing it installs the schedule again (redbeat's own ``setup_schedule``: entries still
   present keep their ``last_run_at``) and makes the missing entries due at once, as entries
   that never ran: a flushed or emptied Redis gets a resync (which re-publishes the serving
-  view) within a tick, not a resync period later.
+  view) within a tick, not a resync period later.  Entries installed for the first time at
+  start are due at once too, so the first provider-check round runs when beat starts.
+* **Metrics** (served by workers/metrics_server.py on ``METRICS_BIND``):
+  ``proxy_operator_beat_schedules_fired_total{entry}`` and ``proxy_operator_beat_lock_held``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Modules, each with one job:
 * :mod:`app.health.status` — the verdict → a Proxy status patch (on change only).
 * :mod:`app.health.schedule` — the sweep: which proxies are due, in batches (O(due)).
 * :mod:`app.health.engine` — one batch end to end (what the ``health.probe_batch`` task runs).
+* :mod:`app.health.origin` — a direct control request to the health URL's origin, so an
+  outage of the origin is told from failing proxies before any proxy is marked down.
 * :mod:`app.health.destinations` — where a probe may go: endpoints and health URLs in
   denied ranges are refused (``DestinationDenied``), endpoints pinned to the checked address.
 * :mod:`app.health.credentials` — basic-auth credentials, only those of the Proxy a record

@@ -18,16 +18,19 @@ TOKEN = "server-test-token-0123456789"
 CLI = str(BIN / "proxy-operator")
 
 
-def write_tokens(directory) -> str:
-    """Write a tokens file with one client, ``crawler-a`` (:data:`TOKEN`), in ``directory``; its path."""
+def write_tokens(directory, text: str | None = None) -> str:
+    """Write a tokens file in ``directory``: ``text``, or by default one client, ``crawler-a``
+    (:data:`TOKEN`); its path."""
     path = directory / "tokens.yaml"
-    path.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
+    path.write_text(text if text is not None else f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     return str(path)
 
 
-def start_api(directory, redis_url: str, env: dict | None = None, port: int | None = None) -> tuple[Process, int]:
+def start_api(directory, redis_url: str, env: dict | None = None, port: int | None = None,
+              tokens: str | None = None) -> tuple[Process, int]:
     """Start ``proxy-operator api`` on 127.0.0.1 (a free port unless ``port``), logging under
-    ``directory``, with its own metrics directory; wait until ``/healthz`` answers 200.
+    ``directory``, with its own metrics directory and the tokens file ``tokens`` (YAML text;
+    default: :func:`write_tokens`'s); wait until ``/healthz`` answers 200.
 
     Returns:
         ``(process, port)``; the caller stops the process.
@@ -35,7 +38,7 @@ def start_api(directory, redis_url: str, env: dict | None = None, port: int | No
         AssertionError: not answering within 30 s (with the log).
     """
     port = port or free_port()
-    proc = Process("api", [CLI, "api", "--bind", f"127.0.0.1:{port}", "--tokens-file", write_tokens(directory)],
+    proc = Process("api", [CLI, "api", "--bind", f"127.0.0.1:{port}", "--tokens-file", write_tokens(directory, tokens)],
                    {"REDIS_URL": redis_url, "PROMETHEUS_MULTIPROC_DIR": "", **(env or {})}, str(directory)).start()
     deadline = time.monotonic() + 30
     while True:

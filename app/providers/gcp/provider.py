@@ -173,6 +173,9 @@ class GcpProvider:
     """
 
     type = "gcp"
+    #: The htpasswd travels inside the instance (its bootstrap), so a rotated Secret means a new
+    #: instance (see ``app.reconcile``).
+    credentials_in_instance = True
 
     def __init__(self, pc: ProviderConfig) -> None:
         if not isinstance(pc.settings, GcpSettings):

@@ -62,6 +62,9 @@ class KvmProvider:
     """
 
     type = "kvm"
+    #: The htpasswd travels inside the instance (its bootstrap), so a rotated Secret means a new
+    #: instance (see ``app.reconcile``).
+    credentials_in_instance = True
 
     def __init__(self, pc: ProviderConfig) -> None:
         self.name = pc.name

@@ -1,0 +1,86 @@
+"""A rotated basic-auth Secret replaces instances that carry the htpasswd inside them (gcp, kvm).
+
+The gcp provider ships the htpasswd line in the instance's metadata, so the old password keeps
+working on the instance until it is replaced.  Reconcile steps in-process against the
+Kubernetes API fake and the real Compute client against the Compute fake.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from kubernetes import client as k8s
+
+from app import squid
+from app.config import ProvidersConfig, parse
+from app.kube import Kube
+from app.providers.registry import build
+from app.reconcile import CREATE, Context, create, credentials_hash, poll
+from app.settings import Settings
+from tests.gcp.conftest import PROJECT, ZONES
+from tests.gcp.fake_compute import FakeCompute
+from tests.support.proxies import NS, apply, read
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture()
+def compute():
+    with FakeCompute() as server:
+        yield server
+
+
+@pytest.fixture()
+def ctx(kube_client, redis_client, compute):
+    from app.providers.gcp.provider import GcpProvider
+
+    cfg = parse({"providers": [{"name": "gcp-test", "type": "gcp", "squid": {"basicAuth": True},
+                                "gcp": {"project": PROJECT, "zones": list(ZONES), "apiEndpoint": compute.url,
+                                        "anonymous": True, "requestTimeout": "5s", "operationTimeout": "10s"}}]},
+                "providers-test.yaml")
+    registry = build(ProvidersConfig(cfg.providers), {"gcp": GcpProvider})
+    return Context(kube=Kube(kube_client), registry=registry, redis=redis_client,
+                   settings=Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1))
+
+
+def _htpasswd_on_instances(compute) -> list[str]:
+    return [item["value"] for inst in compute.instances.values()
+            for item in inst.get("metadata", {}).get("items", []) if item["key"] == "squid-htpasswd"]
+
+
+def _settle(ctx, ref, first):
+    followup = first
+    steps = {"create": create, "poll": poll}
+    while followup is not None:
+        followup = steps[followup.action](ctx, ref, followup.attempt)
+
+
+def test_a_rotated_secret_replaces_the_gce_instance_and_nothing_else_does(kube_client, compute, ctx):
+    ref = apply(kube_client, "rot-1", {"provider": "gcp-test", "placement": {"zone": ZONES[0]}})
+    _settle(ctx, ref, create(ctx, ref))
+    proxy = read(kube_client, ref)
+    assert proxy.phase == "Running"
+    [old_line] = _htpasswd_on_instances(compute)
+    assert proxy.status["credentialsHash"] == credentials_hash(old_line)
+
+    # Unchanged credentials: a resync poll replaces nothing.
+    assert poll(ctx, ref) is None
+    assert len(compute.calls("DELETE")) == 0
+
+    # The user rotates the password (new password and the htpasswd line that goes with it).
+    user, password = squid.generate_credentials()
+    line = squid.htpasswd_entry(user, password)
+    k8s.CoreV1Api(kube_client).patch_namespaced_secret(Kube.credentials_secret_name(proxy), NS, {"data": {
+        "username": base64.b64encode(user.encode()).decode(), "password": base64.b64encode(password.encode()).decode(),
+        "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
+
+    followup = poll(ctx, ref)
+    assert followup is not None and followup.action == CREATE
+    _settle(ctx, ref, followup)
+    proxy = read(kube_client, ref)
+    assert proxy.phase == "Running" and proxy.status["credentialsHash"] == credentials_hash(line)
+    assert [x.strip() for x in _htpasswd_on_instances(compute)] == [line]   # one instance, the new line
+    assert len(compute.calls("DELETE")) == 1
+    events = [e.reason for e in k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items]
+    assert "CredentialsRotated" in events
