@@ -3,7 +3,11 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test test-fast lint bench check-config crds kvm-ssh-secret clean
+.PHONY: deps venv test test-fast lint bench check-config crds kvm-ssh-secret clean
+
+## deps: the Debian packages of .ci/apt-packages.txt (installs the missing ones; needs root then)
+deps:
+	bash .ci/install-deps
 
 venv: $(BIN)/proxy-operator
 
@@ -13,8 +17,9 @@ $(BIN)/proxy-operator: pyproject.toml clients/python/pyproject.toml
 	$(BIN)/pip install -q -e '.[test,kvm]' -e ./clients/python
 	touch $@
 
-## test: the whole suite (starts its own Redis, Squid, sshd, libvirtd, fakes; needs root for libvirtd)
-test: venv
+## test: the whole suite (installs missing Debian packages first; starts its own Redis, Squid, sshd,
+## libvirtd, fakes; needs root for libvirtd)
+test: deps venv
 	$(BIN)/pytest -q -ra
 
 ## test-fast: the suite without the tests marked slow (most still start real processes)
