@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: deps venv test test-fast lint bench check-config crds kvm-ssh-secret clean
+.PHONY: deps venv test test-fast demo lint bench check-config crds kvm-ssh-secret clean
 
 ## deps: the Debian packages of .ci/apt-packages.txt (installs the missing ones; needs root then)
 deps:
@@ -25,6 +25,12 @@ test: deps venv
 ## test-fast: the suite without the tests marked slow (most still start real processes)
 test-fast: venv
 	$(BIN)/pytest -q -m 'not slow'
+
+## demo: the whole operator on loopback without Docker, on a SIMULATED cluster (the test suite's API
+## fake + kubelet stand-in running real Squids); prints KUBECONFIG, token and URLs; Ctrl-C stops it.
+## DEMO_API_PORT / DEMO_FLOWER_PORT change the ports (8080, 5555). See tests/support/demo.py.
+demo: deps venv
+	$(BIN)/python -m tests.support.demo
 
 bench: venv
 	$(BIN)/python bench/pipeline.py

@@ -302,3 +302,32 @@ def _dump(r, key: bytes) -> str:
     if kind == "zset":
         return " ".join(v.decode(errors="replace") for v in r.zrange(key, 0, -1))
     return ""
+
+
+@pytest.mark.skipif(__import__("shutil").which("kubectl") is None,
+                    reason="kubectl is not installed (Debian: apt-get install kubernetes-client, or the binary "
+                           "from https://kubernetes.io/docs/tasks/tools/)")
+def test_kubectl_apply_get_and_delete_as_a_user_would(cluster, operator, tmp_path):
+    """The real kubectl: apply with validation, wait, get with printer columns, delete (finalizer honoured)."""
+    import subprocess
+
+    env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "user-kubeconfig"), token="a-user"),
+           "KUBECACHEDIR": str(tmp_path / "kcache"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
+
+    def kubectl(*args: str) -> str:
+        res = subprocess.run(["kubectl", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stdout}\n{res.stderr}"
+        return res.stdout
+
+    assert kubectl("apply", "-f", "deploy/samples/proxy_kubernetes.yaml").strip() == \
+        "proxy.crawl.example.com/squid-k8s-1 created"
+    kubectl("wait", "--for=jsonpath={.status.phase}=Running", "px/squid-k8s-1", "--timeout=50s")
+    [header, row] = kubectl("get", "px").splitlines()
+    assert header.split()[:4] == ["NAME", "PHASE", "PROVIDER", "ADDRESS"]
+    [pod] = managed_pods(cluster)
+    address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
+    assert row.split()[:4] == ["squid-k8s-1", "Running", "k8s-local", address]
+    assert "Provisioning" in kubectl("describe", "px", "squid-k8s-1").split("Events:", 1)[1]
+    # kubectl delete waits until the operator removed the Pod and released its finalizer
+    assert 'proxy.crawl.example.com "squid-k8s-1" deleted' in kubectl("delete", "px", "squid-k8s-1", "--timeout=30s")
+    assert get_proxy(cluster, "squid-k8s-1") is None and managed_pods(cluster) == []

@@ -89,7 +89,7 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
     ref = Ref(namespace, name, uid)
     queue = (task.request.delivery_info or {}).get("routing_key") or routing.PROXIES
     enq.started(action, uid)
-    lock = ctx.redis.lock(f"po:lock:{uid}", timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    lock = ctx.redis.lock(gc_logic.proxy_lock_key(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     if not lock.acquire():
         # Another task is working on this Proxy.  Park the request instead of re-sending it:
         # the holder re-reads and re-decides when it finishes, so nothing is lost and a backoff
@@ -158,6 +158,11 @@ def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
     without cutting scheduled backoffs short.
     """
     action = reconcile.decide(proxy, resync=resync)
+    if action and resync and ctx.redis.exists(gc_logic.proxy_lock_key(proxy.uid)):
+        # A step of this Proxy is running: the resync's view may predate its writes (e.g. a
+        # create about to fail with QuotaExceeded and schedule its own retry), and a message sent
+        # now would run before that backoff.  The running step re-decides when it ends.
+        return None
     if action:
         enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy, action),
                  only_if_idle=resync)
@@ -172,7 +177,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     queue; when the place stays unreachable, GC collects the instance as superseded.
     """
     ctx = context()
-    lock = ctx.redis.lock(f"po:lock:{uid}", timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    lock = ctx.redis.lock(gc_logic.proxy_lock_key(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     queue = (self.request.delivery_info or {}).get("routing_key")
     if not lock.acquire():  # a step of this Proxy is running: try again shortly
         raise self.retry(countdown=5, queue=queue, max_retries=None)

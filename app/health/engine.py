@@ -164,12 +164,15 @@ def target_of(uid: str, record: dict[str, str], settings: HealthSettings, now: f
     if not address or not 0 < port < 65536:
         return None
     hc = serving.health_check_of(record)
+    url = str(hc.get("url") or "")
+    if not url or url == DEFAULT_HEALTH_URL:  # the CRD's default: the installation may point it elsewhere
+        url = settings.default_url
     egress_at = _float(record.get("egressAt"), 0.0)
     want_egress = bool(settings.echo_url) and (
         not record.get("egressIP") or record.get("health") != HEALTHY
         or now - egress_at >= settings.egress_refresh)
     return p.ProbeTarget(
-        uid=uid, host=address, port=port, url=str(hc.get("url") or DEFAULT_HEALTH_URL),
+        uid=uid, host=address, port=port, url=url,
         expected_status=_int(str(hc.get("expectedStatus", "")), 204),
         # the CRD caps timeoutSeconds; a record written straight into Redis is capped here too
         timeout=float(min(MAX_TIMEOUT_SECONDS, max(1, _int(str(hc.get("timeoutSeconds", "")), 10)))),

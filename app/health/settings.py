@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from app.resources import DEFAULT_HEALTH_URL
 from app.settings import env_number
 
 #: Default IP-echo service: answers the caller's address as plain text.
@@ -43,6 +44,11 @@ class HealthSettings:
         credentials_ttl: seconds a Proxy's basic-auth credentials read from its Secret are
             reused before the Secret is read again (``HEALTH_CREDENTIALS_TTL``); a 407 reads it
             again at once.
+        default_url: the health URL probed for Proxies whose ``spec.healthCheck.url`` is the
+            CRD's default (:data:`app.resources.DEFAULT_HEALTH_URL`, on the internet) or unset
+            (``HEALTH_DEFAULT_URL``): an installation without internet access, or the local
+            stack (``make demo``), points them at an origin of its own.  A URL a Proxy names
+            itself is never replaced.
     """
 
     echo_url: str = DEFAULT_ECHO_URL
@@ -59,6 +65,7 @@ class HealthSettings:
     denied_ranges: tuple[str, ...] = ()
     allowed_ranges: tuple[str, ...] = ()
     credentials_ttl: float = 60.0
+    default_url: str = DEFAULT_HEALTH_URL
 
     @classmethod
     def from_env(cls) -> "HealthSettings":
@@ -85,6 +92,7 @@ class HealthSettings:
             denied_ranges=_ranges("PROBE_DENIED_RANGES"),
             allowed_ranges=_ranges("PROBE_ALLOWED_RANGES"),
             credentials_ttl=env_number("HEALTH_CREDENTIALS_TTL", cls.credentials_ttl, minimum=1),
+            default_url=_default_url(),
         )
 
     def destination_policy(self):
@@ -97,6 +105,23 @@ class HealthSettings:
         from app.health import destinations
 
         return destinations.policy(tuple(self.denied_ranges), tuple(self.allowed_ranges))
+
+
+def _default_url() -> str:
+    """``HEALTH_DEFAULT_URL`` (an http or https URL), else the CRD's default.
+
+    Raises:
+        ValueError: not an http(s) URL with a host, naming the variable.
+    """
+    from urllib.parse import urlsplit
+
+    raw = (os.environ.get("HEALTH_DEFAULT_URL") or "").strip()
+    if not raw:
+        return DEFAULT_HEALTH_URL
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"environment variable HEALTH_DEFAULT_URL: not an http(s) URL: {raw!r}")
+    return raw
 
 
 def _ranges(name: str) -> tuple[str, ...]:

@@ -180,6 +180,24 @@ def test_a_forged_timeout_is_capped():
     assert target.timeout == engine.MAX_TIMEOUT_SECONDS == 60
 
 
+def test_health_default_url_replaces_only_the_crds_default(monkeypatch):
+    """HEALTH_DEFAULT_URL (an offline installation, make demo) points defaulted probes elsewhere."""
+    from app.resources import DEFAULT_HEALTH_URL
+
+    monkeypatch.setenv("HEALTH_DEFAULT_URL", "http://127.0.0.1:8081/generate_204")
+    settings = HealthSettings.from_env()
+    for hc in ({}, {"url": DEFAULT_HEALTH_URL}):
+        record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps(hc)}
+        assert engine.target_of("u1", record, settings, 0.0).url == "http://127.0.0.1:8081/generate_204"
+    own = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps({"url": "http://example.org/h"})}
+    assert engine.target_of("u1", own, settings, 0.0).url == "http://example.org/h"
+    monkeypatch.setenv("HEALTH_DEFAULT_URL", "ftp://example.org/x")
+    with pytest.raises(ValueError, match="HEALTH_DEFAULT_URL"):
+        HealthSettings.from_env()
+    monkeypatch.delenv("HEALTH_DEFAULT_URL")
+    assert HealthSettings.from_env().default_url == DEFAULT_HEALTH_URL
+
+
 # -- item 5: results as they come --------------------------------------------------------------
 
 def test_one_slow_proxy_does_not_delay_the_others_status_writes(fleet, settings, squids, next_address):

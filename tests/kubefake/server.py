@@ -5,8 +5,15 @@ Paths follow the API server's layout: ``/api/v1/...`` for core and
 (``/namespaces/<ns>/<plural>``) and across namespaces (``/<plural>``), objects
 (``.../<plural>/<name>``) and the ``status`` subresource; ``?watch=true`` (or the legacy
 ``/watch/`` prefix) streams events as newline-delimited JSON over chunked encoding, like the
-real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``) and ``/version``
-answer too.
+real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``; aggregated
+``apidiscovery.k8s.io/v2`` when the client asks for it) and ``/version`` answer too.
+
+For the real ``kubectl`` (see :mod:`tests.kubefake.openapi`, :mod:`tests.kubefake.tables`,
+:mod:`tests.kubefake.apply`): OpenAPI v3 (``/openapi/v3``, per group-version) and v2 (JSON)
+built from the CRDs under ``deploy/crd``; Table answers for ``Accept: ...;as=Table;g=meta.k8s.io``
+(lists, single objects and watches) with the CRDs' printer columns; server-side apply
+(``PATCH`` with ``application/apply-patch+yaml``, ``fieldManager``, ``force``, managedFields,
+409 conflicts); ``fieldValidation`` passed to admission (``Strict``: unknown fields are a 400).
 
 Watch behaviour (k8s "Efficient detection of changes" in the API concepts doc):
 ``resourceVersion=N`` streams changes after N; unset or ``"0"`` first sends the current
@@ -29,7 +36,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterable
 from urllib.parse import parse_qs, urlsplit
 
+import yaml
+
+from tests.kubefake import openapi
 from tests.kubefake import resources as R
+from tests.kubefake import tables
 from tests.kubefake.errors import ApiError
 from tests.kubefake.resources import ResourceType
 from tests.kubefake.store import Closed, Store, dumps
@@ -38,7 +49,7 @@ log = logging.getLogger("kubefake")
 
 _TRUE = {"1", "t", "true"}
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            409: "Conflict", 410: "Gone", 415: "Unsupported Media Type", 422: "Unprocessable Entity",
+            406: "Not Acceptable", 409: "Conflict", 410: "Gone", 415: "Unsupported Media Type", 422: "Unprocessable Entity",
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
             504: "Gateway Timeout"}
 
@@ -58,6 +69,8 @@ class _WatchStream:
     def __init__(self, resource: str) -> None:
         self.resource = resource
         self.hung = threading.Event()
+        self.columns: list | None = None  # Table columns when the client asked for Tables
+        self.include = "Metadata"
 
 
 class FakeKube:
@@ -72,6 +85,8 @@ class FakeKube:
         default_watch_timeout: seconds a watch lasts when the client sends no timeoutSeconds.
         require_namespaces: creates in a missing namespace get 404 (like a real cluster).
         admission: ``{plural: admit}`` hooks, see :meth:`Store.set_admission`.
+        crd_dir: directory of the CustomResourceDefinitions whose schemas and printer columns
+            the fake publishes (OpenAPI, Tables); default ``deploy/crd``.
 
     Use as a context manager or call :meth:`start` / :meth:`close`.  ``url`` is
     ``http://127.0.0.1:<port>``.
@@ -80,8 +95,11 @@ class FakeKube:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
                  types: Iterable[ResourceType] = R.DEFAULT_TYPES, history_limit: int = 10000,
                  bookmark_interval: float = 1.0, default_watch_timeout: float = 1800.0,
-                 require_namespaces: bool = False, admission: dict | None = None) -> None:
+                 require_namespaces: bool = False, admission: dict | None = None,
+                 crd_dir: str | None = None) -> None:
         self.store = Store(types, history_limit=history_limit, require_namespaces=require_namespaces)
+        self.crds = openapi.load_crds(*([crd_dir] if crd_dir else []))
+        self._openapi_cache: dict[str, bytes] = {}
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
         self.requests: collections.Counter = collections.Counter()
@@ -159,6 +177,18 @@ class FakeKube:
         """Write a kubeconfig for this server to ``path`` (see :func:`write_kubeconfig`); a
         ``token`` of the test's choice lets :meth:`audit` tell its requests apart."""
         return write_kubeconfig(path, self.url, token=token)
+
+    def _openapi_v3_docs(self) -> dict[str, bytes]:
+        """The OpenAPI v3 documents per group-version path (built once)."""
+        with self._lock:
+            docs = self._openapi_cache.get("v3")
+            if docs is None:
+                by_gv: dict[str, list[ResourceType]] = {}
+                for t in self.store.types.values():
+                    by_gv.setdefault(openapi.gv_path(t), []).append(t)
+                docs = {gv: openapi.dumps(openapi.v3_group_version(ts, self.crds)) for gv, ts in by_gv.items()}
+                self._openapi_cache["v3"] = docs
+            return docs
 
     # -- test hooks ------------------------------------------------------------------------
     def set_admission(self, resource: str | ResourceType, admit) -> None:
@@ -322,8 +352,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     # -- plumbing --------------------------------------------------------------------------
-    def _send(self, code: int, body: bytes) -> None:
-        head = (f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\nContent-Type: application/json\r\n"
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        head = (f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         self.wfile.write(head + body)
 
@@ -332,6 +362,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not length:
             return None
         raw = self.rfile.read(length)
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype == "application/apply-patch+yaml":  # YAML (JSON is YAML too)
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise ApiError.bad_request(f"error decoding YAML: {exc}") from None
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -342,6 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            self._content_type = "application/json"
             code, out = self._route(method, [p for p in url.path.split("/") if p], query, body)
         except ApiError as exc:
             code, out = exc.code, dumps(exc.status())
@@ -354,7 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
         if code is None:
             return  # a watch stream wrote its own response
         try:
-            self._send(code, out)
+            self._send(code, out, getattr(self, "_content_type", "application/json"))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
@@ -364,6 +401,12 @@ class _Handler(BaseHTTPRequestHandler):
         if parts == ["version"]:
             return 200, dumps({"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubefake",
                                "platform": "linux/amd64"})
+        if parts and parts[0] == "openapi" and method == "GET":
+            return self._openapi(parts[1:])
+        if parts in (["api"], ["apis"]) and method == "GET" and self._wants_aggregated():
+            self._content_type = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+            return 200, openapi.dumps(openapi.aggregated_discovery(list(store.types.values()), fake.crds,
+                                                                   legacy=parts == ["api"]))
         if parts and parts[0] == "api":
             group, rest = "", parts[1:]
             if not rest:
@@ -406,15 +449,17 @@ class _Handler(BaseHTTPRequestHandler):
                     self._watch(rt, namespace, query)
                     return None, b""
                 limit = query.get("limit")
-                return 200, store.list(rt, namespace, label_selector=query.get("labelSelector"),
-                                       field_selector=query.get("fieldSelector"),
-                                       limit=int(limit) if limit else None,
-                                       continue_token=query.get("continue") or None)
+                out = store.list(rt, namespace, label_selector=query.get("labelSelector"),
+                                 field_selector=query.get("fieldSelector"),
+                                 limit=int(limit) if limit else None,
+                                 continue_token=query.get("continue") or None)
+                return 200, self._maybe_table(rt, out, query, is_list=True)
             if method == "POST":
                 if rt.namespaced and namespace is None:
                     raise ApiError.method_not_allowed()
                 self._fault("create", rt.plural)
-                return 201, store.create(rt, namespace or "", body, dry_run=dry_run)
+                return 201, store.create(rt, namespace or "", body, dry_run=dry_run,
+                                         field_validation=query.get("fieldValidation"), manager=self._manager(query))
             raise ApiError.method_not_allowed()
         if method == "GET" and watch and sub is None:
             # a watch on one object: the collection watch narrowed to that name
@@ -427,16 +472,21 @@ class _Handler(BaseHTTPRequestHandler):
         if sub not in (None, "status") or (sub == "status" and not rt.status_subresource):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = namespace or ""
+        options = {"field_validation": query.get("fieldValidation"), "manager": self._manager(query)}
         if method == "GET":
             self._fault("get", resource)
-            return 200, store.get(rt, ns, name).raw
+            return 200, self._maybe_table(rt, store.get(rt, ns, name).raw, query, is_list=False)
         if method == "PUT":
             self._fault("update", resource)
-            return 200, store.update(rt, ns, name, body, subresource=sub, dry_run=dry_run)
+            return 200, store.update(rt, ns, name, body, subresource=sub, dry_run=dry_run, **options)
         if method == "PATCH":
             self._fault("patch", resource)
-            return 200, store.patch(rt, ns, name, self.headers.get("Content-Type", ""), body,
-                                    subresource=sub, dry_run=dry_run)
+            ctype = self.headers.get("Content-Type", "")
+            if ctype.split(";")[0].strip().lower() == "application/apply-patch+yaml":
+                return store.apply(rt, ns, name, body, manager=query.get("fieldManager"),
+                                   force=query.get("force", "").lower() in _TRUE, subresource=sub,
+                                   dry_run=dry_run, field_validation=query.get("fieldValidation"))
+            return 200, store.patch(rt, ns, name, ctype, body, subresource=sub, dry_run=dry_run, **options)
         if method == "DELETE" and sub is None:
             self._fault("delete", resource)
             options = body if isinstance(body, dict) else {}
@@ -453,6 +503,49 @@ class _Handler(BaseHTTPRequestHandler):
         err = self.fake._take_fault(verb, resource)
         if err is not None:
             raise err
+
+    def _manager(self, query: dict) -> str:
+        """The request's field manager: ``fieldManager``, else the User-Agent's product (as upstream)."""
+        return query.get("fieldManager") or (self.headers.get("User-Agent") or "unknown").split("/")[0] or "unknown"
+
+    def _maybe_table(self, rt: ResourceType, raw: bytes, query: dict, *, is_list: bool) -> bytes:
+        """``raw`` (a list or an object), or its Table when the client asked for one."""
+        if not tables.wants_table(self.headers.get("Accept", "")):
+            return raw
+        doc = json.loads(raw)
+        columns = tables.columns_of(self.fake.crds.get((rt.group, rt.version, rt.plural)))
+        include = query.get("includeObject") or "Metadata"
+        if is_list:
+            meta = doc.get("metadata") or {}
+            return dumps(tables.table(columns, doc.get("items") or [], meta, include))
+        return dumps(tables.table(columns, [doc], {"resourceVersion": doc["metadata"].get("resourceVersion", "")},
+                                  include))
+
+    # -- OpenAPI and aggregated discovery ----------------------------------------------------
+    def _wants_aggregated(self) -> bool:
+        first = (self.headers.get("Accept") or "").split(",")[0]
+        return "as=APIGroupDiscoveryList" in first and "v=v2;" in first + ";" and "v2beta1" not in first
+
+    def _openapi(self, rest: list[str]):
+        """``/openapi/v2`` (JSON only) and ``/openapi/v3[/<gv>]``."""
+        fake = self.fake
+        accept = self.headers.get("Accept") or "*/*"
+        if rest == ["v2"]:
+            if not any(a.split(";")[0].strip() in ("application/json", "*/*", "application/*")
+                       for a in accept.split(",")):
+                raise ApiError(406, "NotAcceptable", "only the following media types are accepted: application/json")
+            if "v2" not in fake._openapi_cache:
+                fake._openapi_cache["v2"] = openapi.dumps(openapi.v2_document(list(fake.store.types.values()),
+                                                                              fake.crds))
+            return 200, fake._openapi_cache["v2"]
+        if rest[:1] == ["v3"]:
+            docs = fake._openapi_v3_docs()
+            if len(rest) == 1:
+                return 200, openapi.dumps(openapi.v3_root(docs))
+            body = docs.get("/".join(rest[1:]))
+            if body is not None:
+                return 200, body
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
     # -- discovery -------------------------------------------------------------------------
     def _group_list(self) -> bytes:
@@ -514,6 +607,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             return
         stream = _WatchStream(rt.plural)
+        if tables.wants_table(self.headers.get("Accept", "")):  # kubectl get -w: one-row Tables
+            stream.columns = tables.columns_of(fake.crds.get((rt.group, rt.version, rt.plural)))
+            stream.include = query.get("includeObject") or "Metadata"
         with fake._lock:
             fake._watches.add(stream)
         release = fake._release
@@ -560,7 +656,11 @@ class _Handler(BaseHTTPRequestHandler):
             if not events and self._client_gone():
                 self.close_connection = True
                 return
-            out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), ev.raw) for ev in events]
+            if stream.columns is not None:
+                out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), dumps(tables.table(
+                    stream.columns, [ev.obj], {"resourceVersion": str(ev.rv)}, stream.include))) for ev in events]
+            else:
+                out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), ev.raw) for ev in events]
             if bookmarks and time.monotonic() >= next_bookmark:
                 out.append(dumps({"type": "BOOKMARK", "object": {
                     "kind": rt.kind, "apiVersion": rt.api_version,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
+from tests.kubefake import apply as ssa
 from tests.kubefake import resources as R
 from tests.kubefake.errors import ApiError, Invalid
 from tests.kubefake.patch import apply_patch
@@ -272,8 +273,13 @@ class Store:
         return head[:-1] + b',"items":[' + b",".join(out) + b"]}"
 
     # -- writes ----------------------------------------------------------------------------
-    def create(self, rt: ResourceType, namespace: str, body, *, dry_run: bool = False) -> bytes:
+    def create(self, rt: ResourceType, namespace: str, body, *, dry_run: bool = False,
+               field_validation: str | None = None, manager: str | None = None) -> bytes:
         """Create an object (POST) and return its JSON.
+
+        ``field_validation`` is the request's ``fieldValidation`` (passed to admission hooks
+        that take it); ``manager`` its field manager (``managedFields`` are kept only for an
+        object created by a server-side apply, see :mod:`tests.kubefake.apply`).
 
         Raises:
             ApiError: 400 (kind/namespace mismatch, resourceVersion set), 404 (namespace
@@ -291,6 +297,7 @@ class Store:
             namespace = ""
         if meta.get("resourceVersion"):
             raise ApiError.bad_request("resourceVersion should not be set on objects to be created")
+        applied = meta.pop("managedFields", None) if manager == "\0apply" else None
         for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
                     "generation", "managedFields"):
             meta.pop(key, None)
@@ -317,13 +324,15 @@ class Store:
             if rt.status_subresource and not rt.builtin:
                 obj.pop("status", None)
             _prepare_create_builtin(rt, obj)
-            obj = self._admit(rt, obj, None)
+            obj = self._admit(rt, obj, None, field_validation)
+            if applied:
+                obj["metadata"]["managedFields"] = applied
             if dry_run:
                 return dumps(obj)
             return self._commit(rt, namespace, name, ADDED, obj, None).raw
 
     def update(self, rt: ResourceType, namespace: str, name: str, body, *, subresource: str | None = None,
-               dry_run: bool = False) -> bytes:
+               dry_run: bool = False, field_validation: str | None = None, manager: str | None = None) -> bytes:
         """Replace an object (PUT) or its status (PUT ``/status``) and return its JSON.
 
         Raises:
@@ -340,11 +349,13 @@ class Store:
             if not new["metadata"].get("resourceVersion") and not rt.unconditional_update:
                 raise self._invalid(rt, name, [("metadata.resourceVersion",
                                                 "Invalid value: 0: must be specified for an update")])
-            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run)
+            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run,
+                                       field_validation, manager)
 
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, patch, *,
-              subresource: str | None = None, dry_run: bool = False) -> bytes:
-        """Patch an object or its status and return its JSON.
+              subresource: str | None = None, dry_run: bool = False, field_validation: str | None = None,
+              manager: str | None = None) -> bytes:
+        """Patch an object or its status and return its JSON (server-side apply: :meth:`apply`).
 
         A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
         Raises:
@@ -355,7 +366,57 @@ class Store:
             base = json.loads(old.raw)
             new = apply_patch(content_type, base, patch, builtin=rt.builtin)
             new = self._check_body(rt, new)
-            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run)
+            return self._update_locked(rt, namespace, name, old, new, subresource, dry_run,
+                                       field_validation, manager)
+
+    def apply(self, rt: ResourceType, namespace: str, name: str, config, *, manager: str | None,
+              force: bool = False, subresource: str | None = None, dry_run: bool = False,
+              field_validation: str | None = None) -> tuple[int, bytes]:
+        """Server-side apply (PATCH ``application/apply-patch+yaml``); return ``(HTTP status, JSON)``.
+
+        ``config`` is the decoded apply configuration, ``manager`` the ``fieldManager``
+        (required), ``force`` takes fields from other managers (see :mod:`tests.kubefake.apply`).
+        A missing object is created (201).
+        Raises:
+            ApiError: 400 (no fieldManager, not an object), 404 (status of a missing object),
+                409 (stale resourceVersion, conflicts), 422.
+        """
+        if not manager:
+            raise ApiError.bad_request("PATCH, application/apply-patch+yaml requests must include a "
+                                       "fieldManager query parameter")
+        if not isinstance(config, dict):
+            raise ApiError.bad_request("an apply patch must be a YAML or JSON object")
+        with self.cond:
+            return self._apply_locked(rt, namespace, name, config, manager, force, subresource, dry_run,
+                                      field_validation)
+
+    def _apply_locked(self, rt: ResourceType, namespace: str, name: str, config: dict, manager: str, force: bool,
+                      subresource: str | None, dry_run: bool, field_validation: str | None) -> tuple[int, bytes]:
+        config = json.loads(json.dumps(config))
+        self._check_body(rt, config)
+        meta = config["metadata"]
+        if meta.get("name") and meta["name"] != name:
+            raise ApiError.bad_request(f"the name of the object ({meta['name']}) does not match the name on the "
+                                       f"URL ({name})")
+        meta["name"] = name
+        key = (namespace if rt.namespaced else "", name)
+        entry = self._objects[rt].get(key)
+        if entry is None:
+            if subresource:
+                raise ApiError.not_found(rt.group, rt.plural, name)
+            obj = ssa.apply(None, config, manager=manager, force=force, subresource=None,
+                            api_version=rt.api_version, plural=rt.plural, group=rt.group, name=name,
+                            now=now_rfc3339())
+            return 201, self.create(rt, namespace, obj, dry_run=dry_run, field_validation=field_validation,
+                                    manager="\0apply")
+        want_rv = meta.pop("resourceVersion", None)
+        if want_rv and want_rv != entry.obj["metadata"]["resourceVersion"]:
+            raise ApiError.conflict(rt.group, rt.plural, name, "the object has been modified; please apply your "
+                                    "changes to the latest version and try again")
+        new = ssa.apply(json.loads(entry.raw), config, manager=manager, force=force, subresource=subresource,
+                        api_version=rt.api_version, plural=rt.plural, group=rt.group, name=name, now=now_rfc3339())
+        return 200, self._update_locked(rt, namespace, name, entry, new, subresource, dry_run, field_validation,
+                                        "\0apply")
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict | None = None, *,
                dry_run: bool = False) -> bytes:
@@ -482,14 +543,17 @@ class Store:
     def _invalid(self, rt: ResourceType, name: str, causes) -> ApiError:
         return ApiError.invalid(rt.group, rt.kind, name, Invalid(causes).causes)
 
-    def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
+    def _admit(self, rt: ResourceType, obj: dict, old: dict | None, field_validation: str | None = None) -> dict:
         _validate_builtin(self, rt, obj, old)
         hook = self._admission.get(rt)
         if hook is None:
             return obj
         name = obj["metadata"].get("name", "")
         try:
-            out = hook(obj, old)
+            if getattr(hook, "takes_field_validation", False):
+                out = hook(obj, old, field_validation=field_validation)
+            else:
+                out = hook(obj, old)
         except Invalid as exc:
             raise ApiError.invalid(rt.group, rt.kind, name, exc.causes) from None
         except ValueError as exc:
@@ -498,13 +562,15 @@ class Store:
             if callable(getattr(exc, "status", None)):
                 body = exc.status(rt.kind, rt.group, name)
                 raise ApiError(422, "Invalid", body["message"], body.get("details")) from None
-            if hasattr(exc, "fields"):
-                raise ApiError.bad_request(str(exc)) from None
+            if hasattr(exc, "fields"):  # worded like the server's strict decoding error
+                raise ApiError.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                                           f"{rt.kind}: {exc}") from None
             raise
         return obj if out is None else out
 
     def _update_locked(self, rt: ResourceType, namespace: str, name: str, old: Entry, new: dict,
-                       subresource: str | None, dry_run: bool) -> bytes:
+                       subresource: str | None, dry_run: bool, field_validation: str | None = None,
+                       manager: str | None = None) -> bytes:
         if subresource not in (None, "status"):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
         if subresource == "status" and not rt.status_subresource:
@@ -514,6 +580,7 @@ class Store:
         if want_rv and want_rv != old_meta["resourceVersion"]:
             raise ApiError.conflict(rt.group, rt.plural, name, "the object has been modified; please apply your "
                                     "changes to the latest version and try again")
+        managed = new["metadata"].get("managedFields") if manager == "\0apply" else None
         if subresource == "status":
             result = json.loads(old.raw)
             if "status" in new:
@@ -544,7 +611,12 @@ class Store:
         if not result["metadata"].get("finalizers"):
             result["metadata"].pop("finalizers", None)
         _prepare_update_builtin(self, rt, result, old.obj)
-        result = self._admit(rt, result, old.obj)
+        result = self._admit(rt, result, old.obj, field_validation)
+        if managed is not None:
+            result["metadata"]["managedFields"] = managed
+        else:
+            ssa.record_update(old.obj, result, manager=manager or "unknown", subresource=subresource,
+                              api_version=rt.api_version, now=now_rfc3339())
         if rt.track_generation and _spec_part(result) != _spec_part(old.obj):
             result["metadata"]["generation"] = int(old_meta.get("generation") or 0) + 1
         if result == old.obj:

@@ -20,16 +20,18 @@ PROXY_CRD = ROOT / "deploy" / "crd" / "proxy.yaml"
 
 
 def proxy_admission(crd_path: Path = PROXY_CRD):
-    """Return an admission hook ``admit(obj, old) -> obj`` enforcing the Proxy CRD."""
+    """Return an admission hook ``admit(obj, old, field_validation=None) -> obj`` enforcing the Proxy CRD
+    (``fieldValidation=Strict`` requests get 400 for undeclared fields, as kubectl's apply sends)."""
     crd = crd_validation.load_crd(crd_path)
 
-    def admit(obj: dict, old: dict | None) -> dict:
+    def admit(obj: dict, old: dict | None, field_validation: str | None = None) -> dict:
         try:
-            return crd_validation.admit(crd, obj, old)
+            return crd_validation.admit(crd, obj, old, field_validation=field_validation or "Warn")
         except crd_validation.Invalid as exc:
             raise fake_errors.Invalid([{"field": c.field, "message": c.body(), "reason": c.reason}
                                        for c in exc.causes]) from None
 
+    admit.takes_field_validation = True  # the store passes the request's fieldValidation
     return admit
 
 

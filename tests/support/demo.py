@@ -1,0 +1,302 @@
+"""``make demo``: the whole operator on this machine, without Docker, on a SIMULATED cluster.
+
+Starts, all on loopback: a private Redis (with a generated password), the test suite's HTTP
+fake of the Kubernetes API (:mod:`tests.kubefake`; Proxies admitted through the real CRD) with
+its kubelet stand-in, which runs every Squid Pod as a real Squid on an address of its own
+(``--pod-cidr``, default ``127.0.1.0/24``), a local origin (health URL ``/generate_204``, IP
+echo ``/ip``, a page at ``/``), and the operator's real processes: watcher, Celery worker, beat,
+the discovery API and Flower (basic auth with a generated password).  The cluster is a
+simulation: nothing but Squid runs as a "Pod", there are no nodes, no scheduler, no network
+policy; it is for trying the operator out and for the test suite, not for running proxies.
+
+The providers config and environment it writes say exactly what the local proxies may reach:
+Squid's ``allowedDestinations`` and ``httpPorts`` name the local origin's address and port,
+``PROBE_ALLOWED_RANGES`` the origin and the Pod range, ``HEALTH_DEFAULT_URL`` and
+``EGRESS_ECHO_URL`` point probes at the origin (the sample Proxy's default health URL is on
+the internet), so a Proxy goes Ready offline.
+
+It prints the ``KUBECONFIG`` to export, the API token and the URLs, then runs until SIGINT
+(Ctrl-C) or SIGTERM and stops everything it started.  Run it as
+``.venv/bin/python -m tests.support.demo`` (``make demo``); ``--help`` lists the ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+from tests.kubefake.server import FakeKube
+from tests.support.cluster import proxy_admission
+from tests.support.kubelet import Kubelet
+from tests.support.processes import BIN, Process, celery_beat, celery_worker
+from tests.support.redis_server import RedisServer, free_port
+
+PROVIDER = "k8s-local"
+
+
+class _OriginHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server API
+        if self.path.split("?")[0].endswith("/generate_204"):
+            self.send_response(204)
+            self.end_headers()
+            return
+        if self.path.split("?")[0] == "/ip":
+            body = (self.client_address[0] + "\n").encode()
+        else:
+            body = b"<html><body><h1>Hello from the proxy-operator demo origin</h1></body></html>\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain" if self.path == "/ip" else "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class LocalOrigin:
+    """A loopback origin: ``/generate_204`` (204), ``/ip`` (the caller's address), ``/`` (a page)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = http.server.ThreadingHTTPServer((host, port), _OriginHandler)
+        self.server.daemon_threads = True
+        self.host, self.port = host, self.server.server_port
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="origin").start()
+
+    def url(self, path: str = "/") -> str:
+        """``http://host:port<path>``."""
+        return f"http://{self.host}:{self.port}{path}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Demo:
+    """The local stack (see the module docstring); :meth:`start`, then :meth:`stop`.
+
+    Args:
+        api_port / flower_port / kube_port: loopback ports (0: a free one).
+        pod_cidr: the loopback range the kubelet stand-in gives Squid Pods.
+        workdir: where the kubeconfig, configs and logs go (default: a new temp directory,
+            removed by :meth:`stop` unless ``keep`` is set).
+    """
+
+    def __init__(self, *, api_port: int = 8080, flower_port: int = 5555, kube_port: int = 0,
+                 pod_cidr: str = "127.0.1.0/24", workdir: str | None = None, keep: bool = False) -> None:
+        self.api_port = api_port or free_port()
+        self.flower_port = flower_port or free_port()
+        self.kube_port = kube_port
+        self.pod_cidr = ipaddress.ip_network(pod_cidr)
+        if not self.pod_cidr.is_loopback:
+            raise ValueError(f"--pod-cidr {pod_cidr}: must be a loopback range (127.0.0.0/8)")
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="proxy-operator-demo-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.keep = keep or workdir is not None
+        self.token = "demo-" + secrets.token_urlsafe(18)
+        self.flower_password = secrets.token_urlsafe(12)
+        self.processes: list[Process] = []
+        self.redis = self.origin = self.fake = self.kubelet = None
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self) -> "Demo":
+        """Start every part and wait until the worker, the API and Flower answer."""
+        for port, what in ((self.api_port, "--api-port"), (self.flower_port, "--flower-port")):
+            if port != free_port_probe(port):
+                raise RuntimeError(f"{what} {port}: something already listens on 127.0.0.1:{port}")
+        self.redis = RedisServer(password=secrets.token_hex(16))
+        self.origin = LocalOrigin()
+        self.fake = FakeKube(port=self.kube_port, bookmark_interval=1.0).start()
+        self.fake.set_admission("proxies", proxy_admission())
+        first = next(self.pod_cidr.hosts())
+        self.kubelet = Kubelet(self.fake, first_address=str(first)).start()
+        self.kubeconfig = self.fake.write_kubeconfig(str(self.workdir / "kubeconfig"))
+        env = self._env()
+        logs = str(self.workdir / "logs")
+        os.makedirs(logs, exist_ok=True)
+        bin_ = str(BIN)
+        self.processes = [
+            celery_worker(env),
+            celery_beat(env, str(self.workdir)),
+            Process("watcher", [f"{bin_}/proxy-operator", "watch", "--lease-namespace", "proxy-operator",
+                                "--identity", "demo-watcher"], env, logs),
+            Process("api", [f"{bin_}/proxy-operator", "api", "--bind", f"127.0.0.1:{self.api_port}",
+                            "--workers", "1"], env, logs),
+            Process("flower", [f"{bin_}/celery", "-A", "workers", "flower", "--address=127.0.0.1",
+                               f"--port={self.flower_port}"], env, logs),
+        ]
+        for p in self.processes:
+            p.logdir, p.log_path = logs, Path(logs) / f"{p.name}.log"
+            p.start()
+        self.processes[0].wait_for_log("ready", timeout=90)
+        self._wait_http(f"{self.api_url}/healthz", "the API")
+        self._wait_http(f"{self.flower_url}/healthcheck", "Flower")
+        return self
+
+    def _env(self) -> dict[str, str]:
+        providers = self.workdir / "providers.yaml"
+        providers.write_text(yaml.safe_dump({"providers": [{
+            "name": PROVIDER, "type": "kubernetes", "checkInterval": "10s",
+            # exactly the local origin: its address, and its port for plain HTTP
+            "squid": {"allowedDestinations": [f"{self.origin.host}/32"],
+                      "httpPorts": [80, 443, self.origin.port]}}]}, sort_keys=False))
+        tokens = self.workdir / "tokens.yaml"
+        tokens.write_text(yaml.safe_dump({"clients": [{"name": "demo", "token": self.token}]}))
+        os.chmod(tokens, 0o600)
+        return {
+            "KUBECONFIG": self.kubeconfig, "REDIS_URL": self.redis.url, "REDIS_PASSWORD": self.redis.password,
+            "PROVIDERS_CONFIG": str(providers), "API_TOKENS_FILE": str(tokens),
+            "FLOWER_BASIC_AUTH": f"operator:{self.flower_password}",
+            # probes may reach the Pods (the Squids) and the origin, nothing else on loopback
+            "PROBE_ALLOWED_RANGES": f"{self.origin.host}/32,{self.pod_cidr}",
+            "HEALTH_DEFAULT_URL": self.origin.url("/generate_204"), "EGRESS_ECHO_URL": self.origin.url("/ip"),
+            "HEALTH_SWEEP_INTERVAL": "2", "RESYNC_INTERVAL": "30", "POLL_INITIAL": "0.5", "POLL_MAX": "2",
+        }
+
+    def _wait_http(self, url: str, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(url, timeout=2).status_code < 500:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{what} did not answer on {url} within {timeout:g}s; logs in {self.workdir / 'logs'}")
+
+    # -- facts -------------------------------------------------------------------------------
+    @property
+    def api_url(self) -> str:
+        """The discovery API."""
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def flower_url(self) -> str:
+        """Flower."""
+        return f"http://127.0.0.1:{self.flower_port}"
+
+    def info(self) -> dict:
+        """What :func:`main` prints, as data (also written to ``<workdir>/demo.json``)."""
+        return {"kubeconfig": self.kubeconfig, "kubeApiserver": self.fake.url, "api": self.api_url,
+                "token": self.token, "flower": self.flower_url, "flowerUser": "operator",
+                "flowerPassword": self.flower_password, "origin": self.origin.url("/"),
+                "healthURL": self.origin.url("/generate_204"), "echoURL": self.origin.url("/ip"),
+                "podCIDR": str(self.pod_cidr), "logs": str(self.workdir / "logs"), "provider": PROVIDER}
+
+    def banner(self) -> str:
+        """The text printed once everything is up."""
+        i = self.info()
+        return f"""
+proxy-operator demo is up: a SIMULATED Kubernetes cluster (the test suite's API fake; each
+Squid "Pod" is a real Squid on {i['podCIDR']}), with the real watcher, worker, beat, API and Flower.
+
+In another shell:
+
+  export KUBECONFIG={i['kubeconfig']}
+  kubectl apply -f deploy/samples/proxy_kubernetes.yaml
+  kubectl get px -w                      # Pending -> Provisioning -> Running -> Ready
+  kubectl describe px squid-k8s-1
+  TOKEN={i['token']}
+  curl -s -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
+       -d '{{"ttlSeconds": 300}}' {i['api']}/v1/leases
+  curl -x http://ADDRESS:PORT {i['origin']}     # the proxyUrl of the lease; the local origin
+  kubectl delete px squid-k8s-1
+
+Discovery API  {i['api']}  (token above)
+Flower         {i['flower']}  (user operator, password {i['flowerPassword']})
+Local origin   {i['origin']}  (health URL {i['healthURL']}, IP echo {i['echoURL']})
+Logs           {i['logs']}
+
+Ctrl-C stops everything.
+"""
+
+    # -- stop --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop every process and server started, in reverse order; remove the workdir unless kept."""
+        for p in reversed(self.processes):
+            try:
+                p.stop(timeout=15)
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                p.kill()
+        if self.kubelet is not None:
+            self.kubelet.close()
+        if self.fake is not None:
+            self.fake.close()
+        if self.origin is not None:
+            self.origin.close()
+        if self.redis is not None:
+            self.redis.stop()
+        if not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def free_port_probe(port: int) -> int | None:
+    """``port`` if nothing listens on 127.0.0.1:port, else ``None``."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+    return port
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the local stack until SIGINT/SIGTERM; return the exit status."""
+    ap = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--api-port", type=int, default=int(os.environ.get("DEMO_API_PORT") or 8080))
+    ap.add_argument("--flower-port", type=int, default=int(os.environ.get("DEMO_FLOWER_PORT") or 5555))
+    ap.add_argument("--kube-port", type=int, default=0, help="the API fake's port (default: a free one)")
+    ap.add_argument("--pod-cidr", default="127.0.1.0/24", help="loopback range of the Squid Pods")
+    ap.add_argument("--workdir", help="keep kubeconfig, configs and logs here (default: a temp dir, removed)")
+    ap.add_argument("--info-file", help="also write the connection facts as JSON to this file")
+    args = ap.parse_args(argv)
+    for tool in ("redis-server", "squid"):
+        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
+            print(f"make demo: {tool} is not installed (`make deps` installs it, or apt-get install "
+                  f"{'redis-server' if tool == 'redis-server' else 'squid'})", file=sys.stderr)
+            return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    demo = Demo(api_port=args.api_port, flower_port=args.flower_port, kube_port=args.kube_port,
+                pod_cidr=args.pod_cidr, workdir=args.workdir)
+    try:
+        try:
+            demo.start()
+        except (RuntimeError, ValueError, AssertionError) as exc:
+            print(f"make demo: {exc}", file=sys.stderr)
+            return 1
+        if args.info_file:
+            Path(args.info_file).write_text(json.dumps(demo.info(), indent=2))
+        print(demo.banner(), flush=True)
+        while not stop.wait(1.0):
+            dead = [p.name for p in demo.processes if not p.alive()]
+            if dead:
+                print(f"make demo: {', '.join(dead)} exited; logs in {demo.workdir / 'logs'}", file=sys.stderr)
+                return 1
+        print("stopping...", flush=True)
+        return 0
+    finally:
+        demo.stop()
+        print("stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""``make demo`` (tests/support/demo.py) as a user meets it: started as a command, driven with
+the real kubectl and curl exactly as README documents, stopped with Ctrl-C (SIGINT).
+
+Checks: the Proxy from ``deploy/samples/proxy_kubernetes.yaml`` (applied with validation on)
+goes Ready offline (its default health URL is pointed at the demo's local origin),
+``kubectl get px -w`` shows Phase/Provider/Address/Egress IP/Healthy, ``describe`` shows
+conditions and Events, a lease is taken with curl and a page fetched through the leased proxy,
+the Proxy is deleted, and after SIGINT every process the demo started is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("kubectl") is None,
+                       reason="kubectl is not installed (Debian: apt-get install kubernetes-client, or the "
+                              "binary from https://kubernetes.io/docs/tasks/tools/)"),
+    pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed (apt-get install curl)"),
+]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry leads to ``pid`` (children in new sessions included)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        children = {c for c, p in parents.items() if p in frontier and c not in out}
+        out |= children
+        frontier = children
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
+    info_file = tmp_path / "demo.json"
+    log = open(tmp_path / "demo.out", "wb")
+    demo = subprocess.Popen([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port", "0",
+                             "--info-file", str(info_file)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    started: set[int] = set()
+    try:
+        wait_for(lambda: info_file.exists() or demo.poll() is not None, 90, "the demo to come up")
+        assert demo.poll() is None, (tmp_path / "demo.out").read_text()
+        info = json.loads(info_file.read_text())
+        banner = (tmp_path / "demo.out").read_text()
+        assert "SIMULATED" in banner and f"export KUBECONFIG={info['kubeconfig']}" in banner
+        assert info["token"] in banner and info["api"] in banner and info["flower"] in banner
+        env = {**os.environ, "KUBECONFIG": info["kubeconfig"], "KUBECACHEDIR": str(tmp_path / "kcache")}
+
+        def sh(*argv: str, check: bool = True) -> str:
+            res = subprocess.run(list(argv), env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+            if check:
+                assert res.returncode == 0, f"{argv}: {res.stdout}\n{res.stderr}"
+            return res.stdout
+
+        watch = subprocess.Popen(["kubectl", "get", "px", "-w"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        assert "created" in sh("kubectl", "apply", "-f", "deploy/samples/proxy_kubernetes.yaml")
+        sh("kubectl", "wait", "--for=condition=Ready", "px/squid-k8s-1", "--timeout=25s")
+        time.sleep(0.5)
+        watch.terminate()
+        rows = [line.split() for line in watch.communicate(timeout=10)[0].splitlines() if line.strip()]
+        assert rows[0][:7] == ["NAME", "PHASE", "PROVIDER", "ADDRESS", "EGRESS", "IP", "HEALTHY"]
+        last = rows[-1]
+        assert last[:3] == ["squid-k8s-1", "Ready", "k8s-local"] and last[5] == "True"
+        assert last[4] == "127.0.0.1"  # the egress IP, learnt from the local echo through the Squid
+
+        described = sh("kubectl", "describe", "px", "squid-k8s-1")
+        assert "Conditions:" in described and "Phase:                   Ready" in described
+        events = described.split("Events:", 1)[1]
+        assert "Provisioning" in events and "Ready" in events and info["healthURL"] in events
+
+        lease = json.loads(sh("curl", "-s", "-X", "POST", "-H", f"Authorization: Bearer {info['token']}",
+                              "-H", "Content-Type: application/json", "-d", '{"ttlSeconds": 300}',
+                              f"{info['api']}/v1/leases"))
+        assert lease["proxy"]["name"] == "squid-k8s-1"
+        page = sh("curl", "-s", "--noproxy", "", "-x", lease["proxyUrl"], info["origin"])
+        assert "Hello from the proxy-operator demo origin" in page
+        flower = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", info["flower"]],
+                                capture_output=True, text=True, timeout=30).stdout
+        assert flower == "401"  # Flower asks for its basic-auth login
+
+        assert 'proxy.crawl.example.com "squid-k8s-1" deleted' in sh("kubectl", "delete", "px", "squid-k8s-1")
+        assert sh("kubectl", "get", "px", "-o", "name").strip() == ""
+        started = _descendants(demo.pid)
+        assert started  # Redis, the operator's processes, the Squid
+    finally:
+        started |= _descendants(demo.pid)
+        demo.send_signal(signal.SIGINT)
+        try:
+            rc = demo.wait(45)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            raise
+        finally:
+            log.close()
+    assert rc == 0, (tmp_path / "demo.out").read_text()
+    out = (tmp_path / "demo.out").read_text()
+    assert out.rstrip().endswith("stopped.")
+    wait_for(lambda: not [p for p in started if _alive(p)], 10, "every process the demo started to exit")
+    assert not Path(info["kubeconfig"]).exists()  # its temp directory is gone too
