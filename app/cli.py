@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from app import version
-from app.config import load
 from app.validation import ConfigError
 
 log = logging.getLogger("proxy_operator")
@@ -41,8 +40,10 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _validated(path: str | None):
+    from app.wiring import load_config
+
     try:
-        return load(path)
+        return load_config(path)
     except ConfigError as exc:
         print(f"proxy-operator: invalid providers config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -82,10 +83,10 @@ def cmd_watch(args) -> int:
         print(f"proxy-operator: watch: {exc}", file=sys.stderr)
         return 2
     exit_if_credentials_refused(redis_url, "watch")  # a wrong REDIS_PASSWORD never heals by retrying
-    from app.kube import api_client
+    from app.kube import KubernetesGateway
     from app.provider_health import ProviderHealthWriter
     try:
-        pruned = ProviderHealthWriter(api_client()).prune(
+        pruned = ProviderHealthWriter(KubernetesGateway()).prune(
             cfg.names(), {p.name for p in cfg.providers if p.check_interval})
         if pruned:
             log.info("deleted ProviderHealth of providers no longer checked: %s", ", ".join(pruned))
@@ -95,7 +96,7 @@ def cmd_watch(args) -> int:
 
     from app.provider_health import StaleSweeper
     from watchers.main import run
-    from workers.watch_dispatch import make_on_event
+    from watchers.events import make_on_event
     if args.metrics_bind:
         from app import metrics
         try:
@@ -107,7 +108,7 @@ def cmd_watch(args) -> int:
     # The leader marks ProviderHealth targets nobody checks any more as CheckStale.
     sweeper = StaleSweeper(redis_lib.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10,
                                                     socket_connect_timeout=5, socket_keepalive=True),
-                           ProviderHealthWriter(api_client()), cfg.providers)
+                           ProviderHealthWriter(KubernetesGateway()), cfg.providers)
     run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
         identity=args.identity, health_bind=args.health_bind, while_leading=sweeper.run if sweeper.configs else None)
     return 0
@@ -169,7 +170,7 @@ def cmd_worker(args) -> int:
             print(f"proxy-operator: --kvm-host {args.kvm_host}: no kvm provider {provider!r} with host {host!r} "
                   f"in {cfg.source}", file=sys.stderr)
             return 2
-        from workers.routing import kvm_queue
+        from app.dispatch import kvm_queue
         queues = kvm_queue(provider, host)
         # A first image fetch may take up to kvm.imageTimeout inside one create: the task time
         # limits (and the broker visibility timeout above them) must leave room for it.

@@ -13,28 +13,22 @@ Shape::
 
 :func:`load` parses and validates the whole file or raises one :class:`ConfigError` that
 names the file, the provider and the field: a process never half-starts on a bad config.
-Each type's block is parsed by its provider package's ``config`` module (pure Python, no
-SDK import), listed in :data:`BLOCK_PARSERS`.
+This module knows no provider type: each type's block is parsed by the
+:class:`~app.providers.base.ProviderType` its package registers, and the caller passes the
+types (the composition root, :func:`app.wiring.load_config`, passes every shipped one).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-from app.providers.gcp import config as gcp_config
-from app.providers.kubernetes import config as kubernetes_config
-from app.providers.kvm import config as kvm_config
 from app.squid import SquidPolicy, parse_policy
-from app.validation import IDENTIFIER, ParseBlock, Reader, load_yaml
+from app.validation import IDENTIFIER, Reader, load_yaml
 
-#: type name -> parser of that type's block (``Reader -> settings dataclass``).
-BLOCK_PARSERS: dict[str, ParseBlock] = {
-    "kubernetes": kubernetes_config.parse,
-    "gcp": gcp_config.parse,
-    "kvm": kvm_config.parse,
-}
+if TYPE_CHECKING:
+    from app.providers.base import ProviderType
 
 DEFAULT_CHECK_INTERVAL = 60.0
 DEFAULT_CHECK_TIMEOUT = 15.0
@@ -86,9 +80,17 @@ class ProvidersConfig:
         return None
 
 
-def parse(data: Any, file: str) -> ProvidersConfig:
+def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> ProvidersConfig:
     """Validate the already-decoded YAML ``data`` of ``file``.
 
+    Args:
+        data: the decoded document (``{"providers": [...]}``).
+        file: the file it came from, for messages.
+        types: type name -> :class:`~app.providers.base.ProviderType`, in the order messages
+            list them (``app.wiring.PROVIDER_TYPES``).
+    Returns:
+        the :class:`ProvidersConfig`; each entry's ``settings`` is what its type's
+        ``parse_settings`` returned.
     Raises:
         ConfigError: the first problem found, naming ``file``, the provider and the field.
     """
@@ -106,34 +108,34 @@ def parse(data: Any, file: str) -> ProvidersConfig:
         if name in seen:
             raise entry.error("name", "duplicate provider name")
         seen.add(name)
-        ptype = entry.str("type", required=True, choices=tuple(BLOCK_PARSERS))
+        ptype = entry.str("type", required=True, choices=tuple(types))
         interval = entry.duration("checkInterval", DEFAULT_CHECK_INTERVAL)
         if interval and interval < MIN_CHECK_INTERVAL:
             raise entry.error("checkInterval", f"must be 0 (off) or at least 10s, got {interval:g}s")
         timeout = entry.duration("checkTimeout", DEFAULT_CHECK_TIMEOUT)
         if not timeout:
             raise entry.error("checkTimeout", "must be greater than 0")
-        for other in BLOCK_PARSERS:
+        for other in types:
             if other != ptype and entry.has(other):
                 raise entry.error(other, f'block for type "{other}" on a provider of type "{ptype}"')
-        block = entry.child(ptype, required=ptype != "kubernetes")
-        settings = BLOCK_PARSERS[ptype](block)
+        kind = types[ptype]
+        block = entry.child(ptype, required=kind.block_required)
+        settings = kind.parse_settings(block)
         block.done()
         squid = parse_policy(entry.child("squid"))
-        if squid.basic_auth_file and ptype == "kubernetes" and settings.namespace:
-            raise entry.error("squid.basicAuth", "cannot be combined with kubernetes.namespace: the credentials "
-                                                 "Secret lives in each Proxy's namespace, where its Pod must run")
-        if squid.basic_auth_file and ptype == "kvm" and not settings.configure_squid:
-            raise entry.error("squid.basicAuth", "needs kvm.configureSquid: true (nothing else would install "
-                                                 "the credentials on the instance)")
+        problem = kind.check_entry(settings, squid) if kind.check_entry is not None else None
+        if problem is not None:
+            raise entry.error(*problem)
         entry.done()
         result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
     return ProvidersConfig(tuple(result), file)
 
 
-def load(path: str | Path | None) -> ProvidersConfig:
+def load(path: str | Path | None, types: Mapping[str, "ProviderType"]) -> ProvidersConfig:
     """Read and validate the providers config at ``path``; ``None`` means no providers.
 
+    Args:
+        types: the provider types entries may name (see :func:`parse`).
     Raises:
         ConfigError: unreadable file, bad YAML, or any validation problem (see :func:`parse`).
     """
@@ -141,4 +143,4 @@ def load(path: str | Path | None) -> ProvidersConfig:
         return ProvidersConfig(())
     file = str(path)
     data = load_yaml(file)
-    return parse(data, file)
+    return parse(data, file, types)

@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from app import naming
+from app import naming, redis_keys
+from app.lua import Lua
 from app.providers.base import Instance, ListResult
 from app.providers.errors import describe
 
@@ -50,8 +51,8 @@ def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str],
     Args:
         instances: the provider's listing.
         live_uids: UIDs of every existing Proxy.
-        abandoned: UIDs released with skip-cleanup according to Redis (``po:abandoned``); an
-            extra hint only, correctness rests on the tag.
+        abandoned: UIDs released with skip-cleanup according to Redis
+            (:data:`app.redis_keys.ABANDONED`); an extra hint only, correctness rests on the tag.
         now: current time, timezone-aware.
         grace_seconds: minimum age; instances without a creation time are kept.
         current: for live Proxies that record an instance, Proxy UID -> the provider ID their
@@ -147,7 +148,7 @@ def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], 
 
 def proxy_lock_key(uid: str) -> str:
     """The Redis key of the per-Proxy lock every step of a Proxy holds (``workers.tasks``)."""
-    return f"po:lock:{uid}"
+    return redis_keys.proxy_lock(uid)
 
 
 def delete_superseded(redis, list_proxies, provider_name: str, delete, uid: str, provider_id: str,
@@ -267,16 +268,7 @@ def collect(provider_name: str, provider, list_proxies, abandoned: set[str], gra
 # the shard that completes the set decides for the whole provider: if any shard was partial or
 # failed, nothing of that provider is deleted in this sweep.
 
-_SHARD_DONE = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-if redis.call('HLEN', KEYS[1]) == tonumber(ARGV[3]) then
-  local all = redis.call('HGETALL', KEYS[1])
-  redis.call('DEL', KEYS[1])
-  return all
-end
-return false
-"""
+_SHARD_DONE = Lua("gc_shard_done")
 
 
 def _encode(listing: ListResult | None, error: str | None) -> str:
@@ -318,8 +310,8 @@ def record_shard(redis, sweep_id: str, shard: str, shards: int, listing: ListRes
         ``None`` while shards are missing; else the merged :class:`ListResult` (``partial``
         when any shard was).  Exactly one caller gets it.
     """
-    script = redis.register_script(_SHARD_DONE)
-    done = script(keys=[f"po:gc:{sweep_id}"], args=[shard, _encode(listing, error), shards, int(ttl * 1000)])
+    done = _SHARD_DONE(redis, [redis_keys.gc_sweep(sweep_id)],
+                       [shard, _encode(listing, error), shards, int(ttl * 1000)])
     if not done:
         return None
     merged = ListResult([])

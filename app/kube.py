@@ -1,11 +1,29 @@
-"""Kubernetes API access for the operator (the official ``kubernetes`` client).
+"""The one gateway to the Kubernetes API: :class:`KubeGateway` and its implementation.
+
+:class:`KubeGateway` (a :class:`typing.Protocol`) declares every read and write the product makes
+through the API on Proxy objects, their finalizers and status, Events, Secrets and
+ProviderHealth objects; :class:`KubernetesGateway` implements it over the official
+``kubernetes`` client.  Callers get typed values (:class:`app.resources.Proxy`, :class:`Secret`,
+:class:`ProviderHealthObject`), never the client's dicts or models.  API errors other than the
+ones a method documents as handled propagate as :class:`kubernetes.client.ApiException` (any
+implementation, in-memory fakes included, raises that type with the HTTP status).
+
+Kubernetes conventions followed (API conventions, "Concurrency Control and Consistency" and
+"Spec and Status"): custom objects are written with JSON merge patches (RFC 7386, the only
+patch type the client sends for them); status only through the status subresource; Proxy
+writes carry the ``resourceVersion`` they were computed from, so a concurrent writer gets 409
+Conflict instead of a lost update.  *What* a status write contains is decided by the one
+status writer, :mod:`app.status_writer`; who may use a Secret by
+:mod:`app.credentials`.
+
+Not through the gateway: the watcher's list+watch stream (:mod:`watchers.stream`) and its
+leader election on a ``coordination.k8s.io/v1`` Lease (:mod:`watchers.leader`) port client-go
+algorithms onto the client's API objects; they use the same process-wide client
+(:func:`api_client`).  The kubernetes provider talks to the Pods of its own (possibly other)
+cluster with its own client.
 
 :func:`api_client` loads ``KUBECONFIG`` (or ``~/.kube/config``) when present, else the
-in-cluster service account.  :class:`Kube` wraps the calls the reconciler makes on Proxy
-objects.  Custom objects are written with JSON merge patches (the only patch type the client
-sends for them); status always goes through the status subresource, and metadata writes carry
-``resourceVersion`` so a concurrent writer gets 409 Conflict instead of a lost update
-(Kubernetes API conventions, "Concurrency Control and Consistency").
+in-cluster service account, once per process (a forked child builds its own).
 """
 
 from __future__ import annotations
@@ -14,12 +32,15 @@ import base64
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any, Protocol, runtime_checkable
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from app.resources import FINALIZER, GROUP, KIND, PLURAL, VERSION, Proxy
+from app.resources import (FINALIZER, GROUP, KIND, PLURAL, PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL, VERSION,
+                           Proxy)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +69,9 @@ def api_client() -> k8s.ApiClient:
 
     A forked child (Celery prefork) gets its own client: connection pools must not be
     shared across ``fork``.
+
+    Raises:
+        kubernetes.config.ConfigException: no kubeconfig and not in a cluster.
     """
     global _client, _pid
     with _lock:
@@ -57,27 +81,177 @@ def api_client() -> k8s.ApiClient:
         return _client
 
 
-class Kube:
-    """The operator's reads and writes of Proxy objects, Secrets and Events.
+# -- typed values -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OwnerReference:
+    """One ``metadata.ownerReferences`` entry (Kubernetes docs, "Owners and Dependents").
 
-    Args:
-        client: a :class:`kubernetes.client.ApiClient` (default: :func:`api_client`).
-    Every method raises :class:`kubernetes.client.ApiException` for API errors other than the
-    ones it documents as handled.
+    Attributes:
+        api_version / kind / name / uid: the owner.
+        controller: whether the owner is the managing controller.
+        block_owner_deletion: whether foreground deletion of the owner waits for the dependent.
     """
 
-    def __init__(self, client: k8s.ApiClient | None = None) -> None:
-        self.client = client or api_client()
-        self.custom = k8s.CustomObjectsApi(self.client)
-        self.core = k8s.CoreV1Api(self.client)
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+    block_owner_deletion: bool = False
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A core/v1 Secret: decoded ``data`` (user data: never log the values).
+
+    Attributes:
+        namespace / name: identity.
+        data: key -> decoded bytes (the API's ``data`` is base64).
+        labels: ``metadata.labels``.
+        owners: ``metadata.ownerReferences``.
+        type: the Secret ``type`` (``Opaque``).
+    """
+
+    namespace: str
+    name: str
+    data: dict[str, bytes] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    owners: tuple[OwnerReference, ...] = ()
+    type: str = "Opaque"
+
+
+@dataclass(frozen=True)
+class ProviderHealthObject:
+    """A cluster-scoped ``ProviderHealth`` object (deploy/crd/providerhealth.yaml).
+
+    Attributes:
+        name: the provider's name.
+        generation: ``metadata.generation``.
+        labels: ``metadata.labels``.
+        status: the ``status`` dict (``{}`` when absent): conditions, targets, counts.
+    """
+
+    name: str
+    generation: int
+    labels: dict[str, str]
+    status: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "ProviderHealthObject":
+        """Build from the object as the API returns it."""
+        meta = obj.get("metadata") or {}
+        return cls(name=meta.get("name", ""), generation=int(meta.get("generation") or 1),
+                   labels=dict(meta.get("labels") or {}), status=dict(obj.get("status") or {}))
+
+
+# -- the gateway ---------------------------------------------------------------------------------
+@runtime_checkable
+class KubeGateway(Protocol):
+    """Every Kubernetes API operation the operator makes (see the module docstring).
+
+    Errors: :class:`kubernetes.client.ApiException` with the HTTP status, for anything a
+    method does not document as handled (409 Conflict on a stale ``resourceVersion``, 404 on a
+    write to an object that is gone, 5xx ...).
+    """
+
+    # Proxy objects (crawl.example.com/v1alpha1, namespaced)
+    def get_proxy(self, namespace: str, name: str) -> Proxy | None:
+        """The Proxy ``namespace/name``; ``None`` when it does not exist (404)."""
+
+    def list_proxies(self) -> list[Proxy]:
+        """Every Proxy in every namespace."""
+
+    def add_finalizer(self, proxy: Proxy) -> Proxy:
+        """Ensure our finalizer is set (optimistic: 409 if ``proxy`` is stale); the Proxy as written."""
+
+    def remove_finalizer(self, proxy: Proxy) -> None:
+        """Drop our finalizer (optimistic: 409 if stale); a Proxy already gone (404) is fine."""
+
+    def patch_status(self, proxy: Proxy, status: dict) -> Proxy:
+        """Merge-patch ``status`` (status subresource, RFC 7386) with ``proxy``'s resourceVersion
+        as a precondition (409 if stale); the Proxy as written."""
+
+    def take_written(self) -> list[str]:
+        """Return and forget the resourceVersions of the Proxy writes this thread made."""
+
+    # Events (core/v1)
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+        """Create an Event about ``proxy``; best effort (never raises)."""
+
+    # Secrets (core/v1)
+    def read_secret(self, namespace: str, name: str) -> Secret | None:
+        """The Secret ``namespace/name`` with its data decoded; ``None`` when it does not exist."""
+
+    def create_secret(self, secret: Secret) -> None:
+        """Create ``secret`` (409 AlreadyExists when one of that name exists)."""
+
+    def delete_secret(self, namespace: str, name: str) -> bool:
+        """Delete the Secret; ``False`` when it did not exist."""
+
+    # ProviderHealth objects (crawl.example.com/v1alpha1, cluster-scoped)
+    def get_provider_health(self, name: str) -> ProviderHealthObject | None:
+        """The ProviderHealth ``name``; ``None`` when it does not exist."""
+
+    def create_provider_health(self, name: str, labels: dict[str, str]) -> ProviderHealthObject:
+        """Create an empty ProviderHealth ``name`` with ``labels``."""
+
+    def patch_provider_health_status(self, name: str, status: dict) -> ProviderHealthObject:
+        """Merge-patch ``status`` through the status subresource (RFC 7386)."""
+
+    def list_provider_health(self, label_selector: str | None = None) -> list[ProviderHealthObject]:
+        """Every ProviderHealth (matching ``label_selector`` when given)."""
+
+    def delete_provider_health(self, name: str) -> bool:
+        """Delete the ProviderHealth ``name``; ``False`` when it did not exist."""
+
+
+class KubernetesGateway:
+    """:class:`KubeGateway` over the official ``kubernetes`` client.
+
+    Args:
+        client: a :class:`kubernetes.client.ApiClient`; default: this process's
+            (:func:`api_client`, looked up on every call, so a gateway made before a fork is
+            still safe to use after it).
+        record_writes: remember the resourceVersion of every Proxy write per thread, for
+            :meth:`take_written` (the reconcile tasks publish them so the watcher drops the events
+            its own writes cause).  Off for a writer nobody takes them from (the health engine).
+    """
+
+    def __init__(self, client: k8s.ApiClient | None = None, *, record_writes: bool = True) -> None:
+        self._fixed = client
+        self._record = record_writes
+        self._apis: tuple[k8s.ApiClient, k8s.CustomObjectsApi, k8s.CoreV1Api] | None = None
         self._local = threading.local()
+
+    @property
+    def client(self) -> k8s.ApiClient:
+        """The :class:`kubernetes.client.ApiClient` this gateway uses now."""
+        return self._fixed or api_client()
+
+    def _api(self) -> tuple[k8s.CustomObjectsApi, k8s.CoreV1Api]:
+        client = self.client
+        apis = self._apis
+        if apis is None or apis[0] is not client:
+            apis = self._apis = (client, k8s.CustomObjectsApi(client), k8s.CoreV1Api(client))
+        return apis[1], apis[2]
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        """``CustomObjectsApi`` on :attr:`client`."""
+        return self._api()[0]
+
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        """``CoreV1Api`` on :attr:`client`."""
+        return self._api()[1]
 
     # -- own writes ----------------------------------------------------------------------
     def _wrote(self, proxy: Proxy) -> Proxy:
-        written = getattr(self._local, "written", None)
-        if written is None:
-            written = self._local.written = []
-        written.append(proxy.resource_version)
+        if self._record:
+            written = getattr(self._local, "written", None)
+            if written is None:
+                written = self._local.written = []
+            written.append(proxy.resource_version)
         return proxy
 
     def take_written(self) -> list[str]:
@@ -85,7 +259,7 @@ class Kube:
 
         The task layer publishes them so the watcher can recognise the events its own
         writes cause (resourceVersions are compared for equality only, as the API
-        conventions require: they are opaque).
+        conventions require: they are opaque).  Always empty with ``record_writes=False``.
         """
         written = getattr(self._local, "written", None) or []
         self._local.written = []
@@ -103,32 +277,37 @@ class Kube:
         return Proxy.from_dict(obj)
 
     def list_proxies(self) -> list[Proxy]:
-        """Return every Proxy in every namespace."""
+        """Return every Proxy in every namespace (one list call, cluster scope)."""
         items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
         return [Proxy.from_dict(o) for o in items]
 
-    def set_finalizers(self, proxy: Proxy, finalizers: list[str]) -> Proxy:
-        """Replace ``metadata.finalizers`` (optimistic: 409 if the object changed meanwhile).
-
-        Returns the updated Proxy; ``None``-safe for an object deleted meanwhile is the
-        caller's job (a 404 ApiException propagates).
-        """
+    def _set_finalizers(self, proxy: Proxy, finalizers: list[str]) -> Proxy:
+        """Replace ``metadata.finalizers`` by a merge patch carrying ``proxy``'s resourceVersion
+        (409 if the object changed meanwhile, 404 if it is gone)."""
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": proxy.resource_version}}
         obj = self.custom.patch_namespaced_custom_object(GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, patch)
         return self._wrote(Proxy.from_dict(obj))
 
     def add_finalizer(self, proxy: Proxy) -> Proxy:
-        """Ensure :data:`app.resources.FINALIZER` is present; return the (possibly updated) Proxy."""
+        """Ensure :data:`app.resources.FINALIZER` is present; return the (possibly updated) Proxy.
+
+        Raises:
+            kubernetes.client.ApiException: 409 (``proxy`` is stale), 404 (gone), others.
+        """
         if FINALIZER in proxy.finalizers:
             return proxy
-        return self.set_finalizers(proxy, [*proxy.finalizers, FINALIZER])
+        return self._set_finalizers(proxy, [*proxy.finalizers, FINALIZER])
 
     def remove_finalizer(self, proxy: Proxy) -> None:
-        """Remove our finalizer; a Proxy already gone (404) is fine."""
+        """Remove our finalizer; a Proxy already gone (404) is fine.
+
+        Raises:
+            kubernetes.client.ApiException: 409 (``proxy`` is stale), others but 404.
+        """
         if FINALIZER not in proxy.finalizers:
             return
         try:
-            self.set_finalizers(proxy, [f for f in proxy.finalizers if f != FINALIZER])
+            self._set_finalizers(proxy, [f for f in proxy.finalizers if f != FINALIZER])
         except k8s.ApiException as exc:
             if exc.status != 404:
                 raise
@@ -137,8 +316,12 @@ class Kube:
         """Merge-patch ``status`` through the status subresource; return the updated Proxy.
 
         The patch carries ``proxy``'s resourceVersion as a precondition: a merge patch replaces
-        the whole ``conditions`` list, so a write based on a stale read (the health engine
-        may have written meanwhile) must fail with 409 and be retried, not drop a condition.
+        the whole ``conditions`` list, so a write based on a stale read must fail with 409 and
+        be retried, not drop a condition another writer set.  Use :mod:`app.status_writer`
+        rather than calling this directly: it decides what is sent and what a 409 means.
+
+        Raises:
+            kubernetes.client.ApiException: 409 (stale), 404 (gone), others.
         """
         body = {"metadata": {"resourceVersion": proxy.resource_version}, "status": status}
         obj = self.custom.patch_namespaced_custom_object_status(
@@ -146,120 +329,51 @@ class Kube:
         return self._wrote(Proxy.from_dict(obj))
 
     # -- Secrets -------------------------------------------------------------------------
-    def read_secret_key(self, namespace: str, name: str, key: str) -> bytes | None:
-        """Return the decoded value of ``key`` in Secret ``namespace/name``.
+    def read_secret(self, namespace: str, name: str) -> Secret | None:
+        """Return Secret ``namespace/name`` with ``data`` decoded, or ``None`` when it does not exist.
 
-        Returns ``None`` when the Secret or the key does not exist.  The value is user data:
-        never log it.
+        The values are user data: never log them.
         """
-        return (self.read_secret_data(namespace, name) or {}).get(key)
-
-    def read_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        """Return the decoded ``data`` of Secret ``namespace/name``, or ``None`` when it does not exist."""
         try:
-            secret = self.core.read_namespaced_secret(name, namespace)
+            obj = self.core.read_namespaced_secret(name, namespace)
         except k8s.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        meta = obj.metadata
+        owners = tuple(OwnerReference(api_version=o.api_version, kind=o.kind, name=o.name, uid=o.uid,
+                                      controller=bool(o.controller), block_owner_deletion=bool(o.block_owner_deletion))
+                       for o in (meta.owner_references or ()))
+        return Secret(namespace=meta.namespace or namespace, name=meta.name or name,
+                      data={k: base64.b64decode(v) for k, v in (obj.data or {}).items()},
+                      labels=dict(meta.labels or {}), owners=owners, type=obj.type or "Opaque")
 
-    @staticmethod
-    def credentials_secret_name(proxy: Proxy) -> str:
-        """Name of the Proxy's basic-auth Secret: ``<proxy>-proxy-auth`` (in its namespace)."""
-        return f"{proxy.name}-proxy-auth"
+    def create_secret(self, secret: Secret) -> None:
+        """Create ``secret`` (its data base64-encoded on the wire).
 
-    def _owned_secret(self, proxy: Proxy):
-        """Return the Proxy's credentials Secret if it exists and this Proxy owns it.
-
-        Returns ``None`` when it does not exist.
         Raises:
-            app.providers.errors.Transient: the Secret belongs to an earlier Proxy of the same
-                name (the cluster's garbage collector is about to delete it).
-            app.providers.errors.Permanent: a Secret of that name exists that no Proxy owns: the
-                operator never overwrites or deletes somebody else's Secret.
+            kubernetes.client.ApiException: 409 AlreadyExists, others.
         """
-        from app.providers.errors import Permanent, Transient
+        body = {
+            "apiVersion": "v1", "kind": "Secret", "type": secret.type,
+            "metadata": {"name": secret.name, "namespace": secret.namespace, "labels": dict(secret.labels)},
+            "data": {k: base64.b64encode(v).decode() for k, v in secret.data.items()},
+        }
+        if secret.owners:
+            body["metadata"]["ownerReferences"] = [{
+                "apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid,
+                "controller": o.controller, "blockOwnerDeletion": o.block_owner_deletion} for o in secret.owners]
+        self.core.create_namespaced_secret(secret.namespace, body)
 
-        name = self.credentials_secret_name(proxy)
+    def delete_secret(self, namespace: str, name: str) -> bool:
+        """Delete Secret ``namespace/name``; ``False`` when it did not exist (404)."""
         try:
-            secret = self.core.read_namespaced_secret(name, proxy.namespace)
+            self.core.delete_namespaced_secret(name, namespace)
         except k8s.ApiException as exc:
             if exc.status == 404:
-                return None
+                return False
             raise
-        owners = secret.metadata.owner_references or []
-        if any(o.uid == proxy.uid for o in owners):
-            return secret
-        if any(o.kind == KIND for o in owners):
-            raise Transient(f"Secret {proxy.namespace}/{name} still belongs to an earlier Proxy of this name")
-        raise Permanent(f"Secret {proxy.namespace}/{name} exists and is not owned by this Proxy; "
-                        "rename or delete it to let the operator create the basic-auth credentials")
-
-    def read_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str] | None:
-        """Return ``(username, password, htpasswd_line)`` from the Proxy's own Secret, or ``None``.
-
-        Never creates anything: credentials baked into a running instance must not change
-        under it.  Never log the values.
-        """
-        from app import squid
-
-        secret = self._owned_secret(proxy)
-        data = (secret.data or {}) if secret is not None else {}
-        keys = (squid.SECRET_USERNAME_KEY, squid.SECRET_PASSWORD_KEY, squid.SECRET_HTPASSWD_KEY)
-        if not all(k in data for k in keys):
-            return None
-        username, password, htpasswd = (base64.b64decode(data[k]).decode() for k in keys)
-        return username, password, htpasswd
-
-    def ensure_proxy_credentials(self, proxy: Proxy) -> tuple[str, str, str, str]:
-        """Return ``(secret_name, username, password, htpasswd_line)``, creating the Secret if needed.
-
-        The Secret holds ``username``, ``password`` and ``htpasswd``
-        (:func:`app.squid.credentials_secret`) and is owned by the Proxy (ownerReferences), so
-        the cluster deletes it with the Proxy.  An existing Secret of this Proxy is reused, so a
-        recreated instance keeps the credentials crawlers already mounted.  Called only when an
-        instance is about to be created.  Never log the values.
-
-        Raises:
-            app.providers.errors.Transient / Permanent: see :meth:`_owned_secret`; also
-                Transient when the existing Secret lacks a key (fix it or delete it).
-        """
-        from app import squid
-        from app.providers.errors import Transient
-
-        name = self.credentials_secret_name(proxy)
-        if self._owned_secret(proxy) is not None:
-            found = self.read_proxy_credentials(proxy)
-            if found is None:
-                raise Transient(f"Secret {proxy.namespace}/{name} lacks username, password or htpasswd")
-            return (name, *found)
-        username, password = squid.generate_credentials()
-        body = squid.credentials_secret(name, proxy.namespace, username, password,
-                                        labels={"app.kubernetes.io/managed-by": "proxy-operator"})
-        body["metadata"]["ownerReferences"] = [{
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": proxy.name, "uid": proxy.uid,
-            "controller": True, "blockOwnerDeletion": False}]
-        try:
-            self.core.create_namespaced_secret(proxy.namespace, body)
-        except k8s.ApiException as exc:
-            if exc.status != 409:
-                raise
-            raise Transient(f"Secret {proxy.namespace}/{name} was created concurrently; retrying") from None
-        return name, username, password, base64.b64decode(body["data"][squid.SECRET_HTPASSWD_KEY]).decode()
-
-    def delete_proxy_credentials(self, proxy: Proxy) -> None:
-        """Delete the Proxy's basic-auth Secret if this Proxy owns it (best effort, never raises).
-
-        The Secret's ownerReference makes the cluster delete it anyway; this only makes that
-        immediate.  A Secret of that name that the Proxy does not own is left alone.
-        """
-        try:
-            if self._owned_secret(proxy) is not None:
-                self.core.delete_namespaced_secret(self.credentials_secret_name(proxy), proxy.namespace)
-        except Exception as exc:  # noqa: BLE001 - never block the finalizer on this
-            log.info("proxy %s: credentials Secret not deleted (%s); garbage collection will",
-                     proxy.key, type(exc).__name__)
+        return True
 
     # -- Events --------------------------------------------------------------------------
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
@@ -268,7 +382,7 @@ class Kube:
         Args:
             event_type: ``"Normal"`` or ``"Warning"``.
             reason: CamelCase reason (e.g. ``"Provisioning"``).
-            message: human-readable, never secrets.
+            message: human-readable, never secrets (cut at 1024 characters).
         """
         now = datetime.now(timezone.utc)
         body = k8s.CoreV1Event(
@@ -286,21 +400,56 @@ class Kube:
         except Exception as exc:  # noqa: BLE001 - events are best effort by design
             log.warning("event not recorded for %s: %s %s", proxy.key, reason, exc)
 
+    # -- ProviderHealth objects ----------------------------------------------------------
+    def get_provider_health(self, name: str) -> ProviderHealthObject | None:
+        """Return the ProviderHealth ``name``, or ``None`` when it does not exist (404)."""
+        try:
+            obj = self.custom.get_cluster_custom_object(GROUP, VERSION, PROVIDER_HEALTH_PLURAL, name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return ProviderHealthObject.from_dict(obj)
 
-# -- module-level shortcuts on the process-wide client -------------------------------------
-def get_proxy(namespace: str, name: str) -> dict | None:
-    """Return the Proxy ``namespace/name`` as a dict, or ``None`` when it does not exist."""
-    p = Kube().get_proxy(namespace, name)
-    return p.raw if p else None
+    def create_provider_health(self, name: str, labels: dict[str, str]) -> ProviderHealthObject:
+        """Create an empty ProviderHealth ``name`` carrying ``labels``.
+
+        Raises:
+            kubernetes.client.ApiException: 409 AlreadyExists, others.
+        """
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": PROVIDER_HEALTH_KIND,
+                "metadata": {"name": name, "labels": dict(labels)}}
+        return ProviderHealthObject.from_dict(
+            self.custom.create_cluster_custom_object(GROUP, VERSION, PROVIDER_HEALTH_PLURAL, body))
+
+    def patch_provider_health_status(self, name: str, status: dict) -> ProviderHealthObject:
+        """Merge-patch ``status`` of ProviderHealth ``name`` through the status subresource.
+
+        No resourceVersion precondition: every writer publishes the whole snapshot it read from
+        Redis (:mod:`app.provider_health`), so the last write is as good as any.
+
+        Raises:
+            kubernetes.client.ApiException: 404 (gone), others.
+        """
+        return ProviderHealthObject.from_dict(self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, PROVIDER_HEALTH_PLURAL, name, {"status": status}))
+
+    def list_provider_health(self, label_selector: str | None = None) -> list[ProviderHealthObject]:
+        """Return every ProviderHealth (those matching ``label_selector`` when given)."""
+        kwargs = {"label_selector": label_selector} if label_selector else {}
+        listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PROVIDER_HEALTH_PLURAL, **kwargs)
+        return [ProviderHealthObject.from_dict(o) for o in listed.get("items") or ()]
+
+    def delete_provider_health(self, name: str) -> bool:
+        """Delete the ProviderHealth ``name``; ``False`` when it did not exist (404)."""
+        try:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, PROVIDER_HEALTH_PLURAL, name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
 
-def patch_proxy_status(namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
-    """Merge-patch ``status`` through the status subresource and return the result.
-
-    Args:
-        resource_version: when given, a precondition (409 Conflict if the object changed).
-    """
-    body: dict = {"status": status}
-    if resource_version:
-        body["metadata"] = {"resourceVersion": resource_version}
-    return Kube().custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
+__all__ = ["KubeGateway", "KubernetesGateway", "OwnerReference", "ProviderHealthObject", "Secret",
+           "api_client", "load_configuration"]

@@ -4,15 +4,15 @@ Selection and reservation run in one Lua script (``EVALSHA``), so under any conc
 proxy ever holds more than ``maxLeases`` live leases, and no client more than its own
 ``maxLeases`` of the tokens file (:class:`app.tokens.Client`).  The script:
 
-0. when the client has a lease limit, counts its live leases (``po:client-leases:<client>``,
-   expired ones dropped first) and refuses with ``client_lease_limit`` at the limit, before
-   anything else;
+0. when the client has a lease limit, counts its live leases
+   (:func:`app.redis_keys.client_leases`, expired ones dropped first) and refuses with
+   ``client_lease_limit`` at the limit, before anything else;
 1. drops this client's expired cooldowns, and ends leases that expired since the last
    request (up to :data:`EXPIRE_BATCH` per request; the rest on the next ones), so the lease
    index counts only live leases;
 2. if a ``sessionKey`` is given and this client's session is bound to a proxy that is still
    eligible, takes it (sticky session);
-3. otherwise reads the lease index (``po:load`` of :mod:`app.serving`: the leasable proxies
+3. otherwise reads the lease index (:data:`app.redis_keys.LOAD`: the leasable proxies
    with free capacity, fewest live leases first, ties: the lower ``used/maxLeases``) from the
    least-loaded end, and takes the first eligible proxy.  Eligible = healthy (``healthy``
    flag of the serving view), ``maxLeases`` > 0, matching the filters (provider, zone,
@@ -20,34 +20,37 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
    expired leases — fewer live leases than ``maxLeases``.  A request therefore reads a few
    proxies, not the whole fleet (further only past proxies that are filtered out or cooling
    down for this client).  A proxy that requires basic auth (``authSecret``) is eligible once
-   its credentials are in ``po:auth:<uid>`` (:mod:`app.serving`).  When none fits, it
+   its credentials are in :func:`app.redis_keys.auth`.  When none fits, it
    finishes sweeping expired leases if more than :data:`EXPIRE_BATCH` were due (up to
    :data:`EXPIRE_BACKLOG`) and reads the index again, then says why each published proxy was
-   excluded (the 503 message): unhealthy or not yet probed (``po:unhealthy``), draining
-   (``po:draining``), at ``maxLeases`` (``po:full``), cooling down for this client, awaiting
-   its credentials, or filtered out.  Without filters it reads only the sizes of those sets;
-   with filters, the placement and labels of their members;
+   excluded (the 503 message): unhealthy or not yet probed (:data:`~app.redis_keys.UNHEALTHY`),
+   draining (:data:`~app.redis_keys.DRAINING`), at ``maxLeases`` (:data:`~app.redis_keys.FULL`),
+   cooling down for this client, awaiting its credentials, or filtered out.  Without filters
+   it reads only the sizes of those sets; with filters, the placement and labels of their
+   members;
 4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to
    the expiry index, writes the lease record, (re)binds the session, and moves the proxy in
    the index.  The answer carries the proxy's credentials when it requires them.
 
-Keys (besides the serving view of :mod:`app.serving`):
+The lease index is this module's too: every published uid is in exactly one of
+:data:`~app.redis_keys.LOAD` (leasable with room, scored by load ``used + used / maxLeases / 2``:
+live leases first, then the fill ratio), :data:`~app.redis_keys.FULL`,
+:data:`~app.redis_keys.UNHEALTHY` and :data:`~app.redis_keys.DRAINING`, so a lease request reads
+the least-loaded proxies first instead of scanning the fleet, and its 503 counts why each
+proxy was excluded from set sizes alone.  ``reindex`` (``app/lua/lease_index.lua``) is what
+moves a uid between them; the lease scripts, :func:`reindex`, :func:`queue_reindex` and
+:func:`queue_withdraw` (for :mod:`app.serving`) and the health engine's record script run it.
 
-* ``po:leases:<uid>`` — sorted set lease id → expiry (ms since the epoch, Redis clock);
-* ``po:lease-expiry`` — sorted set ``<uid>/<lease id>`` → expiry (ms): every live lease, so
-  expired ones leave the index without a scan;
-* ``po:lease:<id>`` — hash ``uid client ttl expiresAt createdAt sessionKey``, kept
-  ``record_grace`` seconds past expiry so a late renew says "expired" and a late release can
-  still report an outcome;
-* ``po:client-leases:<client>`` — sorted set lease id → expiry (ms): the client's live leases,
-  for its ``maxLeases``.  Kept for every client (so a limit added to the tokens file counts
-  the leases already held); a lease leaves it when it is released, ended by a renewal
-  (``proxy_unavailable``, ``lease_expired``), taken out by the expiry sweep, or its proxy is
-  withdrawn (:func:`app.serving.withdraw`); entries past their expiry are dropped before every
-  count, and the key expires with its last lease;
-* ``po:cooldown:<client>`` — sorted set uid → end of the cooldown (ms);
-* ``po:sticky:<client>:<sessionKey>`` — the uid a session is bound to (expires after
-  ``sticky_ttl`` seconds without use).
+Keys (names, types, TTLs and owners in :mod:`app.redis_keys`, docs/redis.md), besides the
+serving view of :mod:`app.serving`: each proxy's live leases (:func:`app.redis_keys.proxy_leases`),
+the expiry index of every live lease (:data:`app.redis_keys.LEASE_EXPIRY`, so expired ones leave
+the index without a scan), the lease records (:func:`app.redis_keys.lease`, kept
+``record_grace`` seconds past expiry so a late renew says "expired" and a late release can
+still report an outcome), each client's live leases (:func:`app.redis_keys.client_leases`, for
+its ``maxLeases``: kept for every client, so a limit added to the tokens file counts the leases
+already held; a lease leaves it when it is released, ended by a renewal, taken out by the
+expiry sweep or its proxy withdrawn), the clients' cooldowns (:func:`app.redis_keys.cooldown`)
+and sticky sessions (:func:`app.redis_keys.sticky`).
 
 All times come from the Redis server's clock (``TIME``), so several API processes agree.
 The scripts touch keys derived from the arguments (per proxy, per lease), which is fine on a
@@ -62,8 +65,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import quote
 
-from app import serving
+from app import redis_keys
+from app.lua import Lua
 from app.selectors import Requirement, as_lua, matches
+from app.serving_record import ServingRecord, load_all
 from app.settings import env_number
 
 OUTCOMES = ("ok", "blocked", "failed")
@@ -83,327 +88,75 @@ EXPIRE_BATCH = 100
 EXPIRE_BACKLOG = 10_000
 #: Proxies one page of the lease index holds (the script reads pages until one fits).
 INDEX_PAGE = 32
-#: Sorted set ``<uid>/<lease id>`` -> expiry (ms) of every live lease.
-EXPIRY_KEY = "po:lease-expiry"
 
-_PRELUDE = serving.NOW_LUA + serving.REINDEX_LUA
 #: The module's limits, written into the lease script (fewer arguments to send per request).
 _LIMITS = (f"local expire_batch, index_page, expire_backlog = {EXPIRE_BATCH}, {INDEX_PAGE}, "
            f"{EXPIRE_BACKLOG}\n")
 
-#: Lua: the key of a client's live leases (lease id -> expiry, ms).
-_HELD_LUA = """
-local function held_key(name) return 'po:client-leases:' .. name end
-"""
+_ACQUIRE = Lua("now", "lease_index", "lease_acquire", prelude=_LIMITS)
+_RENEW = Lua("now", "lease_index", "lease_renew")
+_RELEASE = Lua("now", "lease_index", "lease_release")
+#: The index keys the lease script takes as KEYS.
+_INDEX_KEYS = [redis_keys.LOAD, redis_keys.FULL]
 
-_ACQUIRE = serving.Lua(_PRELUDE + _HELD_LUA + _LIMITS + """
-local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local session = ARGV[5]
--- the client's own limit (ARGV[8], '' = none) comes first: at it, nothing else is read
-local held = held_key(client)
-local client_max = tonumber(ARGV[8])
-if client_max then
-  -- (without a limit the count is only written: the sweep and the key's expiry keep it short)
-  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
-  local count = redis.call('ZCARD', held)
-  if count >= client_max then
-    local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
-    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max,
-                         nextExpiry = tonumber(first[2]) or 0, now = now})
-  end
-end
-local f = cjson.decode(ARGV[4])
-local cool = 'po:cooldown:' .. client
-redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
-local cooling_any = redis.call('EXISTS', cool) == 1
-local sel = f.selector or {}
--- the values of in/notin as a set, once per request (not once per proxy read)
-for _, req in ipairs(sel) do
-  local set = {}
-  for _, x in ipairs(req[3]) do set[x] = true end
-  req[4] = set
-end
-local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0}
 
--- leases that expired since the last request leave the index and their client's count (at
--- most limit of them); returns how many were swept
-local function sweep(limit)
-  local due = redis.call('ZRANGEBYSCORE', 'po:lease-expiry', '-inf', now, 'LIMIT', 0, limit)
-  local expired_on = {}
-  for _, member in ipairs(due) do
-    redis.call('ZREM', 'po:lease-expiry', member)
-    local uid, id = string.match(member, '^(.*)/([^/]*)$')
-    if uid then
-      expired_on[uid] = true
-      local owner = redis.call('HGET', 'po:lease:' .. id, 'client')
-      if owner then redis.call('ZREM', held_key(owner), id) end
-    end
-  end
-  for uid in pairs(expired_on) do reindex(uid, now) end
-  return #due
-end
-local swept = sweep(expire_batch)
+# -- the lease index ------------------------------------------------------------------------------
 
-local function labels_ok(raw)
-  if #sel == 0 then return true end
-  local ok, labels = pcall(cjson.decode, raw or '{}')
-  if not ok or type(labels) ~= 'table' then labels = {} end
-  for _, req in ipairs(sel) do
-    local key, op, vals = req[1], req[2], req[3]
-    local v = labels[key]
-    if type(v) ~= 'string' then v = nil end
-    if op == '=' then
-      if v ~= vals[1] then return false end
-    elseif op == '!=' then
-      if v ~= nil and v == vals[1] then return false end
-    elseif op == 'in' or op == 'notin' then
-      local found = v ~= nil and req[4][v] == true
-      if op == 'in' and not found then return false end
-      if op == 'notin' and found then return false end
-    elseif op == 'exists' then
-      if v == nil then return false end
-    elseif op == '!exists' then
-      if v ~= nil then return false end
-    else
-      return false
-    end
-  end
-  return true
-end
+_REINDEX = Lua("now", "lease_index", "lease_reindex")
+_FORGET = Lua("lease_forget")
 
-local function fits(provider, zone, namespace, labels)
-  return (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
-      and (not f.namespace or namespace == f.namespace) and labels_ok(labels)
-end
 
--- returns live lease count and maxLeases when uid is eligible, else nil.  With count, tallies
--- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
--- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
--- A proxy that requires basic auth is eligible only once the health engine has copied its
--- credentials (po:auth:<uid>), so the lease can carry them.
-local stale = {}
-local function check(uid, count, in_index)
-  local h = redis.call('HMGET', 'po:proxy:' .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
-                       'labels', 'authSecret')
-  local max = tonumber(h[2]) or 0
-  if h[1] ~= '1' or max ~= max or max <= 0 then
-    if in_index then stale[#stale + 1] = uid end
-    return nil
-  end
-  if not fits(h[3], h[4], h[5], h[6]) then return nil end
-  if cooling_any and redis.call('ZSCORE', cool, uid) then
-    if count then stats.cooling = stats.cooling + 1 end
-    return nil
-  end
-  if h[7] and h[7] ~= '' and redis.call('EXISTS', 'po:auth:' .. uid) == 0 then
-    if count then stats.nocreds = stats.nocreds + 1 end
-    return nil
-  end
-  local lk = 'po:leases:' .. uid
-  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
-  local used = redis.call('ZCARD', lk)
-  if used >= max then
-    if count then stats.full = stats.full + 1 end
-    if in_index then stale[#stale + 1] = uid end
-    return nil
-  end
-  return used, max
-end
+def reindex(r, uid: str) -> int:
+    """Bring ``uid``'s place in the lease index in step with its serving record.
 
-local chosen, chosen_used, chosen_max, sticky = nil, nil, nil, 0
-local sticky_key = nil
-if session ~= '' then
-  sticky_key = 'po:sticky:' .. client .. ':' .. session
-  local bound = redis.call('GET', sticky_key)
-  if bound then
-    local used, max = check(bound, false, false)
-    if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
-  end
-end
--- the index holds only proxies with free capacity, least loaded first
-local function scan(count)
-  local page, start = index_page, 0
-  while true do
-    local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
-    for _, uid in ipairs(uids) do
-      local used, max = check(uid, count, true)
-      if used then return uid, used, max end
-    end
-    if #uids < page then return nil end
-    start = start + page
-  end
-end
-if not chosen then
-  chosen, chosen_used, chosen_max = scan(false)
-  if not chosen then
-    -- More leases expired than one request sweeps: finish the sweep, so the proxies they
-    -- free are back in the index.  Then read the index again (short: only proxies with room
-    -- that this request cannot use), counting why each one does not fit.
-    if swept == expire_batch then sweep(expire_backlog) end
-    for _, uid in ipairs(stale) do reindex(uid, now) end
-    stale = {}
-    chosen, chosen_used, chosen_max = scan(true)
-  end
-end
-for _, uid in ipairs(stale) do reindex(uid, now) end
-if not chosen then
-  -- Why nothing fits, for the 503: every published proxy is in one of po:load (scanned above:
-  -- cooling down or awaiting credentials), po:full, po:unhealthy, po:draining.  Without
-  -- filters only the sizes of the last three and this client's cooldowns are read; with
-  -- filters, each of their members' placement and labels.
-  local filtered = f.provider or f.zone or f.namespace or #sel > 0
-  if not filtered then
-    local full = redis.call('SCARD', KEYS[2])
-    local cooling_full = 0
-    if cooling_any then
-      for _, uid in ipairs(redis.call('ZRANGE', cool, 0, -1)) do
-        if redis.call('SISMEMBER', KEYS[2], uid) == 1 then cooling_full = cooling_full + 1 end
-      end
-    end
-    stats.cooling = stats.cooling + cooling_full
-    stats.full = stats.full + full - cooling_full
-    stats.unhealthy = redis.call('SCARD', 'po:unhealthy')
-    stats.draining = redis.call('SCARD', 'po:draining')
-  else
-    local function matches(uid)
-      local h = redis.call('HMGET', 'po:proxy:' .. uid, 'provider', 'zone', 'namespace', 'labels')
-      return fits(h[1], h[2], h[3], h[4])
-    end
-    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-      if matches(uid) then
-        if cooling_any and redis.call('ZSCORE', cool, uid) then
-          stats.cooling = stats.cooling + 1
-        else
-          stats.full = stats.full + 1
-        end
-      end
-    end
-    for _, uid in ipairs(redis.call('SMEMBERS', 'po:unhealthy')) do
-      if matches(uid) then stats.unhealthy = stats.unhealthy + 1 end
-    end
-    for _, uid in ipairs(redis.call('SMEMBERS', 'po:draining')) do
-      if matches(uid) then stats.draining = stats.draining + 1 end
-    end
-  end
-  return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', 'po:proxies'),
-                       filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
-                       full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds})
-end
-local exp = now + ttl
-redis.call('ZADD', 'po:leases:' .. chosen, exp, lease_id)
-redis.call('ZADD', 'po:lease-expiry', exp, chosen .. '/' .. lease_id)
-redis.call('ZADD', held, exp, lease_id)
-if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
-local used_now = chosen_used + 1
-if used_now >= chosen_max then
-  redis.call('ZREM', KEYS[1], chosen)
-  redis.call('SADD', KEYS[2], chosen)
-else
-  redis.call('ZADD', KEYS[1], used_now + used_now / chosen_max / 2, chosen)
-  redis.call('SREM', KEYS[2], chosen)
-end
-local lk = 'po:lease:' .. lease_id
-redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
-           'createdAt', now, 'sessionKey', session)
-redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
-if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
-local h = redis.call('HMGET', 'po:proxy:' .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
-                     'provider', 'zone', 'maxLeases', 'authSecret')
-local auth = {false, false}
-if h[9] and h[9] ~= '' then auth = redis.call('HMGET', 'po:auth:' .. chosen, 'username', 'password') end
-return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, address = h[1],
-                     port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
-                     zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
-""")
+    Only for code that writes ``healthy`` or ``maxLeases`` itself (the product's writers do it
+    atomically).  Atomic; a missing record takes the uid out of the index.
 
-_RENEW = serving.Lua(_PRELUDE + _HELD_LUA + """
-local id, client = ARGV[1], ARGV[2]
-local lk = 'po:lease:' .. id
-local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
-if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
-if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
-local zk = 'po:leases:' .. h[1]
-local member = h[1] .. '/' .. id
-local p = redis.call('HMGET', 'po:proxy:' .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
-                     'namespace', 'name', 'provider', 'zone', 'authSecret')
-local held = held_key(client)
-if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
-  -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
-  redis.call('ZREM', zk, id)
-  redis.call('ZREM', 'po:lease-expiry', member)
-  redis.call('ZREM', held, id)
-  redis.call('DEL', lk)
-  reindex(h[1], now)
-  return cjson.encode({error = 'proxy_unavailable'})
-end
-local score = redis.call('ZSCORE', zk, id)
-if not score or tonumber(score) <= now then
-  redis.call('ZREM', zk, id)
-  redis.call('ZREM', 'po:lease-expiry', member)
-  redis.call('ZREM', held, id)
-  reindex(h[1], now)
-  return cjson.encode({error = 'lease_expired'})
-end
--- over the client's own limit (lowered since, or leases from before limits were counted):
--- no renewal, the lease runs out at its expiry
-local client_max = tonumber(ARGV[6])
-if client_max then
-  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
-  local count = redis.call('ZCARD', held)
-  if not redis.call('ZSCORE', held, id) then count = count + 1 end
-  if count > client_max then
-    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max, renew = 1,
-                         expiresAt = tonumber(score)})
-  end
-end
-local ttl = tonumber(ARGV[3]) or tonumber(h[3])
-local exp = now + ttl
-redis.call('ZADD', zk, 'XX', exp, id)
-redis.call('ZADD', 'po:lease-expiry', exp, member)
-redis.call('ZADD', held, exp, id)
-if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
-redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
-redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
-if h[4] and h[4] ~= '' then
-  local sk = 'po:sticky:' .. client .. ':' .. h[4]
-  if redis.call('GET', sk) == h[1] then redis.call('EXPIRE', sk, tonumber(ARGV[5])) end
-end
-local used = reindex(h[1], now)
-local auth = {false, false}
-if p[10] and p[10] ~= '' then auth = redis.call('HMGET', 'po:auth:' .. h[1], 'username', 'password') end
-return cjson.encode({uid = h[1], used = used, expiresAt = exp, ttl = ttl,
-                     address = p[3], port = p[4], egressIP = p[5], namespace = p[6], name = p[7],
-                     provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4],
-                     username = auth[1], password = auth[2]})
-""")
+    Returns:
+        the proxy's live leases, 0 when it is not leasable.
+    """
+    return int(_REINDEX(r, [], [uid]))
 
-_RELEASE = serving.Lua(_PRELUDE + _HELD_LUA + """
-local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local lk = 'po:lease:' .. id
-local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
-if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
-if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
-local zk = 'po:leases:' .. h[1]
-local score = redis.call('ZSCORE', zk, id)
-local live = score and tonumber(score) > now
-redis.call('ZREM', zk, id)
-redis.call('ZREM', 'po:lease-expiry', h[1] .. '/' .. id)
-redis.call('ZREM', held_key(client), id)
-redis.call('DEL', lk)
-reindex(h[1], now)
-local until_ms = 0
-if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
-  local ck = 'po:cooldown:' .. client
-  until_ms = now + cooldown
-  redis.call('ZADD', ck, until_ms, h[1])
-  if redis.call('PTTL', ck) < cooldown then redis.call('PEXPIRE', ck, cooldown) end
-  if h[3] and h[3] ~= '' then
-    local sk = 'po:sticky:' .. client .. ':' .. h[3]
-    if redis.call('GET', sk) == h[1] then redis.call('DEL', sk) end
-  end
-end
-return cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})
-""")
+
+def reindex_all(r) -> int:
+    """Rebuild the lease index entry of every published proxy (idempotent, atomic per proxy).
+
+    The API runs it when it starts, so an index that predates a proxy's record (an upgrade,
+    a restored Redis) is whole before the first lease.
+
+    Returns:
+        how many proxies the index holds (leasable, with free capacity).
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    # Members of the index whose record is gone (written by an older version that did not
+    # know one of its sets) are taken out as well.
+    uids = sorted(r.smembers(redis_keys.PROXIES) | r.smembers(redis_keys.FULL)
+                  | set(r.zrange(redis_keys.LOAD, 0, -1))
+                  | r.smembers(redis_keys.UNHEALTHY) | r.smembers(redis_keys.DRAINING))
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        _REINDEX(pipe, [], [uid])
+    pipe.execute()
+    return int(r.zcard(redis_keys.LOAD))
+
+
+def queue_reindex(pipe, uid: str) -> None:
+    """Queue :func:`reindex` of ``uid`` on the pipeline ``pipe`` (in the same transaction as the
+    record write that calls for it, :func:`app.serving.publish`)."""
+    _REINDEX(pipe, [], [uid])
+
+
+def queue_withdraw(pipe, uid: str) -> None:
+    """Queue on the pipeline ``pipe`` the end of ``uid``'s place in the lease index and of its live
+    leases: out of the expiry index, their clients' counts and the index's sets
+    (:func:`app.serving.withdraw`, in its transaction)."""
+    _FORGET(pipe, [redis_keys.proxy_leases(uid)], [uid])
+    pipe.delete(redis_keys.proxy_leases(uid))
+    pipe.zrem(redis_keys.LOAD, uid)
+    pipe.srem(redis_keys.FULL, uid)
+    pipe.srem(redis_keys.UNHEALTHY, uid)
+    pipe.srem(redis_keys.DRAINING, uid)
 
 
 class LeaseError(Exception):
@@ -488,15 +241,15 @@ class Filters:
                 doc[key] = value
         return json.dumps(doc)
 
-    def matches(self, record: dict[str, str]) -> bool:
+    def matches(self, record: ServingRecord) -> bool:
         """Whether a serving-view record passes the filters (same rules as the script)."""
-        if self.provider is not None and record.get("provider", "") != self.provider:
+        if self.provider is not None and record.provider != self.provider:
             return False
-        if self.zone is not None and record.get("zone", "") != self.zone:
+        if self.zone is not None and record.zone != self.zone:
             return False
-        if self.namespace is not None and record.get("namespace", "") != self.namespace:
+        if self.namespace is not None and record.namespace != self.namespace:
             return False
-        return matches(self.selector, serving.labels_of(record))
+        return matches(self.selector, record.labels)
 
 
 @dataclass(frozen=True)
@@ -625,7 +378,7 @@ def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
             published proxies and why each was excluded (:func:`no_proxy_message`).
     """
     lease_id = new_lease_id()
-    raw = _ACQUIRE(r, [serving.LOAD_KEY, serving.FULL_KEY], [
+    raw = _ACQUIRE(r, _INDEX_KEYS, [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
         settings.record_grace * 1000, _limit(client_max_leases)])
     doc = json.loads(raw)
@@ -742,31 +495,28 @@ def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
     ``health {healthy state reason lastProbeTime latencyMs}`` and ``leases {used max}``
     (live leases counted without modifying anything).  Sorted by namespace and name.
     """
-    recs = serving.all_records(r)
+    recs = load_all(r)
     chosen = [(uid, rec) for uid, rec in recs.items()
-              if filters.matches(rec) and (healthy is None or (rec.get("healthy") == "1") == healthy)]
+              if filters.matches(rec) and (healthy is None or rec.healthy == healthy)]
     if not chosen:
         return []
     now_s, now_us = r.time()
     now_ms = now_s * 1000 + now_us // 1000
     pipe = r.pipeline(transaction=False)
     for uid, _ in chosen:
-        pipe.zcount(serving.leases_key(uid), f"({now_ms}", "+inf")
+        pipe.zcount(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf")
     counts = pipe.execute()
     out = []
     for (uid, rec), used in zip(chosen, counts):
-        latency = rec.get("latencyMs")
         out.append({
-            "namespace": rec.get("namespace", ""), "name": rec.get("name", ""),
-            "address": rec.get("address", ""), "port": int(rec.get("port") or 0),
-            "provider": rec.get("provider") or None, "zone": rec.get("zone") or None,
-            "egressIP": rec.get("egressIP") or None, "labels": serving.labels_of(rec),
+            "namespace": rec.namespace, "name": rec.name, "address": rec.address, "port": rec.port,
+            "provider": rec.provider or None, "zone": rec.zone or None,
+            "egressIP": rec.egress_ip or None, "labels": rec.labels,
             "health": {
-                "healthy": rec.get("healthy") == "1", "state": rec.get("health") or "unknown",
-                "reason": rec.get("lastReason") or None, "lastProbeTime": rec.get("lastProbeTime") or None,
-                "latencyMs": float(latency) if latency else None,
+                "healthy": rec.healthy, "state": rec.health, "reason": rec.last_reason or None,
+                "lastProbeTime": rec.last_probe_time or None, "latencyMs": rec.latency_ms,
             },
-            "leases": {"used": int(used), "max": int(rec.get("maxLeases") or 0)},
+            "leases": {"used": int(used), "max": rec.max_leases},
         })
     out.sort(key=lambda item: (item["namespace"], item["name"]))
     return out
@@ -776,7 +526,7 @@ def live_leases(r) -> int:
     """Return the number of live leases over all published proxies (for the metrics gauge).
 
     Two Redis commands whatever the fleet's size (``TIME``, then ``ZCOUNT`` of the expiry
-    index ``po:lease-expiry``, which holds every live lease: granted, renewed, released and
+    index :data:`app.redis_keys.LEASE_EXPIRY`, which holds every live lease: granted, renewed, released and
     withdrawn leases keep it in step), so a ``/metrics`` scrape costs the same with 10 or
     10,000 proxies.
 
@@ -785,4 +535,4 @@ def live_leases(r) -> int:
     """
     now_s, now_us = r.time()
     now_ms = now_s * 1000 + now_us // 1000
-    return int(r.zcount(EXPIRY_KEY, f"({now_ms}", "+inf"))
+    return int(r.zcount(redis_keys.LEASE_EXPIRY, f"({now_ms}", "+inf"))

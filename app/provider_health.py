@@ -1,8 +1,8 @@
 """Provider health checks, the one snapshot of their verdicts, and the ``ProviderHealth`` objects.
 
 Every check round records its verdicts in Redis, one hash per provider
-(``po:phealth:<provider>``: field = target name, value = JSON ``{at, ready, reason, message,
-details, duration}``; :func:`record_round` for a provider checked as a whole, :func:`record_target`
+(:func:`app.redis_keys.provider_health`: field = target name, value = JSON ``{at, ready, reason,
+message, details, duration}``; :func:`record_round` for a provider checked as a whole, :func:`record_target`
 for one KVM host checked on its own queue).  That hash is the single snapshot everything else
 reads, so no two processes can tell different stories:
 
@@ -17,8 +17,8 @@ reads, so no two processes can tell different stories:
 A target whose last verdict is older than :data:`STALE_INTERVALS` check intervals (or check
 timeouts, whichever is longer) is not ready, reason ``CheckStale``, whoever was meant to check
 it.  A configured target that never reported is ``CheckPending`` until that much time has passed
-since the provider's snapshot was first read (``po:phealth-since:<provider>``, shared by every
-reader so they all agree), then ``CheckStale`` too.
+since the provider's snapshot was first read (:func:`app.redis_keys.provider_health_since`,
+shared by every reader so they all agree), then ``CheckStale`` too.
 
 One cluster-scoped ``ProviderHealth`` per configured provider, written only by the operator:
 created with an ``app.kubernetes.io/managed-by`` label when missing, then status merge
@@ -37,23 +37,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from kubernetes import client as k8s
 from prometheus_client.core import GaugeMetricFamily
 
-from app import conditions
-from app.providers.base import TargetVerdict
-from app.resources import GROUP, VERSION
+from app import conditions, redis_keys
+from app.providers.base import CheckableProvider, TargetVerdict
+from app.kube import KubeGateway, ProviderHealthObject
+from app.resources import PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL
 
 log = logging.getLogger(__name__)
 
-PLURAL = "providerhealths"
-KIND = "ProviderHealth"
+PLURAL = PROVIDER_HEALTH_PLURAL
+KIND = PROVIDER_HEALTH_KIND
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 #: A target with no verdict for this many check intervals is ``CheckStale``.
 STALE_INTERVALS = 3
-#: Redis hash of a provider's latest verdicts (see the module docstring).
-KEY_PREFIX = "po:phealth:"
 #: Name of the one target reported for a provider with no target known yet.
 GENERIC_TARGET = "provider"
 CHECK_PENDING = "CheckPending"
@@ -61,13 +59,10 @@ CHECK_STALE = "CheckStale"
 CHECK_TIMEOUT = "CheckTimeout"
 CHECK_FAILED = "CheckFailed"
 
-#: Redis key prefix of the time a provider's snapshot was first read (epoch seconds).
-SINCE_PREFIX = "po:phealth-since:"
-
 
 def snapshot_key(provider: str) -> str:
     """Return the Redis key of ``provider``'s snapshot hash."""
-    return KEY_PREFIX + provider
+    return redis_keys.provider_health(provider)
 
 
 def stale_after(pc) -> float:
@@ -116,19 +111,19 @@ def run_check(provider, timeout: float) -> tuple[list[TargetVerdict], float, boo
 
     Returns:
         ``(verdicts, elapsed_seconds, failed_as_a_whole)``.  A provider without ``check``
-        reports one ready target ``"provider"`` (nothing to check); a timeout or an exception
+        reports one ready target ``"provider"`` (nothing to check; a provider has a check when
+        it declares :class:`~app.providers.base.CheckableProvider`); a timeout or an exception
         becomes one not-ready verdict named ``"provider"`` with reason ``CheckTimeout`` or
         ``CheckFailed`` and ``failed_as_a_whole`` true (:func:`record_round` then applies it
         to every target the provider has reported before).
     """
-    fn = getattr(provider, "check", None)
-    if fn is None:
+    if not isinstance(provider, CheckableProvider):
         return [TargetVerdict(GENERIC_TARGET, True, "NoCheck", "provider has no health check")], 0.0, False
     pool = cf.ThreadPoolExecutor(max_workers=1)
     start = time.monotonic()
     failed = False
     try:
-        verdicts = list(pool.submit(fn).result(timeout=timeout))
+        verdicts = list(pool.submit(provider.check).result(timeout=timeout))
     except cf.TimeoutError:
         verdicts, failed = [TargetVerdict(GENERIC_TARGET, False, CHECK_TIMEOUT,
                                           f"check took longer than {timeout:g}s")], True
@@ -234,8 +229,8 @@ def read_snapshot(r, pc, *, now: float | None = None) -> list[TargetState]:
     now = time.time() if now is None else now
     limit = stale_after(pc)
     pipe = r.pipeline(transaction=False)
-    pipe.set(SINCE_PREFIX + pc.name, repr(now), nx=True)
-    pipe.get(SINCE_PREFIX + pc.name)
+    pipe.set(redis_keys.provider_health_since(pc.name), repr(now), nx=True)
+    pipe.get(redis_keys.provider_health_since(pc.name))
     pipe.hgetall(snapshot_key(pc.name))
     _, since_raw, stored = pipe.execute()
     try:
@@ -309,13 +304,14 @@ class ProviderHealthWriter:
     """Creates, updates and prunes ``ProviderHealth`` objects.
 
     Args:
-        client: a :class:`kubernetes.client.ApiClient`.
+        kube: the :class:`app.kube.KubeGateway` the objects are read and written through.
     """
 
-    def __init__(self, client: k8s.ApiClient) -> None:
-        self.api = k8s.CustomObjectsApi(client)
+    def __init__(self, kube: KubeGateway) -> None:
+        self.kube = kube
 
-    def publish(self, name: str, verdicts: list[TargetVerdict], *, only_if_changed: bool = False) -> dict | None:
+    def publish(self, name: str, verdicts: list[TargetVerdict], *,
+                only_if_changed: bool = False) -> ProviderHealthObject | None:
         """Write ``verdicts`` as the status of ProviderHealth ``name`` (creating it when missing).
 
         Every target that went down, came back, or changed its reason while down is logged
@@ -330,20 +326,15 @@ class ProviderHealthWriter:
         Raises:
             kubernetes.client.ApiException: the API refused a read or a write.
         """
-        try:
-            obj = self.api.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                    "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: "proxy-operator"}}}
-            obj = self.api.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-        previous = obj.get("status") or {}
+        obj = self.kube.get_provider_health(name)
+        if obj is None:
+            obj = self.kube.create_provider_health(name, {MANAGED_BY_LABEL: "proxy-operator"})
+        previous = obj.status
         before = _summary(previous.get("targets"))
         after = {v.name: (v.ready, v.reason) for v in verdicts}
         if only_if_changed and before == after:
             return None
-        status = status_for(verdicts, previous, int(obj["metadata"].get("generation") or 1))
+        status = status_for(verdicts, previous, obj.generation)
         for t in status["targets"]:
             was = before.get(t["name"])
             if was is None:
@@ -354,7 +345,7 @@ class ProviderHealthWriter:
             elif not t["ready"] and was[1] != t["reason"]:
                 log.warning("provider %s target %s still down, reason changed %s -> %s: %s", name, t["name"],
                             was[1], t["reason"], t["message"])
-        return self.api.patch_cluster_custom_object_status(GROUP, VERSION, PLURAL, name, {"status": status})
+        return self.kube.patch_provider_health_status(name, status)
 
     def prune(self, configured: list[str], checks_enabled: set[str]) -> list[str]:
         """Delete ProviderHealth objects of providers not configured or with checks off.
@@ -362,18 +353,11 @@ class ProviderHealthWriter:
         Returns:
             the names deleted.
         """
-        listed = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL,
-                                                     label_selector=f"{MANAGED_BY_LABEL}=proxy-operator")
         deleted = []
-        for item in listed.get("items") or ():
-            name = item["metadata"]["name"]
-            if name not in configured or name not in checks_enabled:
-                try:
-                    self.api.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-                    deleted.append(name)
-                except k8s.ApiException as exc:
-                    if exc.status != 404:
-                        raise
+        for item in self.kube.list_provider_health(f"{MANAGED_BY_LABEL}=proxy-operator"):
+            if item.name not in configured or item.name not in checks_enabled:
+                if self.kube.delete_provider_health(item.name):
+                    deleted.append(item.name)
         return deleted
 
 

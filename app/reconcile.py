@@ -2,8 +2,9 @@
 
 Each entry point (:func:`create`, :func:`poll`, :func:`delete`) re-reads the object, does
 one idempotent step, and returns a :class:`Followup` telling the caller what to enqueue
-next (or ``None``).  The task layer (``workers.tasks``) turns that into a Celery message on
-the right queue; tests call these functions directly with real collaborators.
+next (or ``None``).  The dispatcher (:mod:`app.dispatch`, run by the Celery tasks of
+``workers.tasks``) turns that into a message on the right queue; tests call these functions
+directly with real collaborators.
 
 Errors follow the provider taxonomy (:mod:`app.providers.errors`):
 
@@ -22,10 +23,11 @@ from typing import Any, Callable
 
 from kubernetes.client import ApiException
 
-from app import conditions, naming, serving
+from app import conditions, credentials, naming, redis_keys, serving, status_writer
 from app import squid as squid_conf
-from app.providers.base import CreateRequest, Instance, InstanceState
+from app.providers.base import CreateRequest, Instance, InstanceState, ShardedProvider
 from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
+from app.kube import KubeGateway
 from app.providers.registry import Registry, UnknownProvider
 from app.resources import (COND_HEALTHY, COND_PROVISIONED, COND_READY, FAILED, FINALIZER, PENDING, PROVISIONING,
                            READY, RUNNING, TERMINATING, UNHEALTHY, Proxy)
@@ -35,8 +37,11 @@ log = logging.getLogger(__name__)
 
 CREATE, POLL, DELETE = "create", "poll", "delete"
 LIVE_PHASES = (RUNNING, READY, UNHEALTHY)
+#: Live phases in which a Proxy whose status is current needs nothing from the reconciler: the
+#: health engine watches it (see :func:`steady`).  An Unhealthy one is still polled by the resync.
+STEADY_PHASES = (RUNNING, READY)
 #: Redis set of Proxy UIDs whose instances were abandoned with skip-cleanup; GC leaves them alone.
-ABANDONED_KEY = "po:abandoned"
+ABANDONED_KEY = redis_keys.ABANDONED
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class Context:
     """Collaborators of the reconcile functions.
 
     Attributes:
-        kube: :class:`app.kube.Kube` (or anything with the same methods).
+        kube: the :class:`app.kube.KubeGateway` (every Kubernetes API call of a step).
         registry: built providers.
         redis: ``redis.Redis`` (serving view).
         settings: :class:`app.settings.Settings`.
@@ -73,7 +78,7 @@ class Context:
             single-process tools) runs :func:`retire_instance` inline.
     """
 
-    kube: Any
+    kube: KubeGateway
     registry: Registry
     redis: Any
     settings: Settings
@@ -86,8 +91,10 @@ def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
 
     Args:
         proxy: the object as last seen.
-        resync: true for the periodic resync, which also polls live managed Proxies to detect
-            drift (a lost instance, a changed spec).
+        resync: true for the periodic resync and the poll step, which also poll live managed
+            Proxies to detect drift (a lost instance, a changed spec).  The resync asks only
+            about Proxies that are not :func:`steady` (or are steady but unpublished or
+            :func:`drifted`).
     """
     status = proxy.status
     if proxy.deleting:
@@ -109,6 +116,49 @@ def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
     if proxy.phase in LIVE_PHASES:
         return POLL if resync else None
     return None
+
+
+def steady(proxy: Proxy) -> bool:
+    """Whether ``proxy`` is settled: nothing is left for the reconciler until something changes.
+
+    True when it is not being deleted, carries the finalizer, is Running or Ready
+    (:data:`STEADY_PHASES`) and its status is current: ``observedGeneration`` equals
+    ``generation``, ``specHash`` matches the spec, ``Provisioned`` is ``True`` (no retry of this
+    generation is scheduled) and, for a managed Proxy, an instance is recorded.  The resync sends
+    nothing for such a Proxy (unless it is unpublished or :func:`drifted`); its health is watched
+    by the probes, and one that fails them goes Unhealthy, which the resync polls.
+    """
+    status = proxy.status
+    cond = conditions.find(status.get("conditions"), COND_PROVISIONED)
+    return bool(not proxy.deleting and FINALIZER in proxy.finalizers and proxy.phase in STEADY_PHASES
+                and status.get("observedGeneration") == proxy.generation
+                and status.get("specHash") == proxy.spec_hash
+                and cond is not None and cond.get("status") == "True"
+                and (not proxy.spec.managed or status.get("providerID")))
+
+
+def drifted(ctx: Context, proxy: Proxy) -> bool:
+    """Whether a :func:`steady` managed Proxy still needs a poll, for what only a poll can act on.
+
+    * its provider is no longer configured, or (kvm) the host its instance is on is not: the
+      poll fails the Proxy (Permanent);
+    * its provider bakes the basic-auth credentials into the instance
+      (``credentials_in_instance``) and the Proxy's Secret now holds others: the poll replaces
+      the instance (one Secret read per such Proxy, no provider call).
+
+    Never raises: a check that fails (the API unreachable) answers ``True``, so the poll decides.
+    """
+    if not proxy.spec.managed:
+        return False
+    try:
+        provider = ctx.registry.get(proxy.spec.provider)
+        provider_id = proxy.status.get("providerID") or ""
+        if isinstance(provider, ShardedProvider) and provider.host_of(provider_id) not in provider.hosts():
+            return True
+        return _credentials_rotated(ctx, proxy, provider)
+    except Exception as exc:  # noqa: BLE001 - UnknownProvider, an API error: let the poll decide
+        log.debug("proxy %s: drift check: %s; polling", proxy.key, type(exc).__name__)
+        return True
 
 
 def retry_scheduled(proxy: Proxy) -> bool:
@@ -143,27 +193,18 @@ def poll_delay(settings: Settings, attempt: int) -> float:
 def _write_status(ctx: Context, proxy: Proxy, changes: dict, *, event: tuple[str, str, str] | None = None) -> Proxy:
     """Merge-patch the status keys in ``changes`` that differ; emit one Event per happening.
 
-    ``event`` (``(type, reason, message)``) is emitted whenever the write happens (the
-    happening is new: a QuotaExceeded condition, an instance lost while still Provisioning),
-    never when nothing differs (a retry that finds the same condition); without it a phase
-    change emits the default Event named after the new phase.
+    The reconciler's status writes, all through the one status writer
+    (:func:`app.status_writer.write`: status subresource, merge patch, resourceVersion
+    precondition; a 409 propagates and the step is retried from a fresh read).  ``event``
+    (``(type, reason, message)``) is emitted whenever the write happens (the happening is new:
+    a QuotaExceeded condition, an instance lost while still Provisioning), never when nothing
+    differs (a retry that finds the same condition); without it a phase change emits the
+    default Event named after the new phase.
+
+    Raises:
+        kubernetes.client.ApiException: 409 (``proxy`` is stale), 404 (gone), others.
     """
-    current = proxy.status
-    diff = {k: v for k, v in changes.items()
-            if (not conditions.same(current.get(k), v) if k == "conditions" else current.get(k) != v)}
-    if not diff:
-        return proxy
-    old_phase = proxy.phase
-    updated = ctx.kube.patch_status(proxy, diff)
-    new_phase = diff.get("phase")
-    if new_phase and new_phase != old_phase:
-        log.info("proxy %s phase %s -> %s", proxy.key, old_phase, new_phase)
-        etype, reason, message = event or (
-            "Warning" if new_phase == FAILED else "Normal", new_phase, f"phase {old_phase} -> {new_phase}")
-        ctx.kube.record_event(updated, etype, reason, message)
-    elif event is not None:
-        ctx.kube.record_event(updated, *event)
-    return updated
+    return status_writer.write(ctx.kube, proxy, changes, event=event)
 
 
 def _provisioned(proxy: Proxy, status: str, reason: str, message: str, *, withdrawn: bool = False) -> list[dict]:
@@ -336,7 +377,8 @@ def _user_data(ctx: Context, proxy: Proxy) -> bytes | None:
         return spec.cloud_init_inline.encode("utf-8")
     if spec.cloud_init_secret:
         name, key = spec.cloud_init_secret
-        value = ctx.kube.read_secret_key(proxy.namespace, name, key)
+        secret = ctx.kube.read_secret(proxy.namespace, name)
+        value = secret.data.get(key) if secret is not None else None
         if value is None:
             raise Transient(f"cloudInit.secretRef: Secret {proxy.namespace}/{name} or its key {key!r} not found")
         return value
@@ -353,7 +395,7 @@ def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
     policy = _policy(ctx, proxy)
     auth_secret = auth_htpasswd = None
     if policy is not None and policy.basic_auth_file:
-        auth_secret, _, _, auth_htpasswd = ctx.kube.ensure_proxy_credentials(proxy)
+        auth_secret, auth_htpasswd = credentials.secret_name(proxy), credentials.ensure(ctx.kube, proxy).htpasswd
     return CreateRequest(
         name=naming.instance_name(proxy.uid), tags=naming.tags_for(proxy.uid), namespace=proxy.namespace,
         zone=spec.zone, image=spec.image, machine_type=spec.machine_type, port=spec.port,
@@ -375,7 +417,7 @@ def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None
     policy = _policy(ctx, proxy)
     # With basic auth the probes read the credentials from the Proxy's Secret (named here,
     # never copied into Redis, which the API also reads).
-    auth_secret = ctx.kube.credentials_secret_name(proxy) if policy is not None and policy.basic_auth_file else None
+    auth_secret = credentials.secret_name(proxy) if policy is not None and policy.basic_auth_file else None
     serving.publish(ctx.redis, updated, address=inst.address or "", port=proxy.spec.port, phase=phase,
                     auth_secret=auth_secret)
     return updated
@@ -396,7 +438,7 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     Returns:
         the followup to enqueue, or ``None``.
     Raises:
-        Exception: only for errors reading the Proxy itself; ``workers.tasks.run_step``
+        Exception: only for errors reading the Proxy itself; :func:`app.dispatch.run_step`
             retries the step with backoff.
     """
     proxy = _load(ctx, ref)
@@ -511,14 +553,14 @@ def _credentials_rotated(ctx: Context, proxy: Proxy, provider) -> bool:
     kvm vendor-data, gcp metadata); a kubernetes Pod mounts the Secret and follows it.  An
     instance that recorded no hash (an older release) is never replaced for this.
     """
-    if not getattr(provider, "credentials_in_instance", False):
+    if not provider.credentials_in_instance:
         return False
     policy = _policy(ctx, proxy)
     recorded = proxy.status.get("credentialsHash")
     if policy is None or not policy.basic_auth_file or not recorded:
         return False
-    creds = ctx.kube.read_proxy_credentials(proxy)
-    return creds is not None and credentials_hash(creds[2]) != recorded
+    creds = credentials.read(ctx.kube, proxy)
+    return creds is not None and credentials_hash(creds.htpasswd) != recorded
 
 
 # -- poll ------------------------------------------------------------------------------------
@@ -672,7 +714,7 @@ def _skip_cleanup(ctx: Context, latest: _Latest, proxy: Proxy, attempt: int) -> 
     ctx.kube.record_event(latest.proxy, "Normal", "SkipCleanup",
                           f"instance {provider_id} left in place and marked abandoned (skip-cleanup)" if marked
                           else "instance left in place (skip-cleanup)")
-    ctx.kube.delete_proxy_credentials(latest.proxy)
+    credentials.delete(ctx.kube, latest.proxy)
     ctx.kube.remove_finalizer(latest.proxy)
     return None
 
@@ -712,7 +754,7 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                     return Followup(DELETE, poll_delay(ctx.settings, attempt), attempt + 1)
                 if p.status.get("providerID"):
                     ctx.kube.record_event(p, "Normal", "InstanceDeleted", f"instance {ids[0]} deleted")
-        ctx.kube.delete_proxy_credentials(p)
+        credentials.delete(ctx.kube, p)
         ctx.kube.remove_finalizer(p)
         return None
 

@@ -3,7 +3,7 @@
 :func:`Proxy.from_dict` reads an object as the API server returns it (a dict) and applies
 the same defaults as the CRD's OpenAPI schema, so code behaves the same whether or not the
 server defaulted the object (the HTTP fake and old objects may not have).  Nothing here
-talks to the API; see :mod:`app.kube` for that.
+talks to the API; see :mod:`app.kube` (the gateway) for that.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ KIND = "Proxy"
 API_VERSION = f"{GROUP}/{VERSION}"
 FINALIZER = "crawl.example.com/cleanup"
 SKIP_CLEANUP_ANNOTATION = "crawl.example.com/skip-cleanup"
+#: The cluster-scoped ``ProviderHealth`` resource of the same group (:mod:`app.provider_health`).
+PROVIDER_HEALTH_PLURAL = "providerhealths"
+PROVIDER_HEALTH_KIND = "ProviderHealth"
 
 MODE_MANAGED = "Managed"
 MODE_EXTERNAL = "External"

@@ -73,7 +73,7 @@ def seed(r: redis.Redis, count: int, max_leases: int) -> None:
     for i in range(count):
         proxy = Proxy.from_dict({
             "metadata": {"name": f"bench-{i}", "namespace": "bench", "uid": f"uid-{i:05d}", "labels": {"pool": "a"}},
-            "spec": {"mode": "External", "endpoint": {"host": f"127.0.9.{i % 250 + 1}", "port": 3128},
+            "spec": {"mode": "External", "endpoint": {"host": f"203.0.113.{i % 250 + 1}", "port": 3128},
                      "maxLeases": max_leases},
         })
         serving.publish(r, proxy, address=proxy.spec.host, port=3128, phase="Ready")

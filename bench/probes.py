@@ -1,6 +1,7 @@
 """Probe benchmark: one health sweep over 1,000 External Proxies pointed at a few local Squids.
 
-Starts a private Redis, real Squids on 127.0.5.N, and — in a separate process so their CPU is
+Starts a private Redis, real Squids on a loopback block claimed for the run
+(:mod:`tests.support.loopback`), and — in a separate process so their CPU is
 not counted as the prober's — the Kubernetes API fake and the origin (health URL + IP echo).
 Creates N External Proxies in the fake, publishes them to the serving view (as the
 reconciler does when they reach Running), then runs sweeps the way a ``health`` worker does:
@@ -40,17 +41,19 @@ from app.health import engine, schedule  # noqa: E402
 from app.health.settings import HealthSettings  # noqa: E402
 from app.kube import Kube  # noqa: E402
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: E402
+from tests.support import loopback  # noqa: E402
 from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 from tests.support.squid import SquidProcess, loopback_policy  # noqa: E402
 
 
-def _servers(conn) -> None:
-    """Child process: the API fake and the origin; reports their URLs, runs until told to stop."""
+def _servers(conn, origin_address: str) -> None:
+    """Child process: the API fake and the origin (on ``origin_address``); reports their URLs, runs
+    until told to stop."""
     from tests.health.servers import OriginServer
     from tests.kubefake.server import FakeKube
 
     fake = FakeKube().start()
-    origin = OriginServer("127.0.5.1").start()
+    origin = OriginServer(origin_address).start()
     conn.send((fake.url, origin.url("/generate_204"), origin.url("/ip")))
     conn.recv()
     origin.stop()
@@ -71,14 +74,15 @@ def main() -> None:
     args = ap.parse_args()
 
     redis_server = RedisServer()
+    net = loopback.claim_block()
     parent, child = multiprocessing.Pipe()
-    servers = multiprocessing.Process(target=_servers, args=(child,), daemon=True)
+    servers = multiprocessing.Process(target=_servers, args=(child, net.host(1)), daemon=True)
     servers.start()
     fake_url, health_url, echo_url = parent.recv()
     squids = []
     try:
         for i in range(args.squids):
-            address = f"127.0.5.{10 + i}"
+            address = net.host(10 + i)
             port = free_port(address)
             # the health origin is on loopback: exempt it as an operator would (allowedDestinations)
             policy = loopback_policy(squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {address}",)))

@@ -11,11 +11,11 @@ import requests
 from kubernetes import client as k8s
 
 from app import serving, squid
-from app.config import parse
+from app.wiring import parse_config as parse
 from app.health import engine
 from app.health.credentials import SecretCredentials
 from app.health.settings import HealthSettings
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.kubernetes.provider import KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context, Ref, create, delete, poll
@@ -62,7 +62,7 @@ def test_a_foreign_secret_of_the_same_name_is_never_taken_over(redis_client):
     with FakeCluster(kubelet=False) as cluster:
         api = cluster.fake.api_client()
         registry = build(parse(CONFIG, "providers.yaml"), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=Settings())
+        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=Settings())
         k8s.CoreV1Api(api).create_namespaced_secret("default", k8s.V1Secret(
             metadata=k8s.V1ObjectMeta(name="mine-proxy-auth"), string_data={"username": "someone-else"}))
         obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
@@ -70,7 +70,7 @@ def test_a_foreign_secret_of_the_same_name_is_never_taken_over(redis_client):
             "spec": {"provider": "k8s-auth"}})
         ref = Ref("default", "mine", obj["metadata"]["uid"])
         assert create(ctx, ref) is None
-        proxy = Kube(api).get_proxy("default", "mine")
+        proxy = KubernetesGateway(api).get_proxy("default", "mine")
         assert proxy.phase == "Failed" and "not owned by this Proxy" in proxy.status["conditions"][0]["message"]
         k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "mine")
         delete(ctx, ref)
@@ -82,7 +82,8 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
     with FakeCluster() as cluster:
         api = cluster.fake.api_client()
         registry = build(parse(CONFIG, "providers.yaml"), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=Settings(poll_initial=0.2))
+        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client,
+                      settings=Settings(poll_initial=0.2))
         custom = k8s.CustomObjectsApi(api)
         obj = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "authed"},
@@ -106,10 +107,10 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
 
         def running():
             poll(ctx, ref)
-            return Kube(api).get_proxy("default", "authed").phase == "Running"
+            return KubernetesGateway(api).get_proxy("default", "authed").phase == "Running"
 
         wait_for(running, 30, "the Squid Pod to run")
-        address = Kube(api).get_proxy("default", "authed").status["address"]
+        address = KubernetesGateway(api).get_proxy("default", "authed").status["address"]
         proxy_url = f"http://{address}:3128"
 
         assert requests.get(f"{origin}/x", proxies={"http": proxy_url}, timeout=10).status_code == 407
@@ -121,16 +122,11 @@ def test_generated_credentials_protect_the_proxy_and_feed_the_probes(redis_clien
         record = serving.get(redis_client, ref.uid)
         assert record["authSecret"] == "authed-proxy-auth"
         assert not any(password in str(v) for k in redis_client.scan_iter() for v in _values(redis_client, k))
-        credentials = SecretCredentials(Kube(api))
+        credentials = SecretCredentials(KubernetesGateway(api))
         assert credentials(record) == (user, password)
         settings = HealthSettings(echo_url="", allowed_ranges=("127.0.0.0/8",))  # the Squid is on loopback
-        kube = Kube(api)
-        report = engine.probe_batch(
-            redis_client, [ref.uid], settings,
-            get_proxy=lambda ns, name: (p := kube.get_proxy(ns, name)) and p.raw,
-            patch_status=lambda ns, name, status, rv=None: custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ns, PLURAL, name, {"metadata": {"resourceVersion": rv}, "status": status}),
-            credentials=credentials)
+        report = engine.probe_batch(redis_client, [ref.uid], settings, kube=KubernetesGateway(api, record_writes=False),
+                                    credentials=credentials)
         assert report.succeeded == 1
 
         custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "authed")

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from app.config import load
+from app.wiring import load_config as load
 from app.validation import ConfigError
 
 KVM_OK = """

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client as k8s
 
 from app.config import ProviderConfig, ProvidersConfig
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.kubernetes.config import KubernetesSettings
@@ -58,15 +58,15 @@ def _settings() -> Settings:
 def k8s_ctx(api, redis_client):
     config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings()),))
     registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings())
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
 
 
 def proxy_exists(api, ref: Ref) -> bool:
-    return Kube(api).get_proxy(ref.namespace, ref.name) is not None
+    return KubernetesGateway(api).get_proxy(ref.namespace, ref.name) is not None
 
 
 def recorded_id(api, ref: Ref) -> str | None:
-    proxy = Kube(api).get_proxy(ref.namespace, ref.name)
+    proxy = KubernetesGateway(api).get_proxy(ref.namespace, ref.name)
     return proxy.status.get("providerID") if proxy else None
 
 
@@ -102,7 +102,7 @@ def test_kubernetes_delete_that_waits_for_the_create_finds_the_pod(fake, api, k8
 def test_kubernetes_delete_without_a_recorded_id_finds_the_pod_by_name(api, k8s_ctx):
     """A Pod made by a create that never recorded anything (a crash) is found by its name."""
     ref = apply(api, "legacy-1", {"provider": "k8s-local"})
-    Kube(api).add_finalizer(Kube(api).get_proxy(NS, "legacy-1"))
+    KubernetesGateway(api).add_finalizer(KubernetesGateway(api).get_proxy(NS, "legacy-1"))
     provider = k8s_ctx.registry.get("k8s-local")
     provider.create(CreateRequest(name=instance_name(ref.uid), tags=tags_for(ref.uid), namespace=NS))
     assert recorded_id(api, ref) is None and len(pods(api)) == 1
@@ -121,7 +121,7 @@ def test_kubernetes_finalizer_waits_until_the_pod_is_gone(fake, api, k8s_ctx):
     kubectl_delete(api, ref)
     followup = delete(k8s_ctx, ref)
     assert followup is not None and followup.action == DELETE
-    proxy = Kube(api).get_proxy(NS, "stays-1")
+    proxy = KubernetesGateway(api).get_proxy(NS, "stays-1")
     assert FINALIZER in proxy.finalizers
     assert any(c.get("reason") == "Deleting" for c in proxy.status["conditions"])
     k8s.CoreV1Api(api).patch_namespaced_pod(pod_name, NS, {"metadata": {"finalizers": None}})
@@ -131,7 +131,7 @@ def test_kubernetes_finalizer_waits_until_the_pod_is_gone(fake, api, k8s_ctx):
 
 def test_a_proxy_that_never_got_an_instance_is_released_even_with_an_unknown_provider(api, k8s_ctx):
     ref = apply(api, "nowhere-1", {"provider": "no-such-provider"})
-    Kube(api).add_finalizer(Kube(api).get_proxy(NS, "nowhere-1"))
+    KubernetesGateway(api).add_finalizer(KubernetesGateway(api).get_proxy(NS, "nowhere-1"))
     kubectl_delete(api, ref)
     assert delete(k8s_ctx, ref) is None
     assert not proxy_exists(api, ref)
@@ -152,7 +152,7 @@ def gcp_ctx(api, redis_client, compute):
     from tests.gcp.conftest import gcp_config
 
     registry = build(ProvidersConfig((gcp_config(compute),)), {"gcp": GcpProvider})
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings())
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
 
 
 def gcp_instances(compute) -> list:
@@ -180,7 +180,7 @@ def test_gcp_delete_while_the_insert_operation_is_running_leaks_nothing(api, com
 def test_gcp_delete_without_a_recorded_id_looks_in_every_zone(api, compute, gcp_ctx):
     """An instance left in a zone the spec no longer names is found by its name."""
     ref = apply(api, "gce-2", {"provider": "gcp-test", "placement": {"zone": "europe-west1-b"}})
-    Kube(api).add_finalizer(Kube(api).get_proxy(NS, "gce-2"))
+    KubernetesGateway(api).add_finalizer(KubernetesGateway(api).get_proxy(NS, "gce-2"))
     provider = gcp_ctx.registry.get("gcp-test")
     provider.create(CreateRequest(name=instance_name(ref.uid), tags=tags_for(ref.uid), namespace=NS,
                                   zone="europe-west1-c"))
@@ -200,8 +200,8 @@ def test_a_retired_instance_is_deleted_unless_its_proxy_names_it_again(api, k8s_
     # The Proxy still names the Pod (moved back before the retire ran): kept.
     assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref) is False
     assert len(pods(api)) == 1
-    proxy = Kube(api).get_proxy(NS, "moved-1")
-    Kube(api).patch_status(proxy, {"providerID": "other-ns/" + instance_name(ref.uid)})
+    proxy = KubernetesGateway(api).get_proxy(NS, "moved-1")
+    KubernetesGateway(api).patch_status(proxy, {"providerID": "other-ns/" + instance_name(ref.uid)})
     assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref) is True
     assert pods(api) == []
 
@@ -212,7 +212,7 @@ def test_gcp_zone_change_creates_in_the_new_zone_and_retires_the_old_one_elsewhe
 
     retired: list = []
     registry = build(ProvidersConfig((gcp_config(compute),)), {"gcp": GcpProvider})
-    ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings(),
+    ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings(),
                   retire=lambda name, pid, ref: retired.append((name, pid)))
     ref = apply(api, "gce-move", {"provider": "gcp-test", "placement": {"zone": "europe-west1-b"}})
     create(ctx, ref)

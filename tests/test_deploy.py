@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app import config
+from app import wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -76,12 +76,12 @@ def test_yaml_parses(path):
 @pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/default/providers.yaml",
                                   "deploy/compose/providers.yaml"])
 def test_providers_configs_load(path):
-    cfg = config.load(ROOT / path)
+    cfg = wiring.load_config(ROOT / path)
     assert "k8s-local" in cfg.names()
 
 
 def test_providers_sample_shows_every_type():
-    cfg = config.load(SAMPLES / "providers.yaml")
+    cfg = wiring.load_config(SAMPLES / "providers.yaml")
     assert {p.type for p in cfg.providers} == {"kubernetes", "gcp", "kvm"}
     kvm = cfg.get("kvm-lab")
     assert kvm.settings.host("lab1") is not None

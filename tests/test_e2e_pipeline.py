@@ -2,8 +2,8 @@
 
 The processes are started through their real commands (``proxy-operator watch``,
 ``celery -A workers worker``, ``celery -A workers beat``) with a private Redis; the fake
-admits Proxies through the real CRD and its kubelet stand-in runs a real Squid per Pod on
-127.0.0.N.  This is what a user sees after ``kubectl apply -f deploy/samples/...``.
+admits Proxies through the real CRD and its kubelet stand-in runs a real Squid per Pod on a
+loopback address of its own.  This is what a user sees after ``kubectl apply -f deploy/samples/...``.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def test_sample_proxy_goes_running_serves_traffic_and_is_deleted(cluster, operat
     container = pod.spec.containers[0]
     assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3128
     squid_address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
-    assert squid_address and squid_address.startswith("127.0.0.")
+    assert squid_address and squid_address.startswith("127.")
     assert proxy["status"]["address"] == squid_address
     assert proxy["status"]["providerID"] == f"default/{pod.metadata.name}"
     assert "crawl.example.com/cleanup" in proxy["metadata"]["finalizers"]

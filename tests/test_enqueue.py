@@ -6,8 +6,8 @@ import json
 
 from celery import Celery
 
+from app.dispatch import Enqueuer, OwnWrites, dedup_key
 from app.reconcile import Ref
-from workers.enqueue import Enqueuer, OwnWrites, dedup_key
 
 REF = Ref("ns", "p", "uid-1")
 
@@ -17,7 +17,9 @@ def queued(redis_client, queue="proxies") -> list[dict]:
 
 
 def test_send_is_deduplicated_by_eta(redis_client, redis_url):
-    enq = Enqueuer(Celery(broker=redis_url), redis_client)
+    app = Celery(broker=redis_url)
+    enq = Enqueuer(lambda task, args, queue, countdown=None: app.send_task(task, args=args, queue=queue,
+                                                                            countdown=countdown), redis_client)
     assert enq.send("create", REF, queue="proxies", delay=30)
     assert not enq.send("create", REF, queue="proxies", delay=60)  # later than the one queued
     assert enq.send("create", REF, queue="proxies", delay=0)       # earlier: sent

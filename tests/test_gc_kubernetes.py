@@ -7,7 +7,7 @@ from kubernetes import client as k8s
 
 from app.config import ProviderConfig
 from app.gc import collect
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.resources import GROUP, PLURAL, VERSION
@@ -40,7 +40,7 @@ def test_gc_deletes_only_orphans_across_namespaces(api):
     pod(api, "foreign", {LABEL_PROXY_UID: "gone-uid"})
     pod(api, "foreign-other-manager", {LABEL_MANAGED_BY: "helm", LABEL_PROXY_UID: "gone-uid"})
     provider = KubernetesProvider(ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings()), client=api)
-    kube = Kube(api)
+    kube = KubernetesGateway(api)
 
     # Within the grace period nothing is old enough.
     report = collect("k8s", provider, kube.list_proxies, {"abandoned-uid"}, 3600)

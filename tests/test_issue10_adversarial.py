@@ -18,7 +18,7 @@ import pytest
 from app import gc as gc_logic
 from app.health import probe as p
 from app.health.destinations import DestinationPolicy, parse_ranges
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.naming import instance_name
 from app.providers.base import CreateRequest
 from app.providers.errors import SpecNotAllowed
@@ -222,13 +222,13 @@ def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client):
     assert live.phase == "Running"
     provider = ctx.registry.get("k8s-local")
     assert not gc_logic.verify_and_delete(provider, "k8s-local", live.status["providerID"], redis=redis_client,
-                                          list_proxies=Kube(api).list_proxies, grace_seconds=0)
+                                          list_proxies=KubernetesGateway(api).list_proxies, grace_seconds=0)
     assert [x.metadata.name for x in pods(api)] == [instance_name(ref.uid)], "the live Proxy's Pod was deleted"
     # A Pod of a Proxy that no longer exists is an orphan: collected (grace 0).
     gone_uid = "00000000-0000-4000-8000-00000000dead"
     orphan = provider.create(CreateRequest(name=instance_name(gone_uid), tags=tags_for(gone_uid), namespace="default"))
     assert gc_logic.verify_and_delete(provider, "k8s-local", orphan.provider_id, redis=redis_client,
-                                      list_proxies=Kube(api).list_proxies, grace_seconds=0)
+                                      list_proxies=KubernetesGateway(api).list_proxies, grace_seconds=0)
     assert [x.metadata.name for x in pods(api)] == [instance_name(ref.uid)]
 
 

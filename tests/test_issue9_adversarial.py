@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from app import gc as gc_logic
 from app.config import ProviderConfig, ProvidersConfig
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.naming import instance_name
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import KubernetesProvider
@@ -69,7 +69,8 @@ def _settings() -> Settings:
 def _ctx(api, redis_client, *providers: ProviderConfig, retire=None) -> Context:
     registry = build(ProvidersConfig(tuple(providers)),
                      {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings(), retire=retire)
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings(),
+                   retire=retire)
 
 
 def k8s_provider(name: str = "k8s-local", namespace: str = "") -> ProviderConfig:
@@ -161,9 +162,9 @@ def test_a_refused_write_ahead_creates_nothing_and_the_retry_creates_one(fake, a
     assert len(pods(api)) == 1
     # Now the same with the write-ahead refused: a second Proxy.
     ref2 = apply(api, f"wa2-{code}", {"provider": "k8s-local"})
-    Kube(api).add_finalizer(read(api, ref2))
+    KubernetesGateway(api).add_finalizer(read(api, ref2))
     proxy = read(api, ref2)
-    Kube(api).patch_status(proxy, {"phase": "Pending"})   # so the next status write is the write-ahead
+    KubernetesGateway(api).patch_status(proxy, {"phase": "Pending"})   # so the next status write is the write-ahead
     fake.fail_next("patch", f"{PLURAL}/status", code=code, reason="Conflict" if code == 409 else "InternalError")
     followup = create(ctx, ref2, 0)
     assert followup is not None and followup.action == CREATE
@@ -226,7 +227,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client)
     assert sorted(ns for ns, _, _ in pod_images(api)) == ["ns-a", "ns-b"]   # ns-a's retire never ran
 
     provider_a = ctx.registry.get("k8s-a")
-    kube = Kube(api)
+    kube = KubernetesGateway(api)
 
     calls = []
 
@@ -263,7 +264,7 @@ def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api,
     lock = redis_client.lock(gc_logic.proxy_lock_key(ref.uid), timeout=30)
     assert lock.acquire()
     try:
-        report = gc_logic.collect("k8s-a", ctx.registry.get("k8s-a"), Kube(api).list_proxies, set(),
+        report = gc_logic.collect("k8s-a", ctx.registry.get("k8s-a"), KubernetesGateway(api).list_proxies, set(),
                                   grace_seconds=0, redis=redis_client)
     finally:
         lock.release()
@@ -304,8 +305,8 @@ def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api
     settle(ctx, api, ref)
     assert read(api, ref).phase == "Running"
     for name in ("k8s-a", "k8s-b"):
-        report = gc_logic.collect(name, ctx.registry.get(name), Kube(api).list_proxies, set(), grace_seconds=0,
-                                  redis=redis_client)
+        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, set(),
+                                  grace_seconds=0, redis=redis_client)
         assert report.deleted == [], name
     assert [p.metadata.name for p in pods(api)] == [instance_name(ref.uid)]
 
@@ -321,13 +322,13 @@ def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same
         config = ProvidersConfig((gcp_config(compute, "gcp-b", zones=["europe-west1-b"]),
                                   gcp_config(compute, "gcp-c", zones=["europe-west1-c"])))
         registry = build(config, {"gcp": GcpProvider})
-        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=_settings())
+        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
         ref = apply(api, "two-gce", {"provider": "gcp-c", "placement": {"zone": "europe-west1-c"}})
         create(ctx, ref)
         assert len(compute.instances) == 1
         for name in ("gcp-b", "gcp-c"):
-            report = gc_logic.collect(name, registry.get(name), Kube(api).list_proxies, set(), grace_seconds=0,
-                                      redis=redis_client)
+            report = gc_logic.collect(name, registry.get(name), KubernetesGateway(api).list_proxies, set(),
+                                      grace_seconds=0, redis=redis_client)
             assert report.deleted == [], name
         assert len(compute.instances) == 1
 
@@ -338,15 +339,16 @@ def test_a_delete_during_a_move_to_another_provider_runs_on_the_recorded_hosts_q
     new instance yet (its write-ahead failed, or it is still queued) when the Proxy is
     deleted.  The delete removes the recorded domain on h1 (status.provider), so it must run
     on h1's queue; it used to be routed by spec.provider (no hosts: ``proxies``)."""
+    from app.dispatch import Router
     from app.resources import Proxy
+    from app.wiring import PROVIDER_TYPES
     from tests.test_routing import UID
-    from tests.test_routing import _ctx as routing_ctx
-    from workers.tasks import queue_for_proxy
+    from tests.test_routing import _config as routing_config
 
-    ctx = routing_ctx(tmp_path)
+    router = Router(routing_config(tmp_path), PROVIDER_TYPES)
     status = {"providerID": "hosts/h1/domains/proxy-abc", "provider": "lab", "phase": "Provisioning"}
     for new_provider in ("gcp-elsewhere", "lab-removed"):
         proxy = Proxy.from_dict({"metadata": {"namespace": "ns", "name": "p", "uid": UID, "generation": 3},
                                  "spec": {"provider": new_provider}, "status": status})
-        assert queue_for_proxy(ctx, proxy, DELETE) == "kvm.lab.h1", new_provider
-        assert queue_for_proxy(ctx, proxy, CREATE) == "proxies"
+        assert router.queue_for_proxy(proxy, DELETE) == "kvm.lab.h1", new_provider
+        assert router.queue_for_proxy(proxy, CREATE) == "proxies"

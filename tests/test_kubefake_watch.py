@@ -172,11 +172,11 @@ def test_cluster_wide_pod_watch_with_the_typed_client(kube_client):
     mark = core.list_pod_for_all_namespaces().metadata.resource_version
     core.create_namespaced_pod("a", {"metadata": {"name": "p", "labels": {"app": "squid"}},
                                      "spec": {"containers": [{"name": "c", "image": "i"}]}})
-    core.patch_namespaced_pod_status("p", "a", {"status": {"phase": "Running", "podIP": "127.0.0.10"}})
+    core.patch_namespaced_pod_status("p", "a", {"status": {"phase": "Running", "podIP": "10.42.0.10"}})
     events = list(watch.Watch().stream(core.list_pod_for_all_namespaces, resource_version=mark,
                                        label_selector="app=squid", timeout_seconds=1))
     assert [(e["type"], e["object"].status.phase) for e in events] == [("ADDED", "Pending"), ("MODIFIED", "Running")]
-    assert events[-1]["object"].status.pod_ip == "127.0.0.10"
+    assert events[-1]["object"].status.pod_ip == "10.42.0.10"
 
 
 def test_finalizer_release_is_seen_as_modified_then_deleted(api):

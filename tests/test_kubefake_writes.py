@@ -181,8 +181,8 @@ def test_pod_status_goes_through_its_subresource(kube_client):
                                            "spec": {"containers": [{"name": "c", "image": "i"}]}})
     out = core.patch_namespaced_pod("p", "default", {"status": {"phase": "Running"}})
     assert out.status.phase == "Pending"
-    out = core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Running", "podIP": "127.0.0.9"}})
-    assert out.status.phase == "Running" and out.status.pod_ip == "127.0.0.9"
+    out = core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Running", "podIP": "10.42.0.9"}})
+    assert out.status.phase == "Running" and out.status.pod_ip == "10.42.0.9"
 
 
 def test_name_in_body_must_match_the_url(api):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig, ProvidersConfig, parse
-from app.kube import Kube
+from app.config import ProviderConfig, ProvidersConfig
+from app.wiring import parse_config as parse
+from app.kube import KubernetesGateway
 from app.providers.errors import NotManaged, Permanent, SpecNotAllowed
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
@@ -116,13 +117,13 @@ def test_only_configured_images_run(api):
 def test_a_refused_image_fails_the_proxy_with_the_field_named(api, redis_client):
     config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings()),))
     registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    ctx = Context(kube=Kube(api), registry=registry, redis=redis_client,
+    ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client,
                   settings=Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900))
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "miner", "namespace": "default"},
             "spec": {"provider": "k8s-local", "placement": {"image": "evil/miner:latest"}}}
     obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
     assert create(ctx, Ref("default", "miner", obj["metadata"]["uid"])) is None
-    proxy = Kube(api).get_proxy("default", "miner")
+    proxy = KubernetesGateway(api).get_proxy("default", "miner")
     cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
     assert proxy.phase == "Failed"
     assert cond["reason"] == "SpecNotAllowed"

@@ -7,6 +7,7 @@ import pytest
 from kubernetes import client as k8s
 
 from app.config import ProviderConfig
+from app.kube import KubernetesGateway
 from app.provider_health import PLURAL, ProviderHealthWriter, check, status_for
 from app.providers.base import TargetVerdict
 from app.providers.kubernetes.config import KubernetesSettings
@@ -27,7 +28,7 @@ def read(api, name):
 
 def test_publish_creates_labelled_object_and_keeps_transition_times(fake):
     api = fake.api_client()
-    writer = ProviderHealthWriter(api)
+    writer = ProviderHealthWriter(KubernetesGateway(api))
     writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready", details={"freeBytes": "100"}),
                                TargetVerdict("lab2", False, "DialFailed", "TCP: connection refused")])
     obj = read(api, "kvm-lab")
@@ -50,7 +51,7 @@ def test_publish_creates_labelled_object_and_keeps_transition_times(fake):
 
 def test_prune_removes_unconfigured_and_unchecked_providers(fake):
     api = fake.api_client()
-    writer = ProviderHealthWriter(api)
+    writer = ProviderHealthWriter(KubernetesGateway(api))
     for name in ("keep", "gone", "checks-off"):
         writer.publish(name, [TargetVerdict("t", True, "Ready")])
     assert sorted(writer.prune(["keep", "checks-off"], {"keep"})) == ["checks-off", "gone"]
@@ -168,7 +169,7 @@ def test_silent_targets_go_check_stale_after_three_intervals(redis_client):
 
 
 def test_reason_changes_are_logged_as_well_as_up_and_down(fake, caplog):
-    writer = ProviderHealthWriter(fake.api_client())
+    writer = ProviderHealthWriter(KubernetesGateway(fake.api_client()))
     caplog.set_level(logging.INFO, logger="app.provider_health")
     writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready")])
     writer.publish("kvm-lab", [TargetVerdict("lab1", False, "DialFailed", "TCP: connection refused")])
@@ -182,7 +183,7 @@ def test_reason_changes_are_logged_as_well_as_up_and_down(fake, caplog):
 
 def test_the_stale_sweep_writes_only_when_something_changed(fake, redis_client):
     pc = kvm_config(interval=10.0, timeout=5.0)
-    writer = ProviderHealthWriter(fake.api_client())
+    writer = ProviderHealthWriter(KubernetesGateway(fake.api_client()))
     sweeper = ph.StaleSweeper(redis_client, writer, [pc])
     now = __import__("time").time()
     for host in ("lab1", "lab2"):

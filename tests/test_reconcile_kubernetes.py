@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 
 from app import serving
 from app.config import ProviderConfig, ProvidersConfig
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import (
     LABEL_PROXY_UID,
@@ -56,7 +56,7 @@ def ctx(api, redis_client):
     config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, k8s_settings),))
     registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
 
 
 def test_create_poll_running_then_delete(ctx, api, redis_client):
@@ -203,20 +203,20 @@ def test_transient_api_failure_retries_with_backoff(ctx, api, fake):
 
 
 def test_external_proxy_runs_without_an_instance(ctx, api, redis_client):
-    ref = apply(api, "ext-1", {"mode": "External", "endpoint": {"host": "127.0.0.9", "port": 3128}})
+    ref = apply(api, "ext-1", {"mode": "External", "endpoint": {"host": "203.0.113.9", "port": 3128}})
     assert create(ctx, ref) is None
     proxy = read(api, ref)
-    assert proxy.phase == "Running" and proxy.status["address"] == "127.0.0.9"
+    assert proxy.phase == "Running" and proxy.status["address"] == "203.0.113.9"
     assert pods(api) == []
-    assert serving.get(redis_client, ref.uid)["address"] == "127.0.0.9"
+    assert serving.get(redis_client, ref.uid)["address"] == "203.0.113.9"
     redis_client.flushall()  # a flushed Redis heals at the next resync
     assert decide(proxy, resync=True) == CREATE
     create(ctx, ref)
-    assert serving.get(redis_client, ref.uid)["address"] == "127.0.0.9"
+    assert serving.get(redis_client, ref.uid)["address"] == "203.0.113.9"
 
 
 def test_label_and_max_leases_changes_refresh_the_serving_view(ctx, api, redis_client):
-    ref = apply(api, "ext-2", {"mode": "External", "endpoint": {"host": "127.0.0.9"}, "maxLeases": 2})
+    ref = apply(api, "ext-2", {"mode": "External", "endpoint": {"host": "203.0.113.9"}, "maxLeases": 2})
     create(ctx, ref)
     custom = k8s.CustomObjectsApi(api)
     custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "ext-2",

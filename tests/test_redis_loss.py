@@ -2,7 +2,7 @@
 
 Each test runs its own private ``redis-server`` (so it can be flushed, killed and restarted on
 the same port without touching the session's), the Kubernetes API fake with the real CRD's
-admission and the kubelet stand-in (every Squid Pod is a real Squid on 127.0.0.N), and the
+admission and the kubelet stand-in (every Squid Pod is a real Squid on a loopback address of its own), and the
 operator processes through their real commands with short intervals (resync every
 ``RESYNC_S`` seconds, health sweeps every second, probes every second).
 

@@ -12,9 +12,10 @@ import base64
 import pytest
 from kubernetes import client as k8s
 
-from app import squid
-from app.config import ProvidersConfig, parse
-from app.kube import Kube
+from app import credentials, squid
+from app.config import ProvidersConfig
+from app.wiring import parse_config as parse
+from app.kube import KubernetesGateway
 from app.providers.registry import build
 from app.reconcile import CREATE, Context, create, credentials_hash, poll
 from app.settings import Settings
@@ -40,7 +41,7 @@ def ctx(kube_client, redis_client, compute):
                                         "anonymous": True, "requestTimeout": "5s", "operationTimeout": "10s"}}]},
                 "providers-test.yaml")
     registry = build(ProvidersConfig(cfg.providers), {"gcp": GcpProvider})
-    return Context(kube=Kube(kube_client), registry=registry, redis=redis_client,
+    return Context(kube=KubernetesGateway(kube_client), registry=registry, redis=redis_client,
                    settings=Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1))
 
 
@@ -71,7 +72,7 @@ def test_a_rotated_secret_replaces_the_gce_instance_and_nothing_else_does(kube_c
     # The user rotates the password (new password and the htpasswd line that goes with it).
     user, password = squid.generate_credentials()
     line = squid.htpasswd_entry(user, password)
-    k8s.CoreV1Api(kube_client).patch_namespaced_secret(Kube.credentials_secret_name(proxy), NS, {"data": {
+    k8s.CoreV1Api(kube_client).patch_namespaced_secret(credentials.secret_name(proxy), NS, {"data": {
         "username": base64.b64encode(user.encode()).decode(), "password": base64.b64encode(password.encode()).decode(),
         "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
 

@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from app import naming
 from app.config import ProviderConfig, ProvidersConfig
 from app.gc import collect
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.errors import NotFound
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import (
@@ -62,7 +62,7 @@ def k8s_config() -> ProviderConfig:
 @pytest.fixture()
 def ctx(api, redis_client):
     registry = build(ProvidersConfig((k8s_config(),)), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=SETTINGS)
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=SETTINGS)
 
 
 def release_with_skip_cleanup(api, ref: Ref) -> None:
@@ -88,7 +88,7 @@ def provisioned(proxy: Proxy) -> dict:
 
 def all_proxies(api):
     """What GC reads after listing the instances: every existing Proxy."""
-    return Kube(api).list_proxies
+    return KubernetesGateway(api).list_proxies
 
 
 def test_abandoned_pod_survives_a_redis_flush_and_gc(ctx, api, redis_client):
@@ -226,13 +226,13 @@ def kvm_ctx(api, redis_client, pc: ProviderConfig) -> Context:
 
     registry = build(ProvidersConfig((k8s_config(), pc)),
                      {"kubernetes": lambda c: KubernetesProvider(c, client=api), "kvm": KvmProvider})
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=SETTINGS)
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=SETTINGS)
 
 
 def test_dead_kvm_host_keeps_the_proxy_until_the_host_is_removed_from_the_config(api, redis_client, tmp_path):
     dead = kvm_ctx(api, redis_client, kvm_config(tmp_path, ["h1"]))
     ref = apply(api, "squid-kvm", {"provider": "kvm-lab", "placement": {"zone": "h1"}})
-    kube = Kube(api)
+    kube = KubernetesGateway(api)
     proxy = kube.add_finalizer(read(api, ref))
     pid = f"hosts/h1/domains/{naming.instance_name(ref.uid)}"
     kube.patch_status(proxy, {"phase": "Running", "providerID": pid, "observedGeneration": 1})

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from app import squid as squid_conf
-from app.config import parse
+from app.wiring import parse_config as parse
 from tests.support.netns import NetNamespace, available
 from tests.support.squid import SQUID_BIN, SquidProcess
 
@@ -138,6 +138,8 @@ def test_a_normal_origin_still_works_and_learns_nothing_about_the_client(ns, ori
 
 
 def test_allowed_destinations_exempt_on_purpose_but_never_the_metadata_server(ns, origin, squids):
+    # Everything here happens inside the test's own network namespace (fixed ports and
+    # addresses cannot collide with another run); 127.0.0.2 is refused without a connection.
     got = statuses(ns, 3129, ["http://169.254.10.1/", "http://127.0.0.1/", "http://10.77.0.2:8080/",
                               "http://169.254.169.254/computeMetadata/v1/", "http://metadata.google.internal/",
                               "http://127.0.0.2/", "http://10.77.0.2:443/"])

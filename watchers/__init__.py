@@ -2,5 +2,6 @@
 
 Modules: :mod:`watchers.stream` (the list+watch loop), :mod:`watchers.leader` (Lease-based
 leader election), :mod:`watchers.health` (``/healthz``), :mod:`watchers.main` (the process:
-:func:`watchers.main.run`).
+:func:`watchers.main.run`), :mod:`watchers.events` (the callback: :mod:`app.dispatch` wired for the
+watcher).
 """

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import sys
 
-from app.config import load
 from app.validation import ConfigError
+from app.wiring import load_config
 from workers import routing
 from workers.celery_app import celery_app, settings
 
 try:
-    providers_config = load(settings.providers_config)
+    providers_config = load_config(settings.providers_config)
 except ConfigError as exc:
     print(f"proxy-operator: invalid providers config: {exc}", file=sys.stderr)
     raise SystemExit(2) from None

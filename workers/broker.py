@@ -25,11 +25,11 @@ import logging
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
-from workers import routing
+from app.dispatch import GC, HEALTH, HOST_QUEUE_PREFIX, PROXIES
 
 log = logging.getLogger(__name__)
 
-_FIXED_QUEUES = frozenset((routing.PROXIES, routing.HEALTH, routing.GC))
+_FIXED_QUEUES = frozenset((PROXIES, HEALTH, GC))
 
 
 def self_bound(exchange: str) -> bool:
@@ -37,7 +37,7 @@ def self_bound(exchange: str) -> bool:
 
     True for ``proxies``, ``health``, ``gc`` and every ``kvm.<provider>.<host>``.
     """
-    return exchange in _FIXED_QUEUES or exchange.startswith("kvm.")
+    return exchange in _FIXED_QUEUES or exchange.startswith(HOST_QUEUE_PREFIX)
 
 
 class Channel(kombu_redis.Channel):
@@ -77,10 +77,12 @@ TRANSPORT_PATH = "workers.broker:Transport"
 def install() -> None:
     """Make kombu resolve ``redis://`` broker URLs to :class:`Transport` (idempotent).
 
-    Must run before the first broker connection is made (kombu resolves the transport when a
-    ``Connection`` is built); ``rediss://`` and sentinel URLs keep kombu's own transports.
+    Takes effect for every ``Connection`` built afterwards (kombu resolves the transport when a
+    ``Connection`` is built, and caches the resolution: a cached one is forgotten here);
+    ``rediss://`` and sentinel URLs keep kombu's own transports.
     """
     kombu_transport.TRANSPORT_ALIASES["redis"] = TRANSPORT_PATH
+    kombu_transport._transport_cache.pop("redis", None)  # resolved before this ran (a connection made earlier)
 
 
 __all__ = ["Channel", "Transport", "TRANSPORT_PATH", "install", "self_bound"]

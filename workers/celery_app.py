@@ -19,6 +19,7 @@ from celery import Celery
 from celery.signals import beat_init, setup_logging, worker_init
 from kombu import Exchange, Queue
 
+from app import redis_keys
 from app.settings import Settings
 from workers import broker, routing
 
@@ -62,7 +63,7 @@ celery_app.conf.update(
     worker_hijack_root_logger=False,
     worker_send_task_events=False,
     redbeat_redis_url=settings.redis_url,
-    redbeat_key_prefix="po:redbeat",
+    redbeat_key_prefix=redis_keys.REDBEAT_PREFIX,
     redbeat_redis_options={"socket_timeout": 10, "socket_connect_timeout": 5, "socket_keepalive": True,
                            "health_check_interval": 25},
     # The leader extends its lock every tick (the health sweep ticks every few seconds), so a
@@ -74,6 +75,26 @@ celery_app.conf.update(
     timezone="UTC",
     include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],
 )
+
+
+def sender(app: Celery):
+    """Return the ``send(task_name, args, queue, countdown)`` callable of :class:`app.dispatch.Send` for ``app``.
+
+    Publishes by task name (``send_task``), so no task module is imported.  Raises what the
+    broker raises while unreachable (``kombu.exceptions.OperationalError``, ``redis.RedisError``).
+    """
+
+    def send(task: str, args: list, queue: str, countdown: float | None = None) -> None:
+        options: dict = {"queue": queue}
+        if countdown:
+            options["countdown"] = countdown
+        app.send_task(task, args=args, **options)
+
+    return send
+
+
+#: The fleet's publisher: what the dispatcher sends through in workers, beat and the watcher.
+send = sender(celery_app)
 
 
 @setup_logging.connect

@@ -17,10 +17,10 @@ import threading
 
 import redis as redis_lib
 
-from app import kube
 from app.health.credentials import SecretCredentials
 from app.health import engine, schedule
 from app.health.settings import HealthSettings
+from app.kube import KubernetesGateway
 from app.settings import Settings
 from workers import routing
 from workers.celery_app import celery_app
@@ -73,11 +73,13 @@ _creds: SecretCredentials | None = None
 
 
 def _credentials() -> SecretCredentials:
-    """This process's basic-auth credentials reader (cached Secret reads)."""
+    """This process's basic-auth credentials reader (cached Secret reads) and, as its ``kube``,
+    the gateway the status writes go through (on this process's client, rebuilt after fork;
+    writes not recorded for the watcher's de-duplication: :mod:`app.status_writer`)."""
     global _creds
     if _creds is None:
         # reads the Proxy first: only the Secret its record's Proxy owns is used (app.health.credentials)
-        _creds = SecretCredentials(kube.Kube(), ttl=_runtime()[1].credentials_ttl)
+        _creds = SecretCredentials(KubernetesGateway(record_writes=False), ttl=_runtime()[1].credentials_ttl)
     return _creds
 
 
@@ -86,9 +88,7 @@ def probe_batch(uids: list[str]) -> dict:
     """Probe the proxies ``uids``; return counts only (no addresses, no messages)."""
     r, settings = _runtime()
     creds = _credentials()
-    report = engine.probe_batch(r, list(uids), settings, get_proxy=kube.get_proxy,
-                                patch_status=kube.patch_proxy_status, credentials=creds,
-                                record_event=creds.kube.record_event)
+    report = engine.probe_batch(r, list(uids), settings, kube=creds.kube, credentials=creds, events=True)
     return {"probed": report.probed, "succeeded": report.succeeded, "failed": report.failed,
             "statusWritten": report.status_written, "statusErrors": report.status_errors,
             "wentFailed": report.went_failed, "outage": report.outage, "originDown": report.origin_down}

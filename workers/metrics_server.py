@@ -172,7 +172,7 @@ class ServingViewCollector:
 
     def collect(self):
         """Yield the gauge family."""
-        from app import serving
+        from app import redis_keys
 
         gauge = GaugeMetricFamily("proxy_operator_serving_proxies",
                                   "Published proxies by state in the serving view (published, leasable, full, "
@@ -181,11 +181,11 @@ class ServingViewCollector:
             if self._r is None:
                 self._r = self.redis_factory()
             pipe = self._r.pipeline(transaction=False)
-            pipe.scard(serving.PROXIES_KEY)
-            pipe.zcard(serving.LOAD_KEY)
-            pipe.scard(serving.FULL_KEY)
-            pipe.scard(serving.UNHEALTHY_KEY)
-            pipe.scard(serving.DRAINING_KEY)
+            pipe.scard(redis_keys.PROXIES)
+            pipe.zcard(redis_keys.LOAD)
+            pipe.scard(redis_keys.FULL)
+            pipe.scard(redis_keys.UNHEALTHY)
+            pipe.scard(redis_keys.DRAINING)
             counts = pipe.execute()
         except Exception as exc:  # noqa: BLE001 - a scrape must not fail because Redis is down
             log.warning("cannot read the serving view for /metrics: %s", type(exc).__name__)

@@ -1,4 +1,5 @@
-"""Per-process runtime of a worker: the reconcile :class:`~app.reconcile.Context`, built lazily.
+"""Per-process runtime of a worker: the reconcile :class:`~app.reconcile.Context` and the
+:class:`~app.dispatch.Dispatcher`, built lazily.
 
 Built on first use in each process (after Celery's fork), so no connection or SSH session
 is shared between prefork children.
@@ -11,14 +12,16 @@ import threading
 
 import redis as redis_lib
 
-from app.kube import Kube
+from app.dispatch import RETIRE_TASK, Dispatcher
+from app.kube import KubernetesGateway
 from app.reconcile import Context, Ref
 from app.settings import Settings
-from app.wiring import load_registry
+from app.wiring import load_registry, router
 
 _lock = threading.Lock()
 _ctx: Context | None = None
 _pid: int | None = None
+_dispatcher: Dispatcher | None = None
 
 
 def context() -> Context:
@@ -32,7 +35,7 @@ def context() -> Context:
         if _ctx is None or _pid != os.getpid():
             settings = Settings.from_env()
             _ctx = Context(
-                kube=Kube(),
+                kube=KubernetesGateway(),  # records its writes: the tasks publish them (OwnWrites)
                 registry=load_registry(settings.providers_config),
                 # timeouts: a Redis gone silent fails a call instead of hanging the task or the watcher
                 redis=redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
@@ -44,21 +47,32 @@ def context() -> Context:
         return _ctx
 
 
-#: Name of the task that deletes a replaced instance on its own queue (``workers.tasks``).
-RETIRE_TASK = "instance.retire"
+def dispatcher() -> Dispatcher:
+    """Return this process's :class:`~app.dispatch.Dispatcher` (shares the context's Redis client).
+
+    It publishes through ``workers.celery_app.send`` and routes from the providers config of
+    the context's registry.
+
+    Raises:
+        app.validation.ConfigError: the providers config is invalid (building the context).
+    """
+    global _dispatcher
+    ctx = context()
+    with _lock:
+        if _dispatcher is None or _dispatcher.redis is not ctx.redis:
+            from workers.celery_app import send
+
+            _dispatcher = Dispatcher(ctx.redis, router(ctx.registry.configs.values()), send)
+        return _dispatcher
 
 
 def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     """Queue the deletion of a replaced instance on the queue of the place it lives in.
 
-    Sent by name, so building a context never imports the task module.
+    Sent by name (task :data:`~app.dispatch.RETIRE_TASK`), so building a context never imports
+    the task module.
     """
-    from workers import routing
-    from workers.celery_app import celery_app
+    dispatcher().retire(provider_name, provider_id, ref)
 
-    try:
-        queue = routing.queue_for_instance(context().registry.get(provider_name), provider_id)
-    except Exception:  # noqa: BLE001 - a provider no longer configured: the task says so in its log
-        queue = routing.PROXIES
-    celery_app.send_task(RETIRE_TASK, args=[provider_name, provider_id, ref.namespace, ref.name, ref.uid],
-                         queue=queue)
+
+__all__ = ["RETIRE_TASK", "context", "dispatcher"]

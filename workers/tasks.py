@@ -1,9 +1,10 @@
-"""Celery tasks: thin shells around :mod:`app.reconcile` and :mod:`app.gc`.
+"""Celery tasks: thin shells around :mod:`app.dispatch`, :mod:`app.reconcile` and :mod:`app.gc`.
 
 Every task takes references only, re-reads the object, holds the per-Proxy Redis lock while
 it works (so concurrent or duplicate deliveries of the same Proxy serialise), and is safe to
 run twice.  Followups go back on the queue the task came from, so KVM work stays on its
-host's queue.
+host's queue.  Deciding, routing and sending live in :mod:`app.dispatch`
+(:meth:`~app.dispatch.Dispatcher.run_step`, :meth:`~app.dispatch.Dispatcher.resync`).
 """
 
 from __future__ import annotations
@@ -11,126 +12,29 @@ from __future__ import annotations
 import logging
 import uuid
 
-from celery.signals import worker_process_init
-
 from app import gc as gc_logic
-from app import metrics, naming, reconcile
+from app import metrics, naming, reconcile, redis_keys
+from app.dispatch import GC, PROXIES, lock_timeout
+from app.providers.base import ShardedProvider
 from app.providers.errors import Permanent, classify, describe
 from app.reconcile import Ref
-from app.resources import PHASES
-from workers import routing
 from workers.celery_app import celery_app
-from workers.enqueue import Enqueuer, OwnWrites
-from workers.runtime import context
+from workers.runtime import context, dispatcher
 
 log = logging.getLogger(__name__)
 
-_enqueuer: Enqueuer | None = None
-_own: OwnWrites | None = None
-
-
-def enqueuer() -> Enqueuer:
-    """Return this process's :class:`Enqueuer` (shares the context's Redis client)."""
-    global _enqueuer
-    ctx = context()
-    if _enqueuer is None or _enqueuer.redis is not ctx.redis:
-        _enqueuer = Enqueuer(celery_app, ctx.redis)
-    return _enqueuer
-
-
-def own_writes() -> OwnWrites:
-    """Return this process's :class:`OwnWrites` (shares the context's Redis client)."""
-    global _own
-    ctx = context()
-    if _own is None or _own.redis is not ctx.redis:
-        _own = OwnWrites(ctx.redis)
-    return _own
-
-
-@worker_process_init.connect
-def _fresh_process(**_):
-    """Forget anything inherited from the parent across fork."""
-    global _enqueuer, _own
-    _enqueuer = _own = None
-
-
-def queue_for_proxy(ctx, proxy, action: str | None = None) -> str:
-    """Return the queue that must run ``action`` for ``proxy`` (its KVM host's queue, else ``proxies``).
-
-    Polls and deletes follow the instance that exists (the host in ``status.providerID``);
-    creates go where the spec places the Proxy (``placement.zone``).
-    """
-    if not proxy.spec.managed:
-        return routing.PROXIES
-    provider_id = proxy.status.get("providerID")
-    if action in (reconcile.POLL, reconcile.DELETE) and provider_id:
-        # The recorded instance belongs to status.provider, which differs from spec.provider
-        # while a move to another provider has not recorded its new instance yet.
-        try:
-            recorded = ctx.registry.get(proxy.status.get("provider") or proxy.spec.provider)
-        except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
-            return routing.PROXIES
-        return routing.queue_for_instance(recorded, provider_id)
-    try:
-        provider = ctx.registry.get(proxy.spec.provider)
-    except Exception:  # noqa: BLE001 - an unknown provider fails in the task, on the default queue
-        return routing.PROXIES
-    return routing.queue_for(provider, proxy.spec.zone)
-
 
 def _lock_timeout(ctx) -> float:
-    return ctx.settings.task_time_limit + 10
+    return lock_timeout(ctx.settings)
 
 
 def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: int) -> None:
-    """Run one reconcile step under the per-Proxy lock and queue its followup."""
-    ctx = context()
-    enq = enqueuer()
-    ref = Ref(namespace, name, uid)
-    queue = (task.request.delivery_info or {}).get("routing_key") or routing.PROXIES
-    enq.started(action, uid)
-    lock = ctx.redis.lock(gc_logic.proxy_lock_key(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
-    if not lock.acquire():
-        # Another task is working on this Proxy.  Park the request instead of re-sending it:
-        # the holder re-reads and re-decides when it finishes, so nothing is lost and a backoff
-        # it schedules is not cut short.  If the holder died, the resync heals after the lock
-        # expires.
-        own_writes().park(uid, f"task:{action}")
-        metrics.RECONCILES.labels(action, "locked").inc()
-        return
-    own = own_writes()
-    own.begin(uid, _lock_timeout(ctx))
-    ctx.kube.take_written()
-    changed_meanwhile = False
-    try:
-        step = {"create": reconcile.create, "poll": reconcile.poll, "delete": reconcile.delete}[action]
-        followup = step(ctx, ref, attempt)
-    except Exception as exc:  # noqa: BLE001 - e.g. the API or Redis down while reading: retry the step
-        # Only the class and a status code: an API error body may quote the object (user-data).
-        log.warning("proxy %s/%s: %s failed before it could record an outcome: %s %s; retrying",
-                    namespace, name, action, type(exc).__name__, getattr(exc, "status", "") or "")
-        followup = reconcile.Followup(action, reconcile.backoff(ctx.settings, attempt), attempt + 1)
-    finally:
-        changed_meanwhile = own.finish(uid, ctx.kube.take_written())
-        try:
-            lock.release()
-        except Exception:  # noqa: BLE001 - expired lock: another worker may own it now
-            pass
-    metrics.RECONCILES.labels(action, "followup" if followup else "done").inc()
-    if followup:
-        if followup.action != action:
-            # A different step may belong on another queue (e.g. a create after the zone moved
-            # to another KVM host): route it from the object as it is now.
-            proxy = ctx.kube.get_proxy(namespace, name)
-            if proxy is None or proxy.uid != uid:
-                return
-            queue = queue_for_proxy(ctx, proxy, followup.action)
-        enq.send(followup.action, ref, queue=queue, delay=followup.delay, attempt=followup.attempt)
-    if changed_meanwhile:
-        # Someone else changed the Proxy while we worked: look again.
-        proxy = ctx.kube.get_proxy(namespace, name)
-        if proxy is not None and proxy.uid == uid:
-            dispatch(ctx, enq, proxy)
+    """Run one reconcile step under the per-Proxy lock and queue its followup (:meth:`app.dispatch.Dispatcher.run_step`).
+
+    The followup of the same step goes back on the queue ``task`` was delivered from.
+    """
+    queue = (task.request.delivery_info or {}).get("routing_key") or PROXIES
+    dispatcher().run_step(context(), action, Ref(namespace, name, uid), attempt, queue=queue)
 
 
 @celery_app.task(name="proxy.create", bind=True)
@@ -151,24 +55,6 @@ def delete(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
     run_step(self, "delete", namespace, name, uid, attempt)
 
 
-def dispatch(ctx, enq: Enqueuer, proxy, *, resync: bool = False) -> str | None:
-    """Queue what ``proxy`` needs now (de-duplicated); return the action or ``None``.
-
-    The resync only sends when nothing is queued for the action, so it heals lost messages
-    without cutting scheduled backoffs short.
-    """
-    action = reconcile.decide(proxy, resync=resync)
-    if action and resync and ctx.redis.exists(gc_logic.proxy_lock_key(proxy.uid)):
-        # A step of this Proxy is running: the resync's view may predate its writes (e.g. a
-        # create about to fail with QuotaExceeded and schedule its own retry), and a message sent
-        # now would run before that backoff.  The running step re-decides when it ends.
-        return None
-    if action:
-        enq.send(action, Ref(proxy.namespace, proxy.name, proxy.uid), queue=queue_for_proxy(ctx, proxy, action),
-                 only_if_idle=resync)
-    return action
-
-
 @celery_app.task(name="instance.retire", bind=True, max_retries=8)
 def retire(self, provider_name: str, provider_id: str, namespace: str, name: str, uid: str) -> None:
     """Delete an instance its Proxy replaced, on the queue of the place it lives in.
@@ -177,7 +63,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     queue; when the place stays unreachable, GC collects the instance as superseded.
     """
     ctx = context()
-    lock = ctx.redis.lock(gc_logic.proxy_lock_key(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     queue = (self.request.delivery_info or {}).get("routing_key")
     if not lock.acquire():  # a step of this Proxy is running: try again shortly
         raise self.retry(countdown=5, queue=queue, max_retries=None)
@@ -204,24 +90,12 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
 
 @celery_app.task(name="proxy.resync")
 def resync() -> int:
-    """List every Proxy and queue what each needs (beat).  Returns how many were queued."""
+    """List every Proxy and queue what each needs (beat); return how many messages were sent.
+
+    Steady Proxies get nothing unless unpublished or drifted (:meth:`app.dispatch.Dispatcher.resync`).
+    """
     ctx = context()
-    enq = enqueuer()
-    queued = 0
-    counts: dict[tuple[str, str], int] = {}
-    for proxy in ctx.kube.list_proxies():
-        if dispatch(ctx, enq, proxy, resync=True):
-            queued += 1
-        key = (proxy.phase, proxy.spec.provider or "external")
-        counts[key] = counts.get(key, 0) + 1
-    # Every (phase, provider) pair is set, zeros included: clearing labels does not work in
-    # multiprocess mode, and a drained phase must read 0, not its last count.
-    providers = set(ctx.registry.names()) | {provider for _, provider in counts} | {"external"}
-    for provider in providers:
-        for phase in PHASES:
-            metrics.PROXIES_BY_PHASE.labels(phase, provider).set(counts.get((phase, provider), 0))
-    log.info("resync queued %d task(s)", queued)
-    return queued
+    return dispatcher().resync(ctx.kube.list_proxies(), drifted=lambda proxy: reconcile.drifted(ctx, proxy))
 
 
 @celery_app.task(name="gc.sweep")
@@ -232,11 +106,11 @@ def gc_sweep() -> None:
     (``gc.collect_shard``); the others in one ``gc.collect`` on the ``gc`` queue.
     """
     ctx = context()
+    route = dispatcher().router
     for name in ctx.registry.names():
-        provider = ctx.registry.get(name)
-        hosts = routing.host_queues(provider)
+        hosts = route.host_queues(name)
         if not hosts:
-            gc_collect.apply_async(args=[name], queue=routing.GC, expires=ctx.settings.gc_interval)
+            gc_collect.apply_async(args=[name], queue=GC, expires=ctx.settings.gc_interval)
             continue
         sweep_id = f"{name}:{uuid.uuid4().hex}"
         for host, queue in hosts.items():
@@ -262,13 +136,14 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
 
     def queue_delete(provider_id: str, uid: str | None = None) -> bool:
         gc_delete.apply_async(args=[provider_name, provider_id], kwargs={"uid": uid} if uid else {},
-                              expires=ctx.settings.gc_interval, queue=routing.queue_for_instance(provider, provider_id))
+                              expires=ctx.settings.gc_interval,
+                              queue=dispatcher().router.queue_for_instance(provider_name, provider_id))
         return True
 
     # Superseded instances carry their Proxy's UID to gc.delete, which re-checks under the
     # per-Proxy lock (the Proxy may name the instance again by the time the message runs).
     report = gc_logic.sweep(provider_name, queue_delete, merged, live,
-                            set(ctx.redis.smembers(reconcile.ABANDONED_KEY)), ctx.settings.gc_grace, current=current,
+                            set(ctx.redis.smembers(redis_keys.ABANDONED)), ctx.settings.gc_grace, current=current,
                             superseded=lambda uid, provider_id: queue_delete(provider_id, uid))
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
@@ -298,7 +173,7 @@ def gc_collect(provider_name: str) -> dict:
     """List one provider's managed instances and delete the orphans (see :mod:`app.gc`)."""
     ctx = context()
     provider = ctx.registry.get(provider_name)
-    abandoned = set(ctx.redis.smembers(reconcile.ABANDONED_KEY))
+    abandoned = set(ctx.redis.smembers(redis_keys.ABANDONED))
     report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxies,
                               abandoned, ctx.settings.gc_grace, redis=ctx.redis, lock_timeout=_lock_timeout(ctx))
     if report.skipped_partial:
@@ -320,8 +195,8 @@ def provider_check(provider_name: str) -> dict:
     ctx = context()
     pc = ctx.registry.configs[provider_name]
     provider = ctx.registry.unwrapped[provider_name]
-    if hasattr(provider, "hosts") and hasattr(provider, "check_host"):
-        hosts = routing.host_queues(provider)
+    if isinstance(provider, ShardedProvider):
+        hosts = dispatcher().router.host_queues(provider_name)
         for host, queue in hosts.items():
             provider_check_host.apply_async(args=[provider_name, host], queue=queue,
                                             expires=pc.check_interval or None)
@@ -329,7 +204,7 @@ def provider_check(provider_name: str) -> dict:
     verdicts, elapsed, failed = run_check(provider, pc.check_timeout)
     # One snapshot in Redis (app.provider_health): the object and the metrics are read from it.
     record_round(ctx.redis, provider_name, verdicts, elapsed=elapsed, failed=failed, targets=expected_targets(pc))
-    states = publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube.client), pc)
+    states = publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube), pc)
     return {"provider": provider_name, "ready": sum(s.verdict.ready for s in states), "total": len(states)}
 
 
@@ -345,5 +220,5 @@ def provider_check_host(provider_name: str, host: str) -> dict:
     verdict, elapsed = check_one(lambda: provider.check_host(host), host, pc.check_timeout)
     record_target(ctx.redis, provider_name, verdict, elapsed=elapsed)
     # Every host's latest verdict, silent ones as CheckStale (app.provider_health.read_snapshot).
-    publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube.client), pc)
+    publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube), pc)
     return {"provider": provider_name, "host": host, "ready": verdict.ready}

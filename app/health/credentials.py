@@ -2,9 +2,9 @@
 
 The serving view only names the Secret (``authSecret``).  The probe batch
 (:mod:`app.health.engine`) copies the credentials it probed with into their own Redis hash,
-``po:auth:<uid>``, which only the lease scripts read: the API hands them to the client that
-leases the proxy (a crawler outside the cluster cannot read the Secret).  They are never part
-of the serving record (``po:proxy:<uid>``), never logged and never in metrics.
+:func:`app.redis_keys.auth`, which only the lease scripts read: the API hands them to the client
+that leases the proxy (a crawler outside the cluster cannot read the Secret).  They are never
+part of the serving record (:func:`app.redis_keys.proxy`), never logged and never in metrics.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import threading
 import time
 from typing import Callable
 
-from app import serving
+from app import credentials
+from app.kube import KubeGateway
+from app.serving_record import ServingRecord
 
 log = logging.getLogger(__name__)
 
@@ -31,40 +33,38 @@ class SecretCredentials:
     2. the record's endpoint (``address``, ``port``) is the Proxy's own (``status.address`` /
        ``spec.endpoint.host``, ``status.port``): credentials never go to another address;
     3. the record's ``authSecret`` is the Proxy's credentials Secret, ``<proxy>-proxy-auth`` in
-       the Proxy's namespace (:meth:`app.kube.Kube.credentials_secret_name`);
-    4. that Secret's ``ownerReferences`` name the Proxy's UID
-       (:meth:`app.kube.Kube.read_proxy_credentials`; Kubernetes docs, "Owners and
-       Dependents": https://kubernetes.io/docs/concepts/overview/working-with-objects/owners-dependents/).
+       the Proxy's namespace (:func:`app.credentials.secret_name`);
+    4. that Secret's ``ownerReferences`` name the Proxy's UID (:func:`app.credentials.read`, the
+       ownership policy every reader of the Secret follows).
 
     Anything else gives ``None`` (the probe then goes without credentials and reports
     ProxyAuthRequired, as a crawler without them would) and a warning naming the record's
     Proxy and the check that failed, never a value.
 
     Args:
-        kube: an :class:`app.kube.Kube` (``get_proxy``, ``credentials_secret_name``,
-            ``read_proxy_credentials``).
+        kube: the :class:`app.kube.KubeGateway` the Proxy and its Secret are read through.
         ttl: seconds a verdict (credentials or a refusal) is reused for the same record
             identity (namespace, name, uid, address, port, Secret), so a sweep of many proxies
             costs two API reads per proxy per ``ttl``.
         clock: monotonic clock, seconds.
     """
 
-    def __init__(self, kube, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, kube: KubeGateway, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.kube, self.ttl, self.clock = kube, ttl, clock
         self._cache: dict[tuple, tuple[float, tuple[str, str] | None]] = {}
         self._lock = threading.Lock()
 
-    def fresh(self, record: dict[str, str]) -> tuple[str, str] | None:
+    def fresh(self, record: ServingRecord | dict[str, str]) -> tuple[str, str] | None:
         """Like calling it, but read the Secret again whatever the cache holds (after a 407: the
         password may have been rotated since it was cached)."""
         return self(record, refresh=True)
 
-    def __call__(self, record: dict[str, str], refresh: bool = False) -> tuple[str, str] | None:
-        ref = serving.auth_secret_of(record)
-        if ref is None:
+    def __call__(self, record: ServingRecord | dict[str, str], refresh: bool = False) -> tuple[str, str] | None:
+        rec = ServingRecord.of(record)
+        if not rec.auth_secret:
             return None
-        key = (record.get("namespace", ""), record.get("name", ""), record.get("uid", ""),
-               record.get("address", ""), record.get("port", ""), ref[1])
+        endpoint = rec.to_redis(("address", "port"))
+        key = (rec.namespace, rec.name, rec.uid, endpoint["address"], endpoint["port"], rec.auth_secret)
         now = self.clock()
         with self._lock:
             hit = self._cache.get(key)
@@ -97,9 +97,9 @@ class SecretCredentials:
             return refuse("the record's uid is not the Proxy's")
         if (proxy.effective_host() or "") != address or str(proxy.effective_port()) != port:
             return refuse("the record's endpoint is not the Proxy's")
-        if secret != self.kube.credentials_secret_name(proxy):
+        if secret != credentials.secret_name(proxy):
             return refuse("the record names a Secret that is not the Proxy's credentials Secret")
-        found = self.kube.read_proxy_credentials(proxy)  # owner check; raises on a foreign Secret
+        found = credentials.read(self.kube, proxy)  # owner check; raises on a foreign Secret
         if found is None:
             return refuse("the Proxy's credentials Secret is missing or incomplete")
-        return found[0], found[1]
+        return found.username, found.password

@@ -1,8 +1,9 @@
 """One probe batch end to end: read the serving view, probe concurrently, apply thresholds,
 record every result in Redis, write status changes to Kubernetes.
 
-:func:`probe_batch` is what the ``health.probe_batch`` task runs; it takes the Kubernetes read
-and patch functions as arguments so it runs against any API (the real one, the test fake).
+:func:`probe_batch` is what the ``health.probe_batch`` task runs; it reaches Kubernetes only
+through the :class:`app.kube.KubeGateway` it is given (status writes through
+:func:`app.health.status.write_verdict`, the one status writer's).
 
 Per batch: one Redis round trip reads the records, the probes run on a thread pool, and the
 results are applied as they arrive (results that arrive together share the round trips): one
@@ -20,67 +21,51 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Mapping
 
-from app import serving
+from app import redis_keys, serving
 from app.health import metrics
 from app.health import probe as p
 from app.health.origin import DOWN, OriginControl
 from app.health.settings import HealthSettings
-from app.health.state import HEALTHY, UNKNOWN, HealthState, Thresholds, Verdict, advance, verdict
-from app.health.status import GetProxy, PatchStatus, RecordEvent, rfc3339, write_status
+from app.health.state import HEALTHY, HealthState, Thresholds, Verdict, advance, verdict
+from app.health.status import rfc3339, write_verdict
+from app.kube import KubeGateway
+from app.lua import Lua
 from app.resources import DEFAULT_HEALTH_URL, FAILED
+from app.serving_record import ServingRecord, fields_of, load
 
 log = logging.getLogger(__name__)
-
-OUTAGE_KEY = "po:health:outage"
 
 #: Longest probe, seconds: the CRD's maximum of ``healthCheck.timeoutSeconds`` (deploy/crd/proxy.yaml).
 MAX_TIMEOUT_SECONDS = 60
 
 #: ``credentials(record) -> (user, password) | None`` for proxies with basic auth.
-Credentials = Callable[[dict], "tuple[str, str] | None"]
+Credentials = Callable[[ServingRecord], "tuple[str, str] | None"]
+#: A serving record, typed or as its raw hash.
+Record = ServingRecord | Mapping[str, str]
 
 #: Recorded as ``lastReason`` (and counted) for a failed probe while its health URL's origin
 #: was down (:mod:`app.health.origin`): the proxy was not judged.
 ORIGIN_DOWN = "OriginDown"
 
-_NOTE = serving.Lua("""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[2] == '1' then
-  redis.call('SADD', KEYS[2], ARGV[1]); redis.call('SREM', KEYS[3], ARGV[1])
-else
-  redis.call('SREM', KEYS[2], ARGV[1])
-  if ARGV[3] == '1' then redis.call('SADD', KEYS[3], ARGV[1]) else redis.call('SREM', KEYS[3], ARGV[1]) end
-end
-return 1
-""")
-
-# Records a probe's fields (and keeps the lease index in step with ``healthy``) unless the
-# proxy was withdrawn or re-addressed meanwhile.
-_RECORD = serving.Lua(serving.NOW_LUA + serving.REINDEX_LUA + """
-local cur = redis.call('HMGET', KEYS[1], 'address', 'port')
-if not cur[1] or cur[1] ~= ARGV[3] or cur[2] ~= ARGV[4] then return 0 end
-if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
-if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1]) end
-reindex(ARGV[1], now)
-return 1
-""")
+_NOTE = Lua("health_note")
+_RECORD = Lua("now", "lease_index", "health_record")
+_AUTH = Lua("health_auth")
 
 
-# Copies the credentials a probe used into ``po:auth:<uid>`` for the lease scripts (see
-# app.serving), or drops them when the probe had none, unless the proxy was withdrawn or
-# re-addressed meanwhile or no longer requires basic auth.
-_AUTH = serving.Lua("""
-local cur = redis.call('HMGET', KEYS[1], 'address', 'port', 'authSecret')
-if not cur[1] or cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return 0 end
-if ARGV[3] == '' or not cur[3] or cur[3] == '' then
-  redis.call('DEL', KEYS[2])
-  return 0
-end
-redis.call('HSET', KEYS[2], 'username', ARGV[3], 'password', ARGV[4])
-return 1
-""")
+def _pairs(fields: dict[str, str]) -> list[str]:
+    """``{field: value}`` as the flat ``field value ...`` list the record script takes."""
+    out: list[str] = []
+    for name, value in fields.items():
+        out += [name, value]
+    return out
+
+
+def _endpoint(rec: ServingRecord) -> list[str]:
+    """``[address, port]`` as stored: the record scripts write only while they are unchanged."""
+    stored = rec.to_redis(("address", "port"))
+    return [stored["address"], stored["port"]]
 
 
 @dataclass
@@ -115,36 +100,30 @@ def _int(value: str | None, default: int) -> int:
         return default
 
 
-def _float(value: str | None, default: float) -> float:
-    try:
-        return float(value) if value not in (None, "") else default
-    except ValueError:
-        return default
-
-
-def state_of(record: dict[str, str], now: float) -> HealthState:
-    """Read the :class:`HealthState` stored in a serving-view record."""
+def state_of(record: Record, now: float) -> HealthState:
+    """Read the :class:`HealthState` stored in a serving record (``runningSince`` unknown: ``now``)."""
+    rec = ServingRecord.of(record)
     return HealthState(
-        health=record.get("health") or UNKNOWN,
-        successes=_int(record.get("successes"), 0),
-        failures=_int(record.get("failures"), 0),
-        ever_healthy=record.get("everHealthy") == "1",
-        reason=record.get("lastVerdictReason") or "",
-        message=record.get("lastVerdictMessage") or "",
-        egress_ip=record.get("egressIP") or "",
-        running_since=_float(record.get("runningSince"), now),
-        failed=record.get("failed") == "1",
+        health=rec.health,
+        successes=rec.successes,
+        failures=rec.failures,
+        ever_healthy=rec.ever_healthy,
+        reason=rec.last_verdict_reason,
+        message=rec.last_verdict_message,
+        egress_ip=rec.egress_ip,
+        running_since=now if rec.running_since is None else rec.running_since,
+        failed=rec.failed,
     )
 
 
-def thresholds_of(record: dict[str, str]) -> Thresholds:
+def thresholds_of(record: Record) -> Thresholds:
     """Return the record's ``healthCheck`` thresholds."""
-    hc = serving.health_check_of(record)
+    hc = ServingRecord.of(record).health_check
     return Thresholds(success=max(1, _int(str(hc.get("successThreshold", "")), 1)),
                       failure=max(1, _int(str(hc.get("failureThreshold", "")), 3)))
 
 
-def judged(result: p.ProbeResult, record: dict[str, str]) -> p.ProbeResult:
+def judged(result: p.ProbeResult, record: Record) -> p.ProbeResult:
     """``result`` as the Proxy's ``healthCheck`` judges it.
 
     A ``RateLimited`` answer (429) counts as a success (the proxy reached the origin; its
@@ -152,62 +131,60 @@ def judged(result: p.ProbeResult, record: dict[str, str]) -> p.ProbeResult:
     stays ``RateLimited`` either way.
     """
     if result.reason == p.RATE_LIMITED and not result.ok and \
-            serving.health_check_of(record).get("rateLimited") != "Withdraw":
+            ServingRecord.of(record).health_check.get("rateLimited") != "Withdraw":
         return replace(result, ok=True)
     return result
 
 
-def target_of(uid: str, record: dict[str, str], settings: HealthSettings, now: float,
+def target_of(uid: str, record: Record, settings: HealthSettings, now: float,
               credentials: Credentials | None = None) -> p.ProbeTarget | None:
     """Build the probe target of a record; ``None`` when it has no usable endpoint."""
-    address, port = record.get("address"), _int(record.get("port"), 0)
+    rec = ServingRecord.of(record)
+    address, port = rec.address, rec.port
     if not address or not 0 < port < 65536:
         return None
-    hc = serving.health_check_of(record)
+    hc = rec.health_check
     url = str(hc.get("url") or "")
     if not url or url == DEFAULT_HEALTH_URL:  # the CRD's default: the installation may point it elsewhere
         url = settings.default_url
-    egress_at = _float(record.get("egressAt"), 0.0)
+    egress_at = rec.egress_at or 0.0
     want_egress = bool(settings.echo_url) and (
-        not record.get("egressIP") or record.get("health") != HEALTHY
+        not rec.egress_ip or rec.health != HEALTHY
         or now - egress_at >= settings.egress_refresh)
     return p.ProbeTarget(
         uid=uid, host=address, port=port, url=url,
         expected_status=_int(str(hc.get("expectedStatus", "")), 204),
         # the CRD caps timeoutSeconds; a record written straight into Redis is capped here too
         timeout=float(min(MAX_TIMEOUT_SECONDS, max(1, _int(str(hc.get("timeoutSeconds", "")), 10)))),
-        want_egress=want_egress, credentials=credentials(record) if credentials else None)
+        want_egress=want_egress, credentials=credentials(rec) if credentials else None)
 
 
 def record_fields(state: HealthState, result: p.ProbeResult, *, phase: str | None) -> dict[str, str]:
-    """Return the serving-view fields for ``state`` after ``result``."""
-    fields = {
-        "health": state.health, "healthy": "1" if state.healthy else "0",
-        "successes": str(state.successes), "failures": str(state.failures),
-        "everHealthy": "1" if state.ever_healthy else "0", "failed": "1" if state.failed else "0",
-        "lastVerdictReason": state.reason, "lastVerdictMessage": state.message,
-        "lastReason": result.reason, "lastMessage": result.message,
-        "lastStatus": "" if result.status is None else str(result.status),
-        "latencyMs": f"{result.latency_ms:.1f}", "lastProbe": repr(result.started),
-        "lastProbeTime": rfc3339(result.started), "egressIP": state.egress_ip,
-        "egressError": result.egress_error or "",
-    }
+    """Return the serving-record fields (as stored) for ``state`` after ``result``."""
+    values = dict(
+        health=state.health, healthy=state.healthy, successes=state.successes, failures=state.failures,
+        ever_healthy=state.ever_healthy, failed=state.failed,
+        last_verdict_reason=state.reason, last_verdict_message=state.message,
+        last_reason=result.reason, last_message=result.message, last_status=result.status,
+        latency_ms=result.latency_ms, last_probe=result.started, last_probe_time=rfc3339(result.started),
+        egress_ip=state.egress_ip, egress_error=result.egress_error or "",
+    )
     if result.egress_ip:
-        fields["egressAt"] = repr(result.started)
+        values["egress_at"] = result.started
     if phase:
-        fields["phase"] = phase
-    return fields
+        values["phase"] = phase
+    return fields_of(**values)
 
 
-def _note(r, results: list[p.ProbeResult], recs: dict[str, dict]) -> tuple[int, int]:
+def _note(r, results: list[p.ProbeResult], recs: dict[str, ServingRecord]) -> tuple[int, int]:
     """Note each outcome in the OK / failing sets; return the sizes of both afterwards."""
     pipe = r.pipeline(transaction=False)
     for res in results:
-        ever = recs[res.uid].get("everHealthy") == "1"
-        _NOTE(pipe, [serving.proxy_key(res.uid), serving.OK_KEY, serving.FAILING_KEY],
+        ever = recs[res.uid].ever_healthy
+        _NOTE(pipe, [redis_keys.proxy(res.uid), redis_keys.HEALTH_OK, redis_keys.HEALTH_FAILING],
               [res.uid, "1" if res.ok else "0", "1" if ever else "0"])
-    pipe.scard(serving.OK_KEY)
-    pipe.scard(serving.FAILING_KEY)
+    pipe.scard(redis_keys.HEALTH_OK)
+    pipe.scard(redis_keys.HEALTH_FAILING)
     out = pipe.execute()
     return out[-2], out[-1]
 
@@ -219,7 +196,7 @@ def _outage(r, results: list[p.ProbeResult], ok_count: int, failing_count: int, 
     any_failed = any(not res.ok for res in results)
     outage = any_failed and ok_count == 0 and failing_count >= settings.outage_min_proxies
     if outage:
-        if r.set(OUTAGE_KEY, repr(time.time()), nx=True):
+        if r.set(redis_keys.HEALTH_OUTAGE, repr(time.time()), nx=True):
             log.critical("health: PROBE-SIDE OUTAGE: every probe of every proxy is failing "
                          "(%d once-healthy proxies failing, none succeeding); no proxy is marked "
                          "Unhealthy or Failed until probes succeed again", failing_count)
@@ -229,7 +206,7 @@ def _outage(r, results: list[p.ProbeResult], ok_count: int, failing_count: int, 
         batch.outage_logged = True
         metrics.PROBE_OUTAGE.set(1)
     else:
-        if ok_count and r.delete(OUTAGE_KEY):
+        if ok_count and r.delete(redis_keys.HEALTH_OUTAGE):
             log.warning("health: probe-side outage over: %d proxies answer probes again", ok_count)
         metrics.PROBE_OUTAGE.set(0)
     return outage
@@ -239,10 +216,8 @@ class _Batch:
     """State one :func:`probe_batch` call shares between its threads: the report (counters the
     status-write threads touch are updated under :attr:`lock`) and the status-write pool."""
 
-    def __init__(self, r, settings: HealthSettings, get_proxy: GetProxy, patch_status: PatchStatus,
-                 record_event: RecordEvent | None = None) -> None:
-        self.r, self.settings, self.get_proxy, self.patch_status = r, settings, get_proxy, patch_status
-        self.record_event = record_event
+    def __init__(self, r, settings: HealthSettings, kube: KubeGateway, events: bool = False) -> None:
+        self.r, self.settings, self.kube, self.events = r, settings, kube, events
         self.report = BatchReport()
         self.lock = threading.Lock()
         self.outage_logged = False
@@ -264,15 +239,15 @@ class _Batch:
         uid, rec, v, res = item
         report = self.report
         try:
-            written = write_status(self.get_proxy, self.patch_status, uid=uid, namespace=rec.get("namespace", ""),
-                                   name=rec.get("name", ""), v=v, last_probe=res.started,
-                                   latency_ms=res.latency_ms, record_event=self.record_event)
+            written = write_verdict(self.kube, uid=uid, namespace=rec.namespace,
+                                    name=rec.name, v=v, last_probe=res.started,
+                                    latency_ms=res.latency_ms, events=self.events)
         except Exception as exc:  # noqa: BLE001 - retried on the next probe
             with self.lock:
                 report.status_errors += 1
             metrics.STATUS_WRITES.labels("error").inc()
             log.warning("health: status write for %s/%s failed, retrying on the next probe: %s",
-                        rec.get("namespace"), rec.get("name"), exc)
+                        rec.namespace, rec.name, exc)
             return
         metrics.STATUS_WRITES.labels("written" if written else "skipped").inc()
         with self.lock:
@@ -281,8 +256,8 @@ class _Batch:
         try:
             # Written, or skipped because the object is gone or not in a probed phase: either way
             # this verdict is settled; the next change of verdict writes again.
-            _RECORD(self.r, [serving.proxy_key(uid), serving.DUE_KEY],
-                    [uid, "", rec.get("address", ""), rec.get("port", ""), "statusKey", v.key()])
+            _RECORD(self.r, [redis_keys.proxy(uid), redis_keys.HEALTH_DUE],
+                    [uid, "", *_endpoint(rec), *_pairs(fields_of(status_key=v.key()))])
             if v.phase == FAILED:
                 # out of the serving view (the reconciler re-publishes on a new generation)
                 serving.withdraw(self.r, uid)
@@ -290,12 +265,12 @@ class _Batch:
                     report.went_failed += 1
         except Exception as exc:  # noqa: BLE001 - the verdict is written again on the next probe
             log.warning("health: recording the status write of %s/%s failed: %s",
-                        rec.get("namespace"), rec.get("name"), type(exc).__name__)
+                        rec.namespace, rec.name, type(exc).__name__)
 
 
-def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetProxy,
-                patch_status: PatchStatus, credentials: Credentials | None = None,
-                record_event: RecordEvent | None = None, clock: Callable[[], float] = time.time) -> BatchReport:
+def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGateway,
+                credentials: Credentials | None = None, events: bool = False,
+                clock: Callable[[], float] = time.time) -> BatchReport:
     """Probe the published proxies ``uids`` and apply each result as soon as it is known.
 
     The probes run concurrently (``settings.concurrency``).  Results are recorded in Redis and
@@ -319,13 +294,12 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetP
         r: ``redis.Redis`` (``decode_responses=True``).
         uids: Proxy uids (unpublished ones are skipped).
         settings: :class:`HealthSettings`.
-        get_proxy: ``(namespace, name) -> dict | None`` (:func:`app.kube.get_proxy`).
-        patch_status: ``(namespace, name, status, resource_version) -> ...`` (:func:`app.kube.patch_proxy_status`).
+        kube: the gateway the Proxy status is read and written through (the worker's does not
+            record its writes for the watcher's de-duplication: :mod:`app.status_writer`).
         credentials: basic-auth credentials per record, for proxies that need them (called on
             the probe threads).
-        record_event: ``(proxy, type, reason, message)`` creating a Kubernetes Event
-            (:meth:`app.kube.Kube.record_event`) when a status write moves the phase (Ready,
-            Unhealthy, Failed by the provisioning deadline); ``None``: no Events.
+        events: record a Kubernetes Event when a status write moves the phase (Ready,
+            Unhealthy, Failed by the provisioning deadline; :func:`app.health.status.event_for`).
         clock: epoch-seconds clock.
     Returns:
         a :class:`BatchReport`.
@@ -333,22 +307,22 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, get_proxy: GetP
         ValueError: ``settings`` holds a probe range that does not parse.
         redis.RedisError: Redis failed while results were recorded.
     """
-    batch = _Batch(r, settings, get_proxy, patch_status, record_event)
+    batch = _Batch(r, settings, kube, events)
     report = batch.report
-    recs = serving.records(r, list(dict.fromkeys(uids)))
+    recs = load(r, list(dict.fromkeys(uids)))
     if not recs:
         return report
     policy = settings.destination_policy()
     now = clock()
 
-    def run(uid: str, rec: dict) -> tuple[p.ProbeTarget, p.ProbeResult] | None:
+    def run(uid: str, rec: ServingRecord) -> tuple[p.ProbeTarget, p.ProbeResult] | None:
         target = target_of(uid, rec, settings, now, credentials)
         if target is None:
             log.warning("health: %s/%s has no usable endpoint in the serving view; not probed",
-                        rec.get("namespace"), rec.get("name"))
+                        rec.namespace, rec.name)
             return None
         res = p.probe(target, echo_url=settings.echo_url, ca_bundle=settings.ca_bundle, policy=policy)
-        if res.reason == p.PROXY_AUTH_REQUIRED and rec.get("authSecret"):
+        if res.reason == p.PROXY_AUTH_REQUIRED and rec.auth_secret:
             return _rotation(r, target, res, rec, credentials, settings, policy)
         return target, res
 
@@ -399,7 +373,7 @@ def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentia
     Secret is read again, past the cache), or may still know only the previous one (the
     kubelet has not updated the Pod's file yet, a KVM or GCE instance keeps its htpasswd
     until it is replaced): the credentials of the last probe that passed, kept in
-    ``po:auth:<uid>``.  The first pair the proxy accepts wins; its result (and the pair, which
+    :func:`app.redis_keys.auth`.  The first pair the proxy accepts wins; its result (and the pair, which
     the lease answer hands out) is what counts.  Only a record whose own credentials were
     granted (verified against its Proxy) is retried.  Credentials never appear in a message.
     """
@@ -413,7 +387,7 @@ def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentia
     if fresh is not None:
         candidates.append((fresh(rec), ""))
     try:
-        last = r.hgetall(serving.auth_key(target.uid))
+        last = r.hgetall(redis_keys.auth(target.uid))
     except Exception:  # noqa: BLE001 - the first answer stands
         last = {}
     if last.get("username") and last.get("password") is not None:
@@ -453,7 +427,7 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
     return judge, parked
 
 
-def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, dict],
+def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
            outage: bool, now: float, *, origin_down: bool = False) -> None:
     """Record ``arrived`` results in the serving view (one round trip) and queue the status
     writes of the verdicts that changed.
@@ -462,17 +436,17 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
     are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
     """
     r, settings, report = batch.r, batch.settings, batch.report
-    pending: list[tuple[str, dict, Verdict, p.ProbeResult]] = []
+    pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult]] = []
     pipe = r.pipeline(transaction=False)
-    pipe_scripts: list[serving.Lua] = []  # which script each queued command runs
+    pipe_scripts: list[Lua] = []  # which script each queued command runs
     for target, res in arrived:
         rec = recs[res.uid]
-        if rec.get("authSecret"):
+        if rec.auth_secret:
             # before the record that may make it healthy: a leasable proxy that requires
             # basic auth always has its credentials for the lease response
             user, password = target.credentials or ("", "")
-            _AUTH(pipe, [serving.proxy_key(res.uid), serving.auth_key(res.uid)],
-                  [rec.get("address", ""), rec.get("port", ""), user, password])
+            _AUTH(pipe, [redis_keys.proxy(res.uid), redis_keys.auth(res.uid)],
+                  [*_endpoint(rec), user, password])
             pipe_scripts.append(_AUTH)
         metrics.PROBE_LATENCY.labels("ok" if res.ok else "failed").observe(res.latency_ms / 1000)
         if origin_down:
@@ -485,9 +459,7 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
             report.failed += 1
             report.reasons[res.reason] = report.reasons.get(res.reason, 0) + 1
             metrics.PROBE_FAILURES.labels(res.reason).inc()
-        before = state_of(rec, now)
-        if "runningSince" not in rec:
-            before = replace(before, running_since=now)
+        before = state_of(rec, now)  # runningSince unknown: now, and written below
         if origin_down:
             after = before  # the proxy was not judged: no counter, threshold or verdict moves
         else:
@@ -496,18 +468,16 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
         v = verdict(after)
         phase = v.phase if v.phase and v.phase != FAILED else None
         fields = record_fields(after, res, phase=phase)
-        if "runningSince" not in rec:
-            fields["runningSince"] = repr(before.running_since)
-        interval = max(1, _int(str(serving.health_check_of(rec).get("intervalSeconds", "")), 30))
+        if rec.running_since is None:
+            fields.update(fields_of(running_since=before.running_since))
+        interval = max(1, _int(str(rec.health_check.get("intervalSeconds", "")), 30))
         # A 429's Retry-After postpones this proxy's next probe (never brings it forward).
         wait_for = max(float(interval), min(res.retry_after or 0.0, p.MAX_RETRY_AFTER))
         next_due = "" if after.failed else repr(res.started + wait_for)
-        args = [res.uid, next_due, rec.get("address", ""), rec.get("port", "")]
-        for k, val in fields.items():
-            args += [k, val]
-        _RECORD(pipe, [serving.proxy_key(res.uid), serving.DUE_KEY], args)
+        args = [res.uid, next_due, *_endpoint(rec), *_pairs(fields)]
+        _RECORD(pipe, [redis_keys.proxy(res.uid), redis_keys.HEALTH_DUE], args)
         pipe_scripts.append(_RECORD)
-        if v.key() != (rec.get("statusKey") or ""):
+        if v.key() != rec.status_key:
             pending.append((res.uid, rec, v, res))
     applied = [ok for ok, script in zip(pipe.execute(), pipe_scripts) if script is _RECORD]
     report.probed += len(arrived)

@@ -16,7 +16,7 @@ count against any proxy, the engine asks the origin itself, from the worker, thr
   :mod:`app.health.destinations`; or the worker has never reached this origin directly, e.g.
   its egress is restricted): the failures are judged as usual, since nothing tells them apart.
 
-A control result is shared in Redis (``po:health:origin:<hash of URL and status>``) and reused
+A control result is shared in Redis (:func:`app.redis_keys.health_origin`) and reused
 for failures of probes that started before it did, so a batch asks once per URL, and batches
 running together ask once between them.  The hash also remembers when the origin last answered
 a control request (``okAt``); batches in which probes of a URL succeed refresh that every
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import urllib3
 
+from app import redis_keys
 from app.health import probe as p
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UP, DOWN, UNKNOWN = "up", "down", "unknown"
-KEY_PREFIX = "po:health:origin:"
 #: How often a URL whose probes succeed is checked directly to learn the worker reaches it.
 REFRESH_SECONDS = 600.0
 #: Longest a control request may take, seconds (the probe's timeout when shorter).
@@ -146,8 +146,13 @@ def control(url: str, expected_status: int, timeout: float, *, policy: "Destinat
                          f"health origin {where} answered {status} directly, expected {expected_status}", started)
 
 
+def _digest(url: str, expected_status: int) -> str:
+    """The part of the Redis keys of a health URL and status that names them."""
+    return hashlib.sha256(f"{expected_status} {url}".encode()).hexdigest()[:32]
+
+
 def _key(url: str, expected_status: int) -> str:
-    return KEY_PREFIX + hashlib.sha256(f"{expected_status} {url}".encode()).hexdigest()[:32]
+    return redis_keys.health_origin(_digest(url, expected_status))
 
 
 class OriginControl:
@@ -226,7 +231,7 @@ class OriginControl:
         now = self.clock()
         if now - ok_at < REFRESH_SECONDS:
             return
-        if not self.r.set(key + ":refresh", "1", nx=True, ex=60):
+        if not self.r.set(redis_keys.health_origin_refresh(_digest(url, expected)), "1", nx=True, ex=60):
             return  # another batch is asking
         res = self._ask(url, expected, timeout)
         if res.state == DOWN:

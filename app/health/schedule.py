@@ -1,8 +1,8 @@
 """Which published proxies are due for a probe, in batches (the beat sweep's logic).
 
-Each published proxy has a score in the sorted set ``po:health:due`` (epoch second of its next
-probe; :func:`app.serving.publish` adds new ones as due at once, and the engine reschedules
-each after its probe by the Proxy's ``healthCheck.intervalSeconds``).  :func:`claim_due` reads
+Each published proxy has a score in the sorted set :data:`app.redis_keys.HEALTH_DUE` (epoch
+second of its next probe; :func:`app.serving.publish` adds new ones as due at once, and the
+engine reschedules each after its probe by the Proxy's ``healthCheck.intervalSeconds``).  :func:`claim_due` reads
 only the due part of the set and, in the same Lua script, pushes those members
 ``claim_seconds`` into the future, so a second sweep (or a second beat) never enqueues them
 again while their batch is queued, and a lost batch is retried after ``claim_seconds``.
@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import time
 
-from app import serving
+from app import redis_keys
 from app.health.settings import HealthSettings
+from app.lua import Lua
 
-_CLAIM = serving.Lua("""
-local uids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, uid in ipairs(uids) do
-  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], uid)
-end
-return uids
-""")
+_CLAIM = Lua("health_claim_due")
 
 
 def claim_due(r, *, now: float, limit: int, claim_seconds: float) -> list[str]:
@@ -34,7 +29,7 @@ def claim_due(r, *, now: float, limit: int, claim_seconds: float) -> list[str]:
         limit: most uids to claim.
         claim_seconds: how far into the future the claimed members are pushed.
     """
-    uids = _CLAIM(r, [serving.DUE_KEY], [repr(now), int(limit), repr(now + claim_seconds)])
+    uids = _CLAIM(r, [redis_keys.HEALTH_DUE], [repr(now), int(limit), repr(now + claim_seconds)])
     return [u.decode() if isinstance(u, bytes) else u for u in uids]
 
 

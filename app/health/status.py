@@ -3,29 +3,25 @@
 Conditions follow the Kubernetes API conventions ("Typical status properties"): a list-map
 keyed by ``type``, ``lastTransitionTime`` changed only when ``status`` flips, and each
 condition's ``observedGeneration`` set to the object's ``metadata.generation``.  A JSON merge
-patch replaces a whole list, so the current conditions are read first and the Provisioned
-condition (the reconciler's) is carried over unchanged.
+patch replaces a whole list, so the patch is built from the conditions just read and the
+Provisioned condition (the reconciler's) is carried over unchanged.
 
-The writer takes the read and patch functions as arguments (in production
-:func:`app.kube.get_proxy` and :func:`app.kube.patch_proxy_status`).
+The write itself (read, resourceVersion precondition, re-read on 409, Events) is the one
+status writer's, :func:`app.status_writer.write_latest`; this module decides what a verdict
+writes and when health may write at all.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
-from typing import Callable
 
-from app import conditions
+from app import conditions, status_writer
 from app.health.state import Verdict
+from app.kube import KubeGateway
 from app.resources import COND_HEALTHY, COND_READY, FAILED, READY, RUNNING, UNHEALTHY, Proxy
 
 log = logging.getLogger(__name__)
-
-GetProxy = Callable[[str, str], "dict | None"]
-PatchStatus = Callable[[str, str, dict, str], object]
-#: ``record_event(proxy, event_type, reason, message)``: :meth:`app.kube.Kube.record_event`.
-RecordEvent = Callable[[Proxy, str, str, str], None]
 
 #: Event reasons the health engine emits (one Event per phase change it writes).
 EVENT_READY = "Ready"
@@ -94,45 +90,44 @@ def event_for(old_phase: str, v: Verdict) -> tuple[str, str, str] | None:
     return None
 
 
-def write_status(get_proxy: GetProxy, patch_status: PatchStatus, *, uid: str, namespace: str, name: str,
-                 v: Verdict, last_probe: float | None, latency_ms: float | None,
-                 record_event: RecordEvent | None = None) -> bool:
+def write_verdict(kube: KubeGateway, *, uid: str, namespace: str, name: str, v: Verdict,
+                  last_probe: float | None, latency_ms: float | None, events: bool = False) -> bool:
     """Write verdict ``v`` to the Proxy ``namespace/name`` if it is still the object ``uid``.
 
     Skips (returns ``False``) when the object is gone, is another object with the same name,
     is being deleted, or is in a phase health does not own (see :data:`PROBED_PHASES`; a
-    Failed verdict may only be written from those phases too).  A write that changes the phase
-    emits one Event through ``record_event`` (:func:`event_for`; best effort).
+    Failed verdict may only be written from those phases too), and when the status already
+    says all of it.  The patch (:func:`build_status`) is built from the object as read and
+    written by :func:`app.status_writer.write_latest` (merge patch with the read's
+    resourceVersion as a precondition: a reconciler write in between is a 409, answered by
+    reading again and rebuilding, never by dropping its condition).  With ``events``, a write
+    that changes the phase records one Event (:func:`event_for`; best effort).
 
     Returns:
         whether the status was written.
     Raises:
-        whatever ``get_proxy``/``patch_status`` raise (``kubernetes.client.ApiException``):
-        the caller keeps the verdict unwritten and tries again on the next probe.
+        kubernetes.client.ApiException: the read or the write failed (a 409 that persisted
+            through the re-reads, a 404 when the object went away between the read and the
+            write ...): the caller keeps the verdict unwritten and tries again on the next probe.
     """
     if v.healthy is None:
         return False
-    obj = get_proxy(namespace, name)
-    if obj is None:
+
+    def build(proxy: Proxy) -> dict | None:
+        if proxy.deleting or proxy.phase not in PROBED_PHASES:
+            log.info("health: not writing %s/%s status (phase %s%s)", namespace, name, proxy.phase,
+                     ", deleting" if proxy.deleting else "")
+            return None
+        return build_status(proxy, v, last_probe=last_probe, latency_ms=latency_ms)
+
+    written = status_writer.write_latest(kube, namespace, name, uid, build,
+                                         event=(lambda before: event_for(before.phase, v)) if events else
+                                         (lambda before: None))
+    if written is None or written.after is written.before:
         return False
-    proxy = Proxy.from_dict(obj)
-    if proxy.uid != uid or proxy.deleting or proxy.phase not in PROBED_PHASES:
-        log.info("health: not writing %s/%s status (phase %s%s)", namespace, name, proxy.phase,
-                 ", deleting" if proxy.deleting else "")
-        return False
-    patch = build_status(proxy, v, last_probe=last_probe, latency_ms=latency_ms)
-    # The read's resourceVersion is a precondition: a reconciler write in between makes this
-    # a 409 (retried on the next probe) instead of silently dropping its condition.
-    patch_status(namespace, name, patch, proxy.resource_version)
-    if v.phase and v.phase != proxy.phase:
+    before = written.before
+    if v.phase and v.phase != before.phase:
         level = logging.WARNING if v.phase in (UNHEALTHY, FAILED) else logging.INFO
-        log.log(level, "health: %s/%s %s -> %s (%s: %s)", namespace, name, proxy.phase, v.phase,
+        log.log(level, "health: %s/%s %s -> %s (%s: %s)", namespace, name, before.phase, v.phase,
                 v.reason, v.message)
-    event = event_for(proxy.phase, v)
-    if event is not None and record_event is not None:
-        try:
-            record_event(proxy, *event)
-        except Exception as exc:  # noqa: BLE001 - Events are best effort
-            log.warning("health: Event %s for %s/%s not recorded: %s", event[1], namespace, name,
-                        type(exc).__name__)
     return True

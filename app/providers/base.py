@@ -23,9 +23,21 @@ A provider is any object with these methods (structural typing via :class:`Provi
   without calling the backend; the first is the one ``create`` uses.  The reconciler records
   it in the Proxy's status *before* it creates, and a delete that finds no recorded ID deletes
   by these IDs, so an instance is never created where no delete would look for it.
-* optional ``check() -> list[TargetVerdict]`` — never raises as a whole.
-* optional ``queue_for(placement_zone: str | None) -> str | None`` — the Celery queue that
-  must run work for an instance in that zone (KVM: ``kvm.<provider>.<host>``).
+* ``credentials_in_instance: bool`` — whether the basic-auth htpasswd is baked into the
+  instance at create (kvm vendor-data, gcp metadata), so a rotated Secret means a new instance.
+
+Capabilities beyond the contract are declared, never probed: a provider class subclasses the
+Protocols it implements, and callers test ``isinstance(provider, <Protocol>)``.
+
+* :class:`CheckableProvider` — ``check() -> list[TargetVerdict]``, never raises as a whole.
+* :class:`ShardedProvider` — work split by host (kvm): ``hosts()``, ``host_of(provider_id)``,
+  ``check_host(host)`` and ``list_by_tag(tag, host=...)``; every task touching host H runs on
+  H's queue.
+
+Each provider type registers itself once, in its package (``app/providers/<type>/registration.py``):
+a :class:`ProviderType` naming its config parser, its constructor and, for a sharded type, its
+:class:`HostPlacement` (routing known from the config alone, so no provider is built and no
+SDK imported to pick a queue).
 
 SDK types never cross this boundary: requests and results are the dataclasses below, and
 errors are the taxonomy of :mod:`app.providers.errors`.
@@ -37,10 +49,15 @@ import enum
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from app.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
 from app.providers.errors import NotManaged
+
+if TYPE_CHECKING:
+    from app.config import ProviderConfig
+    from app.squid import SquidPolicy
+    from app.validation import Reader
 
 log = logging.getLogger("proxy_operator.providers")
 
@@ -163,10 +180,19 @@ class TargetVerdict:
 
 @runtime_checkable
 class Provider(Protocol):
-    """Structural type of a provider (see module docstring for the semantics)."""
+    """Structural type of a provider (see module docstring for the semantics).
+
+    Attributes:
+        name: the provider's name in the providers config.
+        type: its type (``"kubernetes"``, ``"gcp"``, ``"kvm"``).
+        credentials_in_instance: whether the basic-auth htpasswd travels inside the instance
+            (its bootstrap), so a rotated Secret replaces the instance (``app.reconcile``);
+            ``False`` unless a provider class says otherwise.
+    """
 
     name: str
     type: str
+    credentials_in_instance: bool = False
 
     def create(self, request: CreateRequest) -> Instance: ...
 
@@ -181,6 +207,88 @@ class Provider(Protocol):
     def start(self, provider_id: str) -> None: ...
 
     def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]: ...
+
+
+@runtime_checkable
+class CheckableProvider(Protocol):
+    """A provider with a health check (every shipped provider declares it).
+
+    ``check()`` returns one :class:`TargetVerdict` per target (a KVM host, the GCP project, the
+    cluster) and never raises as a whole.  Health checks run on the unwrapped provider, so the
+    metrics wrapper (:mod:`app.providers.metrics`) never is one.
+    """
+
+    def check(self) -> list[TargetVerdict]: ...
+
+
+@runtime_checkable
+class ShardedProvider(Protocol):
+    """A provider whose work is split by host (kvm): each host has its own queue and worker.
+
+    * ``hosts() -> list[str]`` — the configured host names, in config order.
+    * ``host_of(provider_id) -> str | None`` — the host named inside a provider ID (``None``
+      when it does not parse).
+    * ``check_host(host) -> TargetVerdict`` — check one host (on that host's queue).
+    * ``list_by_tag(tag, host=None) -> ListResult`` — one host's instances when ``host`` is
+      given (GC lists one host per task, on its queue).
+    """
+
+    def hosts(self) -> list[str]: ...
+
+    def host_of(self, provider_id: str) -> str | None: ...
+
+    def check_host(self, host: str) -> TargetVerdict: ...
+
+    def list_by_tag(self, tag: str, host: str | None = None) -> ListResult: ...
+
+
+class HostPlacement(Protocol):
+    """Where the instances of a sharded provider type live, known from its settings alone.
+
+    The dispatcher routes with it (:class:`app.dispatch.Router`) without building a provider.
+
+    * ``hosts(settings) -> list[str]`` — the configured host names, in config order.
+    * ``host_for(settings, zone) -> str | None`` — the host ``spec.placement.zone`` names (the
+      only host when ``zone`` is empty and exactly one is configured); ``None`` when none matches.
+    * ``host_of(provider_id) -> str | None`` — the host inside a provider ID (``None`` when it
+      does not parse).
+    """
+
+    def hosts(self, settings: Any) -> list[str]: ...
+
+    def host_for(self, settings: Any, zone: str | None) -> str | None: ...
+
+    def host_of(self, provider_id: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ProviderType:
+    """One provider type, registered once by its package (``PROVIDER`` in ``registration.py``).
+
+    The composition root (:mod:`app.wiring`) lists the registered types; the config loader
+    (:func:`app.config.parse`) takes them for the type blocks, the registry
+    (:func:`app.providers.registry.build`) their constructors, the dispatcher their placement.
+
+    Attributes:
+        name: the ``type:`` of a providers-config entry, also the key of its block.
+        parse_settings: ``parse_settings(block: Reader) -> settings``, pure Python (no SDK
+            import); raises :class:`app.validation.ConfigError` naming the field.
+        build: ``build(pc: ProviderConfig) -> Provider``; imports the SDK (lazily, inside the
+            function), never dials.  Whatever it raises propagates out of the registry build.
+        block_required: whether an entry of this type must carry its block (``kubernetes:``
+            may be left out: every key has a default).
+        check_entry: optional ``check_entry(settings, squid) -> (field, problem) | None``: a rule
+            across the type's block and the entry's shared ``squid:`` block; the problem is
+            raised as a :class:`app.validation.ConfigError` at ``field``.
+        placement: :class:`HostPlacement` of a type whose work is split by host (kvm), else ``None``.
+    """
+
+    name: str
+    parse_settings: Callable[["Reader"], Any]
+    build: Callable[["ProviderConfig"], Provider]
+    block_required: bool = True
+    check_entry: Callable[[Any, "SquidPolicy"], tuple[str, str] | None] | None = None
+    placement: HostPlacement | None = None
 
 
 def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:

@@ -1,5 +1,6 @@
-"""Fixtures of the API tests: five real Squids (127.0.4.10-14), a local origin with an IP echo
-(127.0.4.1), the Kubernetes API fake, real Redis, a tokens file and the Flask app.
+"""Fixtures of the API tests: five real Squids (``.10``-``.14`` of the area's loopback block,
+:data:`tests.api.helpers.NET`), a local origin with an IP echo (``.1``), the Kubernetes API fake,
+real Redis, a tokens file and the Flask app.
 
 Proxies are made healthy the real way: Proxy objects in the fake pointing at the Squids,
 probed once by the health engine.
@@ -17,14 +18,13 @@ from app.health.settings import HealthSettings
 from app.leases import LeaseSettings
 from tests.health.fleet import Fleet, start_squid
 from tests.health.servers import OriginServer
-from tests.kubefake.server import FakeKube
 
-from tests.api.helpers import SQUID_ADDRESSES, TOKEN_A, TOKEN_B, TOKEN_C
+from tests.api.helpers import NET, SQUID_ADDRESSES, TOKEN_A, TOKEN_B, TOKEN_C
 
 
 @pytest.fixture(scope="session")
 def api_origin():
-    server = OriginServer("127.0.4.1").start()
+    server = OriginServer(NET.host(1)).start()
     yield server
     server.stop()
 
@@ -72,12 +72,6 @@ def app(api_settings):
 @pytest.fixture()
 def client(app):
     return app.test_client()
-
-
-@pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
 
 
 @pytest.fixture()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from tests.support import loopback
+
+#: The API tests' loopback block in this process: the origin on ``.1``, the test server on
+#: ``.2``, the session Squids on ``.10``-``.14``, single-test Squids on ``.20`` and up.
+NET = loopback.block("api")
 TOKEN_A = "token-of-crawler-a-0123456789"
 TOKEN_B = "token-of-crawler-b-9876543210"
 TOKEN_C = "token-of-crawler-c-hashed-5555"
-SQUID_ADDRESSES = [f"127.0.4.{n}" for n in range(10, 15)]
+SQUID_ADDRESSES = [NET.host(n) for n in range(10, 15)]
 
 
 def auth(token: str = TOKEN_A) -> dict:

@@ -12,7 +12,7 @@ import requests
 from werkzeug.serving import make_server
 
 from app import serving
-from tests.api.helpers import TOKEN_A, TOKEN_B, auth, healthy
+from tests.api.helpers import NET, TOKEN_A, TOKEN_B, auth, healthy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,11 +21,11 @@ THREADS, ROUNDS, MAX_LEASES = 64, 6, 3
 
 @pytest.fixture()
 def server(app):
-    srv = make_server("127.0.4.2", 0, app, threaded=True)
+    srv = make_server(NET.host(2), 0, app, threaded=True)
     srv.daemon_threads = True
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.4.2:{srv.server_port}"
+    yield f"http://{NET.host(2)}:{srv.server_port}"
     srv.shutdown()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.helpers import auth, healthy
+from tests.api.helpers import NET, auth, healthy
 from tests.health.fleet import start_squid
 from tests.support.squid import SquidProcess
 
@@ -65,7 +65,7 @@ def test_bad_queries_name_the_field(client, query, field, code):
 
 
 def test_an_unhealthy_proxy_leaves_discovery_and_comes_back(client, fleet, health_settings):
-    sq = start_squid("127.0.4.20")
+    sq = start_squid(NET.host(20))
     try:
         px = fleet.external("flaky", sq.address, sq.port)
         fleet.probe([px], health_settings)

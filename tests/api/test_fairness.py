@@ -4,7 +4,8 @@
 The lease limit is checked with the Flask app in process (its rules) and through the real
 ``proxy-operator api`` under many concurrent threads (its atomicity); the metrics cost and the
 hostile inputs through the real served API too.  Proxies are put in the serving view as the
-health engine leaves a healthy one (no Squid needed: nothing connects to them).
+health engine leaves a healthy one (no Squid needed: nothing connects to them, so their
+addresses are documentation ones, TEST-NET-3 ``203.0.113.0/24``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def _publish(r, n: int, *, max_leases: int = 50, prefix: str = "fair") -> list[s
         proxy = Proxy.from_dict({
             "metadata": {"name": f"{prefix}{i}", "namespace": "fair", "uid": f"uid-{prefix}-{i:05d}",
                          "labels": {"tier": "gold" if i % 2 else "silver"}},
-            "spec": {"mode": "External", "endpoint": {"host": f"127.0.9.{i % 250 + 1}", "port": 3128},
+            "spec": {"mode": "External", "endpoint": {"host": f"203.0.113.{i % 250 + 1}", "port": 3128},
                      "maxLeases": max_leases}})
-        serving.publish(r, proxy, address=f"127.0.9.{i % 250 + 1}", port=3128, phase="Ready")
+        serving.publish(r, proxy, address=f"203.0.113.{i % 250 + 1}", port=3128, phase="Ready")
         r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
         serving.reindex(r, proxy.uid)
         uids.append(proxy.uid)
@@ -380,7 +381,7 @@ def test_a_metrics_scrape_costs_the_same_with_10_and_1000_proxies(tmp_path, leas
         assert large == small, (small, large)
         assert sum(small.values()) <= 2, small  # TIME and one ZCOUNT
         # and nothing in it names a client, a proxy or a token
-        assert TOKEN not in text and "crawler-" not in text and "127.0.9." not in text and "fair" not in text
+        assert TOKEN not in text and "crawler-" not in text and "203.0.113." not in text and "fair" not in text
     finally:
         if proc is not None:
             proc.stop()
@@ -518,8 +519,8 @@ def test_the_credentials_copy_needs_the_redis_password(tmp_path):
     try:
         r = redis_lib.Redis.from_url(server.authed_url, decode_responses=True)
         proxy = Proxy.from_dict({"metadata": {"name": "authed", "namespace": "fair", "uid": "uid-authed"},
-                                 "spec": {"mode": "External", "endpoint": {"host": "127.0.9.3", "port": 3128}}})
-        serving.publish(r, proxy, address="127.0.9.3", port=3128, phase="Ready", auth_secret="authed-proxy-auth")
+                                 "spec": {"mode": "External", "endpoint": {"host": "203.0.113.3", "port": 3128}}})
+        serving.publish(r, proxy, address="203.0.113.3", port=3128, phase="Ready", auth_secret="authed-proxy-auth")
         # what the health engine leaves: healthy, and the credentials copied next to the record
         r.hset(serving.auth_key(proxy.uid), mapping={"username": "px-user", "password": "pa$s-secret"})
         r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})

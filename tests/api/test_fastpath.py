@@ -28,9 +28,9 @@ HEADERS = ("Content-Type", "Content-Length", "Location", "WWW-Authenticate", "Re
 def _publish(r, n: int = 2, max_leases: int = 50) -> None:
     for i in range(n):
         proxy = Proxy.from_dict({"metadata": {"name": f"fp{i}", "namespace": "fp", "uid": f"uid-fp{i}"},
-                                 "spec": {"mode": "External", "endpoint": {"host": f"127.0.9.{i + 1}", "port": 3128},
+                                 "spec": {"mode": "External", "endpoint": {"host": f"203.0.113.{i + 1}", "port": 3128},
                                           "maxLeases": max_leases}})
-        serving.publish(r, proxy, address=f"127.0.9.{i + 1}", port=3128, phase="Ready")
+        serving.publish(r, proxy, address=f"203.0.113.{i + 1}", port=3128, phase="Ready")
         r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
         serving.reindex(r, proxy.uid)
 

@@ -21,7 +21,8 @@ from kubernetes import client as k8s
 from app import leases, serving
 from app import squid as squid_conf
 from app.health.credentials import SecretCredentials
-from app.kube import Kube
+from app.kube import KubernetesGateway
+from tests.api.helpers import NET
 from tests.api.served import TOKEN, request, start_api
 from tests.health.fleet import htpasswd_file, start_squid
 
@@ -37,7 +38,7 @@ SECRET = "authed-proxy-auth"
 def authed(fake, fleet, redis_client, health_settings):
     """A healthy Proxy on a Squid that requires USER/PASSWORD, published with its Secret
     named as the reconciler does for a provider with ``squid.basicAuth``."""
-    sq = start_squid("127.0.4.24", policy=squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(USER, PASSWORD)))
+    sq = start_squid(NET.host(24), policy=squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(USER, PASSWORD)))
     api_client = fake.api_client()
     try:
         px = fleet.external("authed", sq.address, sq.port, max_leases=3)
@@ -48,7 +49,7 @@ def authed(fake, fleet, redis_client, health_settings):
         k8s.CoreV1Api(api_client).create_namespaced_secret("default", secret)
         serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running", auth_secret=SECRET)
         assert redis_client.exists(serving.auth_key(px.uid)) == 0
-        credentials = SecretCredentials(Kube(api_client))
+        credentials = SecretCredentials(KubernetesGateway(api_client))
         assert fleet.probe([px], health_settings, credentials=credentials).succeeded == 1
         yield px, sq
     finally:

@@ -10,14 +10,14 @@ import pytest
 from api import create_app
 from app import leases, serving
 from app.resources import Proxy
-from tests.api.helpers import auth, excluded
+from tests.api.helpers import NET, auth, excluded
 from tests.health.fleet import start_squid
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _healthy_proxy(r, name: str, uid: str, *, max_leases: int, namespace: str = "idx",
-                   host: str = "127.0.9.9", provider: str | None = None) -> str:
+                   host: str = "203.0.113.9", provider: str | None = None) -> str:
     """Publish one proxy (External, or Managed on ``provider``) and record it healthy as the
     health engine would; return its uid."""
     if provider:
@@ -34,7 +34,7 @@ def _healthy_proxy(r, name: str, uid: str, *, max_leases: int, namespace: str = 
 
 def _publish(r, n: int, *, max_leases: int = 2) -> list[str]:
     """Publish ``n`` healthy External proxies ``p0``… (uids ``uid-0000``…, in that order)."""
-    return [_healthy_proxy(r, f"p{i}", f"uid-{i:04d}", max_leases=max_leases, host=f"127.0.9.{i % 250 + 1}")
+    return [_healthy_proxy(r, f"p{i}", f"uid-{i:04d}", max_leases=max_leases, host=f"203.0.113.{i % 250 + 1}")
             for i in range(n)]
 
 
@@ -91,7 +91,7 @@ def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
     small = _publish(redis_client, 200, max_leases=1)
     for _ in small:
         leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
-    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=50, host="127.0.9.200")
+    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=50, host="203.0.113.200")
     leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
     before = _hmget_calls(redis_client)
     got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
@@ -100,7 +100,7 @@ def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
 
 def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_settings):
     small = _publish(redis_client, 1, max_leases=2)[0]
-    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=10, host="127.0.9.200")
+    big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=10, host="203.0.113.200")
     first, second = (leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings) for _ in range(2))
     assert {first.uid, second.uid} == {small, big}
     # Both carry one lease now: 1/10 beats 1/2.
@@ -109,7 +109,7 @@ def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_sett
 
 def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_settings):
     _publish(redis_client, 40)
-    odd = _healthy_proxy(redis_client, "odd", "uid-odd", max_leases=1, namespace="other", host="127.0.9.201")
+    odd = _healthy_proxy(redis_client, "odd", "uid-odd", max_leases=1, namespace="other", host="203.0.113.201")
     # The matching proxy sorts last (uid order among equal loads) and beyond the first page.
     got = leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
     assert got.uid == odd
@@ -120,7 +120,7 @@ def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_setting
 
 def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet, health_settings, lease_settings):
     """Written by the real writers: the health engine's probes, refresh and withdraw."""
-    sq = start_squid("127.0.4.23")
+    sq = start_squid(NET.host(23))
     try:
         px = fleet.external("indexed", sq.address, sq.port, max_leases=2)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None  # published, not yet healthy
@@ -263,8 +263,8 @@ def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_s
     """One proxy per reason; a request whose filters match nothing counts them as filtered out."""
     full, cooling, draining, sick = _publish(redis_client, 4, max_leases=1)
     fresh = Proxy.from_dict({"metadata": {"name": "fresh", "namespace": "idx", "uid": "uid-fresh"},
-                             "spec": {"mode": "External", "endpoint": {"host": "127.0.9.99", "port": 3128}}})
-    serving.publish(redis_client, fresh, address="127.0.9.99", port=3128, phase="Running")  # not probed yet
+                             "spec": {"mode": "External", "endpoint": {"host": "203.0.113.99", "port": 3128}}})
+    serving.publish(redis_client, fresh, address="203.0.113.99", port=3128, phase="Running")  # not probed yet
     for uid, field, value in ((draining, "maxLeases", "0"), (sick, "healthy", "0")):
         redis_client.hset(serving.proxy_key(uid), field, value)
         serving.reindex(redis_client, uid)

@@ -11,7 +11,7 @@ import requests
 from api import create_app
 from app import leases
 from app import squid as squid_conf
-from tests.api.helpers import TOKEN_B, auth, excluded, healthy
+from tests.api.helpers import NET, TOKEN_B, auth, excluded, healthy
 from tests.health.fleet import htpasswd_file, start_squid
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,7 +146,7 @@ def test_renew_extends_the_lease(client, fleet, api_squids, health_settings):
 
 
 def test_renew_ends_a_lease_whose_proxy_turned_unhealthy(client, fleet, health_settings):
-    sq = start_squid("127.0.4.22")
+    sq = start_squid(NET.host(22))
     try:
         px = fleet.external("fragile", sq.address, sq.port)
         fleet.probe([px], health_settings)
@@ -214,7 +214,7 @@ def test_lease_metrics(client, fleet, api_squids, health_settings):
 def test_through_a_leased_proxy_the_origin_never_sees_proxy_authorization(
         client, fleet, health_settings, api_origin):
     user, password = squid_conf.generate_credentials()
-    sq = start_squid("127.0.4.21", policy=squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(user, password)))
+    sq = start_squid(NET.host(21), policy=squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(user, password)))
     try:
         px = fleet.external("authed", sq.address, sq.port)
         report = fleet.probe([px], health_settings, credentials=lambda rec: (user, password))

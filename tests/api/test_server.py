@@ -40,9 +40,9 @@ def api(redis_server, tmp_path_factory):
 def publish_healthy(r, name: str = "px", max_leases: int = 5) -> str:
     """Put one healthy proxy in the serving view (as the health engine leaves it); its uid."""
     proxy = Proxy.from_dict({"metadata": {"name": name, "namespace": "srv", "uid": f"uid-{name}"},
-                             "spec": {"mode": "External", "endpoint": {"host": "127.0.9.7", "port": 3128},
+                             "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128},
                                       "maxLeases": max_leases}})
-    serving.publish(r, proxy, address="127.0.9.7", port=3128, phase="Ready")
+    serving.publish(r, proxy, address="203.0.113.7", port=3128, phase="Ready")
     r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
     serving.reindex(r, proxy.uid)
     return proxy.uid

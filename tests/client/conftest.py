@@ -2,7 +2,7 @@
 
 Everything is real and local: ``proxy-operator api`` (the real command, granian) on a free
 port, the session Redis, Proxy objects in the Kubernetes API fake pointing at real Squids on
-``127.0.16.x`` (probed healthy by the health engine), and local origins.  The Squids may reach
+the area's loopback block :data:`NET` (probed healthy by the health engine), and local origins.  The Squids may reach
 loopback origins the way an operator declares it (:func:`tests.support.squid.loopback_policy`,
 applied by :func:`tests.health.fleet.start_squid`).
 """
@@ -20,13 +20,15 @@ from app.health.settings import HealthSettings
 from tests.api.served import TOKEN, start_api
 from tests.health.fleet import Fleet, htpasswd_file, start_squid
 from tests.health.servers import OriginServer
-from tests.kubefake.server import FakeKube
+from tests.support import loopback
 from tests.support.processes import Process
 
+#: The client tests' loopback block in this process: the origin on ``.1``-``.2``, Squids from ``.10``.
+NET = loopback.block("client")
 #: Plain Squids of the SDK tests (no basic auth).
-SQUID_ADDRESSES = [f"127.0.16.{n}" for n in range(10, 13)]
+SQUID_ADDRESSES = [NET.host(n) for n in range(10, 13)]
 #: The basic-auth Squid of the credentials test.
-AUTH_SQUID_ADDRESS = "127.0.16.20"
+AUTH_SQUID_ADDRESS = NET.host(20)
 #: A user and a password full of characters that mean something in a URL's authority.
 USER = "crawler-7"
 PASSWORD = "p$a@s:s%2Fw/o#r?d&+ =!"
@@ -78,8 +80,8 @@ def stop_all(procs) -> None:
 
 @pytest.fixture(scope="session")
 def client_origin():
-    """Health URL, IP echo and header echo for the client tests (127.0.16.2)."""
-    server = OriginServer("127.0.16.2").start()
+    """Health URL, IP echo and header echo for the client tests (``.2`` of :data:`NET`)."""
+    server = OriginServer(NET.host(2)).start()
     yield server
     server.stop()
 
@@ -99,12 +101,6 @@ def auth_squid():
                      policy=squid_conf.SquidPolicy(basic_auth_file=htpasswd_file(USER, PASSWORD)))
     yield sq
     sq.stop()
-
-
-@pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
 
 
 @pytest.fixture()

@@ -17,15 +17,15 @@ import pytest
 
 from app import squid as squid_conf
 from proxy_operator_client import ApiError, Client
-from tests.client.conftest import PASSWORD, USER, publish_authed, start_all, stop_all
+from tests.client.conftest import NET, PASSWORD, USER, publish_authed, start_all, stop_all
 from tests.client.site import BanSite
 from tests.health.fleet import htpasswd_file, start_squid
 from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
-SITE_ADDRESS = "127.0.16.1"
-CRAWL_SQUIDS = [f"127.0.16.{n}" for n in range(30, 42)]
+SITE_ADDRESS = NET.host(1)
+CRAWL_SQUIDS = [NET.host(n) for n in range(30, 42)]
 PAGES = 200
 BAN_AFTER = 20
 

@@ -18,8 +18,10 @@ Serves, on ``127.0.0.1:<free port>``, what the gcp provider uses:
 
 Mutations return an operation that is RUNNING; each get/wait of it advances it by one poll
 and after ``op_polls`` polls it is DONE and its effect applies (the instance becomes RUNNING
-with addresses, or disappears).  Instances get loopback addresses only (natIP 127.0.0.N,
-networkIP 127.1.0.N): data never leaves this machine, even when a test connects to them.
+with addresses, or disappears).  Instances get loopback addresses only, from blocks claimed for
+this process (:func:`tests.support.loopback.block`: natIP in :attr:`FakeCompute.external_addresses`,
+networkIP in :attr:`FakeCompute.internal_addresses`; nothing listens there, and no other test
+run or xdist worker uses them): data never leaves this machine, even when a test connects to them.
 
 Faults are injectable:
 
@@ -47,6 +49,8 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support import loopback
 
 PREFIX = "/compute/v1"
 _LABEL_FILTER = re.compile(r'^\s*labels\.([a-z][-_a-z0-9]*)\s*(=|eq)\s*"?([-_a-z0-9]*)"?\s*$')
@@ -117,6 +121,8 @@ class FakeCompute:
         unreachable_zones: zones the aggregated list reports unreachable (their instances
             are left out).
         requests: every request received, in order.
+        external_addresses / internal_addresses: the loopback blocks natIP / networkIP come
+            from (``address in fake.external_addresses``).
     """
 
     page_size: int = 2
@@ -134,6 +140,8 @@ class FakeCompute:
         self.assertions: list[str] = []
         self._ids = itertools.count(1000)
         self._addr = itertools.count(2)
+        self.external_addresses = loopback.block("gcp-external")
+        self.internal_addresses = loopback.block("gcp-internal")
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -362,9 +370,9 @@ class FakeCompute:
     def _assign_addresses(self, inst: dict[str, Any]) -> None:
         n = next(self._addr) % 250 + 2
         for nic in inst.get("networkInterfaces", []):
-            nic["networkIP"] = f"127.1.0.{n}"
+            nic["networkIP"] = self.internal_addresses.host(n)
             for ac in nic.get("accessConfigs", []):
-                ac["natIP"] = f"127.0.0.{n}"
+                ac["natIP"] = self.external_addresses.host(n)
 
     def _instance(self, project: str, zone: str, name: str) -> dict[str, Any]:
         inst = self.instances.get((project, zone, name))
@@ -447,7 +455,7 @@ class FakeCompute:
                     if release_ip:
                         ac.pop("natIP", None)
                     elif not ac.get("natIP"):
-                        ac["natIP"] = f"127.0.0.{next(self._addr) % 250 + 2}"
+                        ac["natIP"] = self.external_addresses.host(next(self._addr) % 250 + 2)
 
         # A failed operation (fail_operation) leaves the instance as it found it.
         return 200, self._operation(verb, project, zone, inst["selfLink"], effect,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import parse
+from app.wiring import parse_config as parse
 from app.providers.gcp.config import DEFAULT_IMAGE, GcpSettings
 from app.validation import ConfigError
 
@@ -93,7 +93,7 @@ def test_bad_block_is_rejected_naming_file_provider_and_field(gcp, field, proble
 def test_the_gcp_sample_is_a_valid_config():
     from pathlib import Path
 
-    from app.config import load
+    from app.wiring import load_config as load
 
     cfg = load(Path(__file__).resolve().parents[2] / "deploy" / "samples" / "providers_gcp.yaml")
     s = cfg.get("gcp-eu").settings

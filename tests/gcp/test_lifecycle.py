@@ -67,7 +67,7 @@ def test_create_inserts_labels_user_data_machine_type_and_waits(fake, make_provi
     assert inst.provider_id == f"projects/{PROJECT}/zones/europe-west1-c/instances/{req.name}"
     assert inst.name == req.name and inst.zone == "europe-west1-c"
     assert inst.state is InstanceState.RUNNING
-    assert inst.address and inst.address.startswith("127.0.0.")
+    assert inst.address and inst.address in fake.external_addresses
     assert inst.tags == req.tags
     assert inst.created is not None and inst.created.tzinfo == timezone.utc
     assert abs((datetime.now(timezone.utc) - inst.created).total_seconds()) < 120
@@ -90,7 +90,7 @@ def test_create_uses_configured_defaults_network_and_service_account(fake, make_
                                         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
     assert "user-data" not in {i["key"] for i in body.get("metadata", {}).get("items", [])}
     # No external IP: the internal address is reported.
-    assert inst.address and inst.address.startswith("127.1.0.")
+    assert inst.address and inst.address in fake.internal_addresses
 
 
 def test_zone_is_spread_over_configured_zones_deterministically(fake, provider, make_provider):

@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from app import naming, serving
 from app.config import ProvidersConfig
 from app.gc import collect
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
 from app.providers.errors import NotFound, Transient
@@ -61,7 +61,7 @@ def test_start_and_resume_bring_back_the_same_instance(fake, provider):
     behind_the_back(fake, "stop", inst.name)
     assert record["status"] == "TERMINATED"  # GCE's word for a stopped instance
     stopped = provider.get(inst.provider_id)
-    assert stopped.state is InstanceState.STOPPED and not stopped.address.startswith("127.0.0.")
+    assert stopped.state is InstanceState.STOPPED and stopped.address not in fake.external_addresses
     provider.start(inst.provider_id)
     assert provider.get(inst.provider_id).state is InstanceState.RUNNING
     assert len(fake.calls("POST", rf"/instances/{inst.name}/start$")) == 1
@@ -72,7 +72,7 @@ def test_start_and_resume_bring_back_the_same_instance(fake, provider):
     assert len(fake.calls("POST", rf"/instances/{inst.name}/resume$")) == 1
     assert len(fake.calls("POST", rf"/instances/{inst.name}/start$")) == 1, "a suspended instance is resumed"
     running = provider.get(inst.provider_id)
-    assert running.state is InstanceState.RUNNING and running.address.startswith("127.0.0.")
+    assert running.state is InstanceState.RUNNING and running.address in fake.external_addresses
 
     provider.start(inst.provider_id)  # running: nothing to do, no call
     assert len(fake.calls("POST", r"/(start|resume)$")) == 2
@@ -152,7 +152,7 @@ def ctx(fake, api, redis_client):
 
     registry = build(ProvidersConfig((gcp_config(fake),)), {"gcp": GcpProvider})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    return Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
+    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
 
 
 def running_proxy(ctx, api, name: str) -> tuple[Ref, Proxy]:
@@ -161,7 +161,7 @@ def running_proxy(ctx, api, name: str) -> tuple[Ref, Proxy]:
     obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
     ref = Ref(NS, name, obj["metadata"]["uid"])
     assert create(ctx, ref) is None  # the fake's insert finishes within the create
-    proxy = Kube(api).get_proxy(NS, name)
+    proxy = KubernetesGateway(api).get_proxy(NS, name)
     assert proxy.phase == "Running" and proxy.status["address"]
     return ref, proxy
 
@@ -184,7 +184,7 @@ def test_poll_starts_a_stopped_instance_instead_of_recreating_it(ctx, api, fake,
 
     assert followup.action == POLL and followup.attempt == 1
     assert len(fake.calls("POST", rf"/instances/{name}/{call}$")) == 1
-    proxy = Kube(api).get_proxy(NS, ref.name)
+    proxy = KubernetesGateway(api).get_proxy(NS, ref.name)
     assert proxy.phase == "Provisioning" and proxy.status["providerID"].endswith(f"/instances/{name}")
     cond = provisioned(proxy)
     assert cond["reason"] == "InstanceStopped" and "being started again" in cond["message"]
@@ -193,7 +193,7 @@ def test_poll_starts_a_stopped_instance_instead_of_recreating_it(ctx, api, fake,
     assert "InstanceLost" not in reasons(api)
 
     assert poll(ctx, ref, followup.attempt) is None
-    proxy = Kube(api).get_proxy(NS, ref.name)
+    proxy = KubernetesGateway(api).get_proxy(NS, ref.name)
     assert proxy.phase == "Running" and provisioned(proxy)["reason"] == "InstanceRunning"
     assert serving.get(redis_client, ref.uid)["address"] == proxy.status["address"]
     # The same instance: no delete, one insert, nothing leaked or duplicated.
@@ -210,7 +210,7 @@ def test_a_failing_start_is_retried_with_backoff(ctx, api, fake):
     first = poll(ctx, ref)
 
     assert first.action == POLL and first.attempt == 1 and 2.5 <= first.delay <= 5
-    proxy = Kube(api).get_proxy(NS, ref.name)
+    proxy = KubernetesGateway(api).get_proxy(NS, ref.name)
     assert provisioned(proxy)["reason"] == "Transient" and proxy.phase == "Provisioning"
     assert fake.instances[(PROJECT, ZONE, name)]["status"] == "TERMINATED"
 
@@ -221,7 +221,7 @@ def test_a_failing_start_is_retried_with_backoff(ctx, api, fake):
     third = poll(ctx, ref, second.attempt)
     assert third.action == POLL
     assert poll(ctx, ref, third.attempt) is None
-    assert Kube(api).get_proxy(NS, ref.name).phase == "Running"
+    assert KubernetesGateway(api).get_proxy(NS, ref.name).phase == "Running"
     assert len(fake.calls("POST", rf"/instances/{name}/start$")) == 3
     assert not fake.calls("DELETE") and len(fake.calls("POST", r"/instances$")) == 1
     assert len(fake.instances) == 1 and count(fake, name) == 1

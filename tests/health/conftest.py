@@ -1,7 +1,8 @@
 """Fixtures of the health tests: a local origin (health URL + IP echo), the Kubernetes API
 fake, real Redis (``redis_client`` from tests/conftest.py) and a :class:`Fleet` helper.
 
-Addresses: origins on 127.0.3.1, Squids on 127.0.3.10 and up (loopback only).
+Addresses: this process's loopback block :data:`NET` (``tests/support/loopback.py``): origins
+on ``.1``-``.9``, Squids on ``.10`` and up.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import pytest
 from app.health.settings import HealthSettings
 from tests.health.fleet import Fleet
 from tests.health.servers import OriginServer
-from tests.kubefake.server import FakeKube
+from tests.support import loopback
 
-ORIGIN_ADDRESS = "127.0.3.1"
+#: The health tests' loopback block in this process (another run or xdist worker has its own).
+NET = loopback.block("health")
+ORIGIN_ADDRESS = NET.host(1)
 #: Probes may reach loopback in these tests (``PROBE_ALLOWED_RANGES``).
 LOOPBACK = ("127.0.0.0/8",)
-_addresses = (f"127.0.3.{n}" for n in itertools.cycle(range(10, 250)))
+_addresses = (NET.host(n) for n in itertools.cycle(range(10, 250)))
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +40,6 @@ def next_address():
 
 
 @pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
 def fleet(fake, redis_client, origin):
     client = fake.api_client()
     yield Fleet(client, redis_client, origin.url("/generate_204"))
@@ -52,7 +49,7 @@ def fleet(fake, redis_client, origin):
 @pytest.fixture()
 def settings(origin) -> HealthSettings:
     """Health settings for tests: local IP echo, a long provisioning deadline; loopback allowed
-    (every Squid and origin here is on 127.0.3.x, which the default destination policy denies)."""
+    (every Squid and origin here is on loopback, which the default destination policy denies)."""
     return HealthSettings(echo_url=origin.url("/ip"), provision_deadline=600, outage_min_proxies=3,
                           concurrency=16, allowed_ranges=LOOPBACK)
 

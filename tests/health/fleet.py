@@ -20,7 +20,7 @@ from app import squid as squid_conf
 from app.config import ProvidersConfig
 from app.health import engine
 from app.health.settings import HealthSettings
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.registry import build
 from app.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
@@ -65,24 +65,13 @@ class Fleet:
     """
 
     def __init__(self, api_client, r, health_url: str) -> None:
-        self.kube = Kube(api_client)
+        #: the gateway the health engine reads and writes through (the worker's records nothing)
+        self.kube = KubernetesGateway(api_client, record_writes=False)
         self.custom = k8s.CustomObjectsApi(api_client)
         self.r = r
         self.health_url = health_url
-        self.ctx = Context(kube=self.kube, registry=build(ProvidersConfig(()), {}), redis=r, settings=Settings())
-
-    # -- Kubernetes access for the health engine ---------------------------------------
-    def get_proxy(self, namespace: str, name: str) -> dict | None:
-        """``app.kube.get_proxy`` against the fake."""
-        p = self.kube.get_proxy(namespace, name)
-        return p.raw if p else None
-
-    def patch_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
-        """``app.kube.patch_proxy_status`` against the fake (resourceVersion as a precondition)."""
-        body: dict = {"status": status}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
-        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
+        self.ctx = Context(kube=KubernetesGateway(api_client), registry=build(ProvidersConfig(()), {}), redis=r,
+                           settings=Settings())
 
     def read(self, namespace: str, name: str) -> Proxy:
         """Read a Proxy back."""
@@ -122,9 +111,9 @@ class Fleet:
         if max_leases is not None:
             spec["maxLeases"] = max_leases
         obj = self._create(name, namespace, spec, labels)
-        self.patch_status(namespace, name, {"phase": "Running", "address": host, "port": port,
-                                            "observedGeneration": obj["metadata"].get("generation", 1)})
-        proxy = self.read(namespace, name)
+        proxy = self.kube.patch_status(Proxy.from_dict(obj), {
+            "phase": "Running", "address": host, "port": port,
+            "observedGeneration": obj["metadata"].get("generation", 1)})
         serving.publish(self.r, proxy, address=host, port=port, phase="Running")
         return proxy
 
@@ -132,5 +121,4 @@ class Fleet:
     def probe(self, proxies, settings: HealthSettings, **kw) -> engine.BatchReport:
         """Run one health batch over ``proxies`` (Proxy objects or uids)."""
         uids = [p if isinstance(p, str) else p.uid for p in proxies]
-        return engine.probe_batch(self.r, uids, settings, get_proxy=self.get_proxy,
-                                  patch_status=self.patch_status, **kw)
+        return engine.probe_batch(self.r, uids, settings, kube=self.kube, **kw)

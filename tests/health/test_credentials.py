@@ -18,8 +18,9 @@ from app import serving
 from app import squid as squid_conf
 from app.health import engine
 from app.health.credentials import SecretCredentials
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.resources import API_VERSION, KIND
+from tests.health.conftest import NET
 from tests.health.servers import OriginServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,7 +33,7 @@ STOLEN_PASSWORD = "kube-system-S3cret"
 def listeners():
     """Two header-recording servers: ``forger`` (an address of the forger's choice) and
     ``victim`` (the victim Proxy's real endpoint)."""
-    servers = {"forger": OriginServer("127.0.3.2").start(), "victim": OriginServer("127.0.3.3").start()}
+    servers = {"forger": OriginServer(NET.host(2)).start(), "victim": OriginServer(NET.host(3)).start()}
     yield servers
     for s in servers.values():
         s.stop()
@@ -76,7 +77,7 @@ def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, ori
     _secret(api, "kube-system", "stolen", STOLEN_PASSWORD)                     # nobody's
     _secret(api, "default", "loose-secret", STOLEN_PASSWORD)                   # nobody's, the victim's namespace
     _secret(api, "default", "other-proxy-auth", VICTIM_PASSWORD, owner=victim)  # owned by another Proxy
-    credentials = SecretCredentials(Kube(api))
+    credentials = SecretCredentials(KubernetesGateway(api))
     caplog.set_level(logging.DEBUG)
 
     forged = {
@@ -98,8 +99,7 @@ def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, ori
     }
     for what, fields in forged.items():
         _forge(fleet.r, url, **fields)
-        report = engine.probe_batch(fleet.r, [fields["uid"]], settings, get_proxy=fleet.get_proxy,
-                                    patch_status=fleet.patch_status, credentials=credentials)
+        report = engine.probe_batch(fleet.r, [fields["uid"]], settings, kube=fleet.kube, credentials=credentials)
         assert report.probed == 1, what
         assert fleet.r.exists(serving.auth_key(fields["uid"])) == 0, what  # nothing copied for the API
     assert len(forger.requests) == 4 and len(real.requests) == 1  # every forged record was probed ...
@@ -110,8 +110,7 @@ def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, ori
     fleet.r.delete(serving.proxy_key(victim.uid))
     serving.publish(fleet.r, fleet.read("default", "victim"), address=real.address, port=real.port,
                     phase="Running", auth_secret="victim-proxy-auth")
-    engine.probe_batch(fleet.r, [victim.uid], settings, get_proxy=fleet.get_proxy,
-                       patch_status=fleet.patch_status, credentials=credentials)
+    engine.probe_batch(fleet.r, [victim.uid], settings, kube=fleet.kube, credentials=credentials)
     assert _authorizations(real) == [f"user-victim-proxy-auth:{VICTIM_PASSWORD}"]
     assert _authorizations(forger) == []
 

@@ -19,6 +19,7 @@ from app.health import engine
 from app.health import probe as p
 from app.health.destinations import DestinationDenied, DestinationPolicy, parse_ranges
 from app.health.settings import HealthSettings
+from tests.health.conftest import NET, ORIGIN_ADDRESS
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole
 from tests.support.waiting import wait_for
@@ -47,6 +48,8 @@ def untouched(listener: Blackhole) -> bool:
 
 
 # -- the policy ------------------------------------------------------------------------------
+# Addresses here are data for the policy: nothing binds or dials them (literal loopback
+# addresses other than 127.0.0.1 are fine in these tests only).
 
 @pytest.mark.parametrize("host", [
     "127.0.0.1", "127.0.3.77", "localhost", "2130706433", "0x7f.1", "::1", "::ffff:127.0.0.1",
@@ -133,7 +136,7 @@ def test_the_probe_connects_to_the_address_it_checked(origin, squids, next_addre
 # -- through the engine ----------------------------------------------------------------------
 
 def test_an_endpoint_on_loopback_is_refused_without_a_connection(fleet):
-    listener = Blackhole("127.0.3.5")
+    listener = Blackhole(NET.host(5))
     try:
         px = fleet.external("scan", listener.address, listener.port, health={"timeoutSeconds": 1})
         report = fleet.probe([px], denied_settings())
@@ -149,13 +152,13 @@ def test_an_endpoint_on_loopback_is_refused_without_a_connection(fleet):
 def test_a_health_url_in_a_denied_range_is_never_fetched(fleet, origin, squids, next_address):
     sq = squids(start_squid(next_address()))
     before = len(origin.requests)
-    # The Squid's own address is allowed; the origin (127.0.3.1) is not.
+    # The Squid's own address is allowed; the origin (ORIGIN_ADDRESS) is not.
     settings = denied_settings(allowed_ranges=(f"{sq.address}/32",))
     px = fleet.external("meta", sq.address, sq.port, health={"url": origin.url("/generate_204")})
     fleet.probe([px], settings)
     healthy = conds(fleet.read("default", "meta"))["Healthy"]
     assert (healthy["status"], healthy["reason"]) == ("False", "DestinationDenied")
-    assert "health URL host 127.0.3.1" in healthy["message"]
+    assert f"health URL host {ORIGIN_ADDRESS}" in healthy["message"]
     assert len(origin.requests) == before
 
     for url in ("http://169.254.169.254/computeMetadata/v1/", "http://192.0.2.1/generate_204"):
@@ -202,7 +205,7 @@ def test_health_default_url_replaces_only_the_crds_default(monkeypatch):
 
 def test_one_slow_proxy_does_not_delay_the_others_status_writes(fleet, settings, squids, next_address):
     sq = squids(start_squid(next_address()))
-    hole = Blackhole("127.0.3.6")  # accepts, never answers: the probe waits its whole timeout
+    hole = Blackhole(NET.host(6))  # accepts, never answers: the probe waits its whole timeout
     try:
         slow = fleet.external("slow", hole.address, hole.port, health={"timeoutSeconds": 30, "intervalSeconds": 60})
         fast = [fleet.external(f"fast{i}", sq.address, sq.port) for i in range(3)]

@@ -13,6 +13,7 @@ from app import serving
 from app import squid as squid_conf
 from app.health import schedule
 from app.health import probe as p
+from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole, free_port
 from tests.support.squid import SquidProcess, loopback_policy
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def steady_squid():
     """A Squid that stays up for the tests that never stop it."""
-    proc = start_squid("127.0.3.9")
+    proc = start_squid(NET.host(9))
     yield proc
     proc.stop()
 
@@ -109,7 +110,7 @@ def test_status_is_written_on_transitions_only(fake, fleet, settings, steady_squ
 
 
 def test_a_new_reason_updates_the_condition_but_not_its_transition_time(fleet, settings):
-    hole = Blackhole("127.0.3.4")
+    hole = Blackhole(NET.host(4))
     px = fleet.external("d", hole.address, hole.port, health={"timeoutSeconds": 1})
     fleet.probe([px], settings)
     first = conds(fleet.read("default", "d"))["Healthy"]
@@ -124,8 +125,8 @@ def test_a_new_reason_updates_the_condition_but_not_its_transition_time(fleet, s
 
 
 def test_never_healthy_goes_failed_after_the_provisioning_deadline(fleet, settings):
-    port = free_port("127.0.3.4")
-    px = fleet.external("e", "127.0.3.4", port)
+    port = free_port(NET.host(4))
+    px = fleet.external("e", NET.host(4), port)
     report = fleet.probe([px], settings)
     assert report.went_failed == 0
     report = fleet.probe([px], settings, clock=lambda: time.time() + settings.provision_deadline + 1)
@@ -164,7 +165,7 @@ def test_probe_side_outage_marks_nothing_unhealthy(fleet, settings, squids, next
 
 def test_failure_reasons_are_counted_in_the_metric(fleet, settings):
     before = REGISTRY.get_sample_value("proxy_operator_probe_failures_total", {"reason": p.CONNECTION_REFUSED}) or 0
-    px = fleet.external("m", "127.0.3.4", free_port("127.0.3.4"))
+    px = fleet.external("m", NET.host(4), free_port(NET.host(4)))
     fleet.probe([px], settings)
     after = REGISTRY.get_sample_value("proxy_operator_probe_failures_total", {"reason": p.CONNECTION_REFUSED})
     assert after == before + 1
@@ -201,11 +202,11 @@ def test_a_withdrawn_or_readdressed_proxy_is_not_resurrected(fleet, settings, st
 
     def republish_meanwhile(record):
         # The reconciler replaces the instance while this probe is in flight: a new address.
-        serving.publish(fleet.r, px2, address="127.0.3.250", port=sq.port, phase="Running")
+        serving.publish(fleet.r, px2, address=NET.host(250), port=sq.port, phase="Running")
         return None
 
     report = fleet.probe([px2], settings, credentials=republish_meanwhile)
     assert report.probed == 1 and report.succeeded == 1
     rec = serving.get(fleet.r, px2.uid)
-    assert rec["address"] == "127.0.3.250"
+    assert rec["address"] == NET.host(250)
     assert (rec["health"], rec["healthy"], rec["successes"]) == ("unknown", "0", "0")  # old result not applied

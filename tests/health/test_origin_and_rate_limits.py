@@ -23,17 +23,18 @@ from prometheus_client import REGISTRY
 from app import serving
 from app.health import engine
 from app.health import probe as p
+from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import OriginServer, free_port
 
 pytestmark = pytest.mark.timeout(90)
 
-OUTAGE_ORIGIN = "127.0.3.5"
+OUTAGE_ORIGIN = NET.host(5)
 
 
 @pytest.fixture(scope="module")
 def shared_squid():
-    proc = start_squid("127.0.3.8")
+    proc = start_squid(NET.host(8))
     yield proc
     proc.stop()
 
@@ -141,15 +142,14 @@ def test_rate_limited_withdraws_when_the_proxy_says_so(fleet, settings, shared_s
 def test_ready_unhealthy_and_deadline_each_emit_one_event(fleet, settings, squids, next_address):
     sq = squids(start_squid(next_address()))
     px = fleet.external("ev", sq.address, sq.port, health={"failureThreshold": 1})
-    record = fleet.kube.record_event
-    fleet.probe([px], settings, record_event=record)
-    fleet.probe([px], settings, record_event=record)  # still Ready: no second Event
+    fleet.probe([px], settings, events=True)
+    fleet.probe([px], settings, events=True)  # still Ready: no second Event
     sq.stop()
-    fleet.probe([px], settings, record_event=record)
-    fleet.probe([px], settings, record_event=record)  # still Unhealthy: none either
-    dead = fleet.external("ev-dead", "127.0.3.4", free_port("127.0.3.4"))
-    fleet.probe([dead], settings, record_event=record)
-    fleet.probe([dead], settings, record_event=record, clock=lambda: time.time() + settings.provision_deadline + 1)
+    fleet.probe([px], settings, events=True)
+    fleet.probe([px], settings, events=True)  # still Unhealthy: none either
+    dead = fleet.external("ev-dead", NET.host(4), free_port(NET.host(4)))
+    fleet.probe([dead], settings, events=True)
+    fleet.probe([dead], settings, events=True, clock=lambda: time.time() + settings.provision_deadline + 1)
 
     events = k8s.CoreV1Api(fleet.kube.client).list_namespaced_event("default").items
     # (the reconciler's create step emitted "Running" for each: not the health engine's)

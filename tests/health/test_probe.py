@@ -8,6 +8,7 @@ import pytest
 
 from app import squid as squid_conf
 from app.health import probe as p
+from tests.health.conftest import NET
 from tests.health.fleet import htpasswd_file, start_squid
 from tests.health.servers import Blackhole, TLSOrigin, free_port
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def tls_origin():
-    server = TLSOrigin("127.0.3.2").start()
+    server = TLSOrigin(NET.host(2)).start()
     yield server
     server.stop()
 
@@ -24,7 +25,7 @@ def tls_origin():
 @pytest.fixture(scope="module")
 def squid(tls_origin):
     """A Squid whose CONNECT policy also allows the TLS origin's port."""
-    proc = start_squid("127.0.3.5", policy=squid_conf.SquidPolicy(connect_ports=(443, tls_origin.port)))
+    proc = start_squid(NET.host(5), policy=squid_conf.SquidPolicy(connect_ports=(443, tls_origin.port)))
     yield proc
     proc.stop()
 
@@ -32,7 +33,7 @@ def squid(tls_origin):
 @pytest.fixture(scope="module")
 def auth_squid(tls_origin):
     path = htpasswd_file("crawler", "s3cret-pass")
-    proc = start_squid("127.0.3.6", policy=squid_conf.SquidPolicy(
+    proc = start_squid(NET.host(6), policy=squid_conf.SquidPolicy(
         connect_ports=(443, tls_origin.port), basic_auth_file=path))
     yield proc
     proc.stop()
@@ -45,27 +46,27 @@ def target(proxy, url, **kw) -> p.ProbeTarget:
 def test_success_learns_the_egress_ip(squid, origin):
     res = p.probe(target(squid, origin.url("/generate_204"), want_egress=True), echo_url=origin.url("/ip"))
     assert (res.ok, res.reason, res.status) == (True, p.OK, 204)
-    assert res.egress_ip == "127.0.3.5"  # the echo saw the proxy's outgoing address
+    assert res.egress_ip == NET.host(5)  # the echo saw the proxy's outgoing address
     assert res.latency_ms > 0
 
 
 def test_egress_from_a_json_echo_and_errors_from_a_bad_one(squid, origin):
     res = p.probe(target(squid, origin.url("/generate_204"), want_egress=True), echo_url=origin.url("/ip.json"))
-    assert res.egress_ip == "127.0.3.5"
+    assert res.egress_ip == NET.host(5)
     res = p.probe(target(squid, origin.url("/generate_204"), want_egress=True), echo_url=origin.url("/garbage"))
     assert res.ok and res.egress_ip is None and "not an IP address" in res.egress_error
 
 
 def test_connection_refused(squid, origin):
-    closed = free_port("127.0.3.5")
-    res = p.probe(p.ProbeTarget("u", "127.0.3.5", closed, origin.url("/generate_204"), timeout=3))
+    closed = free_port(NET.host(5))
+    res = p.probe(p.ProbeTarget("u", NET.host(5), closed, origin.url("/generate_204"), timeout=3))
     assert (res.ok, res.reason) == (False, p.CONNECTION_REFUSED)
-    assert f"127.0.3.5:{closed}" in res.message
+    assert f"{NET.host(5)}:{closed}" in res.message
 
 
 @pytest.mark.parametrize("https", [False, True])
 def test_timeout_on_a_proxy_that_never_answers(origin, tls_origin, https):
-    hole = Blackhole("127.0.3.3")
+    hole = Blackhole(NET.host(3))
     try:
         url = tls_origin.url("/generate_204") if https else origin.url("/generate_204")
         t0 = time.monotonic()
@@ -102,7 +103,7 @@ def test_unexpected_status(squid, origin):
 
 
 def test_unreachable_origin_is_an_unexpected_status_naming_the_proxy_error(squid):
-    res = p.probe(target(squid, f"http://127.0.3.2:{free_port('127.0.3.2')}/generate_204"))
+    res = p.probe(target(squid, f"http://{NET.host(2)}:{free_port(NET.host(2))}/generate_204"))
     assert (res.reason, res.status) == (p.UNEXPECTED_STATUS, 503)
     assert "ERR_CONNECT_FAIL" in res.message
 
@@ -117,23 +118,23 @@ def test_https_through_connect_with_a_trusted_ca(squid, tls_origin):
     res = p.probe(target(squid, tls_origin.url("/generate_204"), want_egress=True),
                   echo_url=tls_origin.url("/ip"), ca_bundle=tls_origin.cert_path)
     assert res.ok, res.message
-    assert res.egress_ip == "127.0.3.5"
+    assert res.egress_ip == NET.host(5)
 
 
 def test_connect_to_a_port_other_than_443_is_refused_by_default(origin, tls_origin, squids):
-    plain = squids(start_squid("127.0.3.7"))
+    plain = squids(start_squid(NET.host(7)))
     res = p.probe(target(plain, tls_origin.url("/generate_204")))
     assert (res.ok, res.reason, res.status) == (False, p.TUNNEL_FAILED, 403)
 
 
 def test_a_client_outside_the_allowed_ranges_is_refused(origin, squids):
-    narrow = squids(start_squid("127.0.3.8", policy=squid_conf.SquidPolicy(allowed_ranges=("10.0.0.0/8",))))
+    narrow = squids(start_squid(NET.host(8), policy=squid_conf.SquidPolicy(allowed_ranges=("10.0.0.0/8",))))
     res = p.probe(target(narrow, origin.url("/generate_204")))
     assert (res.reason, res.status) == (p.UNEXPECTED_STATUS, 403)
 
 
 def test_a_batch_is_probed_concurrently(origin):
-    holes = [Blackhole("127.0.3.3") for _ in range(8)]
+    holes = [Blackhole(NET.host(3)) for _ in range(8)]
     try:
         targets = [p.ProbeTarget(str(i), h.address, h.port, origin.url("/generate_204"), timeout=1)
                    for i, h in enumerate(holes)]

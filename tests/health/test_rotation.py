@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from app import serving
 from app import squid as squid_conf
 from app.health.credentials import SecretCredentials
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.resources import API_VERSION, KIND
 from tests.health.servers import free_port
 from tests.support.kubelet import write_atomic
@@ -81,7 +81,7 @@ def test_a_rotation_in_either_order_never_withdraws_the_proxy(fake, fleet, setti
     serving.publish(fleet.r, px, address=squid.address, port=squid.port, phase="Running",
                     auth_secret="rotated-proxy-auth")
     put_secret(api, px, OLD, create=True)
-    creds = SecretCredentials(Kube(api), ttl=3600)  # a long cache: only a 407 reads the Secret again
+    creds = SecretCredentials(KubernetesGateway(api), ttl=3600)  # a long cache: only a 407 reads the Secret again
 
     def probe():
         report = fleet.probe([px], settings, credentials=creds)
@@ -101,7 +101,7 @@ def test_a_rotation_in_either_order_never_withdraws_the_proxy(fake, fleet, setti
 
     # 2. The probes learn the next password before the instance does.
     put_secret(api, px, OLD)
-    creds = SecretCredentials(Kube(api), ttl=3600)  # a fresh cache reads OLD at once
+    creds = SecretCredentials(KubernetesGateway(api), ttl=3600)  # a fresh cache reads OLD at once
     rec = probe()
     assert "previous password" in rec["lastMessage"]
     assert lease_password(fleet.r, px.uid) == NEW  # still the pair the proxy accepts
@@ -121,6 +121,6 @@ def test_a_forged_record_gets_no_fallback_credentials(fake, fleet, settings, aut
     # published with a Secret the Proxy does not own: no credentials, and no fallback either
     serving.publish(fleet.r, px, address=squid.address, port=squid.port, phase="Running",
                     auth_secret="victim2-proxy-auth")
-    report = fleet.probe([px], settings, credentials=SecretCredentials(Kube(fake.api_client())))
+    report = fleet.probe([px], settings, credentials=SecretCredentials(KubernetesGateway(fake.api_client())))
     assert report.failed == 1 and report.reasons == {"ProxyAuthRequired": 1}
     assert base64.b64encode(OLD.encode()).decode() not in squid.log()

@@ -15,7 +15,8 @@ Typical use::
 
 Test hooks: :meth:`FakeKube.compact` (force 410), :meth:`FakeKube.hang_watches` (a stream
 that stops answering), :meth:`FakeKube.fail_next` (scripted errors), :meth:`FakeKube.delay_next` (a request in flight),
-:meth:`FakeKube.request_count`, :meth:`FakeKube.set_admission` (CRD validation/defaulting).
+:meth:`FakeKube.request_count`, :meth:`FakeKube.set_admission` (CRD validation/defaulting),
+``FakeKube.store.seed`` (store many objects at once before serving, for benchmarks).
 Fixtures live in :mod:`tests.kubefake.fixtures`.
 """
 

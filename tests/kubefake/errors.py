@@ -20,15 +20,19 @@ class ApiError(Exception):
         reason: ``metav1.StatusReason`` (``NotFound``, ``Conflict``, ``Invalid``, ...).
         message: human-readable message.
         details: ``metav1.StatusDetails`` dict or ``None``.
+        metadata: the Status's ``ListMeta`` (a 410 for an expired ``continue`` token carries
+            the token of an inconsistent continuation there), ``None`` for none.
     """
 
-    def __init__(self, code: int, reason: str, message: str, details: dict | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None,
+                 metadata: dict | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
+        self.metadata = metadata
 
     def status(self) -> dict:
         """Return the ``Status`` object for the response body."""
-        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        body = {"kind": "Status", "apiVersion": "v1", "metadata": dict(self.metadata or {}), "status": "Failure",
                 "message": self.message, "reason": self.reason, "code": self.code}
         if self.details is not None:
             body["details"] = self.details
@@ -68,6 +72,10 @@ class ApiError(Exception):
     @classmethod
     def gone(cls, message: str) -> "ApiError":
         return cls(410, "Expired", message)
+
+    @classmethod
+    def not_acceptable(cls, message: str) -> "ApiError":
+        return cls(406, "NotAcceptable", message)
 
     @classmethod
     def method_not_allowed(cls, message: str = "the server does not allow this method on the requested "

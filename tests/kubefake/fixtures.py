@@ -7,11 +7,19 @@ the fixture names into a test module.
 * ``kube_client`` — a :class:`kubernetes.client.ApiClient` for it.
 * ``kubeconfig`` — path of a kubeconfig for it, also exported as ``KUBECONFIG`` for the test
   (so :func:`app.kube.api_client` in this process and in subprocesses reaches the fake).
+* ``fake`` / ``api`` — the same ``kube`` / ``kube_client`` under the names most test modules
+  use (one fake per test whichever names it is asked by).
+* ``custom_api`` — a :class:`kubernetes.client.CustomObjectsApi` on ``kube_client`` (the
+  watcher tests create and patch Proxies with it).
+
+A module or area that needs something else under one of these names (``tests/gcp``'s
+``fake`` is the Compute Engine fake) overrides it in its own conftest or module.
 """
 
 from __future__ import annotations
 
 import pytest
+from kubernetes import client as k8s
 
 from tests.kubefake.server import FakeKube
 
@@ -42,3 +50,21 @@ def kubeconfig(kube, tmp_path, monkeypatch):
     path = kube.write_kubeconfig(str(tmp_path / "kubeconfig"))
     monkeypatch.setenv("KUBECONFIG", path)
     return path
+
+
+@pytest.fixture
+def fake(kube):
+    """The test's API fake: the same object as ``kube``."""
+    return kube
+
+
+@pytest.fixture
+def api(kube_client):
+    """An ApiClient bound to the test's API fake: the same object as ``kube_client``."""
+    return kube_client
+
+
+@pytest.fixture
+def custom_api(kube_client):
+    """A CustomObjectsApi on ``kube_client`` (Proxies are custom objects)."""
+    return k8s.CustomObjectsApi(kube_client)

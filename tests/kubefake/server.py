@@ -11,7 +11,10 @@ real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``; ag
 For the real ``kubectl`` (see :mod:`tests.kubefake.openapi`, :mod:`tests.kubefake.tables`,
 :mod:`tests.kubefake.apply`): OpenAPI v3 (``/openapi/v3``, per group-version) and v2 (JSON)
 built from the CRDs under ``deploy/crd``; Table answers for ``Accept: ...;as=Table;g=meta.k8s.io``
-(lists, single objects and watches) with the CRDs' printer columns; server-side apply
+(lists, single objects and watches) with the CRDs' printer columns; metadata-only answers
+(``as=PartialObjectMetadataList`` for lists, ``as=PartialObjectMetadata`` for an object or a
+watch, :mod:`tests.kubefake.negotiation`); paged lists (``limit``/``continue`` from one
+snapshot, see :meth:`tests.kubefake.store.Store.list`); server-side apply
 (``PATCH`` with ``application/apply-patch+yaml``, ``fieldManager``, ``force``, managedFields,
 409 conflicts); ``fieldValidation`` passed to admission (``Strict``: unknown fields are a 400).
 
@@ -38,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from tests.kubefake import openapi
+from tests.kubefake import negotiation, openapi
 from tests.kubefake import resources as R
 from tests.kubefake import tables
 from tests.kubefake.errors import ApiError
@@ -71,6 +74,7 @@ class _WatchStream:
         self.hung = threading.Event()
         self.columns: list | None = None  # Table columns when the client asked for Tables
         self.include = "Metadata"
+        self.partial = False  # events carry PartialObjectMetadata (as=PartialObjectMetadata)
 
 
 class FakeKube:
@@ -449,11 +453,18 @@ class _Handler(BaseHTTPRequestHandler):
                     self._watch(rt, namespace, query)
                     return None, b""
                 limit = query.get("limit")
+                form = negotiation.requested_form(self.headers.get("Accept"))
+                negotiation.check_fits(form, is_list=True)
+                try:
+                    limit_n = int(limit) if limit else None
+                except ValueError:
+                    raise ApiError.bad_request(f"invalid limit {limit!r}") from None
                 out = store.list(rt, namespace, label_selector=query.get("labelSelector"),
                                  field_selector=query.get("fieldSelector"),
-                                 limit=int(limit) if limit else None,
-                                 continue_token=query.get("continue") or None)
-                return 200, self._maybe_table(rt, out, query, is_list=True)
+                                 limit=limit_n if limit_n and limit_n > 0 else None,
+                                 continue_token=query.get("continue") or None,
+                                 metadata_only=form == negotiation.PARTIAL_LIST)
+                return 200, out if form == negotiation.PARTIAL_LIST else self._maybe_table(rt, out, query, is_list=True)
             if method == "POST":
                 if rt.namespaced and namespace is None:
                     raise ApiError.method_not_allowed()
@@ -509,7 +520,11 @@ class _Handler(BaseHTTPRequestHandler):
         return query.get("fieldManager") or (self.headers.get("User-Agent") or "unknown").split("/")[0] or "unknown"
 
     def _maybe_table(self, rt: ResourceType, raw: bytes, query: dict, *, is_list: bool) -> bytes:
-        """``raw`` (a list or an object), or its Table when the client asked for one."""
+        """``raw`` (a list or an object), or its Table or PartialObjectMetadata when the client asked for one."""
+        form = negotiation.requested_form(self.headers.get("Accept"))
+        negotiation.check_fits(form, is_list=is_list)
+        if form == negotiation.PARTIAL:
+            return dumps(negotiation.partial(json.loads(raw)))
         if not tables.wants_table(self.headers.get("Accept", "")):
             return raw
         doc = json.loads(raw)
@@ -591,6 +606,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.fake
         bookmarks = query.get("allowWatchBookmarks", "").lower() in _TRUE
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else fake.default_watch_timeout
+        form = negotiation.requested_form(self.headers.get("Accept"))
+        negotiation.check_fits(form, is_list=False)  # each event carries one object
         try:
             sub = fake.store.subscribe(rt, namespace, label_selector=query.get("labelSelector"),
                                        field_selector=query.get("fieldSelector"),
@@ -610,6 +627,7 @@ class _Handler(BaseHTTPRequestHandler):
         if tables.wants_table(self.headers.get("Accept", "")):  # kubectl get -w: one-row Tables
             stream.columns = tables.columns_of(fake.crds.get((rt.group, rt.version, rt.plural)))
             stream.include = query.get("includeObject") or "Metadata"
+        stream.partial = form == negotiation.PARTIAL
         with fake._lock:
             fake._watches.add(stream)
         release = fake._release
@@ -659,6 +677,9 @@ class _Handler(BaseHTTPRequestHandler):
             if stream.columns is not None:
                 out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), dumps(tables.table(
                     stream.columns, [ev.obj], {"resourceVersion": str(ev.rv)}, stream.include))) for ev in events]
+            elif stream.partial:
+                out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), dumps(negotiation.partial(ev.obj)))
+                       for ev in events]
             else:
                 out = [b'{"type":"%s","object":%s}\n' % (ev.type.encode(), ev.raw) for ev in events]
             if bookmarks and time.monotonic() >= next_bookmark:

@@ -16,6 +16,9 @@ What it reproduces from kube-apiserver (and where upstream defines it):
 * Finalizers: DELETE of an object with finalizers sets ``deletionTimestamp`` and keeps it
   (MODIFIED); no new finalizer may be added afterwards (422); the write that removes the
   last finalizer is stored (MODIFIED) and then the object is removed (DELETED).
+* Lists: ``limit``/``continue`` paging from one consistent snapshot, ``remainingItemCount``,
+  410 Expired (with an inconsistent-continuation token) once the snapshot is compacted away,
+  and metadata-only ``PartialObjectMetadataList`` answers (see :meth:`Store.list`).
 * Watch: events after a given resourceVersion; 410 Expired when that version is older than
   the retained history (etcd compaction); label-selector watches turn "stopped matching"
   into DELETED and "started matching" into ADDED (upstream's filtered watch).
@@ -30,11 +33,13 @@ Objects are stored as immutable dicts with their JSON encoding; never mutate a s
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import random
 import re
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
@@ -53,6 +58,13 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/rand
+#: List snapshots kept for continued pages (older ones are rebuilt from the retained history).
+_SNAPSHOTS_KEPT = 8
+_EXPIRED_CONTINUE = ("The provided continue parameter is too old to display a consistent list result. You can "
+                     "start a new list without the continue parameter, or use the continue token in this response "
+                     "to retrieve the remainder of the results. Continuing with the provided token results in an "
+                     "inconsistent list - objects that were created, modified, or deleted between the time the "
+                     "first chunk was returned and now may show up in the list.")
 _SYSTEM_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
                 "generation", "name", "namespace")
 
@@ -126,6 +138,7 @@ class Store:
         self._history: list[Event] = []  # _history[i].rv == _compacted + 1 + i
         self._objects: dict[ResourceType, dict[tuple[str, str], Entry]] = {t: {} for t in self.types.values()}
         self._admission: dict[ResourceType, Admit] = {}
+        self._snapshots: OrderedDict = OrderedDict()  # (type, rv) -> (sorted keys, their entries)
         self._closed = False
         for ns in ("default", "kube-system"):
             if R.NAMESPACES in self._objects:
@@ -221,56 +234,150 @@ class Store:
 
     def list(self, rt: ResourceType, namespace: str | None, *, label_selector: str | None = None,
              field_selector: str | None = None, limit: int | None = None,
-             continue_token: str | None = None) -> bytes:
-        """Return a ``<Kind>List`` body.
+             continue_token: str | None = None, metadata_only: bool = False) -> bytes:
+        """Return a ``<Kind>List`` body, or a ``PartialObjectMetadataList`` with ``metadata_only``.
+
+        Paging as kube-apiserver does it (API concepts, "Retrieving large results sets in
+        chunks"): a page holds at most ``limit`` items, in namespace/name order; when more
+        match, ``metadata.continue`` says where the next page starts and, for a list without
+        selectors, ``metadata.remainingItemCount`` how many items follow.  Continued pages are
+        served from the snapshot of the first page: the same ``resourceVersion``, and objects
+        written meanwhile as they were then.  A token whose snapshot is older than the retained
+        history (compacted, like etcd's revisions) gets 410 Expired; that Status carries in
+        ``metadata.continue`` a token that goes on from the current state instead (an
+        inconsistent list), as upstream's does.
 
         Args:
             namespace: ``None`` for all namespaces (or a cluster-scoped type).
-            limit / continue_token: pagination; continued pages are served from the current
-                state (upstream serves them from a snapshot), which can only repeat or add items.
+            limit / continue_token: pagination.
+            metadata_only: answer ``meta.k8s.io/v1`` ``PartialObjectMetadataList`` whose items are
+                ``PartialObjectMetadata`` (``kind``, ``apiVersion`` and the whole ``metadata``
+                only), what a client asking for ``as=PartialObjectMetadataList`` gets.
         Raises:
-            ApiError: 400 for a bad selector or continue token.
+            ApiError: 400 for a bad selector or continue token; 410 for an expired token.
         """
         labels = label_matcher(label_selector)
         fields = field_matcher(field_selector, rt.field_selectors)
         start_after: tuple[str, str] | None = None
-        with self.cond:
-            rv = self._rv
-            entries = list(self._objects[rt].items())
+        token_rv: int | None = None
         if continue_token:
             try:
                 tok = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
-                start_after, rv = tuple(tok["start"]), int(tok["rv"])
+                start_after, token_rv = tuple(tok["start"]), int(tok["rv"])
+                if len(start_after) != 2 or not all(isinstance(p, str) for p in start_after):
+                    raise ValueError(continue_token)
             except (ValueError, KeyError, TypeError):
                 raise ApiError.bad_request(f"invalid continue token {continue_token!r}") from None
-        entries.sort(key=lambda kv: kv[0])
+        with self.cond:
+            if token_rv is not None and token_rv > self._rv:
+                raise ApiError.bad_request(f"invalid continue token {continue_token!r}")
+            if token_rv is not None and 0 <= token_rv < self._compacted:
+                raise ApiError(410, "Expired", _EXPIRED_CONTINUE,
+                               metadata={"continue": _continue_token(-1, start_after)})
+            rv = self._rv if token_rv is None or token_rv < 0 else token_rv  # -1: from the current state
+            keys, entries = self._snapshot(rt, rv)
+        start = bisect.bisect_right(keys, start_after) if start_after is not None else 0
+        end = len(keys)
+        if namespace is not None:  # keys sort by (namespace, name): one namespace is one run
+            start = max(start, bisect.bisect_left(keys, (namespace, "")))
+            end = bisect.bisect_left(keys, (namespace + "\0",))
         out: list[bytes] = []
-        more: tuple[str, str] | None = None
-        last: tuple[str, str] | None = None
-        remaining = 0
-        for key, entry in entries:
-            if namespace is not None and key[0] != namespace:
-                continue
-            if start_after is not None and key <= start_after:
-                continue
+        last = more = -1
+        for i in range(start, end):
+            entry = entries[i]
             if labels and not labels(entry.obj):
                 continue
             if fields and not fields(entry.obj):
                 continue
             if limit and len(out) >= limit:
-                if more is None:
-                    more = last
-                remaining += 1
-                continue
-            out.append(entry.raw)
-            last = key
+                more = last
+                break
+            out.append(dumps({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                              "metadata": entry.obj.get("metadata", {})}) if metadata_only else entry.raw)
+            last = i
         meta: dict = {"resourceVersion": str(rv)}
-        if more is not None:
-            meta["continue"] = base64.urlsafe_b64encode(dumps({"rv": rv, "start": list(more)})).decode()
+        if more >= 0:
+            meta["continue"] = _continue_token(rv, keys[more])
             if not labels and not fields:
-                meta["remainingItemCount"] = remaining
-        head = dumps({"apiVersion": rt.api_version, "kind": rt.list_kind, "metadata": meta})
+                meta["remainingItemCount"] = end - more - 1
+        if metadata_only:
+            head = dumps({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta})
+        else:
+            head = dumps({"apiVersion": rt.api_version, "kind": rt.list_kind, "metadata": meta})
         return head[:-1] + b',"items":[' + b",".join(out) + b"]}"
+
+    def _snapshot(self, rt: ResourceType, rv: int) -> tuple[list, list]:
+        """The sorted keys of ``rt`` and their entries as they were at ``rv``.
+
+        The caller holds the lock and has checked ``compacted <= rv <= current``: the retained
+        history then holds every write after ``rv``, and undoing them gives the state at ``rv``.
+        """
+        cached = self._snapshots.get((rt, rv))
+        if cached is not None:
+            self._snapshots.move_to_end((rt, rv))
+            return cached
+        objects = self._objects[rt]
+        if rv < self._rv:
+            objects = dict(objects)
+            for ev in reversed(self._history[rv - self._compacted:]):
+                if ev.rtype is not rt:
+                    continue
+                if ev.old is None:  # ADDED
+                    objects.pop((ev.namespace, ev.name), None)
+                else:
+                    objects[(ev.namespace, ev.name)] = Entry(ev.old, dumps(ev.old))
+        items = sorted(objects.items(), key=lambda kv: kv[0])
+        snapshot = ([k for k, _ in items], [e for _, e in items])
+        self._snapshots[(rt, rv)] = snapshot
+        while len(self._snapshots) > _SNAPSHOTS_KEPT:
+            self._snapshots.popitem(last=False)
+        return snapshot
+
+    def seed(self, rt: str | ResourceType, objects: Iterable[dict]) -> int:
+        """Store many objects at once, as given (benchmark setup); return how many.
+
+        Each object keeps everything it carries (``status`` included) and gets what the server
+        would have set when missing: ``apiVersion``/``kind``, ``metadata.namespace``
+        (``default``), ``uid``, ``creationTimestamp``, ``generation`` 1 (types that track it),
+        and the next resourceVersion.  No admission, defaulting or validation runs and no watch
+        event is kept: the retained history is compacted past the seeded objects (as after an
+        etcd compaction), so a watch from an earlier resourceVersion gets 410 Expired.  The
+        dicts become the store's: do not touch them afterwards.
+
+        Raises:
+            ApiError: 409 when an object of that name exists already (objects before it are stored).
+        """
+        rt = self.type_named(rt)
+        now = now_rfc3339()
+        count = 0
+        with self.cond:
+            stored = self._objects[rt]
+            try:
+                for obj in objects:
+                    meta = obj.setdefault("metadata", {})
+                    if rt.namespaced:
+                        namespace = meta.setdefault("namespace", "default")
+                    else:
+                        namespace = ""
+                        meta.pop("namespace", None)
+                    key = (namespace, meta["name"])
+                    if key in stored:
+                        raise ApiError.already_exists(rt.group, rt.plural, meta["name"])
+                    obj.setdefault("apiVersion", rt.api_version)
+                    obj.setdefault("kind", rt.kind)
+                    meta.setdefault("uid", str(uuid.uuid4()))
+                    meta.setdefault("creationTimestamp", now)
+                    if rt.track_generation:
+                        meta.setdefault("generation", 1)
+                    self._rv += 1
+                    meta["resourceVersion"] = str(self._rv)
+                    stored[key] = Entry(obj, dumps(obj))
+                    count += 1
+            finally:
+                self._history.clear()
+                self._compacted = self._rv
+                self.cond.notify_all()
+        return count
 
     # -- writes ----------------------------------------------------------------------------
     def create(self, rt: ResourceType, namespace: str, body, *, dry_run: bool = False,
@@ -646,6 +753,12 @@ class Store:
             self._compacted += drop
         self.cond.notify_all()
         return entry
+
+
+def _continue_token(rv: int, start_after: tuple[str, str]) -> str:
+    """An opaque ``continue`` token: the snapshot's resourceVersion (-1: the current state) and
+    the key after which the next page starts."""
+    return base64.urlsafe_b64encode(dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": list(start_after)})).decode()
 
 
 def _spec_part(obj: dict) -> dict:

@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from app import gc
 from app.config import ProvidersConfig
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.naming import instance_name
 from app.providers.kvm.provider import KvmProvider
 from app.providers.registry import build
@@ -35,7 +35,7 @@ def _ctx(kube_client, redis_client, entry: dict, retired: list | None = None) ->
     made = KvmProvider(pc)
     registry = build(ProvidersConfig((pc,)), {"kvm": lambda _pc: made})
     retire = (lambda name, pid, ref: retired.append((name, pid))) if retired is not None else None
-    return Context(kube=Kube(kube_client), registry=registry, redis=redis_client, retire=retire,
+    return Context(kube=KubernetesGateway(kube_client), registry=registry, redis=redis_client, retire=retire,
                    settings=Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1))
 
 
@@ -60,7 +60,7 @@ def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube
                                                 "placement": {"zone": "h1", "image": key, "machineType": "small"}})
     creating = Background(create, ctx, ref)
     wait_until(lambda: rig.images.gets.get(path) == 1, 20, "image download started")
-    assert Kube(kube_client).get_proxy(NS, "kvm-slow-1").status["providerID"] == \
+    assert KubernetesGateway(kube_client).get_proxy(NS, "kvm-slow-1").status["providerID"] == \
         f"hosts/h1/domains/{instance_name(ref.uid)}"
     k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-slow-1")
     followup = delete(ctx, ref)
@@ -68,7 +68,7 @@ def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube
         assert followup.action == DELETE
         time.sleep(followup.delay)
         followup = delete(ctx, ref, followup.attempt)
-    assert Kube(kube_client).get_proxy(NS, "kvm-slow-1") is None
+    assert KubernetesGateway(kube_client).get_proxy(NS, "kvm-slow-1") is None
     try:
         creating.join(60)  # defines and starts the domain, finds the Proxy gone, deletes it
     except Exception:  # noqa: BLE001 - what the create reports does not matter; what it leaves does
@@ -91,10 +91,10 @@ def test_moving_off_a_dead_host_creates_on_the_new_one_without_touching_the_old(
     provider = ctx.registry.get("kvm-test")
     ref = _apply(kube_client, "kvm-move-1", {"provider": "kvm-test",
                                                 "placement": {"zone": "h1", "image": key, "machineType": "small"}})
-    proxy = Kube(kube_client).add_finalizer(Kube(kube_client).get_proxy(NS, "kvm-move-1"))
+    proxy = KubernetesGateway(kube_client).add_finalizer(KubernetesGateway(kube_client).get_proxy(NS, "kvm-move-1"))
     old_id = f"hosts/h1/domains/{instance_name(ref.uid)}"
     # It ran on h1 before h1 died.
-    Kube(kube_client).patch_status(proxy, {"phase": "Ready", "providerID": old_id, "provider": "kvm-test",
+    KubernetesGateway(kube_client).patch_status(proxy, {"phase": "Ready", "providerID": old_id, "provider": "kvm-test",
                                            "specHash": proxy.spec_hash, "observedGeneration": proxy.generation})
     k8s.CustomObjectsApi(kube_client).patch_namespaced_custom_object(
         GROUP, VERSION, NS, PLURAL, "kvm-move-1", {"spec": {"placement": {"zone": "h2"}}})
@@ -102,15 +102,15 @@ def test_moving_off_a_dead_host_creates_on_the_new_one_without_touching_the_old(
     followup = create(ctx, ref)
 
     assert followup is not None and followup.action != DELETE
-    status = Kube(kube_client).get_proxy(NS, "kvm-move-1").status
+    status = KubernetesGateway(kube_client).get_proxy(NS, "kvm-move-1").status
     assert status["providerID"] == f"hosts/h2/domains/{instance_name(ref.uid)}"
     assert instance_name(ref.uid) in _domains(provider, "h2")
     # The old instance is handed to its own host's queue, not deleted from here.
     assert retired == [("kvm-test", old_id)]
-    from workers import routing
-    assert routing.queue_for_instance(provider, old_id) == "kvm.kvm-test.h1"
+    from app.wiring import router
+    assert router(ctx.registry.configs.values()).queue_for_instance("kvm-test", old_id) == "kvm.kvm-test.h1"
     # h1 never comes back in time: GC collects the instance it left as superseded.
-    proxies = Kube(kube_client).list_proxies()
+    proxies = KubernetesGateway(kube_client).list_proxies()
     live, current = gc.current_instances(proxies, "kvm-test")
     from datetime import datetime, timedelta, timezone
 

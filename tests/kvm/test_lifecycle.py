@@ -268,13 +268,17 @@ def test_bad_placement_is_permanent_without_dialling(rig, make_provider, request
     assert provider.link("h1").dials == 0
 
 
-def test_queue_for_names_the_host_queue(make_provider, rig):
+def test_work_for_a_host_is_routed_to_the_host_queue(make_provider, rig):
+    from app.wiring import router
+    from tests.kvm import harness
+
     provider = make_provider(rig.entry(hosts=[rig.host("h1"), rig.host("h2")]))
-    assert provider.queue_for("h2") == "kvm.kvm-test.h2"
-    assert provider.queue_for("h9") is None
-    assert provider.queue_for(None) is None
+    route = router([harness.provider_config(rig.entry(hosts=[rig.host("h1"), rig.host("h2")]))])
+    assert route.queue_for("kvm-test", "h2") == "kvm.kvm-test.h2"
+    assert route.queue_for("kvm-test", "h9") == route.queue_for("kvm-test", None) == "proxies"
+    assert provider.hosts() == list(route.host_queues("kvm-test")) == ["h1", "h2"]
     single = make_provider()
-    assert single.queue_for(None) == "kvm.kvm-test.h1"
+    assert router([harness.provider_config(rig.entry())]).queue_for("kvm-test", None) == "kvm.kvm-test.h1"
     assert single.hosts() == ["h1"]
     assert single.host_of("hosts/h1/domains/x") == "h1"
 

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -50,6 +51,9 @@ from tests.kvm import guest_image, harness
 from tests.support.cluster import FakeCluster
 from tests.support.processes import BIN, Process, celery_beat, watcher
 from tests.support.waiting import wait_for
+
+# libvirt prints every error to stderr by default; the console tap's retries are expected ones.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 pytestmark = [pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -96,6 +100,72 @@ def _bridge(ns: Netns, port: int, sockdir: str, name: str) -> list[Process]:
     return [outside, inside]
 
 
+class ConsoleTap:
+    """Records the guest's serial console (``console=ttyS0``) from the moment its domain runs.
+
+    A background thread waits for the domain named by the Proxy's ``status.instanceName``, opens
+    its console through libvirt (``virDomainOpenConsole``, a blocking stream) and keeps what the
+    guest prints, so a guest that never reports an address leaves its boot log in the failure.
+    """
+
+    def __init__(self, socket_path: str, instance_name) -> None:
+        self._socket = socket_path
+        self._instance_name = instance_name  # () -> str | None
+        self._chunks: list[bytes] = []
+        self._stop = threading.Event()
+        self._note = "console not attached"
+        self._opens = 0
+        self._thread = threading.Thread(target=self._run, name="guest-console", daemon=True)
+
+    def start(self) -> "ConsoleTap":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            conn = libvirt.open(f"qemu+unix:///system?socket={self._socket}")
+        except libvirt.libvirtError as exc:
+            self._note = f"console: cannot connect: {exc}"
+            return
+        try:
+            while not self._stop.is_set():
+                name = self._instance_name()
+                try:
+                    dom = conn.lookupByName(name) if name else None
+                    stream = conn.newStream(0)
+                    # "PTY device is not yet assigned" while the domain starts: try again.
+                    dom.openConsole(None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE) if dom else None
+                except libvirt.libvirtError:
+                    dom = None
+                if dom is None:
+                    time.sleep(0.5)
+                    continue
+                self._opens += 1
+                self._note = f"console of {name}, opened {self._opens} time(s)"
+                while not self._stop.is_set():
+                    data = stream.recv(4096)
+                    if not isinstance(data, bytes) or not data:  # EOF or nothing: open it again
+                        self._note += f", last read {data!r}"
+                        time.sleep(0.5)
+                        break
+                    self._chunks.append(data)
+        except libvirt.libvirtError as exc:
+            self._note = f"console closed: {exc}"
+        finally:
+            try:
+                conn.close()
+            except libvirt.libvirtError:
+                pass
+
+    def text(self, tail: int = 6000) -> str:
+        """Return the last ``tail`` characters the guest printed, ANSI escapes left in."""
+        out = b"".join(self._chunks).decode("utf-8", "replace")
+        return f"({self._note})\n{out[-tail:]}"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def _custom(cluster) -> k8s.CustomObjectsApi:
     return k8s.CustomObjectsApi(cluster.fake.api_client())
 
@@ -135,6 +205,7 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
     tokens.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     sockdir = tempfile.mkdtemp(prefix="po-guest-")
     procs: list[Process] = []
+    taps: list[ConsoleTap] = []
     conn = libvirt.open(f"qemu+unix:///system?socket={rig.daemon.socket}")
     try:
         with FakeCluster(kubelet=False, bookmark_interval=1.0) as cluster:
@@ -175,10 +246,12 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
                                          "intervalSeconds": 5, "timeoutSeconds": 5}}})
             uid = created["metadata"]["uid"]
             applied = time.monotonic()
+            console = ConsoleTap(rig.daemon.socket, lambda: _status(cluster).get("instanceName")).start()
+            taps.append(console)
 
             def diagnose() -> str:
                 return (f"status: {json.dumps(_status(cluster))}\n--- kvm worker\n{host_worker.log()[-4000:]}"
-                        f"\n--- general\n{general.log()[-4000:]}")
+                        f"\n--- general\n{general.log()[-4000:]}\n--- guest console\n{console.text()}")
 
             try:
                 st = wait_for(lambda: (s := _status(cluster)).get("phase") == "Running" or
@@ -237,9 +310,13 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
             pool.refresh(0)
             assert not {v.name() for v in pool.listAllVolumes(0) if name in v.name()}
     finally:
+        for tap in taps:
+            tap.stop()
         conn.close()
         for p in reversed(procs):
             p.stop()
         shutil.rmtree(sockdir, ignore_errors=True)
         marks["total"] = time.monotonic() - t0
+        for tap in taps:
+            print(f"\nguest console: {tap.text(300)}", file=sys.stderr)
         print("\nreal guest timings: " + ", ".join(f"{k} {v:.0f} s" for k, v in marks.items()), file=sys.stderr)

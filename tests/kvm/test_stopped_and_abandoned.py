@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from app import naming
 from app.config import ProvidersConfig
 from app.gc import collect
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.base import InstanceState
 from app.providers.errors import NotFound
 from app.providers.kvm import domain as dom_xml
@@ -102,7 +102,7 @@ def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider,
         api = fake.api_client()
         registry = build(ProvidersConfig((harness.provider_config(entry),)), {"kvm": lambda pc: provider})
         settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-        ctx = Context(kube=Kube(api), registry=registry, redis=redis_client, settings=settings)
+        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
                 "metadata": {"name": "squid-kvm", "namespace": "default"},
                 "spec": {"provider": provider.name,
@@ -118,7 +118,7 @@ def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider,
         with harness.FakeGuest(rig, name) as guest:
             address = guest.lease(mac, "boot-1")
             poll_until_running(ctx, ref)
-            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
             assert proxy.phase == "Running" and proxy.status["address"] == address
 
             dom.destroy()  # the hypervisor went down under it
@@ -129,12 +129,12 @@ def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider,
             again = direct.lookupByName(name)
             assert again.UUIDString() == uuid, "the same domain, not a new one"
             assert again.isActive()
-            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
             cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
             assert proxy.phase == "Provisioning" and cond["reason"] == "InstanceStopped"
 
             poll_until_running(ctx, ref, followup.attempt)
-            proxy = Kube(api).get_proxy("default", "squid-kvm")
+            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
             assert proxy.phase == "Running" and proxy.status["address"] == address
             reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event("default").items]
             assert reasons.count("InstanceStarted") == 1 and "InstanceLost" not in reasons

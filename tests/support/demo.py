@@ -3,7 +3,8 @@
 Starts, all on loopback: a private Redis (with a generated password), the test suite's HTTP
 fake of the Kubernetes API (:mod:`tests.kubefake`; Proxies admitted through the real CRD) with
 its kubelet stand-in, which runs every Squid Pod as a real Squid on an address of its own
-(``--pod-cidr``, default ``127.0.1.0/24``), a local origin (health URL ``/generate_204``, IP
+(``--pod-cidr``, default a free ``127.A.B.0/24`` claimed for the demo's lifetime, so two demos
+or a demo and the test suite never share one), a local origin (health URL ``/generate_204``, IP
 echo ``/ip``, a page at ``/``), and the operator's real processes: watcher, Celery worker, beat,
 the discovery API and Flower (basic auth with a generated password).  The cluster is a
 simulation: nothing but Squid runs as a "Pod", there are no nodes, no scheduler, no network
@@ -40,6 +41,7 @@ import requests
 import yaml
 
 from tests.kubefake.server import FakeKube
+from tests.support import loopback
 from tests.support.cluster import proxy_admission
 from tests.support.kubelet import Kubelet
 from tests.support.processes import BIN, Process, celery_beat, celery_worker
@@ -92,17 +94,19 @@ class Demo:
 
     Args:
         api_port / flower_port / kube_port: loopback ports (0: a free one).
-        pod_cidr: the loopback range the kubelet stand-in gives Squid Pods.
+        pod_cidr: the loopback range the kubelet stand-in gives Squid Pods (``None``: a free
+            ``/24`` claimed with :func:`tests.support.loopback.claim_block`, held until exit).
         workdir: where the kubeconfig, configs and logs go (default: a new temp directory,
             removed by :meth:`stop` unless ``keep`` is set).
     """
 
     def __init__(self, *, api_port: int = 8080, flower_port: int = 5555, kube_port: int = 0,
-                 pod_cidr: str = "127.0.1.0/24", workdir: str | None = None, keep: bool = False) -> None:
+                 pod_cidr: str | None = None, workdir: str | None = None, keep: bool = False) -> None:
         self.api_port = api_port or free_port()
         self.flower_port = flower_port or free_port()
         self.kube_port = kube_port
-        self.pod_cidr = ipaddress.ip_network(pod_cidr)
+        self._pod_block = None if pod_cidr else loopback.claim_block()
+        self.pod_cidr = ipaddress.ip_network(pod_cidr or self._pod_block.cidr)
         if not self.pod_cidr.is_loopback:
             raise ValueError(f"--pod-cidr {pod_cidr}: must be a loopback range (127.0.0.0/8)")
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="proxy-operator-demo-"))
@@ -241,6 +245,8 @@ Ctrl-C stops everything.
             self.origin.close()
         if self.redis is not None:
             self.redis.stop()
+        if self._pod_block is not None:
+            self._pod_block.release()
         if not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -263,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-port", type=int, default=int(os.environ.get("DEMO_API_PORT") or 8080))
     ap.add_argument("--flower-port", type=int, default=int(os.environ.get("DEMO_FLOWER_PORT") or 5555))
     ap.add_argument("--kube-port", type=int, default=0, help="the API fake's port (default: a free one)")
-    ap.add_argument("--pod-cidr", default="127.0.1.0/24", help="loopback range of the Squid Pods")
+    ap.add_argument("--pod-cidr", default=None,
+                    help="loopback range of the Squid Pods (default: a free 127.A.B.0/24)")
     ap.add_argument("--workdir", help="keep kubeconfig, configs and logs here (default: a temp dir, removed)")
     ap.add_argument("--info-file", help="also write the connection facts as JSON to this file")
     args = ap.parse_args(argv)

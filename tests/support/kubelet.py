@@ -6,9 +6,10 @@ squid.conf the kubernetes provider renders with :func:`app.squid.render`), the k
 1. reports the Pod ``Pending`` with the container waiting in ``ContainerCreating`` (the API
    server already made it ``Pending`` without a ``podIP``);
 2. starts a real Squid (:class:`tests.support.squid.SquidProcess`) on a loopback address of
-   its own, ``127.0.0.N`` (allocated upward from ``127.0.0.10``, never reused within a
-   process, skipping addresses where something already listens on the port: other test
-   runs may share the loopback), at the container's first ``containerPort`` (else 3128);
+   its own (from loopback blocks this process claims, :class:`tests.support.loopback.AddressPool`,
+   never reused within the process, so other test runs and xdist workers sharing the loopback
+   never get it; or upward from ``first_address`` when given), at the container's first
+   ``containerPort`` (else 3128);
 3. reports ``Running`` with ``podIP`` = that address, Ready conditions and a running
    container status.
 
@@ -50,6 +51,7 @@ from tests.kubefake import resources as R
 from tests.kubefake.errors import ApiError
 from tests.kubefake.store import DELETED, Closed, Store, now_rfc3339
 from app.squid import DEFAULT_HTPASSWD_PATH
+from tests.support.loopback import AddressPool
 from tests.support.squid import SquidProcess
 
 log = logging.getLogger("kubelet")
@@ -60,6 +62,7 @@ SQUID_CONF_ENV = "SQUID_CONF"
 # the address of a Squid an earlier test is still stopping.
 _allocation_lock = threading.Lock()
 _last_allocated = 0
+_pod_addresses = AddressPool()
 _MERGE = "application/merge-patch+json"
 
 
@@ -69,7 +72,8 @@ class Kubelet:
     Args:
         fake: a :class:`tests.kubefake.FakeKube` or its :class:`tests.kubefake.Store`.
         start_squid: start real Squid processes (else report Running without a process).
-        first_address: first loopback address handed out.
+        first_address: first loopback address handed out, upward (default: addresses from
+            loopback blocks claimed for this process).
         startup_timeout: seconds a Squid may take to accept connections.
         host_ip: reported as ``status.hostIP``.
         secret_sync_delay: seconds between a Secret change and its volumes' update (the real
@@ -79,7 +83,7 @@ class Kubelet:
         errors: one line per Squid that failed to start (``"<ns>/<pod>: <reason>"``).
     """
 
-    def __init__(self, fake, *, start_squid: bool = True, first_address: str = "127.0.0.10",
+    def __init__(self, fake, *, start_squid: bool = True, first_address: str | None = None,
                  startup_timeout: float = 20.0, host_ip: str = "127.0.0.1", secret_sync_delay: float = 1.0) -> None:
         self.store: Store = getattr(fake, "store", fake)
         self.start_squid = start_squid
@@ -89,7 +93,7 @@ class Kubelet:
         # (namespace, secret) -> {pod key: (volume directory, {key: file name})}
         self._secret_volumes: dict[tuple[str, str], dict[tuple, tuple[str, dict[str, str]]]] = {}
         self.errors: list[str] = []
-        self._next = int(ipaddress.IPv4Address(first_address))
+        self._next = int(ipaddress.IPv4Address(first_address)) if first_address else None
         self._squids: dict[tuple[str, str, str], SquidProcess] = {}
         self._addresses: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
@@ -181,6 +185,8 @@ class Kubelet:
 
     def _allocate(self) -> str:
         global _last_allocated
+        if self._next is None:
+            return _pod_addresses.take()
         with _allocation_lock:
             n = max(self._next, _last_allocated + 1)
             while ipaddress.IPv4Address(n).packed[-1] in (0, 255):

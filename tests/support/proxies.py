@@ -12,7 +12,7 @@ import time
 
 from kubernetes import client as k8s
 
-from app.kube import Kube
+from app.kube import KubernetesGateway
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY
 from app.reconcile import DELETE, Ref, delete
 from app.resources import GROUP, PLURAL, VERSION, Proxy
@@ -30,7 +30,7 @@ def apply(api, name: str, spec: dict, annotations: dict | None = None, namespace
 
 def read(api, ref: Ref) -> Proxy | None:
     """The Proxy named by ``ref`` as the API has it now (``None`` when gone)."""
-    return Kube(api).get_proxy(ref.namespace, ref.name)
+    return KubernetesGateway(api).get_proxy(ref.namespace, ref.name)
 
 
 def patch_spec(api, name: str, spec: dict, namespace: str = NS) -> None:

@@ -5,7 +5,7 @@ squid.conf plus test-only overrides (pid, logs and cache under a temp dir owned 
 ``proxy``, DNS pinned to 127.0.0.1, instant shutdown), bound to ``address:port``.
 
 The product denies loopback destinations and plain HTTP to ports other than 80/443
-(app/squid.py); test origins run on ``127.0.0.x`` at ephemeral ports, so every test proxy that
+(app/squid.py); test origins run on loopback (``127.0.0.0/8``) at ephemeral ports, so every test proxy that
 must reach one declares it the way an operator would: :func:`loopback_policy` (a
 :class:`app.squid.SquidPolicy`) or :data:`LOOPBACK_SQUID_BLOCK` (a providers-config ``squid:``
 block).  Nothing here rewrites the product's rules.
@@ -87,7 +87,7 @@ class SquidProcess:
     """One real Squid bound to ``address:port``.
 
     Args:
-        address: loopback address such as ``"127.0.0.5"``.
+        address: loopback address, ``127.0.0.1`` or one of a claimed block (:mod:`tests.support.loopback`).
         port: TCP port.
         conf: product squid.conf text (default: :func:`app.squid.render` of
             :func:`loopback_policy`: loopback clients and loopback origins allowed).

@@ -51,7 +51,8 @@ from google.cloud import compute_v1
 
 from app.config import ProviderConfig
 from app.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
-from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict, require_managed
+from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
+                                TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.gcp import ids, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
@@ -163,8 +164,8 @@ def _same_rule(have: compute_v1.Firewall, want: compute_v1.Firewall) -> bool:
             and allowed(have) == allowed(want) and not have.denied)
 
 
-class GcpProvider:
-    """A configured gcp provider (see the module docstring).
+class GcpProvider(Provider, CheckableProvider):
+    """A configured gcp provider (see the module docstring); it has checks.
 
     Args:
         pc: the provider's config entry; ``pc.settings`` is a :class:`GcpSettings`.
@@ -313,10 +314,6 @@ class GcpProvider:
             raise err from failure
 
     # -- contract ----------------------------------------------------------------------
-    def queue_for(self, placement_zone: str | None) -> str | None:
-        """Return ``None``: gcp work runs on the default queues."""
-        return None
-
     def instance_ids(self, name: str, namespace: str, zone: str | None = None) -> list[str]:
         """Return the provider IDs an instance named ``name`` may have, the one :meth:`create` uses first.
 

@@ -2,7 +2,9 @@
 
 * Pod name = the instance name; namespace = the configured one, else the Proxy's own.
 * Labels carry the tags (``app.kubernetes.io/managed-by``, ``crawl.example.com/proxy-uid``),
-  so GC lists by label across all namespaces (hence a ClusterRole).
+  so GC lists by label across all namespaces (hence a ClusterRole).  That listing reads
+  metadata only (``PartialObjectMetadataList``), in pages of :data:`LIST_PAGE_SIZE`: GC needs
+  the name, labels and creation time, not the Pod specs (about 2.5 KB of JSON per Pod).
 * The Squid config travels in the ``SQUID_CONF`` environment variable; the container writes
   it to /tmp and runs ``squid -N -f`` on it.  With basic auth, the Proxy's credentials Secret
   is mounted as a volume (its ``htpasswd`` key as file ``htpasswd``) on the directory of the
@@ -29,7 +31,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import datetime
 
 import urllib3
 from kubernetes import client as k8s
@@ -37,7 +41,8 @@ from kubernetes import client as k8s
 from app import naming
 from app.config import ProviderConfig
 from app.kube import api_client
-from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict, require_managed
+from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
+                                TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, SpecNotAllowed, Transient
 from app.squid import DEFAULT_HTPASSWD_PATH, SECRET_HTPASSWD_KEY
 
@@ -57,6 +62,16 @@ START_SCRIPT = 'printf "%s" "$SQUID_CONF" > /tmp/squid.conf && exec squid -N -f 
 #: Capabilities Squid keeps: it starts as root and switches to ``cache_effective_user`` (setgid,
 #: initgroups, setuid).  Everything else (CHOWN, DAC_OVERRIDE, NET_RAW, ...) is dropped.
 SQUID_CAPABILITIES = ("SETUID", "SETGID")
+#: ``limit`` of each page of the GC listing (:meth:`KubernetesProvider.list_by_tag`).
+LIST_PAGE_SIZE = 500
+#: ``Accept`` of the GC listing: metadata only (``meta.k8s.io/v1`` ``PartialObjectMetadataList``,
+#: API concepts, "Receiving resources as PartialObjectMetadata"), else the plain list from a
+#: server that cannot transform (its items carry the same ``metadata``).
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+#: (connect, read) timeout of one page of the GC listing, seconds.
+LIST_TIMEOUT = (10, 60)
+#: Times the GC listing starts over when its continue token expires (410) mid-way.
+LIST_RESTARTS = 2
 
 
 def security_contexts(port: int) -> tuple[k8s.V1PodSecurityContext, k8s.V1SecurityContext]:
@@ -124,8 +139,27 @@ def to_instance(pod: k8s.V1Pod) -> Instance:
     )
 
 
-class KubernetesProvider:
-    """Provider of Squid Pods.
+def instance_from_metadata(meta: dict) -> Instance:
+    """Map a Pod's ``metadata`` (an item of a metadata-only list) onto an :class:`Instance`.
+
+    Without the Pod's status the phase is unknown: a Pod being deleted is Terminated, any other
+    Provisioning, and there is no address.  Enough for GC, which reads the provider ID, the
+    tags and the creation time (``None`` when unparsable: GC keeps such an instance).
+    """
+    namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+    labels = meta.get("labels") or {}
+    tags = {_LABEL_TO_TAG[k]: v for k, v in labels.items() if k in _LABEL_TO_TAG}
+    try:
+        created = datetime.fromisoformat(str(meta["creationTimestamp"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        created = None
+    state = InstanceState.TERMINATED if meta.get("deletionTimestamp") else InstanceState.PROVISIONING
+    return Instance(provider_id=f"{namespace}/{name}", name=name, state=state, address=None, created=created,
+                    tags=tags, zone=namespace)
+
+
+class KubernetesProvider(Provider, CheckableProvider):
+    """Provider of Squid Pods (with a check of the cluster).
 
     Args:
         pc: the provider's config entry (settings: :class:`KubernetesSettings`).
@@ -134,6 +168,8 @@ class KubernetesProvider:
     """
 
     type = "kubernetes"
+    #: The Pod mounts the credentials Secret and follows its changes: nothing is baked in.
+    credentials_in_instance = False
 
     def __init__(self, pc: ProviderConfig, client: k8s.ApiClient | None = None) -> None:
         self.name = pc.name
@@ -316,12 +352,50 @@ class KubernetesProvider:
         raise NotFound(f"pod {provider_id} has ended and cannot be started again; deleted so it is recreated")
 
     def list_by_tag(self, tag: str) -> ListResult:
-        """List every Pod labelled ``app.kubernetes.io/managed-by=<tag>`` in every namespace."""
+        """List every Pod labelled ``app.kubernetes.io/managed-by=<tag>`` in every namespace.
+
+        Metadata only and paged (:data:`METADATA_LIST_ACCEPT`, ``limit`` :data:`LIST_PAGE_SIZE`,
+        ``continue``), so neither the Pod specs nor a whole-cluster body are ever held; the
+        instances come from :func:`instance_from_metadata` (no phase or address).  Every page
+        is read from the first page's snapshot; when the continue token expires (410) the
+        listing starts over, at most :data:`LIST_RESTARTS` times.
+
+        Raises:
+            Transient / Permanent: as mapped from the API's answer (a 410 beyond the restarts
+                is Transient).
+        """
+        selector = f"{LABEL_MANAGED_BY}={tag}"
+        restarts = 0
+        while True:
+            instances: list[Instance] = []
+            token: str | None = None
+            try:
+                while True:
+                    page = self._metadata_page(selector, token)
+                    instances.extend(instance_from_metadata(item.get("metadata") or {})
+                                     for item in page.get("items") or [])
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        return ListResult(instances)
+            except k8s.ApiException as exc:
+                if exc.status == 410 and token and restarts < LIST_RESTARTS:
+                    restarts += 1
+                    log.info("listing managed pods: continue token expired after %d pod(s); starting over",
+                             len(instances))
+                    continue
+                raise _classify(exc, "list managed pods") from exc
+            except Exception as exc:  # noqa: BLE001
+                raise _classify(exc, "list managed pods") from exc
+
+    def _metadata_page(self, selector: str, token: str | None) -> dict:
+        """One page of the metadata-only Pod listing, parsed (only the JSON is kept, no models)."""
+        resp = self.core.list_pod_for_all_namespaces(
+            label_selector=selector, limit=LIST_PAGE_SIZE, _continue=token, _preload_content=False,
+            _headers={"Accept": METADATA_LIST_ACCEPT}, _request_timeout=LIST_TIMEOUT)
         try:
-            pods = self.core.list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}={tag}")
-        except Exception as exc:  # noqa: BLE001
-            raise _classify(exc, "list managed pods") from exc
-        return ListResult([to_instance(p) for p in pods.items])
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
 
     def check(self) -> list[TargetVerdict]:
         """List at most one managed Pod cluster-wide: proves the API answers and RBAC allows GC."""

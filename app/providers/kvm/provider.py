@@ -17,10 +17,11 @@ import libvirt
 
 from app.config import ProviderConfig
 from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
-from app.providers.base import CreateRequest, Instance, InstanceState, ListResult, TargetVerdict, require_managed
+from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
+                                ShardedProvider, TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.kvm import domain as dom_xml
-from app.providers.kvm import images, seed, sshlink
+from app.providers.kvm import images, placement, seed, sshlink
 from app.providers.kvm.config import DEFAULT_MACHINE_TYPE, KvmHost, KvmSettings, MachineType
 from app.providers.kvm.faults import BadSSHMaterial, DialError, code_of
 from app.providers.kvm.link import HostLink
@@ -45,13 +46,8 @@ def seed_name(name: str) -> str:
     return f"{name}-seed.iso"
 
 
-def queue_name(provider: str, host: str) -> str:
-    """Return the Celery queue of ``host``: ``kvm.<provider>.<host>``."""
-    return f"kvm.{provider}.{host}"
-
-
-class KvmProvider:
-    """Provider over libvirt hosts reached by SSH.
+class KvmProvider(Provider, ShardedProvider, CheckableProvider):
+    """Provider over libvirt hosts reached by SSH (sharded by host, with checks).
 
     Args:
         pc: the provider's config entry; ``pc.settings`` is a
@@ -81,7 +77,7 @@ class KvmProvider:
     # -- wiring helpers -------------------------------------------------------------------------
     def hosts(self) -> list[str]:
         """Return the configured host names in config order."""
-        return [h.name for h in self.settings.hosts]
+        return placement.hosts(self.settings)
 
     def link(self, host: str) -> HostLink:
         """Return the pooled link of ``host``.
@@ -95,20 +91,9 @@ class KvmProvider:
             raise Permanent(f"kvm provider {self.name}: host {host!r} is not configured "
                             f"(hosts: {', '.join(self._links)})") from None
 
-    def queue_for(self, zone: str | None) -> str | None:
-        """Return ``kvm.<provider>.<host>`` for the host ``zone`` names (the only host when
-        ``zone`` is empty and exactly one is configured); ``None`` when no host matches."""
-        try:
-            return queue_name(self.name, self._host_for(zone).name)
-        except Permanent:
-            return None
-
     def host_of(self, provider_id: str) -> str | None:
         """Return the host name inside ``provider_id`` (``None`` if it does not parse)."""
-        try:
-            return dom_xml.parse_provider_id(provider_id)[0]
-        except ValueError:
-            return None
+        return placement.host_of(provider_id)
 
     def close(self) -> None:
         """Close every host link (they redial on next use)."""
@@ -121,13 +106,14 @@ class KvmProvider:
 
     # -- resolution -----------------------------------------------------------------------------
     def _host_for(self, zone: str | None) -> KvmHost:
-        """Return the host ``spec.placement.zone`` names.  Raises SpecNotAllowed (Permanent) naming the field."""
-        if not zone:
-            if len(self.settings.hosts) == 1:
-                return self.settings.hosts[0]
+        """Return the host ``spec.placement.zone`` names (:func:`app.providers.kvm.placement.host_for`).
+
+        Raises SpecNotAllowed (Permanent) naming the field.
+        """
+        host = self.settings.host(placement.host_for(self.settings, zone))
+        if host is None and not zone:
             raise SpecNotAllowed("spec.placement.zone", f"required (the host): kvm provider {self.name} has "
                                                         f"hosts {', '.join(self._links)}")
-        host = self.settings.host(zone)
         if host is None:
             raise SpecNotAllowed("spec.placement.zone", f"{zone!r} is not a configured host of kvm provider "
                                                         f"{self.name} (hosts: {', '.join(self._links)})")

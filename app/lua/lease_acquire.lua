@@ -1,0 +1,222 @@
+-- app.leases.acquire.  KEYS: the index (K_LOAD), the full set (K_FULL).  ARGV: client, lease id,
+-- ttl (ms), filters (JSON), sessionKey ('' = none), sticky ttl (s), record grace (ms), the
+-- client's lease limit ('' = none).  After the limits (expire_batch, index_page, expire_backlog),
+-- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
+-- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
+local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local session = ARGV[5]
+-- the client's own limit (ARGV[8], '' = none) comes first: at it, nothing else is read
+local held = held_key(client)
+local client_max = tonumber(ARGV[8])
+if client_max then
+  -- (without a limit the count is only written: the sweep and the key's expiry keep it short)
+  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+  local count = redis.call('ZCARD', held)
+  if count >= client_max then
+    local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
+    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max,
+                         nextExpiry = tonumber(first[2]) or 0, now = now})
+  end
+end
+local f = cjson.decode(ARGV[4])
+local cool = P_COOLDOWN .. client
+redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
+local cooling_any = redis.call('EXISTS', cool) == 1
+local sel = f.selector or {}
+-- the values of in/notin as a set, once per request (not once per proxy read)
+for _, req in ipairs(sel) do
+  local set = {}
+  for _, x in ipairs(req[3]) do set[x] = true end
+  req[4] = set
+end
+local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0}
+
+-- leases that expired since the last request leave the index and their client's count (at
+-- most limit of them); returns how many were swept
+local function sweep(limit)
+  local due = redis.call('ZRANGEBYSCORE', K_LEASE_EXPIRY, '-inf', now, 'LIMIT', 0, limit)
+  local expired_on = {}
+  for _, member in ipairs(due) do
+    redis.call('ZREM', K_LEASE_EXPIRY, member)
+    local uid, id = string.match(member, '^(.*)/([^/]*)$')
+    if uid then
+      expired_on[uid] = true
+      local owner = redis.call('HGET', P_LEASE .. id, 'client')
+      if owner then redis.call('ZREM', held_key(owner), id) end
+    end
+  end
+  for uid in pairs(expired_on) do reindex(uid, now) end
+  return #due
+end
+local swept = sweep(expire_batch)
+
+local function labels_ok(raw)
+  if #sel == 0 then return true end
+  local ok, labels = pcall(cjson.decode, raw or '{}')
+  if not ok or type(labels) ~= 'table' then labels = {} end
+  for _, req in ipairs(sel) do
+    local key, op, vals = req[1], req[2], req[3]
+    local v = labels[key]
+    if type(v) ~= 'string' then v = nil end
+    if op == '=' then
+      if v ~= vals[1] then return false end
+    elseif op == '!=' then
+      if v ~= nil and v == vals[1] then return false end
+    elseif op == 'in' or op == 'notin' then
+      local found = v ~= nil and req[4][v] == true
+      if op == 'in' and not found then return false end
+      if op == 'notin' and found then return false end
+    elseif op == 'exists' then
+      if v == nil then return false end
+    elseif op == '!exists' then
+      if v ~= nil then return false end
+    else
+      return false
+    end
+  end
+  return true
+end
+
+local function fits(provider, zone, namespace, labels)
+  return (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
+      and (not f.namespace or namespace == f.namespace) and labels_ok(labels)
+end
+
+-- returns live lease count and maxLeases when uid is eligible, else nil.  With count, tallies
+-- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
+-- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
+-- A proxy that requires basic auth is eligible only once the health engine has copied its
+-- credentials (P_AUTH .. uid), so the lease can carry them.
+local stale = {}
+local function check(uid, count, in_index)
+  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
+                       'labels', 'authSecret')
+  local max = tonumber(h[2]) or 0
+  if h[1] ~= '1' or max ~= max or max <= 0 then
+    if in_index then stale[#stale + 1] = uid end
+    return nil
+  end
+  if not fits(h[3], h[4], h[5], h[6]) then return nil end
+  if cooling_any and redis.call('ZSCORE', cool, uid) then
+    if count then stats.cooling = stats.cooling + 1 end
+    return nil
+  end
+  if h[7] and h[7] ~= '' and redis.call('EXISTS', P_AUTH .. uid) == 0 then
+    if count then stats.nocreds = stats.nocreds + 1 end
+    return nil
+  end
+  local lk = P_LEASES .. uid
+  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local used = redis.call('ZCARD', lk)
+  if used >= max then
+    if count then stats.full = stats.full + 1 end
+    if in_index then stale[#stale + 1] = uid end
+    return nil
+  end
+  return used, max
+end
+
+local chosen, chosen_used, chosen_max, sticky = nil, nil, nil, 0
+local sticky_key = nil
+if session ~= '' then
+  sticky_key = P_STICKY .. client .. ':' .. session
+  local bound = redis.call('GET', sticky_key)
+  if bound then
+    local used, max = check(bound, false, false)
+    if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
+  end
+end
+-- the index holds only proxies with free capacity, least loaded first
+local function scan(count)
+  local page, start = index_page, 0
+  while true do
+    local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
+    for _, uid in ipairs(uids) do
+      local used, max = check(uid, count, true)
+      if used then return uid, used, max end
+    end
+    if #uids < page then return nil end
+    start = start + page
+  end
+end
+if not chosen then
+  chosen, chosen_used, chosen_max = scan(false)
+  if not chosen then
+    -- More leases expired than one request sweeps: finish the sweep, so the proxies they
+    -- free are back in the index.  Then read the index again (short: only proxies with room
+    -- that this request cannot use), counting why each one does not fit.
+    if swept == expire_batch then sweep(expire_backlog) end
+    for _, uid in ipairs(stale) do reindex(uid, now) end
+    stale = {}
+    chosen, chosen_used, chosen_max = scan(true)
+  end
+end
+for _, uid in ipairs(stale) do reindex(uid, now) end
+if not chosen then
+  -- Why nothing fits, for the 503: every published proxy is in one of the index (KEYS[1], scanned
+  -- above: cooling down or awaiting credentials), KEYS[2] (full), K_UNHEALTHY, K_DRAINING.  Without
+  -- filters only the sizes of the last three and this client's cooldowns are read; with
+  -- filters, each of their members' placement and labels.
+  local filtered = f.provider or f.zone or f.namespace or #sel > 0
+  if not filtered then
+    local full = redis.call('SCARD', KEYS[2])
+    local cooling_full = 0
+    if cooling_any then
+      for _, uid in ipairs(redis.call('ZRANGE', cool, 0, -1)) do
+        if redis.call('SISMEMBER', KEYS[2], uid) == 1 then cooling_full = cooling_full + 1 end
+      end
+    end
+    stats.cooling = stats.cooling + cooling_full
+    stats.full = stats.full + full - cooling_full
+    stats.unhealthy = redis.call('SCARD', K_UNHEALTHY)
+    stats.draining = redis.call('SCARD', K_DRAINING)
+  else
+    local function matches(uid)
+      local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels')
+      return fits(h[1], h[2], h[3], h[4])
+    end
+    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+      if matches(uid) then
+        if cooling_any and redis.call('ZSCORE', cool, uid) then
+          stats.cooling = stats.cooling + 1
+        else
+          stats.full = stats.full + 1
+        end
+      end
+    end
+    for _, uid in ipairs(redis.call('SMEMBERS', K_UNHEALTHY)) do
+      if matches(uid) then stats.unhealthy = stats.unhealthy + 1 end
+    end
+    for _, uid in ipairs(redis.call('SMEMBERS', K_DRAINING)) do
+      if matches(uid) then stats.draining = stats.draining + 1 end
+    end
+  end
+  return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', K_PROXIES),
+                       filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
+                       full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds})
+end
+local exp = now + ttl
+redis.call('ZADD', P_LEASES .. chosen, exp, lease_id)
+redis.call('ZADD', K_LEASE_EXPIRY, exp, chosen .. '/' .. lease_id)
+redis.call('ZADD', held, exp, lease_id)
+if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
+local used_now = chosen_used + 1
+if used_now >= chosen_max then
+  redis.call('ZREM', KEYS[1], chosen)
+  redis.call('SADD', KEYS[2], chosen)
+else
+  redis.call('ZADD', KEYS[1], used_now + used_now / chosen_max / 2, chosen)
+  redis.call('SREM', KEYS[2], chosen)
+end
+local lk = P_LEASE .. lease_id
+redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
+           'createdAt', now, 'sessionKey', session)
+redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
+if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
+local h = redis.call('HMGET', P_PROXY .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
+                     'provider', 'zone', 'maxLeases', 'authSecret')
+local auth = {false, false}
+if h[9] and h[9] ~= '' then auth = redis.call('HMGET', P_AUTH .. chosen, 'username', 'password') end
+return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, address = h[1],
+                     port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
+                     zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})

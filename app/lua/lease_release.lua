@@ -1,0 +1,28 @@
+-- app.leases.release.  ARGV: lease id, client, outcome, cooldown (ms).  After now.lua,
+-- lease_index.lua.
+-- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
+local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local lk = P_LEASE .. id
+local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
+if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
+if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
+local zk = P_LEASES .. h[1]
+local score = redis.call('ZSCORE', zk, id)
+local live = score and tonumber(score) > now
+redis.call('ZREM', zk, id)
+redis.call('ZREM', K_LEASE_EXPIRY, h[1] .. '/' .. id)
+redis.call('ZREM', held_key(client), id)
+redis.call('DEL', lk)
+reindex(h[1], now)
+local until_ms = 0
+if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
+  local ck = P_COOLDOWN .. client
+  until_ms = now + cooldown
+  redis.call('ZADD', ck, until_ms, h[1])
+  if redis.call('PTTL', ck) < cooldown then redis.call('PEXPIRE', ck, cooldown) end
+  if h[3] and h[3] ~= '' then
+    local sk = P_STICKY .. client .. ':' .. h[3]
+    if redis.call('GET', sk) == h[1] then redis.call('DEL', sk) end
+  end
+end
+return cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})

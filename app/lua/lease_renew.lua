@@ -1,0 +1,61 @@
+-- app.leases.renew.  ARGV: lease id, client, ttl (ms, '' = the lease's last), record grace (ms),
+-- sticky ttl (s), the client's lease limit ('' = none).  After now.lua, lease_index.lua.
+-- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
+local id, client = ARGV[1], ARGV[2]
+local lk = P_LEASE .. id
+local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
+if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
+if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
+local zk = P_LEASES .. h[1]
+local member = h[1] .. '/' .. id
+local p = redis.call('HMGET', P_PROXY .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
+                     'namespace', 'name', 'provider', 'zone', 'authSecret')
+local held = held_key(client)
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
+  -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
+  redis.call('ZREM', zk, id)
+  redis.call('ZREM', K_LEASE_EXPIRY, member)
+  redis.call('ZREM', held, id)
+  redis.call('DEL', lk)
+  reindex(h[1], now)
+  return cjson.encode({error = 'proxy_unavailable'})
+end
+local score = redis.call('ZSCORE', zk, id)
+if not score or tonumber(score) <= now then
+  redis.call('ZREM', zk, id)
+  redis.call('ZREM', K_LEASE_EXPIRY, member)
+  redis.call('ZREM', held, id)
+  reindex(h[1], now)
+  return cjson.encode({error = 'lease_expired'})
+end
+-- over the client's own limit (lowered since, or leases from before limits were counted):
+-- no renewal, the lease runs out at its expiry
+local client_max = tonumber(ARGV[6])
+if client_max then
+  redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+  local count = redis.call('ZCARD', held)
+  if not redis.call('ZSCORE', held, id) then count = count + 1 end
+  if count > client_max then
+    return cjson.encode({error = 'client_lease_limit', held = count, max = client_max, renew = 1,
+                         expiresAt = tonumber(score)})
+  end
+end
+local ttl = tonumber(ARGV[3]) or tonumber(h[3])
+local exp = now + ttl
+redis.call('ZADD', zk, 'XX', exp, id)
+redis.call('ZADD', K_LEASE_EXPIRY, exp, member)
+redis.call('ZADD', held, exp, id)
+if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
+redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
+redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
+if h[4] and h[4] ~= '' then
+  local sk = P_STICKY .. client .. ':' .. h[4]
+  if redis.call('GET', sk) == h[1] then redis.call('EXPIRE', sk, tonumber(ARGV[5])) end
+end
+local used = reindex(h[1], now)
+local auth = {false, false}
+if p[10] and p[10] ~= '' then auth = redis.call('HMGET', P_AUTH .. h[1], 'username', 'password') end
+return cjson.encode({uid = h[1], used = used, expiresAt = exp, ttl = ttl,
+                     address = p[3], port = p[4], egressIP = p[5], namespace = p[6], name = p[7],
+                     provider = p[8], zone = p[9], maxLeases = p[2], sticky = 0, sessionKey = h[4],
+                     username = auth[1], password = auth[2]})

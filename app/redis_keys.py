@@ -1,0 +1,307 @@
+"""Every Redis key the operator writes: the one table of their names.
+
+Each key family is a constant (a fixed key) or a function (a key per Proxy, lease, client,
+...) here, with its Redis type, what it holds, its TTL and who writes and reads it.  Python
+code builds keys only through this module; the Lua scripts (:mod:`app.lua`) get the fixed keys
+and the prefixes of the per-thing families as locals declared by :func:`lua_header`, which
+the loader prepends to every script, so no script spells a key.  The same table, by key, is in
+docs/redis.md.
+
+Redis is a cache of what the Kubernetes API says plus short-lived coordination state: nothing
+here is persisted on purpose, and everything is rebuilt after a flush (docs/architecture.md,
+"Redis loss").  The scripts touch keys derived from their arguments (per proxy, per lease),
+which is fine on the single Redis deployed here but not on Redis Cluster.
+
+Keys that are not ``po:``: the Celery broker's (kombu: the queue lists ``proxies``, ``health``,
+``gc``, ``kvm.<provider>.<host>``, ``_kombu.binding.*``, ``unacked*``), owned by kombu and
+:mod:`workers.broker`.
+"""
+
+from __future__ import annotations
+
+#: The prefix of every key below.
+PREFIX = "po:"
+
+# -- the serving view (app.serving, app.serving_record) ------------------------------------------
+
+#: Prefix of :func:`proxy`.
+PROXY_PREFIX = PREFIX + "proxy:"
+#: set — the uid of every published Proxy.  No TTL.  Written by :func:`app.serving.publish` /
+#: :func:`app.serving.withdraw`; read by :func:`app.serving.all_records` (the API's
+#: ``GET /v1/proxies``), :func:`app.leases.reindex_all`, the lease script's 503 count and the
+#: serving-view gauge (:mod:`workers.metrics_server`).
+PROXIES = PREFIX + "proxies"
+
+
+def proxy(uid: str) -> str:
+    """hash — the serving record of the Proxy ``uid``: a leasable proxy's identity, endpoint and
+    health, fields as :class:`app.serving_record.ServingRecord` types them.  No TTL (removed by
+    :func:`app.serving.withdraw`).  Identity written by :func:`app.serving.publish` /
+    :func:`app.serving.refresh`, health by the health engine (:mod:`app.health.engine`); read by
+    the health engine, the lease scripts (``lease_*.lua``) and the API (:func:`app.leases.discover`)."""
+    return PROXY_PREFIX + uid
+
+
+#: Prefix of :func:`auth`.
+AUTH_PREFIX = PREFIX + "auth:"
+
+
+def auth(uid: str) -> str:
+    """hash ``username password`` — the basic-auth credentials of a proxy that requires them,
+    copied from its Secret by the health engine (``health_auth.lua``) so the lease answer can
+    carry them.  No TTL; deleted by :func:`app.serving.publish` (basic auth turned off) and
+    :func:`app.serving.withdraw`.  Read by the lease scripts and the engine's rotation fallback
+    (:mod:`app.health.engine`).  Never part of :func:`proxy` (what ``GET /v1/proxies`` reads)."""
+    return AUTH_PREFIX + uid
+
+
+# -- the health engine (app.health) ----------------------------------------------------------------
+
+#: sorted set — uid → epoch second its next probe is due.  No TTL.  Written by
+#: :func:`app.serving.publish` (due at once) / :func:`app.serving.withdraw`, the sweep
+#: (:func:`app.health.schedule.claim_due`, pushes claimed members ahead) and the engine (the next
+#: due time, ``health_record.lua``); read by the sweep.
+HEALTH_DUE = PREFIX + "health:due"
+#: set — uids whose last probe succeeded.  No TTL.  Written by the engine (``health_note.lua``)
+#: and :func:`app.serving.publish` / :func:`app.serving.withdraw`; read by the engine (outage
+#: detection).
+HEALTH_OK = PREFIX + "health:ok"
+#: set — once-healthy uids whose last probe failed.  Same owners as :data:`HEALTH_OK`.
+HEALTH_FAILING = PREFIX + "health:failing"
+#: string — epoch seconds a probe-side outage began (``SET NX``), deleted when probes succeed
+#: again.  No TTL.  Written and read by the engine only (it logs the start once).
+HEALTH_OUTAGE = PREFIX + "health:outage"
+#: Prefix of :func:`health_origin`.
+HEALTH_ORIGIN_PREFIX = PREFIX + "health:origin:"
+
+
+def health_origin(digest: str) -> str:
+    """hash ``started state reason message okAt`` — the last direct control request to a health
+    URL's origin (``digest``: a hash of the URL and expected status).  TTL 7 days, renewed by
+    every write.  Written and read by :class:`app.health.origin.OriginControl` (every worker)."""
+    return HEALTH_ORIGIN_PREFIX + digest
+
+
+def health_origin_refresh(digest: str) -> str:
+    """string ``1`` — held (``SET NX``, TTL 60 s) by the one batch re-asking the origin of
+    :func:`health_origin` ``(digest)``, so batches running together ask once.
+    :class:`app.health.origin.OriginControl` only."""
+    return health_origin(digest) + ":refresh"
+
+
+# -- the lease index and the leases (app.leases, lease_*.lua) -------------------------------------
+#
+# Every published uid is in exactly one of LOAD, FULL, UNHEALTHY and DRAINING; ``lease_index.lua``
+# (``reindex``) is the one piece of code that moves it between them, run by every writer of a
+# record's ``healthy`` or ``maxLeases`` or of a proxy's leases in the same atomic step.
+
+#: sorted set — uid → load (``used + used / maxLeases / 2``): the uids a lease can go to
+#: (healthy, ``maxLeases`` > 0, room left), least loaded first.  No TTL.  Written by
+#: ``lease_index.lua`` (through :func:`app.leases.reindex` and every script that includes it) and
+#: ``lease_acquire.lua``; read by ``lease_acquire.lua``, :func:`app.leases.reindex_all` and the
+#: serving-view gauge.
+LOAD = PREFIX + "load"
+#: set — leasable uids at ``maxLeases``.  Same owners as :data:`LOAD`.
+FULL = PREFIX + "full"
+#: set — published uids not healthy (unhealthy or not yet probed).  Written by
+#: ``lease_index.lua``; read by the lease script's 503 message and the gauge.
+UNHEALTHY = PREFIX + "unhealthy"
+#: set — published uids healthy with ``maxLeases`` 0 (draining).  Same owners as :data:`UNHEALTHY`.
+DRAINING = PREFIX + "draining"
+#: sorted set — ``<uid>/<lease id>`` → expiry (ms, Redis clock): every live lease, so expired
+#: ones leave the index without a scan.  No TTL.  Written by the lease scripts and
+#: :func:`app.serving.withdraw` (``lease_forget.lua``); read by ``lease_acquire.lua`` (the expiry
+#: sweep) and :func:`app.leases.live_leases` (the ``/metrics`` gauge).
+LEASE_EXPIRY = PREFIX + "lease-expiry"
+#: Prefix of :func:`proxy_leases`.
+PROXY_LEASES_PREFIX = PREFIX + "leases:"
+
+
+def proxy_leases(uid: str) -> str:
+    """sorted set — lease id → expiry (ms since the epoch, Redis clock): the live leases of the
+    proxy ``uid``.  No TTL (expired members are dropped by every script that counts them;
+    deleted by :func:`app.serving.withdraw`).  Written by the lease scripts and
+    ``lease_index.lua``; read by them and :func:`app.leases.discover` (``leases.used``)."""
+    return PROXY_LEASES_PREFIX + uid
+
+
+#: Prefix of :func:`lease`.
+LEASE_PREFIX = PREFIX + "lease:"
+
+
+def lease(lease_id: str) -> str:
+    """hash ``uid client ttl expiresAt createdAt sessionKey`` — one lease.  Expires
+    ``LEASE_RECORD_GRACE`` seconds after the lease (``PEXPIREAT``), so a late renew says
+    "expired" and a late release still reports its outcome.  Written by ``lease_acquire.lua`` /
+    ``lease_renew.lua``, deleted by ``lease_renew.lua`` (proxy gone) and ``lease_release.lua``;
+    read by those and by the expiry sweep and ``lease_forget.lua`` (its ``client``)."""
+    return LEASE_PREFIX + lease_id
+
+
+#: Prefix of :func:`client_leases`.
+CLIENT_LEASES_PREFIX = PREFIX + "client-leases:"
+
+
+def client_leases(client: str) -> str:
+    """sorted set — lease id → expiry (ms): the live leases of API client ``client`` (its
+    ``maxLeases`` of the tokens file).  Expires with its last lease (``PEXPIRE``, extended by
+    every grant and renewal).  Written by the lease scripts (entries past expiry dropped before
+    every count) and ``lease_forget.lua``; read by ``lease_acquire.lua`` / ``lease_renew.lua``."""
+    return CLIENT_LEASES_PREFIX + client
+
+
+#: Prefix of :func:`cooldown`.
+COOLDOWN_PREFIX = PREFIX + "cooldown:"
+
+
+def cooldown(client: str) -> str:
+    """sorted set — uid → end of the cooldown (ms): proxies released ``blocked``/``failed`` by
+    ``client``, not leased to it again until then.  TTL: the cooldown (``PEXPIRE``, extended by
+    every release that starts one).  Written by ``lease_release.lua``; read (and pruned) by
+    ``lease_acquire.lua``."""
+    return COOLDOWN_PREFIX + client
+
+
+#: Prefix of :func:`sticky`; the Lua scripts append ``<client>:<sessionKey>`` the same way.
+STICKY_PREFIX = PREFIX + "sticky:"
+
+
+def sticky(client: str, session_key: str) -> str:
+    """string — the uid the session ``session_key`` of ``client`` is bound to.  TTL
+    ``LEASE_STICKY_TTL`` seconds, renewed by every use.  Written by ``lease_acquire.lua``,
+    extended by ``lease_renew.lua``, deleted by ``lease_release.lua`` (a blocked/failed outcome)."""
+    return f"{STICKY_PREFIX}{client}:{session_key}"
+
+
+# -- reconciling (app.reconcile, app.gc, workers) --------------------------------------------------
+
+#: set — uids released with skip-cleanup: a hint for GC (the instance itself carries the
+#: ``abandoned`` mark, which is what GC trusts).  No TTL.  Written by :mod:`app.reconcile`
+#: (a skip-cleanup release); read by the GC tasks (:mod:`workers.tasks`).
+ABANDONED = PREFIX + "abandoned"
+#: Prefix of :func:`proxy_lock`.
+LOCK_PREFIX = PREFIX + "lock:"
+
+
+def proxy_lock(uid: str) -> str:
+    """string — the per-Proxy lock (a redis-py ``Lock`` token) every step of a Proxy holds.
+    TTL: the lock timeout (task hard time limit + 10 s).  Taken by the reconcile steps
+    (:mod:`app.dispatch`, :mod:`workers.tasks`) and by GC before deleting a superseded instance
+    (:mod:`app.gc`); the resync reads whether it exists."""
+    return LOCK_PREFIX + uid
+
+
+#: Prefix of :func:`gc_sweep`.
+GC_PREFIX = PREFIX + "gc:"
+
+
+def gc_sweep(sweep_id: str) -> str:
+    """hash — shard (a KVM host) → its listing (JSON) for one sharded GC sweep of a provider;
+    the shard that completes it takes and deletes the hash (``gc_shard_done.lua``).  TTL one hour
+    (``PEXPIRE`` by every shard).  :func:`app.gc.record_shard` only."""
+    return GC_PREFIX + sweep_id
+
+
+#: Prefix of :func:`queued`.
+QUEUED_PREFIX = PREFIX + "queued:"
+
+
+def queued(action: str, uid: str) -> str:
+    """string — the ETA (epoch seconds) of the ``action`` (create/poll/delete) message queued for
+    Proxy ``uid``: the de-duplication mark.  TTL: the delay + the staleness limit (300 s).  Set
+    by :class:`app.dispatch.Enqueuer` (``dispatch_claim.lua``), cleared by the task when it
+    starts or by a send that failed."""
+    return f"{QUEUED_PREFIX}{action}:{uid}"
+
+
+#: Prefixes of :func:`own_writes`, :func:`busy` and :func:`parked`.
+OWN_PREFIX = PREFIX + "own:"
+BUSY_PREFIX = PREFIX + "busy:"
+PARKED_PREFIX = PREFIX + "parked:"
+
+
+def own_writes(uid: str) -> str:
+    """set — resourceVersions the operator's own writes to Proxy ``uid`` produced, so the watcher
+    drops the events they cause.  TTL 300 s (``PEXPIRE`` at every write).  Written by
+    ``dispatch_finish.lua`` when a task ends; read by ``dispatch_observe.lua`` (the watcher).
+    :class:`app.dispatch.OwnWrites`."""
+    return OWN_PREFIX + uid
+
+
+def busy(uid: str) -> str:
+    """string ``1`` — a task is working on Proxy ``uid``.  TTL: the task's lock timeout.  Set by
+    :meth:`app.dispatch.OwnWrites.begin`, deleted by ``dispatch_finish.lua``; read by
+    ``dispatch_observe.lua``."""
+    return BUSY_PREFIX + uid
+
+
+def parked(uid: str) -> str:
+    """set — events (resourceVersions) and requests for Proxy ``uid`` that arrived while a task
+    held it, re-checked when it ends.  TTL 300 s.  Written by ``dispatch_observe.lua`` and
+    :meth:`app.dispatch.OwnWrites.park`; taken and deleted by ``dispatch_finish.lua``."""
+    return PARKED_PREFIX + uid
+
+
+# -- provider health (app.provider_health) --------------------------------------------------------
+
+#: Prefix of :func:`provider_health`.
+PROVIDER_HEALTH_PREFIX = PREFIX + "phealth:"
+#: Prefix of :func:`provider_health_since`.
+PROVIDER_HEALTH_SINCE_PREFIX = PREFIX + "phealth-since:"
+
+
+def provider_health(provider: str) -> str:
+    """hash — target name → JSON ``{at, ready, reason, message, details, duration}``: the latest
+    check verdicts of ``provider``, the one snapshot the ProviderHealth objects and the
+    ``proxy_operator_provider_*`` gauges are read from.  No TTL.  Written by the check tasks
+    (:func:`app.provider_health.record_round` / ``record_target``); read by
+    :func:`app.provider_health.read_snapshot` (beat's scrape, the watcher's stale sweep, the
+    writers)."""
+    return PROVIDER_HEALTH_PREFIX + provider
+
+
+def provider_health_since(provider: str) -> str:
+    """string — epoch seconds ``provider``'s snapshot was first read (``SET NX``), so every reader
+    agrees when a target that never reported turns ``CheckStale``.  No TTL.
+    :func:`app.provider_health.read_snapshot` only."""
+    return PROVIDER_HEALTH_SINCE_PREFIX + provider
+
+
+# -- beat (workers.celery_app) --------------------------------------------------------------------
+
+#: redbeat's key prefix (``redbeat_key_prefix``): redbeat owns ``po:redbeat:schedule`` (sorted
+#: set of entry keys by due time), ``po:redbeat:lock`` (beat's leader lock, TTL 60 s) and one
+#: hash per schedule entry; :mod:`workers.beat_scheduler` re-seeds them after a flush.
+REDBEAT_PREFIX = PREFIX + "redbeat"
+
+
+# -- for the Lua scripts --------------------------------------------------------------------------
+
+#: The locals :func:`lua_header` declares: fixed keys (``K_*``) and per-thing prefixes (``P_*``;
+#: a script appends the uid, lease id or client, as the functions above do).
+LUA_NAMES = {
+    "K_PROXIES": PROXIES,
+    "K_LOAD": LOAD,
+    "K_FULL": FULL,
+    "K_UNHEALTHY": UNHEALTHY,
+    "K_DRAINING": DRAINING,
+    "K_LEASE_EXPIRY": LEASE_EXPIRY,
+    "P_PROXY": PROXY_PREFIX,
+    "P_AUTH": AUTH_PREFIX,
+    "P_LEASES": PROXY_LEASES_PREFIX,
+    "P_LEASE": LEASE_PREFIX,
+    "P_CLIENT_LEASES": CLIENT_LEASES_PREFIX,
+    "P_COOLDOWN": COOLDOWN_PREFIX,
+    "P_STICKY": STICKY_PREFIX,
+}
+
+
+def lua_header() -> str:
+    """Return the Lua that declares :data:`LUA_NAMES` as locals (prepended to every script, so
+    the key names reach the scripts from this table and cost nothing per call)."""
+    lines = []
+    for name, value in LUA_NAMES.items():
+        if "'" in value or "\\" in value:
+            raise ValueError(f"key name {value!r} cannot be quoted for Lua")
+        lines.append(f"local {name} = '{value}'\n")
+    return "".join(lines)

@@ -1,0 +1,71 @@
+"""The watcher routes work for every provider without loading the worker or any provider SDK.
+
+A fresh interpreter builds the watcher's event handler (``watchers.events.make_on_event``, what
+``proxy-operator watch`` runs) with a providers config naming a kvm, a gcp and a kubernetes
+provider, hands it an event for a Proxy on a KVM host, and reports its ``sys.modules``: the
+message is on that host's queue in Redis (the real broker path), and neither the Celery task
+modules nor libvirt nor google-cloud were imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = """
+providers:
+  - name: lab
+    type: kvm
+    kvm:
+      ssh: {user: proxyop, keyFile: /nonexistent/key, knownHostsFile: /nonexistent/known_hosts}
+      hosts:
+        - {name: h1, address: 127.0.0.1}
+        - {name: h2, address: 127.0.0.1}
+  - name: cloud
+    type: gcp
+    gcp: {project: demo-project, zones: [europe-west1-b]}
+  - name: k8s-local
+    type: kubernetes
+"""
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from watchers.events import make_on_event
+    import watchers.main  # the rest of the watcher process
+    on_event = make_on_event()
+    on_event("SYNC", {"metadata": {"namespace": "ns", "name": "p", "uid": "uid-watcher-imports",
+                                   "generation": 1, "resourceVersion": "1"},
+                      "spec": {"provider": "lab", "placement": {"zone": "h2"}}})
+    print(json.dumps(sorted(sys.modules)))
+""")
+
+FORBIDDEN = ("workers.tasks", "workers.health_tasks", "workers.beat", "workers.metrics_server", "libvirt",
+             "paramiko", "google.cloud")
+
+
+def test_the_watchers_event_handler_loads_no_task_module_and_no_provider_sdk(tmp_path, redis_url, redis_client):
+    config = tmp_path / "providers.yaml"
+    config.write_text(CONFIG)
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_PASSWORD", "PYTHONPATH")}
+    env.update(PROVIDERS_CONFIG=str(config), REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=45)
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+
+    loaded = [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    assert loaded == []
+    assert "app.dispatch" in modules and "app.providers.kvm.placement" in modules
+    # The event was routed from the config alone, to the queue of the host its spec names.
+    [message] = [json.loads(m) for m in redis_client.lrange("kvm.lab.h2", 0, -1)]
+    assert message["headers"]["task"] == "proxy.create"
+    assert message["headers"]["argsrepr"] == "['ns', 'p', 'uid-watcher-imports', 0]"
