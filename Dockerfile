@@ -18,6 +18,7 @@ COPY app/ app/
 COPY api/ api/
 COPY watchers/ watchers/
 COPY workers/ workers/
+COPY cli/ cli/
 RUN /opt/venv/bin/pip install ".[kvm]"
 
 # --- runtime ------------------------------------------------------------------------------

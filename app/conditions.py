@@ -6,12 +6,7 @@ Conditions are a list-map keyed by ``type``; ``lastTransitionTime`` changes only
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-
-def now_rfc3339() -> str:
-    """Return the current UTC time as RFC 3339 with second precision (``2026-01-02T03:04:05Z``)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from app.timefmt import rfc3339
 
 
 def find(conditions: list[dict] | None, ctype: str) -> dict | None:
@@ -33,7 +28,7 @@ def set_condition(conditions: list[dict] | None, ctype: str, status: str, reason
         reason: CamelCase reason.
         message: human-readable message (never secrets).
         generation: the object's ``metadata.generation``.
-        now: timestamp to use when the status flips (default: now).
+        now: timestamp to use when the status flips (default: now, :func:`app.timefmt.rfc3339`).
     Returns:
         the new list; ``lastTransitionTime`` is kept unless ``status`` changed.
     """
@@ -42,7 +37,7 @@ def set_condition(conditions: list[dict] | None, ctype: str, status: str, reason
     ltt = old.get("lastTransitionTime") if old and old.get("status") == status else None
     out.append({
         "type": ctype, "status": status, "reason": reason, "message": message[:1024],
-        "lastTransitionTime": ltt or now or now_rfc3339(), "observedGeneration": generation,
+        "lastTransitionTime": ltt or now or rfc3339(), "observedGeneration": generation,
     })
     order = {"Provisioned": 0, "Healthy": 1, "Ready": 2}
     out.sort(key=lambda c: (order.get(c["type"], 9), c["type"]))

@@ -5,7 +5,7 @@ resync (:meth:`Dispatcher.resync`) and the reconcile tasks (:meth:`Dispatcher.ru
 runs one step and queues its followup).  Free of Celery: messages go out through an injected
 ``send(task_name, args, queue, countdown)`` (the worker and the watcher pass
 ``workers.celery_app.send``; tests pass a recorder).  Nothing here builds a provider or imports
-an SDK: queues are picked from the providers config alone (:class:`Router`), so the watcher
+a provider's SDK: queues are picked from the providers config alone (:class:`Router`), so the watcher
 loads this module without libvirt, google-cloud or any task module.
 
 * :class:`Router` — queue names and routing: every task touching KVM host H of provider P runs

@@ -9,7 +9,10 @@ the listing cannot be trusted as a whole.
 
 from __future__ import annotations
 
+import contextlib
+import gc as pygc
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -19,6 +22,36 @@ from app.providers.base import Instance, ListResult
 from app.providers.errors import describe
 
 log = logging.getLogger(__name__)
+
+_pause_lock = threading.Lock()
+_pauses = 0
+_resume = False  # whether the last pause to end turns the collector back on
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused():
+    """Keep Python's cyclic garbage collector off while a large listing is read and diffed.
+
+    Parsing a listing allocates hundreds of thousands of containers, and every allocation burst
+    makes the collector walk the whole heap, which the listing itself keeps growing: at 10,000
+    Proxies that was 30-45 % of the Proxy listing's CPU (docs/performance.md, "Scale").  Parsed
+    JSON and the objects built from it hold no reference cycles, so the collector has nothing
+    to find there (the few cycles of the HTTP layer wait for its next run).  Process-wide, safe across threads and nesting: the collector resumes when the
+    last pause ends, and only if it was on when the first began.
+    """
+    global _pauses, _resume
+    with _pause_lock:
+        if _pauses == 0:
+            _resume = pygc.isenabled()
+            pygc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _resume:
+                pygc.enable()
 
 
 @dataclass
@@ -250,8 +283,9 @@ def collect(provider_name: str, provider, list_proxies, abandoned: set[str], gra
     Raises:
         Exception: when listing the Proxies fails (nothing is deleted then).
     """
-    listing = provider.list_by_tag(tag)
-    live, current = current_instances(list_proxies(), provider_name)
+    with cyclic_gc_paused():
+        listing = provider.list_by_tag(tag)
+        live, current = current_instances(list_proxies(), provider_name)
     superseded = None
     if redis is not None:
         def superseded(uid: str, provider_id: str) -> bool:
@@ -263,7 +297,7 @@ def collect(provider_name: str, provider, list_proxies, abandoned: set[str], gra
 
 # -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------
 #
-# A provider that offers ``hosts()`` is listed one host per task, on that host's queue (the
+# A ShardedProvider (``app.providers.base``: kvm) is listed one host per task, on that host's queue (the
 # worker that owns the host's connection).  Each shard stores its listing under the sweep's id;
 # the shard that completes the set decides for the whole provider: if any shard was partial or
 # failed, nothing of that provider is deleted in this sweep.

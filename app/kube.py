@@ -39,14 +39,11 @@ from typing import Any, Protocol, runtime_checkable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from app.lazy import per_process
 from app.resources import (FINALIZER, GROUP, KIND, PLURAL, PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL, VERSION,
                            Proxy)
 
 log = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_client: k8s.ApiClient | None = None
-_pid: int | None = None
 
 
 def load_configuration() -> k8s.Configuration:
@@ -64,21 +61,17 @@ def load_configuration() -> k8s.Configuration:
     return cfg
 
 
+@per_process
 def api_client() -> k8s.ApiClient:
     """Return this process's :class:`kubernetes.client.ApiClient`, created on first use.
 
     A forked child (Celery prefork) gets its own client: connection pools must not be
-    shared across ``fork``.
+    shared across ``fork`` (:func:`app.lazy.per_process`).
 
     Raises:
         kubernetes.config.ConfigException: no kubeconfig and not in a cluster.
     """
-    global _client, _pid
-    with _lock:
-        if _client is None or _pid != os.getpid():
-            _client = k8s.ApiClient(load_configuration())
-            _pid = os.getpid()
-        return _client
+    return k8s.ApiClient(load_configuration())
 
 
 # -- typed values -------------------------------------------------------------------------------

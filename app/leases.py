@@ -62,7 +62,6 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from urllib.parse import quote
 
 from app import redis_keys
@@ -70,6 +69,7 @@ from app.lua import Lua
 from app.selectors import Requirement, as_lua, matches
 from app.serving_record import ServingRecord, load_all
 from app.settings import env_number
+from app.timefmt import rfc3339
 
 OUTCOMES = ("ok", "blocked", "failed")
 #: Error codes raised as :class:`LeaseError` (the API maps them to HTTP statuses).
@@ -300,8 +300,7 @@ class Lease:
 
     def expires_rfc3339(self) -> str:
         """Expiry as RFC 3339 UTC with milliseconds."""
-        dt = datetime.fromtimestamp(self.expires_at, timezone.utc)
-        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+        return rfc3339(self.expires_at, millis=True)
 
 
 def _str(value) -> str:
@@ -345,10 +344,10 @@ def client_limit_message(client: str, counts: dict) -> str:
     """
     held, limit = int(counts.get("held") or 0), int(counts.get("max") or 0)
     if counts.get("renew"):
-        until = datetime.fromtimestamp(int(counts.get("expiresAt") or 0) / 1000.0, timezone.utc)
+        until = rfc3339(int(counts.get("expiresAt") or 0) / 1000.0)
         return (f"client {client!r} holds {held} live leases, more than its limit (maxLeases in the tokens file) "
                 f"of {limit}: this lease is not renewed and ends at its expiry, "
-                f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}; release leases to get back under the limit")
+                f"{until}; release leases to get back under the limit")
     if limit == 0:
         return f"client {client!r} may hold no leases (maxLeases 0 in the tokens file)"
     return (f"client {client!r} holds {held} live leases, its limit (maxLeases in the tokens file) is {limit}: "

@@ -43,6 +43,7 @@ from app import conditions, redis_keys
 from app.providers.base import CheckableProvider, TargetVerdict
 from app.kube import KubeGateway, ProviderHealthObject
 from app.resources import PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL
+from app.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ def status_for(verdicts: list[TargetVerdict], previous: dict | None, generation:
     Returns:
         ``{"conditions": [Ready], "targets": [...], "readyTargets": n, "totalTargets": m}``.
     """
-    now = now or conditions.now_rfc3339()
+    now = now or rfc3339()
     old = {t.get("name"): t for t in (previous or {}).get("targets") or ()}
     targets = []
     for v in verdicts:

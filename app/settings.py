@@ -1,4 +1,4 @@
-"""Process settings from the environment (flags override them in :mod:`app.cli`).
+"""Process settings from the environment (flags override them in :mod:`cli.main`).
 
 Every value has a default that works on a laptop; durations are seconds.
 """

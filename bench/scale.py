@@ -21,8 +21,9 @@ the product's code:
   counted in the broker's Redis lists afterwards;
 * **gc**: one GC diff as ``gc.collect`` makes it, without the deletes: the provider's
   ``list_by_tag`` (metadata only, paged), the Proxy listing (``kube.list_proxies``) and
-  :func:`app.gc.current_instances` + :func:`app.gc.orphans`; the orphans found are checked
-  against the seeded ones.  Time spent in Python's cyclic GC is measured with ``gc.callbacks``;
+  :func:`app.gc.current_instances` + :func:`app.gc.orphans`, the listings with the cyclic
+  collector paused as ``collect`` does (:func:`app.gc.cyclic_gc_paused`); the orphans found are
+  checked against the seeded ones.  Time spent in Python's cyclic GC is measured with ``gc.callbacks``;
 * **gc (full Pods)**: the same diff with the listing as it was before (one unpaged list of
   full ``V1Pod`` objects, :func:`app.providers.kubernetes.provider.to_instance`), for
   comparison; only up to ``--legacy-max`` Proxies (default 10,000);
@@ -44,6 +45,7 @@ Usage: ``python bench/scale.py [--sizes 1000,10000,100000] [--phases watcher,res
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc as pygc
 import json
 import logging
@@ -355,23 +357,27 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
     provider = ctx.registry.get(PROVIDER)
     raw = KubernetesProvider(_provider_config())  # the process's client (KUBECONFIG)
     cold = warm_up()
+    # gc.collect lists with the cyclic collector paused (app.gc.cyclic_gc_paused); before, it did not
+    paused = getattr(gc_logic, "cyclic_gc_paused", None)
+    scope = contextlib.nullcontext() if legacy or paused is None else paused()
     gct = _GcTimer()
     rss0, cpu0, t0 = rss_mb(), cpu_seconds(), time.monotonic()
-    if legacy:  # the listing before: one unpaged list of full V1Pod objects
-        pods = raw.core.list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}")
-        listing = ListResult([to_instance(p) for p in pods.items])
-        del pods
-    else:
-        listing = provider.list_by_tag(MANAGED_BY)
-    t1, cpu1, gc1 = time.monotonic(), cpu_seconds(), gct.total
-    proxies = ctx.kube.list_proxies()
-    t2, cpu2, gc2 = time.monotonic(), cpu_seconds(), gct.total
-    live, current = gc_logic.current_instances(proxies, PROVIDER)
+    with scope:
+        if legacy:  # the listing before: one unpaged list of full V1Pod objects
+            pods = raw.core.list_pod_for_all_namespaces(label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}")
+            listing = ListResult([to_instance(p) for p in pods.items])
+            del pods
+        else:
+            listing = provider.list_by_tag(MANAGED_BY)
+        t1, cpu1, gc1 = time.monotonic(), cpu_seconds(), gct.total
+        proxies = ctx.kube.list_proxies()
+        t2, cpu2, gc2 = time.monotonic(), cpu_seconds(), gct.total
+        live, current = gc_logic.current_instances(proxies, PROVIDER)
     found = gc_logic.orphans(listing.instances, live, set(), datetime.now(timezone.utc), 3600, current)
     t3, cpu3 = time.monotonic(), cpu_seconds()
     return {"list_s": t1 - t0, "list_cpu": cpu1 - cpu0, "list_gc_s": gc1,
             "proxies_s": t2 - t1, "proxies_cpu": cpu2 - cpu1, "proxies_gc_s": gc2 - gc1,
-            "diff_s": t3 - t2, "wall": t3 - t0, "cpu": cpu3 - cpu0, "gc_s": gct.total, "gc_n": gct.collections,
+            "diff_s": t3 - t2, "diff_cpu": cpu3 - cpu2, "paused": not legacy and paused is not None, "wall": t3 - t0, "cpu": cpu3 - cpu0, "gc_s": gct.total, "gc_n": gct.collections,
             "listed": len(listing.instances), "orphans": len(found), "proxies": len(proxies),
             "rss_base": rss0, "rss_after": rss_mb(), "rss_peak": peak_rss_mb(), "warm_up_s": cold}
 
@@ -549,7 +555,7 @@ def main() -> int:
                 print(_fmt_row(label, n, g))
                 print(f"  {label}: list_by_tag {g['list_s']:.2f} s ({g['list_cpu']:.2f} CPU, {g['list_gc_s']:.2f} in GC), "
                       f"list_proxies {g['proxies_s']:.2f} s ({g['proxies_cpu']:.2f} CPU, {g['proxies_gc_s']:.2f} in GC), "
-                      f"diff {g['diff_s']:.3f} s; {g['listed']:,} Pods listed, {g['orphans']} orphans "
+                      f"diff {g['diff_s']:.3f} s ({g['diff_cpu']:.3f} CPU); cyclic GC paused: {g['paused']}; {g['listed']:,} Pods listed, {g['orphans']} orphans "
                       f"(seeded {fleet.counts['orphans']})")
         if "health" in out:
             h = out["health"]

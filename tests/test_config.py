@@ -95,18 +95,18 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 def test_check_config_command_exits_non_zero_with_one_clear_line(tmp_path):
     path = write(tmp_path, "providers:\n  - {name: g, type: gcp, gcp: {}}\n")
-    out = subprocess.run([sys.executable, "-m", "app.cli", "check-config", str(path)],
+    out = subprocess.run([sys.executable, "-m", "cli", "check-config", str(path)],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert f'{path}: provider "g": gcp.project: required' in out.stderr
     good = write(tmp_path, "providers:\n  - {name: k, type: kubernetes}\n")
-    ok = subprocess.run([sys.executable, "-m", "app.cli", "check-config", str(good)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "cli", "check-config", str(good)], capture_output=True, text=True)
     assert ok.returncode == 0 and "1 provider(s): k" in ok.stdout
 
 
 def test_worker_refuses_to_start_on_a_bad_config(tmp_path):
     path = write(tmp_path, "providers:\n  - {name: a, type: kubernetes, bogus: 1}\n")
-    out = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--providers-config", str(path)],
+    out = subprocess.run([sys.executable, "-m", "cli", "worker", "--providers-config", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "bogus: unknown key" in out.stderr
 

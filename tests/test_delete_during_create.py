@@ -13,17 +13,11 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig, ProvidersConfig
 from app.kube import KubernetesGateway
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import KubernetesProvider
-from app.providers.registry import build
-from app.reconcile import DELETE, Context, Ref, create, delete
+from app.reconcile import DELETE, Ref, create, delete
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
-from app.settings import Settings
-from tests.kubefake.server import FakeKube
 from tests.support.proxies import (
     Background,
     apply,
@@ -38,27 +32,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
-def api(fake):
-    client = fake.api_client()
-    yield client
-    client.close()
-
-
-def _settings() -> Settings:
-    return Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, quota_backoff=1)
-
-
-@pytest.fixture()
-def k8s_ctx(api, redis_client):
-    config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings()),))
-    registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
+def k8s_ctx(make_context):
+    return make_context()  # one k8s-local provider on the API fake, short delays
 
 
 def proxy_exists(api, ref: Ref) -> bool:
@@ -139,20 +114,11 @@ def test_a_proxy_that_never_got_an_instance_is_released_even_with_an_unknown_pro
 
 # -- gcp ------------------------------------------------------------------------------------------
 @pytest.fixture()
-def compute():
-    from tests.gcp.fake_compute import FakeCompute
-
-    with FakeCompute() as server:
-        yield server
-
-
-@pytest.fixture()
-def gcp_ctx(api, redis_client, compute):
+def gcp_ctx(make_context, compute):
     from app.providers.gcp.provider import GcpProvider
     from tests.gcp.conftest import gcp_config
 
-    registry = build(ProvidersConfig((gcp_config(compute),)), {"gcp": GcpProvider})
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
+    return make_context(gcp_config(compute), factories={"gcp": GcpProvider})
 
 
 def gcp_instances(compute) -> list:
@@ -206,14 +172,13 @@ def test_a_retired_instance_is_deleted_unless_its_proxy_names_it_again(api, k8s_
     assert pods(api) == []
 
 
-def test_gcp_zone_change_creates_in_the_new_zone_and_retires_the_old_one_elsewhere(api, compute, redis_client):
+def test_gcp_zone_change_creates_in_the_new_zone_and_retires_the_old_one_elsewhere(api, compute, make_context):
     from app.providers.gcp.provider import GcpProvider
     from tests.gcp.conftest import gcp_config
 
     retired: list = []
-    registry = build(ProvidersConfig((gcp_config(compute),)), {"gcp": GcpProvider})
-    ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings(),
-                  retire=lambda name, pid, ref: retired.append((name, pid)))
+    ctx = make_context(gcp_config(compute), factories={"gcp": GcpProvider},
+                       retire=lambda name, pid, ref: retired.append((name, pid)))
     ref = apply(api, "gce-move", {"provider": "gcp-test", "placement": {"zone": "europe-west1-b"}})
     create(ctx, ref)
     old_id = recorded_id(api, ref)

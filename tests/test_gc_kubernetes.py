@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from kubernetes import client as k8s
 
 from app.config import ProviderConfig
@@ -11,15 +10,6 @@ from app.kube import KubernetesGateway
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.resources import GROUP, PLURAL, VERSION
-from tests.kubefake.server import FakeKube
-
-
-@pytest.fixture()
-def api():
-    with FakeKube() as fake:
-        client = fake.api_client()
-        yield client
-        client.close()
 
 
 def pod(api, name, labels, namespace="default"):

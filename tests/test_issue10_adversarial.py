@@ -207,15 +207,15 @@ def test_firewall_ports_are_parsed_strictly(ports, field):
 
 
 # -- a Pod that got into Redis: forged gc.delete messages --------------------------------------------
-def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client):
+def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client, make_context):
     """What the gc.delete task runs (app.gc.verify_and_delete) re-reads the instance and judges it
     by GC's rules: a live Proxy's current Pod is kept whatever the message says; a real orphan past
     the grace period is still collected."""
     from app.naming import tags_for
     from app.providers.base import CreateRequest
-    from tests.test_issue9_adversarial import _ctx, apply, k8s_provider, pods, read, settle
+    from tests.test_issue9_adversarial import apply, k8s_provider, pods, read, settle
 
-    ctx = _ctx(api, redis_client, k8s_provider())
+    ctx = make_context(k8s_provider())
     ref = apply(api, "live-1", {"provider": "k8s-local"})
     settle(ctx, api, ref)
     live = read(api, ref)
@@ -232,13 +232,13 @@ def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client):
     assert [x.metadata.name for x in pods(api)] == [instance_name(ref.uid)]
 
 
-def test_a_forged_retire_cannot_take_a_live_proxys_pod(api, redis_client):
+def test_a_forged_retire_cannot_take_a_live_proxys_pod(api, make_context):
     """instance.retire's arguments come from Redis too: an instance whose Proxy-UID tag is not the
     message's, or that its Proxy names, is kept."""
     from app.reconcile import Ref, retire_instance
-    from tests.test_issue9_adversarial import _ctx, apply, k8s_provider, pods, read, settle
+    from tests.test_issue9_adversarial import apply, k8s_provider, pods, read, settle
 
-    ctx = _ctx(api, redis_client, k8s_provider())
+    ctx = make_context(k8s_provider())
     ref = apply(api, "live-2", {"provider": "k8s-local"})
     settle(ctx, api, ref)
     pod_id = read(api, ref).status["providerID"]
@@ -247,13 +247,3 @@ def test_a_forged_retire_cannot_take_a_live_proxys_pod(api, redis_client):
     # The right Proxy: its status still names the Pod, so the Pod is kept.
     assert not retire_instance(ctx, "k8s-local", pod_id, Ref("default", "live-2", ref.uid))
     assert [x.metadata.name for x in pods(api)] == [instance_name(ref.uid)]
-
-
-@pytest.fixture()
-def api():
-    from tests.kubefake.server import FakeKube
-
-    with FakeKube() as server:
-        client = server.api_client()
-        yield client
-        client.close()

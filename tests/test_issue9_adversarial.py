@@ -14,17 +14,13 @@ import pytest
 from kubernetes import client as k8s
 
 from app import gc as gc_logic
-from app.config import ProviderConfig, ProvidersConfig
+from app.config import ProviderConfig
 from app.kube import KubernetesGateway
 from app.naming import instance_name
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import KubernetesProvider
-from app.providers.registry import build
 from app.reconcile import (
     CREATE,
     DELETE,
     POLL,
-    Context,
     Ref,
     create,
     decide,
@@ -32,8 +28,7 @@ from app.reconcile import (
     poll,
 )
 from app.resources import PLURAL
-from app.settings import Settings
-from tests.kubefake.server import FakeKube
+from tests.support import contexts
 from tests.support.proxies import (
     Background,
     apply,
@@ -49,37 +44,13 @@ IMAGES = ("example/squid:6", "example/squid:7")
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
-def api(fake):
-    client = fake.api_client()
-    yield client
-    client.close()
-
-
-def _settings() -> Settings:
-    return Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, quota_backoff=1)
-
-
-def _ctx(api, redis_client, *providers: ProviderConfig, retire=None) -> Context:
-    registry = build(ProvidersConfig(tuple(providers)),
-                     {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings(),
-                   retire=retire)
-
-
 def k8s_provider(name: str = "k8s-local", namespace: str = "") -> ProviderConfig:
-    return ProviderConfig(name, "kubernetes", 60, 15, KubernetesSettings(namespace=namespace, images=IMAGES))
+    return contexts.k8s_provider(name, namespace=namespace, images=IMAGES)
 
 
 @pytest.fixture()
-def ctx(api, redis_client):
-    return _ctx(api, redis_client, k8s_provider())
+def ctx(make_context):
+    return make_context(k8s_provider())
 
 
 def pod_images(api) -> list[tuple[str, str, str]]:
@@ -136,10 +107,10 @@ def test_a_spec_change_that_lands_during_the_create_is_not_lost(fake, api, ctx):
     assert read(api, ref).status["specHash"] == read(api, ref).spec_hash
 
 
-def test_a_provider_change_during_the_create_replaces_and_retires_the_old_pod(fake, api, redis_client):
+def test_a_provider_change_during_the_create_replaces_and_retires_the_old_pod(fake, api, redis_client, make_context):
     """spec.provider changes while the create for the old provider is in flight: the new
     provider gets its Pod, the old one is retired, nothing is left over."""
-    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
+    ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
     ref = apply(api, "race-2", {"provider": "k8s-a"})
     fake.delay_next("create", "pods", seconds=2)
     creating = Background(create, ctx, ref)
@@ -192,9 +163,9 @@ def test_deleted_and_recreated_with_the_same_name_during_the_create(fake, api, c
 
 
 # -- a move back before the old place was cleaned up ----------------------------------------------------
-def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, redis_client):
+def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, redis_client, make_context):
     retired: list = []   # the retire tasks never run (the old place is unreachable)
-    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+    ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
                retire=lambda name, pid, ref: retired.append((name, pid)))
     ref = apply(api, "back-1", {"provider": "k8s-a", "placement": {"image": IMAGES[0]}})
     settle(ctx, api, ref)
@@ -210,14 +181,14 @@ def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, 
 
 
 # -- GC against a move back ------------------------------------------------------------------------------
-def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client):
+def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client, make_context):
     """GC decides 'superseded' from one Proxy listing and deletes later (gc.collect: after the
     listing; sharded sweeps: a gc.delete queued on the host queue, possibly behind the create).
     A Proxy moved back in between names the instance again (the create adopted it); GC used
     to delete it by ID anyway (Ready -> InstanceLost -> rebuilt).  Now the superseded verdict
     is re-checked under the per-Proxy lock (app.gc.delete_superseded)."""
     retired: list = []
-    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+    ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
                retire=lambda name, pid, ref: retired.append((name, pid)))
     ref = apply(api, "gcback-1", {"provider": "k8s-a"})
     settle(ctx, api, ref)
@@ -252,10 +223,10 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client)
     assert [f"{ns}/{n}" for ns, n, _ in pod_images(api)] == [f"ns-b/{name}"]
 
 
-def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api, redis_client):
+def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api, redis_client, make_context):
     """A step holds the Proxy's lock (a create may be adopting the instance): GC keeps its hands off."""
     retired: list = []
-    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
+    ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
                retire=lambda name, pid, ref: retired.append((name, pid)))
     ref = apply(api, "gcbusy-1", {"provider": "k8s-a"})
     settle(ctx, api, ref)
@@ -296,11 +267,11 @@ def test_a_create_whose_re_read_fails_after_the_release_leaks_nothing(fake, api,
 
 
 # -- GC of one provider against the instances of another in the same place ---------------------------
-def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api, redis_client):
+def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api, redis_client, make_context):
     """Two kubernetes providers on the one cluster (different namespaces): each one's GC lists
     every managed Pod cluster-wide.  A live Proxy of k8s-b named its Pod; k8s-a's sweep used to
     count it 'superseded' (its Proxy records another provider) and delete it after the grace."""
-    ctx = _ctx(api, redis_client, k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
+    ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"))
     ref = apply(api, "two-1", {"provider": "k8s-b"})
     settle(ctx, api, ref)
     assert read(api, ref).phase == "Running"
@@ -311,26 +282,23 @@ def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api
     assert [p.metadata.name for p in pods(api)] == [instance_name(ref.uid)]
 
 
-def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same_project(api, redis_client):
+def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same_project(api, redis_client, compute,
+                                                                                           make_context):
     """Two gcp providers in one project (other zones): the aggregated listing of either shows
     every managed instance of the project; neither GC may take the other's live instance."""
     from app.providers.gcp.provider import GcpProvider
     from tests.gcp.conftest import gcp_config
-    from tests.gcp.fake_compute import FakeCompute
 
-    with FakeCompute() as compute:
-        config = ProvidersConfig((gcp_config(compute, "gcp-b", zones=["europe-west1-b"]),
-                                  gcp_config(compute, "gcp-c", zones=["europe-west1-c"])))
-        registry = build(config, {"gcp": GcpProvider})
-        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=_settings())
-        ref = apply(api, "two-gce", {"provider": "gcp-c", "placement": {"zone": "europe-west1-c"}})
-        create(ctx, ref)
-        assert len(compute.instances) == 1
-        for name in ("gcp-b", "gcp-c"):
-            report = gc_logic.collect(name, registry.get(name), KubernetesGateway(api).list_proxies, set(),
-                                      grace_seconds=0, redis=redis_client)
-            assert report.deleted == [], name
-        assert len(compute.instances) == 1
+    ctx = make_context(gcp_config(compute, "gcp-b", zones=["europe-west1-b"]),
+                       gcp_config(compute, "gcp-c", zones=["europe-west1-c"]), factories={"gcp": GcpProvider})
+    ref = apply(api, "two-gce", {"provider": "gcp-c", "placement": {"zone": "europe-west1-c"}})
+    create(ctx, ref)
+    assert len(compute.instances) == 1
+    for name in ("gcp-b", "gcp-c"):
+        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, set(),
+                                  grace_seconds=0, redis=redis_client)
+        assert report.deleted == [], name
+    assert len(compute.instances) == 1
 
 
 # -- routing: the delete of a Proxy moving to another provider ------------------------------------------

@@ -21,70 +21,67 @@ def proxy(name: str, finalizers=None) -> dict:
     return {"apiVersion": f"{G}/{V}", "kind": "Proxy", "metadata": meta, "spec": {"provider": "k8s"}}
 
 
-@pytest.fixture
-def api(kube_client):
-    return k8s.CustomObjectsApi(kube_client)
-
-
 def events_after(kube: FakeKube, rv: str) -> list[tuple[str, str, dict]]:
     sub = kube.store.subscribe(kube.store.type_named(P), resource_version=rv)
     return [(e.type, e.name, e.obj) for e in sub.next(0)]
 
 
-def test_delete_with_a_finalizer_sets_deletion_timestamp_and_keeps_the_object(kube, api):
-    created = api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN]))
-    out = api.delete_namespaced_custom_object(G, V, "default", P, "a")
+def test_delete_with_a_finalizer_sets_deletion_timestamp_and_keeps_the_object(kube, custom_api):
+    created = custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN]))
+    out = custom_api.delete_namespaced_custom_object(G, V, "default", P, "a")
     assert out["metadata"]["deletionTimestamp"] and out["metadata"]["finalizers"] == [FIN]
-    got = api.get_namespaced_custom_object(G, V, "default", P, "a")
+    got = custom_api.get_namespaced_custom_object(G, V, "default", P, "a")
     assert got["metadata"]["deletionTimestamp"] == out["metadata"]["deletionTimestamp"]
     assert got["metadata"]["generation"] == created["metadata"]["generation"] + 1  # as upstream
     assert [t for t, _, _ in events_after(kube, created["metadata"]["resourceVersion"])] == ["MODIFIED"]
     # deleting again changes nothing
-    again = api.delete_namespaced_custom_object(G, V, "default", P, "a")
+    again = custom_api.delete_namespaced_custom_object(G, V, "default", P, "a")
     assert again["metadata"]["resourceVersion"] == got["metadata"]["resourceVersion"]
 
 
-def test_no_new_finalizer_once_deleting(api):
-    api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN]))
-    api.delete_namespaced_custom_object(G, V, "default", P, "a")
+def test_no_new_finalizer_once_deleting(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN]))
+    custom_api.delete_namespaced_custom_object(G, V, "default", P, "a")
     with pytest.raises(k8s.ApiException) as err:
-        api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": [FIN, "other/x"]}})
+        custom_api.patch_namespaced_custom_object(G, V, "default", P, "a",
+                                                  {"metadata": {"finalizers": [FIN, "other/x"]}})
     assert err.value.status == 422 and "no new finalizers" in json.loads(err.value.body)["message"]
 
 
-def test_removing_the_last_finalizer_deletes_modified_then_deleted(kube, api):
-    api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN, "other/x"]))
-    deleting = api.delete_namespaced_custom_object(G, V, "default", P, "a")
+def test_removing_the_last_finalizer_deletes_modified_then_deleted(kube, custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a", [FIN, "other/x"]))
+    deleting = custom_api.delete_namespaced_custom_object(G, V, "default", P, "a")
     mark = deleting["metadata"]["resourceVersion"]
-    api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": ["other/x"]}})
-    assert api.get_namespaced_custom_object(G, V, "default", P, "a")["metadata"]["finalizers"] == ["other/x"]
-    out = api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": None}})
+    custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": ["other/x"]}})
+    assert custom_api.get_namespaced_custom_object(G, V, "default", P, "a")["metadata"]["finalizers"] == ["other/x"]
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": None}})
     assert "finalizers" not in out["metadata"]
     with pytest.raises(k8s.ApiException) as err:
-        api.get_namespaced_custom_object(G, V, "default", P, "a")
+        custom_api.get_namespaced_custom_object(G, V, "default", P, "a")
     assert err.value.status == 404
     seen = events_after(kube, mark)
     assert [t for t, _, _ in seen] == ["MODIFIED", "MODIFIED", "DELETED"]
     assert int(seen[-1][2]["metadata"]["resourceVersion"]) > int(seen[-2][2]["metadata"]["resourceVersion"])
 
 
-def test_finalizers_of_an_object_not_being_deleted_can_change_freely(api):
-    api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
-    out = api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": [FIN]}})
+def test_finalizers_of_an_object_not_being_deleted_can_change_freely(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": [FIN]}})
     assert out["metadata"]["finalizers"] == [FIN]
-    out = api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": []}})
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {"finalizers": []}})
     assert "finalizers" not in out["metadata"]
-    assert api.get_namespaced_custom_object(G, V, "default", P, "a")  # still there
+    assert custom_api.get_namespaced_custom_object(G, V, "default", P, "a")  # still there
 
 
-def test_delete_preconditions(api):
-    obj = api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
+def test_delete_preconditions(custom_api):
+    obj = custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
     with pytest.raises(k8s.ApiException) as err:
-        api.delete_namespaced_custom_object(G, V, "default", P, "a", body={"preconditions": {"uid": "someone-else"}})
+        custom_api.delete_namespaced_custom_object(G, V, "default", P, "a",
+                                                   body={"preconditions": {"uid": "someone-else"}})
     assert err.value.status == 409
-    api.delete_namespaced_custom_object(G, V, "default", P, "a",
-                                        body={"preconditions": {"uid": obj["metadata"]["uid"]}})
-    assert api.list_cluster_custom_object(G, V, P)["items"] == []
+    custom_api.delete_namespaced_custom_object(G, V, "default", P, "a",
+                                               body={"preconditions": {"uid": obj["metadata"]["uid"]}})
+    assert custom_api.list_cluster_custom_object(G, V, P)["items"] == []
 
 
 def test_a_pod_with_a_finalizer_waits_too(kube_client):

@@ -26,14 +26,9 @@ def proxy(name: str, labels=None) -> dict:
             "spec": {"provider": "k8s"}}
 
 
-@pytest.fixture
-def api(kube_client):
-    return k8s.CustomObjectsApi(kube_client)
-
-
-def stream(api, seconds: int, **kwargs) -> list[dict]:
+def stream(custom_api, seconds: int, **kwargs) -> list[dict]:
     """All events of one server-limited watch of every Proxy."""
-    return list(watch.Watch().stream(api.list_cluster_custom_object, G, V, P, timeout_seconds=seconds,
+    return list(watch.Watch().stream(custom_api.list_cluster_custom_object, G, V, P, timeout_seconds=seconds,
                                      _request_timeout=(5, seconds + 5), **kwargs))
 
 
@@ -43,53 +38,53 @@ def later(delay: float, fn) -> threading.Thread:
     return t
 
 
-def test_watch_from_a_resource_version_sends_only_later_changes(api):
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("old"))
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    api.patch_namespaced_custom_object(G, V, "ns1", P, "old", {"metadata": {"labels": {"x": "y"}}})
-    api.create_namespaced_custom_object(G, V, "ns2", P, proxy("new"))
-    api.delete_namespaced_custom_object(G, V, "ns1", P, "old")
-    events = stream(api, 1, resource_version=mark)
+def test_watch_from_a_resource_version_sends_only_later_changes(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("old"))
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "old", {"metadata": {"labels": {"x": "y"}}})
+    custom_api.create_namespaced_custom_object(G, V, "ns2", P, proxy("new"))
+    custom_api.delete_namespaced_custom_object(G, V, "ns1", P, "old")
+    events = stream(custom_api, 1, resource_version=mark)
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
         ("MODIFIED", "old"), ("ADDED", "new"), ("DELETED", "old")]
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert rvs == sorted(rvs) and rvs[0] > int(mark)
 
 
-def test_watch_without_a_resource_version_starts_with_the_current_objects(api):
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
-    api.create_namespaced_custom_object(G, V, "ns2", P, proxy("b"))
-    events = stream(api, 1)
+def test_watch_without_a_resource_version_starts_with_the_current_objects(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
+    custom_api.create_namespaced_custom_object(G, V, "ns2", P, proxy("b"))
+    events = stream(custom_api, 1)
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
 
 
-def test_namespaced_watch_sees_only_its_namespace(api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
-    api.create_namespaced_custom_object(G, V, "ns2", P, proxy("b"))
-    events = list(watch.Watch().stream(api.list_namespaced_custom_object, G, V, "ns2", P,
+def test_namespaced_watch_sees_only_its_namespace(custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
+    custom_api.create_namespaced_custom_object(G, V, "ns2", P, proxy("b"))
+    events = list(watch.Watch().stream(custom_api.list_namespaced_custom_object, G, V, "ns2", P,
                                        resource_version=mark, timeout_seconds=1))
     assert [e["object"]["metadata"]["name"] for e in events] == ["b"]
 
 
-def test_events_arrive_while_the_stream_is_open(api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    later(0.3, lambda: api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a")))
+def test_events_arrive_while_the_stream_is_open(custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    later(0.3, lambda: custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a")))
     start = time.monotonic()
     w = watch.Watch()
-    for ev in w.stream(api.list_cluster_custom_object, G, V, P, resource_version=mark, timeout_seconds=10):
+    for ev in w.stream(custom_api.list_cluster_custom_object, G, V, P, resource_version=mark, timeout_seconds=10):
         assert ev["type"] == "ADDED"
         w.stop()
     assert time.monotonic() - start < 3
 
 
-def test_bookmarks_carry_the_newest_resource_version(kube, api, kube_client):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+def test_bookmarks_carry_the_newest_resource_version(kube, custom_api, kube_client):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     core = k8s.CoreV1Api(kube_client)
     pod = core.create_namespaced_pod("default", {"metadata": {"name": "p"},
                                                  "spec": {"containers": [{"name": "c", "image": "i"}]}})
     w = watch.Watch()
-    events = list(w.stream(api.list_cluster_custom_object, G, V, P, resource_version=mark,
+    events = list(w.stream(custom_api.list_cluster_custom_object, G, V, P, resource_version=mark,
                            allow_watch_bookmarks=True, timeout_seconds=1))
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
     assert len(bookmarks) >= 3  # every 0.2 s
@@ -99,23 +94,23 @@ def test_bookmarks_carry_the_newest_resource_version(kube, api, kube_client):
     assert w.resource_version == pod.metadata.resource_version
 
 
-def test_no_bookmarks_unless_asked(api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    assert stream(api, 1, resource_version=mark) == []
+def test_no_bookmarks_unless_asked(custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    assert stream(custom_api, 1, resource_version=mark) == []
 
 
-def test_timeout_seconds_ends_the_stream_server_side(api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+def test_timeout_seconds_ends_the_stream_server_side(custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     start = time.monotonic()
-    list(watch.Watch().stream(api.list_cluster_custom_object, G, V, P, resource_version=mark,
+    list(watch.Watch().stream(custom_api.list_cluster_custom_object, G, V, P, resource_version=mark,
                               timeout_seconds=1, _request_timeout=(5, 30)))
     assert 0.9 <= time.monotonic() - start < 3
 
 
-def test_compacted_history_gives_410_as_an_error_event(kube, api):
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("b"))
+def test_compacted_history_gives_410_as_an_error_event(kube, custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("b"))
     kube.compact()
     raw = urllib.request.urlopen(f"{kube.url}/apis/{G}/{V}/{P}?watch=true&resourceVersion={mark}", timeout=5)
     assert raw.status == 200
@@ -125,45 +120,45 @@ def test_compacted_history_gives_410_as_an_error_event(kube, api):
     assert status["kind"] == "Status" and status["code"] == 410 and status["reason"] == "Expired"
     assert "too old resource version" in status["message"]
     with pytest.raises(k8s.ApiException) as err:
-        stream(api, 1, resource_version=mark)
+        stream(custom_api, 1, resource_version=mark)
     assert err.value.status == 410
     # the current version is still good
-    now = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    assert stream(api, 1, resource_version=now) == []
+    now = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    assert stream(custom_api, 1, resource_version=now) == []
 
 
 def test_history_window_is_configurable():
     with FakeKube(history_limit=20) as fake:
         client = fake.api_client()
-        api = k8s.CustomObjectsApi(client)
-        mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+        custom_api = k8s.CustomObjectsApi(client)
+        mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
         for i in range(30):
-            api.create_namespaced_custom_object(G, V, "ns1", P, proxy(f"p{i}"))
+            custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy(f"p{i}"))
         with pytest.raises(k8s.ApiException) as err:
-            stream(api, 1, resource_version=mark)
+            stream(custom_api, 1, resource_version=mark)
         assert err.value.status == 410
         recent = str(fake.store.resource_version - 5)
-        assert len(stream(api, 1, resource_version=recent)) == 5
+        assert len(stream(custom_api, 1, resource_version=recent)) == 5
         client.close()
 
 
-def test_an_open_watch_gets_410_when_history_it_has_not_read_is_compacted(kube, api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+def test_an_open_watch_gets_410_when_history_it_has_not_read_is_compacted(kube, custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     sub = kube.store.subscribe(kube.store.type_named(P), resource_version=mark)
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
     kube.compact()
     with pytest.raises(Exception) as err:
         sub.next(0)
     assert getattr(err.value, "code", None) == 410
 
 
-def test_label_selector_watch_reports_leaving_and_entering(api):
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a", {"pool": "x"}))
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "y"}}})
-    api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "x"}}})
-    api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "x", "z": "1"}}})
-    events = stream(api, 1, resource_version=mark, label_selector="pool=x")
+def test_label_selector_watch_reports_leaving_and_entering(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a", {"pool": "x"}))
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "y"}}})
+    custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "x"}}})
+    custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"labels": {"pool": "x", "z": "1"}}})
+    events = stream(custom_api, 1, resource_version=mark, label_selector="pool=x")
     assert [e["type"] for e in events] == ["DELETED", "ADDED", "MODIFIED"]
 
 
@@ -179,25 +174,25 @@ def test_cluster_wide_pod_watch_with_the_typed_client(kube_client):
     assert events[-1]["object"].status.pod_ip == "10.42.0.10"
 
 
-def test_finalizer_release_is_seen_as_modified_then_deleted(api):
-    api.create_namespaced_custom_object(G, V, "ns1", P, {**proxy("a"), "metadata": {
+def test_finalizer_release_is_seen_as_modified_then_deleted(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, {**proxy("a"), "metadata": {
         "name": "a", "finalizers": ["crawl.example.com/cleanup"]}})
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
-    api.delete_namespaced_custom_object(G, V, "ns1", P, "a")
-    api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"finalizers": None}})
-    events = stream(api, 1, resource_version=mark)
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+    custom_api.delete_namespaced_custom_object(G, V, "ns1", P, "a")
+    custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"metadata": {"finalizers": None}})
+    events = stream(custom_api, 1, resource_version=mark)
     assert [e["type"] for e in events] == ["MODIFIED", "MODIFIED", "DELETED"]
     assert events[0]["object"]["metadata"]["deletionTimestamp"]
 
 
-def test_a_hung_watch_stays_silent_until_the_client_times_out(kube, api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+def test_a_hung_watch_stays_silent_until_the_client_times_out(kube, custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     got: list = []
     failure: list = []
 
     def consume():
         try:
-            for ev in watch.Watch().stream(api.list_cluster_custom_object, G, V, P, resource_version=mark,
+            for ev in watch.Watch().stream(custom_api.list_cluster_custom_object, G, V, P, resource_version=mark,
                                            allow_watch_bookmarks=True, timeout_seconds=20,
                                            _request_timeout=(2, 1.0)):
                 got.append(ev["type"])
@@ -211,33 +206,33 @@ def test_a_hung_watch_stays_silent_until_the_client_times_out(kube, api):
         time.sleep(0.02)
     assert kube.hang_watches(P) == 1
     hung_at = len(got)
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("unseen"))
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("unseen"))
     t.join(timeout=10)
     assert not t.is_alive()
     assert isinstance(failure[0], urllib3.exceptions.ReadTimeoutError)
     assert len(got) == hung_at and "ADDED" not in got
     # a new watch is not hung and sees what the hung one never delivered
-    events = stream(api, 1, resource_version=mark)
+    events = stream(custom_api, 1, resource_version=mark)
     assert [e["object"]["metadata"]["name"] for e in events] == ["unseen"]
     kube.release_hung_watches()
 
 
-def test_request_counting_and_injected_failures(kube, api):
-    api.list_cluster_custom_object(G, V, P)
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
-    api.patch_namespaced_custom_object_status(G, V, "ns1", P, "a", {"status": {"phase": "Running"}})
+def test_request_counting_and_injected_failures(kube, custom_api):
+    custom_api.list_cluster_custom_object(G, V, P)
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("a"))
+    custom_api.patch_namespaced_custom_object_status(G, V, "ns1", P, "a", {"status": {"phase": "Running"}})
     assert kube.request_count("list", P) == 1 and kube.request_count("create") == 1
     assert kube.request_count("patch", f"{P}/status") == 1 and kube.request_count(resource=P) == 2
     kube.fail_next("get", P, code=503, times=2, reason="ServiceUnavailable")
     for _ in range(2):
         with pytest.raises(k8s.ApiException) as err:
-            api.get_namespaced_custom_object(G, V, "ns1", P, "a")
+            custom_api.get_namespaced_custom_object(G, V, "ns1", P, "a")
         assert err.value.status == 503
-    assert api.get_namespaced_custom_object(G, V, "ns1", P, "a")["metadata"]["name"] == "a"
+    assert custom_api.get_namespaced_custom_object(G, V, "ns1", P, "a")["metadata"]["name"] == "a"
 
 
-def test_kubeconfig_lets_a_subprocess_reach_the_fake(kube, api, tmp_path):
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("from-test"))
+def test_kubeconfig_lets_a_subprocess_reach_the_fake(kube, custom_api, tmp_path):
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("from-test"))
     path = kube.write_kubeconfig(str(tmp_path / "kubeconfig"))
     code = ("from kubernetes import client; from app import kube; "
             "print([o['metadata']['name'] for o in client.CustomObjectsApi(kube.api_client())"
@@ -249,8 +244,8 @@ def test_kubeconfig_lets_a_subprocess_reach_the_fake(kube, api, tmp_path):
     assert out.stdout.strip() == "['from-test']"
 
 
-def test_a_watch_whose_client_left_is_closed_server_side(kube, api):
-    mark = api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
+def test_a_watch_whose_client_left_is_closed_server_side(kube, custom_api):
+    mark = custom_api.list_cluster_custom_object(G, V, P)["metadata"]["resourceVersion"]
     conn = urllib.request.urlopen(f"{kube.url}/apis/{G}/{V}/{P}?watch=true&resourceVersion={mark}", timeout=5)
     deadline = time.monotonic() + 3
     while kube.open_watches(P) != 1 and time.monotonic() < deadline:
@@ -263,11 +258,11 @@ def test_a_watch_whose_client_left_is_closed_server_side(kube, api):
     assert kube.open_watches(P) == 0
 
 
-def test_a_delayed_write_lands_even_when_its_client_gave_up(kube, api):
+def test_a_delayed_write_lands_even_when_its_client_gave_up(kube, custom_api):
     kube.delay_next("create", P, seconds=1.0)
     start = time.monotonic()
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
-        api.create_namespaced_custom_object(G, V, "ns1", P, proxy("slow"), _request_timeout=(2, 0.3))
+        custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("slow"), _request_timeout=(2, 0.3))
     assert kube.request_count("create", P) == 1  # counted on arrival
     assert kube.store.find(P, "ns1", "slow") is None  # still in flight
     deadline = time.monotonic() + 3
@@ -276,5 +271,5 @@ def test_a_delayed_write_lands_even_when_its_client_gave_up(kube, api):
     assert kube.store.find(P, "ns1", "slow") is not None and time.monotonic() - start >= 1.0
     # only the next request was delayed
     t = time.monotonic()
-    api.create_namespaced_custom_object(G, V, "ns1", P, proxy("fast"))
+    custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("fast"))
     assert time.monotonic() - t < 0.5

@@ -149,3 +149,50 @@ def test_instance_from_metadata_without_a_creation_time():
     assert inst.created is None and inst.provider_id == "n/p"
     inst = instance_from_metadata({"name": "p", "namespace": "n", "creationTimestamp": "2026-01-02T03:04:05Z"})
     assert inst.created == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc) and inst.tags == {}
+
+
+def test_gc_collect_lists_with_the_cyclic_collector_paused(provider, core):
+    import gc as pygc
+
+    from app import gc as gc_logic
+
+    pod(core, "p0", managed("uid-gone"))
+    seen = []
+    real_list = provider.list_by_tag
+
+    def list_by_tag(tag):
+        seen.append(("pods", pygc.isenabled()))
+        return real_list(tag)
+
+    def list_proxies():
+        seen.append(("proxies", pygc.isenabled()))
+        return []
+
+    provider.list_by_tag = list_by_tag
+    assert pygc.isenabled()
+    report = gc_logic.collect("k8s", provider, list_proxies, set(), 3600)
+    assert seen == [("pods", False), ("proxies", False)] and report.listed == 1
+    assert pygc.isenabled()
+
+
+def test_cyclic_gc_pause_nests_and_leaves_a_disabled_collector_alone():
+    import gc as pygc
+
+    from app.gc import cyclic_gc_paused
+
+    with cyclic_gc_paused():
+        with cyclic_gc_paused():
+            assert not pygc.isenabled()
+        assert not pygc.isenabled()  # the outer pause still holds
+    assert pygc.isenabled()
+    pygc.disable()
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not pygc.isenabled()  # it was off before: stays off
+    finally:
+        pygc.enable()
+    with pytest.raises(RuntimeError):
+        with cyclic_gc_paused():
+            raise RuntimeError("listing failed")
+    assert pygc.isenabled()

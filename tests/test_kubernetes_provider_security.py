@@ -17,17 +17,8 @@ from app.reconcile import Context, Ref, create
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
 from app.validation import ConfigError
-from tests.kubefake.server import FakeKube
 
 MANAGED = {LABEL_MANAGED_BY: "proxy-operator"}
-
-
-@pytest.fixture()
-def api():
-    with FakeKube() as fake:
-        client = fake.api_client()
-        yield client
-        client.close()
 
 
 def make_provider(api, **settings) -> KubernetesProvider:

@@ -3,7 +3,6 @@ transition times, pruning of providers no longer configured."""
 
 from __future__ import annotations
 
-import pytest
 from kubernetes import client as k8s
 
 from app.config import ProviderConfig
@@ -13,13 +12,6 @@ from app.providers.base import TargetVerdict
 from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import KubernetesProvider
 from app.resources import GROUP, VERSION
-from tests.kubefake.server import FakeKube
-
-
-@pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
 
 
 def read(api, name):

@@ -10,13 +10,8 @@ import pytest
 from kubernetes import client as k8s
 
 from app import serving
-from app.config import ProviderConfig, ProvidersConfig
-from app.kube import KubernetesGateway
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import (
-    LABEL_PROXY_UID,
-    KubernetesProvider,
-)
+from app.config import ProvidersConfig
+from app.providers.kubernetes.provider import LABEL_PROXY_UID
 from app.providers.registry import build
 from app.reconcile import (
     ABANDONED_KEY,
@@ -30,33 +25,17 @@ from app.reconcile import (
 )
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from app.settings import Settings
-from tests.kubefake.server import FakeKube
+from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, kubelet_runs, pods, read
 
 NS = "default"
 
 
 @pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
-def api(fake):
-    client = fake.api_client()
-    yield client
-    client.close()
-
-
-@pytest.fixture()
-def ctx(api, redis_client):
+def ctx(make_context):
     # the images the spec-change tests switch to are allowed, as an operator would list them
-    k8s_settings = KubernetesSettings(images=("example/squid:6", "example/squid:7"))
-    config = ProvidersConfig((ProviderConfig("k8s-local", "kubernetes", 60, 15, k8s_settings),))
-    registry = build(config, {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
+    return make_context(k8s_provider(images=("example/squid:6", "example/squid:7")), settings=settings)
 
 
 def test_create_poll_running_then_delete(ctx, api, redis_client):

@@ -24,7 +24,7 @@ import pytest
 from app import lua, redis_keys
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("app", "api", "watchers", "workers")
+SOURCES = ("app", "api", "watchers", "workers", "cli")
 
 
 def test_key_names_on_the_wire_are_unchanged():

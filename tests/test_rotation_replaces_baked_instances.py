@@ -13,36 +13,25 @@ import pytest
 from kubernetes import client as k8s
 
 from app import credentials, squid
-from app.config import ProvidersConfig
 from app.wiring import parse_config as parse
-from app.kube import KubernetesGateway
-from app.providers.registry import build
-from app.reconcile import CREATE, Context, create, credentials_hash, poll
+from app.reconcile import CREATE, create, credentials_hash, poll
 from app.settings import Settings
 from tests.gcp.conftest import PROJECT, ZONES
-from tests.gcp.fake_compute import FakeCompute
 from tests.support.proxies import NS, apply, read
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture()
-def compute():
-    with FakeCompute() as server:
-        yield server
-
-
-@pytest.fixture()
-def ctx(kube_client, redis_client, compute):
+def ctx(make_context, compute):
     from app.providers.gcp.provider import GcpProvider
 
     cfg = parse({"providers": [{"name": "gcp-test", "type": "gcp", "squid": {"basicAuth": True},
                                 "gcp": {"project": PROJECT, "zones": list(ZONES), "apiEndpoint": compute.url,
                                         "anonymous": True, "requestTimeout": "5s", "operationTimeout": "10s"}}]},
                 "providers-test.yaml")
-    registry = build(ProvidersConfig(cfg.providers), {"gcp": GcpProvider})
-    return Context(kube=KubernetesGateway(kube_client), registry=registry, redis=redis_client,
-                   settings=Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1))
+    return make_context(*cfg.providers, factories={"gcp": GcpProvider},
+                        settings=Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1))
 
 
 def _htpasswd_on_instances(compute) -> list[str]:

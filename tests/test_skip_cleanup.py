@@ -11,18 +11,15 @@ import pytest
 from kubernetes import client as k8s
 
 from app import naming
-from app.config import ProviderConfig, ProvidersConfig
+from app.config import ProviderConfig
 from app.gc import collect
 from app.kube import KubernetesGateway
 from app.providers.errors import NotFound
-from app.providers.kubernetes.config import KubernetesSettings
 from app.providers.kubernetes.provider import (
     LABEL_ABANDONED,
     LABEL_MANAGED_BY,
     LABEL_PROXY_UID,
-    KubernetesProvider,
 )
-from app.providers.registry import build
 from app.reconcile import (
     ABANDONED_KEY,
     CREATE,
@@ -35,7 +32,8 @@ from app.reconcile import (
 )
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 from app.settings import Settings
-from tests.kubefake.server import FakeKube
+from tests.support import loopback
+from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, read
 
 NS = "default"
@@ -43,26 +41,8 @@ SETTINGS = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300,
 
 
 @pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
-def api(fake):
-    client = fake.api_client()
-    yield client
-    client.close()
-
-
-def k8s_config() -> ProviderConfig:
-    return ProviderConfig("k8s-local", "kubernetes", 60, 15, KubernetesSettings())
-
-
-@pytest.fixture()
-def ctx(api, redis_client):
-    registry = build(ProvidersConfig((k8s_config(),)), {"kubernetes": lambda pc: KubernetesProvider(pc, client=api)})
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=SETTINGS)
+def ctx(make_context):
+    return make_context(k8s_provider(), settings=SETTINGS)
 
 
 def release_with_skip_cleanup(api, ref: Ref) -> None:
@@ -201,7 +181,6 @@ def kvm_config(tmp_path, hosts: list[str]) -> ProviderConfig:
     import shutil
 
     from tests.kvm.harness import (
-        free_port,
         known_hosts_line,
         kvm_entry,
         make_keys,
@@ -212,25 +191,25 @@ def kvm_config(tmp_path, hosts: list[str]) -> ProviderConfig:
         pytest.skip("ssh-keygen is missing")
     directory = tmp_path / ("hosts-" + "-".join(hosts))
     keys = make_keys(directory / "keys")
-    port = free_port()
+    # An address of a block this process holds: no other test run can be listening there.
+    address = loopback.block("dead-hosts").host(1)
+    port = loopback.free_port(address)
     known_hosts = directory / "known_hosts"
-    known_hosts.write_text(known_hosts_line("127.0.0.1", port, keys.host_pub))
+    known_hosts.write_text(known_hosts_line(address, port, keys.host_pub))
     entry = kvm_entry(user="proxyop", port=port, key_file=keys.client_key, known_hosts_file=known_hosts,
-                      name="kvm-lab", hosts=[{"name": h, "address": "127.0.0.1", "port": port} for h in hosts])
+                      name="kvm-lab", hosts=[{"name": h, "address": address, "port": port} for h in hosts])
     return provider_config(entry)
 
 
-def kvm_ctx(api, redis_client, pc: ProviderConfig) -> Context:
+def kvm_ctx(make_context, pc: ProviderConfig) -> Context:
     pytest.importorskip("libvirt")
     from app.providers.kvm.provider import KvmProvider
 
-    registry = build(ProvidersConfig((k8s_config(), pc)),
-                     {"kubernetes": lambda c: KubernetesProvider(c, client=api), "kvm": KvmProvider})
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=SETTINGS)
+    return make_context(k8s_provider(), pc, settings=SETTINGS, factories={"kvm": KvmProvider})
 
 
-def test_dead_kvm_host_keeps_the_proxy_until_the_host_is_removed_from_the_config(api, redis_client, tmp_path):
-    dead = kvm_ctx(api, redis_client, kvm_config(tmp_path, ["h1"]))
+def test_dead_kvm_host_keeps_the_proxy_until_the_host_is_removed_from_the_config(api, make_context, tmp_path):
+    dead = kvm_ctx(make_context, kvm_config(tmp_path, ["h1"]))
     ref = apply(api, "squid-kvm", {"provider": "kvm-lab", "placement": {"zone": "h1"}})
     kube = KubernetesGateway(api)
     proxy = kube.add_finalizer(read(api, ref))
@@ -250,6 +229,6 @@ def test_dead_kvm_host_keeps_the_proxy_until_the_host_is_removed_from_the_config
 
     # The host is gone for good: the admin removes it from the config (the provider keeps h2).
     # A host not in the config is never listed by GC, so there is nothing left to mark.
-    removed = kvm_ctx(api, redis_client, kvm_config(tmp_path, ["h2"]))
+    removed = kvm_ctx(make_context, kvm_config(tmp_path, ["h2"]))
     assert delete(removed, ref, 3) is None
     assert read(api, ref) is None

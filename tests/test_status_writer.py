@@ -16,23 +16,9 @@ from app import conditions, credentials, status_writer
 from app.kube import KubeGateway, KubernetesGateway, OwnerReference, Secret
 from app.providers.errors import Permanent, Transient
 from app.resources import PLURAL
-from tests.kubefake.server import FakeKube
 from tests.support.proxies import NS, apply
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture()
-def fake():
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture()
-def api(fake):
-    client = fake.api_client()
-    yield client
-    client.close()
 
 
 def external(api, name: str):

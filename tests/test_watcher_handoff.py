@@ -1,6 +1,6 @@
 """The watcher's event hand-off (watchers.handoff.Handoff): a failing callback never loses an event.
 
-The callback here stands in for ``workers.watch_dispatch`` while Redis is unreachable: it
+The callback here stands in for ``watchers.events`` (the dispatcher's ``on_event``) while Redis is unreachable: it
 raises ``redis.ConnectionError`` until told Redis is back.  The last test runs the whole
 watcher (``watchers.main.run``) against the Kubernetes API fake.
 """

@@ -18,12 +18,6 @@ FAST = ElectionSettings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.1
 NS, NAME = "proxy-operator", "proxy-operator-watcher"
 
 
-@pytest.fixture
-def fake():
-    with FakeKube() as f:
-        yield f
-
-
 class Candidate:
     """A LeaderElector running in its own thread with its own client."""
 

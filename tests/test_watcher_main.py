@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.kubefake import FakeKube
+from tests.support.loopback import free_port
 from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings
 from watchers.main import WatcherSettings, run
@@ -32,12 +32,6 @@ FAST = WatcherSettings(
     election=ElectionSettings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.1, request_timeout=2.0))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def healthz(port: int) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
@@ -46,22 +40,9 @@ def healthz(port: int) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.fixture
-def fake():
-    with FakeKube(bookmark_interval=0.2) as f:
-        yield f
-
-
-@pytest.fixture
-def api(fake):
-    client = fake.api_client()
-    yield k8s.CustomObjectsApi(client)
-    client.close()
-
-
-def create(api, ns: str, name: str) -> None:
-    api.create_namespaced_custom_object(G, V, ns, P, {"apiVersion": f"{G}/{V}", "kind": "Proxy",
-                                                      "metadata": {"name": name}, "spec": {"provider": "k8s"}})
+def create(custom_api, ns: str, name: str) -> None:
+    custom_api.create_namespaced_custom_object(G, V, ns, P, {"apiVersion": f"{G}/{V}", "kind": "Proxy",
+                                                             "metadata": {"name": name}, "spec": {"provider": "k8s"}})
 
 
 class Watcher:
@@ -106,22 +87,22 @@ def lease_holder(fake: FakeKube) -> str | None:
     return ((fake.store.find("leases", NS, LEASE) or {}).get("spec") or {}).get("holderIdentity")
 
 
-def test_one_leader_streams_and_a_standby_takes_over(fake, api):
-    create(api, "ns1", "existing")
+def test_one_leader_streams_and_a_standby_takes_over(fake, custom_api):
+    create(custom_api, "ns1", "existing")
     a = Watcher(fake, "a").start()
     wait_until(lambda: "existing" in a.names(), 5, "a lists")
     b = Watcher(fake, "b").start()
     try:
         assert healthz(a.port) == (200, "ok: leader, streaming\n")
         assert healthz(b.port) == (200, "ok: standby\n")
-        create(api, "ns1", "while-a")
+        create(custom_api, "ns1", "while-a")
         wait_until(lambda: "while-a" in a.names(), 5, "a sees while-a")
         time.sleep(0.3)
         assert b.events == []
         a.halt()  # stops streaming, then releases the lease
         assert lease_holder(fake) in (None, "b")
         wait_until(lambda: lease_holder(fake) == "b", 3, "b holds the lease")
-        create(api, "ns2", "after-a")
+        create(custom_api, "ns2", "after-a")
         wait_until(lambda: {"existing", "while-a", "after-a"} <= b.names(), 5, "b sees everything")
         assert ("SYNC", "existing") in b.events and ("ADDED", "after-a") in b.events
         assert "after-a" not in a.names()
@@ -131,7 +112,7 @@ def test_one_leader_streams_and_a_standby_takes_over(fake, api):
     assert lease_holder(fake) is None  # released on shutdown
 
 
-def test_losing_the_lease_stops_the_stream(fake, api):
+def test_losing_the_lease_stops_the_stream(fake, custom_api):
     a = Watcher(fake, "a").start()
     try:
         wait_until(lambda: lease_holder(fake) == "a", 3, "a leads")
@@ -141,7 +122,7 @@ def test_losing_the_lease_stops_the_stream(fake, api):
         lease.spec.holder_identity = "intruder"
         coord.replace_namespaced_lease(LEASE, NS, lease)
         wait_until(lambda: fake.open_watches(P) == 0, 3, "a stops streaming")
-        create(api, "ns1", "under-intruder")
+        create(custom_api, "ns1", "under-intruder")
         time.sleep(0.3)
         assert "under-intruder" not in a.names()
         assert healthz(a.port) == (200, "ok: standby\n")
@@ -152,7 +133,7 @@ def test_losing_the_lease_stops_the_stream(fake, api):
         a.halt()
 
 
-def test_healthz_fails_when_the_leaders_stream_stalls(fake, api):
+def test_healthz_fails_when_the_leaders_stream_stalls(fake, custom_api):
     slow = WatcherSettings(
         stream=StreamSettings(server_timeout=60, read_timeout=30.0, backoff_initial=0.05, backoff_max=0.3),
         election=FAST.election, liveness_window=1.0)
@@ -184,8 +165,8 @@ def test_settings_from_the_environment():
         WatcherSettings.from_env({"LEASE_DURATION": "1", "LEASE_RENEW_DEADLINE": "2"})
 
 
-def test_a_subprocess_reaches_the_fake_through_kubeconfig_and_stops_on_sigterm(fake, api, tmp_path):
-    create(api, "ns1", "listed")
+def test_a_subprocess_reaches_the_fake_through_kubeconfig_and_stops_on_sigterm(fake, custom_api, tmp_path):
+    create(custom_api, "ns1", "listed")
     kubeconfig = fake.write_kubeconfig(str(tmp_path / "kubeconfig"))
     port = free_port()
     code = (
@@ -204,7 +185,7 @@ def test_a_subprocess_reaches_the_fake_through_kubeconfig_and_stops_on_sigterm(f
     try:
         wait_until(lambda: "SYNC listed\n" in lines, 30, "the subprocess lists")
         wait_until(lambda: fake.open_watches(P) == 1, 5, "the subprocess watches")
-        create(api, "ns1", "watched")
+        create(custom_api, "ns1", "watched")
         wait_until(lambda: "ADDED watched\n" in lines, 5, "the subprocess sees the new Proxy")
         assert healthz(port)[0] == 200
         proc.send_signal(signal.SIGTERM)

@@ -9,7 +9,7 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake import FakeKube
+from tests.support.waiting import wait_until
 from watchers.stream import ProxyStream, StreamSettings, backoff_delay
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
@@ -50,21 +50,8 @@ class Recorder:
                 self.cond.wait(left)
 
 
-@pytest.fixture
-def fake():
-    with FakeKube(bookmark_interval=0.2) as f:
-        yield f
-
-
-@pytest.fixture
-def api(fake):
-    client = fake.api_client()
-    yield k8s.CustomObjectsApi(client)
-    client.close()
-
-
-def create(api, ns: str, name: str, **spec) -> dict:
-    return api.create_namespaced_custom_object(G, V, ns, P, {
+def create(custom_api, ns: str, name: str, **spec) -> dict:
+    return custom_api.create_namespaced_custom_object(G, V, ns, P, {
         "apiVersion": f"{G}/{V}", "kind": "Proxy", "metadata": {"name": name},
         "spec": spec or {"provider": "k8s"}})
 
@@ -72,9 +59,9 @@ def create(api, ns: str, name: str, **spec) -> dict:
 class Running:
     """A ProxyStream running in a thread for the duration of a with-block."""
 
-    def __init__(self, api, on_event, settings: StreamSettings = FAST) -> None:
+    def __init__(self, custom_api, on_event, settings: StreamSettings = FAST) -> None:
         self.progress = 0
-        self.stream = ProxyStream(api, on_event, settings, on_progress=self._progress)
+        self.stream = ProxyStream(custom_api, on_event, settings, on_progress=self._progress)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.stream.run, args=(self.stop,), daemon=True)
 
@@ -92,36 +79,28 @@ class Running:
         assert not self.thread.is_alive(), "stream did not stop"
 
 
-def wait_until(pred, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def test_lists_then_watches_every_change(fake, api):
-    create(api, "ns1", "old-a")
-    create(api, "ns2", "old-b")
+def test_lists_then_watches_every_change(fake, custom_api):
+    create(custom_api, "ns1", "old-a")
+    create(custom_api, "ns2", "old-b")
     rec = Recorder()
-    with Running(api, rec):
+    with Running(custom_api, rec):
         rec.wait_for(lambda: len(rec.events) == 2)
         assert sorted(rec.events) == [("SYNC", "ns1/old-a"), ("SYNC", "ns2/old-b")]
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
-        create(api, "ns3", "new")
-        api.patch_namespaced_custom_object(G, V, "ns1", P, "old-a", {"spec": {"maxLeases": 0}})
-        api.delete_namespaced_custom_object(G, V, "ns2", P, "old-b")
+        create(custom_api, "ns3", "new")
+        custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "old-a", {"spec": {"maxLeases": 0}})
+        custom_api.delete_namespaced_custom_object(G, V, "ns2", P, "old-b")
         rec.wait_for(lambda: len(rec.events) == 5)
         assert rec.events[2:] == [("ADDED", "ns3/new"), ("MODIFIED", "ns1/old-a"), ("DELETED", "ns2/old-b")]
     assert fake.request_count("list", P) == 1
 
 
-def test_misses_no_proxy_across_a_forced_410(fake, api, caplog):
+def test_misses_no_proxy_across_a_forced_410(fake, custom_api, caplog):
     caplog.set_level(logging.INFO, logger="watchers.stream")
-    create(api, "ns1", "before")
-    create(api, "ns1", "doomed")
+    create(custom_api, "ns1", "before")
+    create(custom_api, "ns1", "doomed")
     rec = Recorder()
-    with Running(api, rec) as run:
+    with Running(custom_api, rec) as run:
         rec.wait_for(lambda: len(rec.events) == 2)
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
         # Make the open stream go silent, change things meanwhile, then compact the history
@@ -131,26 +110,26 @@ def test_misses_no_proxy_across_a_forced_410(fake, api, caplog):
         created = [f"ns{i % 3}/gap-{i}" for i in range(20)]
         for name in created:
             ns, n = name.split("/")
-            create(api, ns, n)
-        api.delete_namespaced_custom_object(G, V, "ns1", P, "doomed")
+            create(custom_api, ns, n)
+        custom_api.delete_namespaced_custom_object(G, V, "ns1", P, "doomed")
         assert fake.compact() > int(old_rv)
         rec.wait_for(lambda: set(created) <= rec.names("SYNC", "ADDED") and "ns1/doomed" in rec.names("DELETED"))
         assert fake.request_count("list", P) == 2, "a 410 must lead to a relist"
         assert "410" in caplog.text
         # and the stream goes on watching after the relist
-        create(api, "ns9", "after")
+        create(custom_api, "ns9", "after")
         rec.wait_for(lambda: "ns9/after" in rec.names("ADDED"))
     fake.release_hung_watches()
 
 
-def test_survives_a_stream_the_server_stops_answering(fake, api):
+def test_survives_a_stream_the_server_stops_answering(fake, custom_api):
     rec = Recorder()
-    with Running(api, rec) as run:
+    with Running(custom_api, rec) as run:
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
         assert fake.hang_watches(P) == 1
         start = time.monotonic()
         for i in range(10):
-            create(api, "ns1", f"meanwhile-{i}")
+            create(custom_api, "ns1", f"meanwhile-{i}")
         # the client-side read timeout (1 s) ends the dead stream; the reconnect resumes
         # from the last resourceVersion and delivers everything created meanwhile
         rec.wait_for(lambda: len(rec.names("ADDED")) == 10)
@@ -161,12 +140,12 @@ def test_survives_a_stream_the_server_stops_answering(fake, api):
     fake.release_hung_watches()
 
 
-def test_bookmarks_advance_the_resource_version(fake, api):
+def test_bookmarks_advance_the_resource_version(fake, custom_api):
     rec = Recorder()
-    with Running(api, rec) as run:
+    with Running(custom_api, rec) as run:
         wait_until(lambda: run.stream.resource_version is not None, what="first list")
         start_rv = int(run.stream.resource_version)
-        pod = k8s.CoreV1Api(api.api_client).create_namespaced_pod(
+        pod = k8s.CoreV1Api(custom_api.api_client).create_namespaced_pod(
             "default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
         wait_until(lambda: run.stream.resource_version == pod.metadata.resource_version, timeout=5,
                    what="bookmark carrying the Pod's resourceVersion")
@@ -174,13 +153,13 @@ def test_bookmarks_advance_the_resource_version(fake, api):
         assert rec.events == []  # a bookmark is not handed to the callback
 
 
-def test_server_side_timeout_resumes_without_relisting(fake, api):
+def test_server_side_timeout_resumes_without_relisting(fake, custom_api):
     rec = Recorder()
     settings = StreamSettings(server_timeout=1, read_timeout=5.0, backoff_initial=0.05, backoff_max=0.3)
-    with Running(api, rec, settings):
+    with Running(custom_api, rec, settings):
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
         for i in range(3):
-            create(api, "ns1", f"p{i}")
+            create(custom_api, "ns1", f"p{i}")
             time.sleep(0.8)
         rec.wait_for(lambda: len(rec.names("ADDED")) == 3)
         wait_until(lambda: fake.request_count("watch", P) >= 3, what="watch renewed by server timeouts")
@@ -188,28 +167,28 @@ def test_server_side_timeout_resumes_without_relisting(fake, api):
     assert [t for t, _ in rec.events] == ["ADDED"] * 3
 
 
-def test_callback_exceptions_do_not_kill_the_stream(fake, api, caplog):
-    create(api, "ns1", "a")
+def test_callback_exceptions_do_not_kill_the_stream(fake, custom_api, caplog):
+    create(custom_api, "ns1", "a")
     rec = Recorder(fail_first=2)
-    with Running(api, rec):
+    with Running(custom_api, rec):
         rec.wait_for(lambda: len(rec.events) == 1)
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
-        create(api, "ns1", "b")
-        create(api, "ns1", "c")
+        create(custom_api, "ns1", "b")
+        create(custom_api, "ns1", "c")
         rec.wait_for(lambda: rec.names("ADDED") == {"ns1/b", "ns1/c"})
     assert caplog.text.count("proxy event handler failed") == 2
     assert fake.request_count("list", P) == 1 and fake.request_count("watch", P) == 1
 
 
-def test_errors_lead_to_reconnects_with_backoff(fake, api):
+def test_errors_lead_to_reconnects_with_backoff(fake, custom_api):
     fake.fail_next("list", P, code=500, times=2)
     fake.fail_next("watch", P, code=503, times=2, reason="ServiceUnavailable")
-    create(api, "ns1", "a")
+    create(custom_api, "ns1", "a")
     rec = Recorder()
-    with Running(api, rec):
+    with Running(custom_api, rec):
         rec.wait_for(lambda: rec.names("SYNC") == {"ns1/a"})
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open after failures")
-        create(api, "ns1", "b")
+        create(custom_api, "ns1", "b")
         rec.wait_for(lambda: "ns1/b" in rec.names("ADDED"))
     assert fake.request_count("list", P) == 3 and fake.request_count("watch", P) == 3
 
@@ -229,14 +208,14 @@ def test_settings_reject_nonsense():
         StreamSettings(backoff_initial=5, backoff_max=1)
 
 
-def test_logs_name_events_but_never_carry_the_spec(fake, api, caplog):
+def test_logs_name_events_but_never_carry_the_spec(fake, custom_api, caplog):
     caplog.set_level(logging.DEBUG, logger="watchers.stream")
-    create(api, "ns1", "a", provider="kvm-lab", cloudInit={"inline": "#cloud-config\npassword: HUNTER2-SECRET"})
+    create(custom_api, "ns1", "a", provider="kvm-lab", cloudInit={"inline": "#cloud-config\npassword: HUNTER2-SECRET"})
     rec = Recorder()
-    with Running(api, rec):
+    with Running(custom_api, rec):
         rec.wait_for(lambda: len(rec.events) == 1)
         wait_until(lambda: fake.open_watches(P) == 1, what="watch open")
-        api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"spec": {"vendorData": "VENDOR-SECRET"}})
+        custom_api.patch_namespaced_custom_object(G, V, "ns1", P, "a", {"spec": {"vendorData": "VENDOR-SECRET"}})
         rec.wait_for(lambda: len(rec.events) == 2)
     text = caplog.text
     assert "HUNTER2-SECRET" not in text and "VENDOR-SECRET" not in text and "cloud-config" not in text

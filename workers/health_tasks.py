@@ -12,8 +12,6 @@ Both are idempotent: a duplicate batch probes the same proxies once more, nothin
 from __future__ import annotations
 
 import logging
-import os
-import threading
 
 import redis as redis_lib
 
@@ -21,28 +19,19 @@ from app.health.credentials import SecretCredentials
 from app.health import engine, schedule
 from app.health.settings import HealthSettings
 from app.kube import KubernetesGateway
+from app.lazy import per_process
 from app.settings import Settings
 from workers import routing
 from workers.celery_app import celery_app
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_state: dict = {}
-
-
+@per_process
 def _runtime() -> tuple[redis_lib.Redis, HealthSettings]:
     """Return this process's Redis client and health settings (rebuilt after fork)."""
-    with _lock:
-        if _state.get("pid") != os.getpid():
-            _state.update(
-                pid=os.getpid(),
-                redis=redis_lib.Redis.from_url(Settings.from_env().redis_url, decode_responses=True,
-                                               socket_timeout=10, socket_connect_timeout=5,
-                                               socket_keepalive=True),
-                settings=HealthSettings.from_env(),
-            )
-        return _state["redis"], _state["settings"]
+    return (redis_lib.Redis.from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=10,
+                                     socket_connect_timeout=5, socket_keepalive=True),
+            HealthSettings.from_env())
 
 
 _SWEEP_INTERVAL = HealthSettings.from_env().sweep_interval
@@ -69,18 +58,13 @@ def sweep() -> int:
     return len(batches)
 
 
-_creds: SecretCredentials | None = None
-
-
+@per_process
 def _credentials() -> SecretCredentials:
     """This process's basic-auth credentials reader (cached Secret reads) and, as its ``kube``,
     the gateway the status writes go through (on this process's client, rebuilt after fork;
     writes not recorded for the watcher's de-duplication: :mod:`app.status_writer`)."""
-    global _creds
-    if _creds is None:
-        # reads the Proxy first: only the Secret its record's Proxy owns is used (app.health.credentials)
-        _creds = SecretCredentials(KubernetesGateway(record_writes=False), ttl=_runtime()[1].credentials_ttl)
-    return _creds
+    # reads the Proxy first: only the Secret its record's Proxy owns is used (app.health.credentials)
+    return SecretCredentials(KubernetesGateway(record_writes=False), ttl=_runtime()[1].credentials_ttl)
 
 
 @celery_app.task(name="health.probe_batch", ignore_result=True)

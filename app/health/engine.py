@@ -29,11 +29,12 @@ from app.health import probe as p
 from app.health.origin import DOWN, OriginControl
 from app.health.settings import HealthSettings
 from app.health.state import HEALTHY, HealthState, Thresholds, Verdict, advance, verdict
-from app.health.status import rfc3339, write_verdict
+from app.health.status import write_verdict
 from app.kube import KubeGateway
 from app.lua import Lua
 from app.resources import DEFAULT_HEALTH_URL, FAILED
 from app.serving_record import ServingRecord, fields_of, load
+from app.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 

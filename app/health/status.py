@@ -14,12 +14,12 @@ writes and when health may write at all.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 
 from app import conditions, status_writer
 from app.health.state import Verdict
 from app.kube import KubeGateway
 from app.resources import COND_HEALTHY, COND_READY, FAILED, READY, RUNNING, UNHEALTHY, Proxy
+from app.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,6 @@ EVENT_DEADLINE = "ProvisioningDeadlineExceeded"
 #: Phases in which health owns the phase; in any other phase the writer leaves the object alone
 #: (the reconciler is creating, replacing or deleting it).
 PROBED_PHASES = (RUNNING, READY, UNHEALTHY)
-
-
-def rfc3339(epoch: float) -> str:
-    """Return ``epoch`` (seconds) as RFC 3339 UTC with second precision."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_status(proxy: Proxy, v: Verdict, *, last_probe: float | None, latency_ms: float | None,

@@ -81,10 +81,10 @@ def loopback_only():
 
 # -- the fake and providers ------------------------------------------------------------
 @pytest.fixture()
-def fake():
-    """A started :class:`FakeCompute` (page size 2, operations done after one poll)."""
-    with FakeCompute() as server:
-        yield server
+def fake(compute):
+    """The test's :class:`FakeCompute` (page size 2, operations done after one poll): ``compute``
+    from tests/conftest.py under the name the gcp tests use."""
+    return compute
 
 
 PROJECT = "demo-project"

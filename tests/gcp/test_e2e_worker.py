@@ -17,7 +17,6 @@ import yaml
 from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
-from tests.gcp.fake_compute import FakeCompute
 from tests.support.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
@@ -33,12 +32,6 @@ QUOTA_BACKOFF = 3.0
 def cluster():
     with FakeCluster(kubelet=False, bookmark_interval=1.0) as c:
         yield c
-
-
-@pytest.fixture()
-def compute():
-    with FakeCompute() as fake:
-        yield fake
 
 
 @pytest.fixture()

@@ -14,19 +14,16 @@ from google.cloud import compute_v1
 from kubernetes import client as k8s
 
 from app import naming, serving
-from app.config import ProvidersConfig
 from app.gc import collect
 from app.kube import KubernetesGateway
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
 from app.providers.errors import NotFound, Transient
-from app.providers.registry import build
-from app.reconcile import ABANDONED_KEY, POLL, Context, Ref, create, poll
+from app.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 from app.settings import Settings
 from tests.gcp.conftest import PROJECT, gcp_config
 from tests.gcp.fake_compute import label_fingerprint
-from tests.kubefake.server import FakeKube
 
 ZONE = "europe-west1-b"
 NS = "default"
@@ -139,20 +136,11 @@ def test_abandoned_instance_survives_a_redis_flush_and_gc(fake, provider, redis_
 
 # -- the poll ------------------------------------------------------------------------------------
 @pytest.fixture()
-def api():
-    with FakeKube() as server:
-        client = server.api_client()
-        yield client
-        client.close()
-
-
-@pytest.fixture()
-def ctx(fake, api, redis_client):
+def ctx(fake, make_context):
     from app.providers.gcp.provider import GcpProvider
 
-    registry = build(ProvidersConfig((gcp_config(fake),)), {"gcp": GcpProvider})
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    return Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
+    return make_context(gcp_config(fake), settings=settings, factories={"gcp": GcpProvider})
 
 
 def running_proxy(ctx, api, name: str) -> tuple[Ref, Proxy]:

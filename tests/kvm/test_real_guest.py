@@ -31,12 +31,16 @@ Skips (with the reason) without root or the binaries, or when the image cannot b
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tty
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -103,9 +107,10 @@ def _bridge(ns: Netns, port: int, sockdir: str, name: str) -> list[Process]:
 class ConsoleTap:
     """Records the guest's serial console (``console=ttyS0``) from the moment its domain runs.
 
-    A background thread waits for the domain named by the Proxy's ``status.instanceName``, opens
-    its console through libvirt (``virDomainOpenConsole``, a blocking stream) and keeps what the
-    guest prints, so a guest that never reports an address leaves its boot log in the failure.
+    A background thread waits for the domain named by the Proxy's ``status.instanceName``,
+    reads the pty libvirt gave its serial port (``<serial type='pty'><source path=...>`` in the
+    live XML), in raw mode so nothing is echoed back to the guest, and keeps what the guest
+    prints, so a guest that never reports an address leaves its boot log in the failure.
     """
 
     def __init__(self, socket_path: str, instance_name) -> None:
@@ -114,12 +119,19 @@ class ConsoleTap:
         self._chunks: list[bytes] = []
         self._stop = threading.Event()
         self._note = "console not attached"
-        self._opens = 0
         self._thread = threading.Thread(target=self._run, name="guest-console", daemon=True)
 
     def start(self) -> "ConsoleTap":
         self._thread.start()
         return self
+
+    def _pty(self, conn) -> str | None:
+        name = self._instance_name()
+        if not name:
+            return None
+        root = ET.fromstring(conn.lookupByName(name).XMLDesc(0))
+        source = root.find("./devices/serial[@type='pty']/source")
+        return source.get("path") if source is not None else None
 
     def _run(self) -> None:
         try:
@@ -127,31 +139,33 @@ class ConsoleTap:
         except libvirt.libvirtError as exc:
             self._note = f"console: cannot connect: {exc}"
             return
+        fd = None
         try:
-            while not self._stop.is_set():
-                name = self._instance_name()
+            while fd is None and not self._stop.is_set():
                 try:
-                    dom = conn.lookupByName(name) if name else None
-                    stream = conn.newStream(0)
-                    # "PTY device is not yet assigned" while the domain starts: try again.
-                    dom.openConsole(None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE) if dom else None
-                except libvirt.libvirtError:
-                    dom = None
-                if dom is None:
+                    path = self._pty(conn)
+                    if path:
+                        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+                        tty.setraw(fd)
+                        self._note = f"console {path}"
+                except Exception as exc:  # noqa: BLE001 - a diagnostic aid: record why and try again
+                    self._note = f"console not attached yet: {exc}"
+                if fd is None:
                     time.sleep(0.5)
-                    continue
-                self._opens += 1
-                self._note = f"console of {name}, opened {self._opens} time(s)"
-                while not self._stop.is_set():
-                    data = stream.recv(4096)
-                    if not isinstance(data, bytes) or not data:  # EOF or nothing: open it again
-                        self._note += f", last read {data!r}"
-                        time.sleep(0.5)
+            while fd is not None and not self._stop.is_set():
+                ready, _, _ = select.select([fd], [], [], 0.5)
+                if ready:
+                    try:
+                        data = os.read(fd, 4096)
+                    except OSError as exc:  # EIO once the domain is gone
+                        self._note += f" (closed: {exc.strerror})"
+                        break
+                    if not data:
                         break
                     self._chunks.append(data)
-        except libvirt.libvirtError as exc:
-            self._note = f"console closed: {exc}"
         finally:
+            if fd is not None:
+                os.close(fd)
             try:
                 conn.close()
             except libvirt.libvirtError:
@@ -160,7 +174,7 @@ class ConsoleTap:
     def text(self, tail: int = 6000) -> str:
         """Return the last ``tail`` characters the guest printed, ANSI escapes left in."""
         out = b"".join(self._chunks).decode("utf-8", "replace")
-        return f"({self._note})\n{out[-tail:]}"
+        return f"({self._note}, {len(out)} characters)\n{out[-tail:]}"
 
     def stop(self) -> None:
         self._stop.set()

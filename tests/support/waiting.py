@@ -20,7 +20,7 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.02) -> float:
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition", interval: float = 0.02) -> float:
     """Like :func:`wait_for`, polling every ``interval`` seconds; return the seconds waited
     (for tests that bound how long a takeover or recovery took)."""
     start = time.monotonic()

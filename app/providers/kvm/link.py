@@ -29,6 +29,7 @@ from typing import Any, Callable, TypeVar
 import libvirt
 import paramiko
 
+from app.lazy import per_process
 from app.providers.errors import ProviderError, Transient
 from app.providers.kvm import sshlink
 from app.providers.kvm.config import KvmHost, KvmSettings
@@ -45,7 +46,6 @@ log = logging.getLogger("proxy_operator.kvm")
 
 _event_lock = threading.Lock()
 _event_registered = False
-_event_thread_pid: int | None = None
 
 
 def _quiet(_ctx: Any, _err: Any) -> None:
@@ -54,15 +54,22 @@ def _quiet(_ctx: Any, _err: Any) -> None:
 
 def _ensure_event_loop() -> None:
     """Register libvirt's default event loop once per process image and run it in this process."""
-    global _event_registered, _event_thread_pid
+    global _event_registered
     with _event_lock:
         if not _event_registered:
             libvirt.registerErrorHandler(_quiet, None)
             libvirt.virEventRegisterDefaultImpl()
             _event_registered = True
-        if _event_thread_pid != os.getpid():  # a forked child inherits the registration, not the thread
-            threading.Thread(target=_run_events, name="libvirt-events", daemon=True).start()
-            _event_thread_pid = os.getpid()
+    _event_thread()
+
+
+@per_process
+def _event_thread() -> threading.Thread:
+    """Start this process's thread running libvirt's event loop (a forked child inherits the
+    registration, not the thread)."""
+    thread = threading.Thread(target=_run_events, name="libvirt-events", daemon=True)
+    thread.start()
+    return thread
 
 
 def _run_events() -> None:
@@ -110,8 +117,9 @@ class HostLink:
         self.dials = 0
         self._live: _Live | None = None
         self._dial_lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._executor_pid: int | None = None
+        # this process's call threads (a forked child starts its own)
+        self._pool = per_process(lambda: concurrent.futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix=f"kvm-{self.host.name}"))
 
     # -- connection lifecycle ---------------------------------------------------------------
     def _alive(self, live: _Live) -> bool:
@@ -225,13 +233,6 @@ class HostLink:
         live = self._live
         if live is not None:
             self._drop(live, "closed")
-
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._executor is None or self._executor_pid != os.getpid():
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=8, thread_name_prefix=f"kvm-{self.host.name}")
-            self._executor_pid = os.getpid()
-        return self._executor
 
     # -- calls ------------------------------------------------------------------------------
     def call(self, rpc: str, fn: Callable[[libvirt.virConnect], T], *, timeout: float | None = None,

@@ -1,0 +1,403 @@
+"""The ``ProxyPool`` resource and its members as plain dataclasses (no API, no Redis).
+
+:meth:`Pool.from_dict` reads a ProxyPool as the API server returns it and applies the same
+defaults as the CRD (``deploy/crd/proxypool.yaml``), so the decisions of :mod:`app.pools.plan`
+do not depend on whether the server defaulted the object.  :class:`Member` is one Proxy the
+pool controls, with what the serving view says about it (leasable, live leases) already
+looked up by the caller.
+
+Naming on members (written by the controller, read back by it):
+
+* :data:`LABEL_TEMPLATE_HASH` — :func:`template_hash` of the template the member was made
+  from (like a ReplicaSet's ``pod-template-hash``); a member whose label differs from the
+  pool's current template is *outdated* and replaced by a rollout;
+* :data:`LABEL_POOL` — the pool's name (for ``kubectl get px -l``); ownership is decided by
+  the ``ownerReferences`` entry with ``controller: true``, never by labels;
+* :data:`ANNOTATION_DRAINING` — RFC 3339 time until which a member leaving the pool drains
+  (no new leases; live leases run out or are released); it is deleted then at the latest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from app import selectors
+from app.resources import GROUP, MODE_MANAGED, VERSION
+from app.validation import parse_duration
+
+POOL_PLURAL = "proxypools"
+POOL_KIND = "ProxyPool"
+POOL_API_VERSION = f"{GROUP}/{VERSION}"
+LABEL_TEMPLATE_HASH = "crawl.example.com/pool-template-hash"
+LABEL_POOL = "crawl.example.com/pool"
+ANNOTATION_DRAINING = "crawl.example.com/draining-until"
+
+#: Share of ``maxAge`` a member's own age limit may be shortened by: each member is replaced
+#: between ``(1 - AGE_JITTER) * maxAge`` and ``maxAge`` after its creation, at a point fixed by
+#: a hash of its UID, so members created together are not all replaced together.
+AGE_JITTER = 0.25
+DEFAULT_MAX_SURGE = 1
+DEFAULT_MAX_UNAVAILABLE = 0
+DEFAULT_DRAIN_TIMEOUT = 600
+DEFAULT_TARGET_UTILIZATION = 0.7
+DEFAULT_SCALE_DOWN_DELAY = 300
+
+
+class PoolSpecError(ValueError):
+    """A ProxyPool spec the controller cannot act on; the message names the field."""
+
+    def __init__(self, field_path: str, problem: str) -> None:
+        super().__init__(f"{field_path}: {problem}")
+        self.field = field_path
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 (``2026-01-02T03:04:05Z``, fractions and offsets allowed) to epoch seconds;
+    ``None`` for a missing or unreadable value."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def format_time(epoch: float) -> str:
+    """Epoch seconds to RFC 3339 UTC with second precision (rounded up, so a deadline written
+    and read back is never earlier than the one meant)."""
+    return datetime.fromtimestamp(math.ceil(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int_or_percent(path: str, value: Any, total: int, *, round_up: bool, default: int) -> int:
+    """``maxSurge``/``maxUnavailable``: an integer >= 0 or ``"NN%"`` of ``total`` (Deployment's
+    rounding: surge up, unavailable down)."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise PoolSpecError(path, f"must be an integer or a percentage, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise PoolSpecError(path, f"must not be negative, got {value}")
+        return value
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+        share = int(value[:-1]) * total / 100
+        return int(math.ceil(share) if round_up else math.floor(share))
+    raise PoolSpecError(path, f'must be an integer or a percentage such as "25%", got {value!r}')
+
+
+def _whole(path: str, value: Any, default: int, minimum: int = 0) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PoolSpecError(path, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise PoolSpecError(path, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def selector_requirements(selector: Mapping | None) -> tuple[selectors.Requirement, ...]:
+    """A ``metav1.LabelSelector`` (``matchLabels`` and ``matchExpressions``) as requirements.
+
+    Raises:
+        PoolSpecError: an unknown operator, or ``In``/``NotIn`` without values.
+    """
+    selector = selector or {}
+    reqs = [selectors.Requirement(k, selectors.EQ, (str(v),))
+            for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    ops = {"In": selectors.IN, "NotIn": selectors.NOTIN, "Exists": selectors.EXISTS,
+           "DoesNotExist": selectors.NOT_EXISTS}
+    for i, expr in enumerate(selector.get("matchExpressions") or ()):
+        op = ops.get((expr or {}).get("operator"))
+        if op is None:
+            raise PoolSpecError(f"spec.selector.matchExpressions[{i}].operator",
+                                "must be one of In, NotIn, Exists, DoesNotExist")
+        values = tuple(str(v) for v in expr.get("values") or ())
+        if op in (selectors.IN, selectors.NOTIN) and not values:
+            raise PoolSpecError(f"spec.selector.matchExpressions[{i}].values", f"{expr['operator']} needs values")
+        reqs.append(selectors.Requirement(str(expr.get("key") or ""), op, values))
+    return tuple(reqs)
+
+
+def selector_string(reqs: tuple[selectors.Requirement, ...]) -> str:
+    """Requirements as a label-selector string (``status.selector``, what ``kubectl`` and the
+    scale subresource's ``labelSelectorPath`` expect): ``app=web,tier in (a,b),!legacy``."""
+    parts = []
+    for r in reqs:
+        if r.op == selectors.EQ:
+            parts.append(f"{r.key}={r.values[0]}")
+        elif r.op == selectors.NE:
+            parts.append(f"{r.key}!={r.values[0]}")
+        elif r.op in (selectors.IN, selectors.NOTIN):
+            parts.append(f"{r.key} {r.op} ({','.join(r.values)})")
+        elif r.op == selectors.EXISTS:
+            parts.append(r.key)
+        else:
+            parts.append(f"!{r.key}")
+    return ",".join(parts)
+
+
+def template_hash(labels: Mapping[str, str], spec: Mapping[str, Any]) -> str:
+    """10 hex digits naming a template (its labels and Proxy spec, canonical JSON).
+
+    Any change of the template's labels or spec changes it, so members made from an older
+    template are found by comparing one label.  The zone a member is placed in by
+    ``spec.spread`` is not part of the template and not of the hash.
+    """
+    blob = json.dumps({"labels": dict(labels), "spec": dict(spec)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def uid_fraction(uid: str) -> float:
+    """A number in [0, 1) fixed by ``uid`` (the first 64 bits of its SHA-256)."""
+    return int(hashlib.sha256(uid.encode()).hexdigest()[:16], 16) / float(1 << 64)
+
+
+def age_limit(uid: str, max_age: float) -> float:
+    """Seconds after its creation a member with ``uid`` is due for replacement, for a pool whose
+    ``maxAge`` is ``max_age`` seconds: between ``(1 - AGE_JITTER) * max_age`` and ``max_age``,
+    always the same for the same UID."""
+    return max_age * (1.0 - AGE_JITTER * uid_fraction(uid))
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """``spec.autoscale``.
+
+    Attributes:
+        min_replicas / max_replicas: bounds of the member count.
+        target: wanted live leases / lease capacity of the Ready members, in (0, 1].
+        scale_down_delay: seconds a lower recommendation must hold before the pool shrinks
+            to it (the highest recommendation of that window wins).
+    """
+
+    min_replicas: int
+    max_replicas: int
+    target: float = DEFAULT_TARGET_UTILIZATION
+    scale_down_delay: float = DEFAULT_SCALE_DOWN_DELAY
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "Autoscale | None":
+        """Build from ``spec.autoscale``; ``None`` when absent.
+
+        ``targetLeaseUtilization`` is a number in (0, 1] or a percentage string (``"70%"``).
+
+        Raises:
+            PoolSpecError: a bound or the target out of range.
+        """
+        if not d:
+            return None
+        lo = _whole("spec.autoscale.minReplicas", d.get("minReplicas"), 1)
+        hi = _whole("spec.autoscale.maxReplicas", d.get("maxReplicas"), max(lo, 1), minimum=1)
+        if hi < lo:
+            raise PoolSpecError("spec.autoscale.maxReplicas", f"must not be below minReplicas ({lo}), got {hi}")
+        raw = d.get("targetLeaseUtilization", DEFAULT_TARGET_UTILIZATION)
+        if isinstance(raw, str) and raw.endswith("%"):
+            try:
+                target = float(raw[:-1]) / 100
+            except ValueError:
+                target = -1.0
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            target = float(raw)
+        else:
+            target = -1.0
+        if not 0 < target <= 1:
+            raise PoolSpecError("spec.autoscale.targetLeaseUtilization",
+                                f'must be a number in (0, 1] or a percentage such as "70%", got {raw!r}')
+        delay = _whole("spec.autoscale.scaleDownDelaySeconds", d.get("scaleDownDelaySeconds"),
+                       DEFAULT_SCALE_DOWN_DELAY)
+        return cls(lo, hi, target, float(delay))
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """``spec`` of a ProxyPool with defaults applied.
+
+    Attributes:
+        replicas: members wanted (``spec.replicas``; the autoscaler's choice when
+            :attr:`autoscale` is set).
+        template_labels / template_spec: ``spec.template.metadata.labels`` and
+            ``spec.template.spec`` (a Proxy spec; ``mode`` must be Managed).
+        selector: requirements members must match (``spec.selector``; the template labels
+            when absent).
+        max_age: seconds after which a member is replaced (:func:`age_limit`), ``None``: never.
+        max_surge / max_unavailable: rollout bounds, resolved against :attr:`replicas`
+            (both 0 is read as ``max_surge`` 1: a rollout must be able to move).
+        drain_timeout: seconds a leaving member drains at most (``spec.drain.drainTimeoutSeconds``).
+        zones: ``spec.spread.zones`` (members are spread over them), ``()``: the template's
+            own placement.
+        autoscale: :class:`Autoscale` or ``None``.
+        hash: :func:`template_hash` of the template.
+    """
+
+    replicas: int
+    template_labels: dict[str, str]
+    template_spec: dict[str, Any]
+    selector: tuple[selectors.Requirement, ...]
+    max_age: float | None = None
+    max_surge: int = DEFAULT_MAX_SURGE
+    max_unavailable: int = DEFAULT_MAX_UNAVAILABLE
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    zones: tuple[str, ...] = ()
+    autoscale: Autoscale | None = None
+    hash: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "PoolSpec":
+        """Build from a ProxyPool's ``spec``.
+
+        Raises:
+            PoolSpecError: naming the field: a negative count, a template that is not Managed or
+                whose labels the selector does not match, a bad duration or percentage.
+        """
+        d = d or {}
+        replicas = _whole("spec.replicas", d.get("replicas"), 1)
+        template = d.get("template") or {}
+        labels = dict((template.get("metadata") or {}).get("labels") or template.get("labels") or {})
+        tspec = dict(template.get("spec") or {})
+        if (tspec.get("mode") or MODE_MANAGED) != MODE_MANAGED:
+            raise PoolSpecError("spec.template.spec.mode", "a pool makes Managed Proxies only")
+        if not tspec.get("provider"):
+            raise PoolSpecError("spec.template.spec.provider", "required")
+        sel = selector_requirements(d.get("selector")) if d.get("selector") else selector_requirements(
+            {"matchLabels": labels})
+        if not sel:
+            raise PoolSpecError("spec.selector", "empty: give the template labels or a selector")
+        if not selectors.matches(sel, labels):
+            raise PoolSpecError("spec.template.metadata.labels", "must match spec.selector")
+        max_age = None
+        if d.get("maxAge") not in (None, "", 0, "0"):
+            try:
+                max_age = parse_duration(d["maxAge"])
+            except ValueError as exc:
+                raise PoolSpecError("spec.maxAge", str(exc)) from None
+        rollout = d.get("rollout") or {}
+        surge = _int_or_percent("spec.rollout.maxSurge", rollout.get("maxSurge"), replicas, round_up=True,
+                                default=DEFAULT_MAX_SURGE)
+        unavailable = _int_or_percent("spec.rollout.maxUnavailable", rollout.get("maxUnavailable"), replicas,
+                                      round_up=False, default=DEFAULT_MAX_UNAVAILABLE)
+        if surge == 0 and unavailable == 0:
+            surge = 1
+        drain = _whole("spec.drain.drainTimeoutSeconds", (d.get("drain") or {}).get("drainTimeoutSeconds"),
+                       DEFAULT_DRAIN_TIMEOUT)
+        zones = tuple(str(z) for z in (d.get("spread") or {}).get("zones") or () if z)
+        if len(set(zones)) != len(zones):
+            raise PoolSpecError("spec.spread.zones", "a zone is listed twice")
+        return cls(replicas=replicas, template_labels=labels, template_spec=tspec, selector=sel, max_age=max_age,
+                   max_surge=surge, max_unavailable=unavailable, drain_timeout=float(drain), zones=zones,
+                   autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec))
+
+    @property
+    def provider(self) -> str:
+        """The provider of every member (``spec.template.spec.provider``)."""
+        return str(self.template_spec.get("provider") or "")
+
+    @property
+    def template_zone(self) -> str | None:
+        """``spec.template.spec.placement.zone`` (used when :attr:`zones` is empty)."""
+        return (self.template_spec.get("placement") or {}).get("zone") or None
+
+    @property
+    def max_leases(self) -> int:
+        """Leases one member takes at once (the template's ``maxLeases``, default 5)."""
+        value = self.template_spec.get("maxLeases")
+        return 5 if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A ProxyPool as read from the API.
+
+    Attributes:
+        namespace / name / uid / generation / resource_version: identity.
+        deleting: ``metadata.deletionTimestamp`` is set.
+        spec: :class:`PoolSpec`, or ``None`` when it is invalid (:attr:`spec_error` says why).
+        spec_error: the :class:`PoolSpecError` message, ``""`` when the spec is fine.
+        status: the raw ``status`` dict.
+        raw: the object as received.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    deleting: bool
+    spec: PoolSpec | None
+    spec_error: str
+    status: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping) -> "Pool":
+        """Build from an API object dict; an invalid spec is kept as :attr:`spec_error`.
+
+        Raises:
+            ValueError: ``metadata.name``/``namespace``/``uid`` missing.
+        """
+        meta = obj.get("metadata") or {}
+        for key in ("name", "namespace", "uid"):
+            if not meta.get(key):
+                raise ValueError(f"ProxyPool object without metadata.{key}")
+        try:
+            spec, error = PoolSpec.from_dict(obj.get("spec")), ""
+        except PoolSpecError as exc:
+            spec, error = None, str(exc)
+        return cls(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+                   generation=int(meta.get("generation") or 1), resource_version=str(meta.get("resourceVersion") or ""),
+                   deleting=bool(meta.get("deletionTimestamp")), spec=spec, spec_error=error,
+                   status=dict(obj.get("status") or {}), raw=dict(obj))
+
+    @property
+    def key(self) -> str:
+        """``"<namespace>/<name>"``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One Proxy a pool controls, as the decisions need it.
+
+    Attributes:
+        uid / name: the Proxy.
+        phase: its ``status.phase``.
+        ready: phase ``Ready`` (health probes pass).
+        leasable: the serving view would lease it now: published, healthy, ``maxLeases`` > 0
+            and not draining.
+        leases: its live leases now.
+        created: ``metadata.creationTimestamp``, epoch seconds.
+        template_hash: its :data:`LABEL_TEMPLATE_HASH` label (``""`` when missing).
+        zone: its ``spec.placement.zone`` (``None`` when unset).
+        draining_until: epoch seconds of its :data:`ANNOTATION_DRAINING`, ``None`` when it is
+            not draining.
+        deleting: its deletion has begun (``metadata.deletionTimestamp``).
+    """
+
+    uid: str
+    name: str
+    phase: str = "Pending"
+    ready: bool = False
+    leasable: bool = False
+    leases: int = 0
+    created: float = 0.0
+    template_hash: str = ""
+    zone: str | None = None
+    draining_until: float | None = None
+    deleting: bool = False
+
+    @property
+    def draining(self) -> bool:
+        """Whether the member is leaving the pool (marked draining, not yet deleted)."""
+        return self.draining_until is not None
+
+
+__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "Member", "POOL_API_VERSION",
+           "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit", "format_time", "parse_time",
+           "selector_requirements", "selector_string", "template_hash", "uid_fraction"]

@@ -1,0 +1,350 @@
+"""What a ProxyPool needs now: the pool controller's decisions, as one pure function.
+
+:func:`plan` takes the pool, its members (with what the serving view says about each), the
+readiness of the zones it may place members in and the load signal, and returns a
+:class:`Plan`: members to create (and in which zone), members to mark draining, drained
+members to delete, and the status to write.  It calls nothing; :mod:`app.pools.controller`
+reads the inputs and applies the plan.  The same inputs always give the same plan.
+
+Rules, in the order they apply:
+
+1. **Leaving members.**  A draining member takes no new leases; its live leases run until
+   they are released or expire (renewals are capped at its drain deadline).  It is deleted as
+   soon as it holds no live lease, or when its deadline (``drainTimeoutSeconds`` after it began
+   draining) has passed.  A ``Failed`` member is deleted at once (it serves nothing).  Members
+   already being deleted are ignored.
+2. **Wanted count** ``N``: ``spec.replicas``, or the autoscaler's (:mod:`app.pools.autoscale`).
+3. **Outdated members**: made from another template (their :data:`~app.pools.model.LABEL_TEMPLATE_HASH`),
+   older than their age limit (``maxAge`` shortened by up to 25 % by a hash of the member's UID,
+   :func:`~app.pools.model.age_limit`), placed in a zone no longer in ``spec.spread.zones``, or
+   not leasable in a zone whose provider target is not Ready.  The others are *updated*.
+4. **Leaving, bounded** (a Deployment's rolling update, with members for Pods): outdated
+   members start draining — those not leasable first (they serve nothing and leave freely),
+   then the fewest live leases, then the oldest — and, when more updated members exist than
+   ``N``, the surplus of updated ones (not leasable first, then the fewest live leases, then
+   those in the most crowded zone, then the newest).  A leasable member leaves only while
+   the leasable count stays at ``N - maxUnavailable`` or above, so with ``maxUnavailable: 0``
+   an outdated member starts draining only once a new one is leasable.
+5. **Creating, bounded**: new members (current template) while fewer than ``N`` are updated,
+   at most ``N + maxSurge`` members not draining in all.  Each goes to the zone of
+   ``spec.spread.zones`` whose provider target is Ready and that holds the fewest members
+   (ties: the order of the list); no zone Ready: nothing is created and ``Progressing`` says so.
+6. **Status**: counts, ``observedGeneration``, ``selector``, conditions ``Available``,
+   ``Progressing``, ``ScalingLimited``, and the autoscaler's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from app import conditions
+from app.pools import autoscale as scaler
+from app.pools.model import Member, Pool, age_limit, format_time, selector_string
+from app.resources import FAILED
+
+COND_AVAILABLE = "Available"
+COND_PROGRESSING = "Progressing"
+COND_SCALING_LIMITED = "ScalingLimited"
+_ORDER = {COND_AVAILABLE: 0, COND_PROGRESSING: 1, COND_SCALING_LIMITED: 2}
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create one member from the current template in ``zone`` (``None``: the template's placement)."""
+
+    zone: str | None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Mark member ``uid``/``name`` draining until ``until`` (epoch seconds): no new leases."""
+
+    uid: str
+    name: str
+    until: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete member ``uid``/``name``; ``reason``: ``Drained``, ``DrainTimeout`` or ``Failed``."""
+
+    uid: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`plan` decided.
+
+    Attributes:
+        desired: ``N``, the members wanted.
+        creates / drains / deletes: the actions, in the order they should be applied
+            (deletes, drains, creates).
+        status: the pool's ``status`` to write (every key the controller owns).
+        outdated: names of outdated members not yet draining (for logs).
+        requeue_after: seconds until something in this plan changes by itself (a drain deadline,
+            a member reaching its age limit), ``None`` for nothing timed.
+    """
+
+    desired: int
+    creates: tuple[Create, ...] = ()
+    drains: tuple[Drain, ...] = ()
+    deletes: tuple[Delete, ...] = ()
+    status: dict[str, Any] = field(default_factory=dict)
+    outdated: tuple[str, ...] = ()
+    requeue_after: float | None = None
+
+    @property
+    def actions(self) -> int:
+        """How many writes the plan asks for besides the status."""
+        return len(self.creates) + len(self.drains) + len(self.deletes)
+
+
+def zone_is_ready(zone_ready: Mapping[str, bool], zone: str | None) -> bool:
+    """Whether members may be placed in ``zone``: ``True`` unless ``zone_ready`` says ``False``
+    for it (a zone nobody checks is not held against the pool)."""
+    return zone_ready.get(zone or "", True)
+
+
+def _expired(pool: Pool, m: Member, now: float) -> bool:
+    max_age = pool.spec.max_age
+    return bool(max_age) and now - m.created >= age_limit(m.uid, max_age)
+
+
+def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float) -> bool:
+    spec = pool.spec
+    if m.template_hash != spec.hash or _expired(pool, m, now):
+        return True
+    if spec.zones and (m.zone or "") not in spec.zones:
+        return True
+    return not m.leasable and not zone_is_ready(zone_ready, m.zone)
+
+
+def _desired(pool: Pool, demand: scaler.Demand, now: float):
+    spec = pool.spec
+    if spec.autoscale is None:
+        return spec.replicas, None
+    current = scaler.current_count(spec.replicas, spec.autoscale, pool.status)
+    decision = scaler.decide(spec.autoscale, current, demand, spec.max_leases, pool.status, now)
+    return decision.desired, decision
+
+
+def _zone_counts(pool: Pool, staying: list[Member]) -> dict[str, int]:
+    counts = {z: 0 for z in pool.spec.zones}
+    for m in staying:
+        counts[m.zone or ""] = counts.get(m.zone or "", 0) + 1
+    return counts
+
+
+def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now: float,
+         demand: scaler.Demand | None = None) -> Plan:
+    """Decide what ``pool`` needs now (the rules of the module docstring).
+
+    Args:
+        pool: the pool as read (its ``spec`` must be valid: see :func:`invalid`).
+        members: the Proxies it controls (controller ownerReference to its UID, matching its
+            selector), in any order.
+        zone_ready: zone -> whether its provider target is Ready (ProviderHealth); a zone not
+            in the map counts as Ready.
+        now: epoch seconds.
+        demand: the refused lease requests counted for the pool (``refused`` and ``window``
+            of :class:`app.pools.autoscale.Demand`; its ``live`` and ``ready`` are taken from
+            ``members``), ``None`` for none.
+    Returns:
+        the :class:`Plan`.
+    Raises:
+        ValueError: ``pool.spec`` is ``None`` (an invalid spec).
+    """
+    spec = pool.spec
+    if spec is None:
+        raise ValueError(f"pool {pool.key} has an invalid spec: {pool.spec_error}")
+    live = [m for m in members if not m.deleting]
+    draining = [m for m in live if m.draining]
+    active = [m for m in live if not m.draining]
+
+    # 1. members leaving: drained or timed out; failed ones
+    deletes: list[Delete] = []
+    timers: list[float] = []
+    for m in sorted(draining, key=lambda m: m.name):
+        if m.leases <= 0:
+            deletes.append(Delete(m.uid, m.name, "Drained"))
+        elif now >= (m.draining_until or 0):
+            deletes.append(Delete(m.uid, m.name, "DrainTimeout"))
+        else:
+            timers.append((m.draining_until or now) - now)
+    failed = [m for m in active if m.phase == FAILED]
+    for m in sorted(failed, key=lambda m: m.name):
+        deletes.append(Delete(m.uid, m.name, "Failed"))
+    active = [m for m in active if m.phase != FAILED]
+
+    # 2. the count wanted
+    signal = scaler.Demand(live=sum(m.leases for m in active if m.leasable),
+                           refused=demand.refused if demand else 0, window=demand.window if demand else 0.0,
+                           ready=sum(1 for m in active if m.leasable))
+    n, decision = _desired(pool, signal, now)
+
+    # 3. outdated / updated
+    outdated = [m for m in active if _outdated(pool, m, zone_ready, now)]
+    updated = [m for m in active if m not in outdated]
+    if spec.max_age:
+        for m in updated:
+            timers.append(m.created + age_limit(m.uid, spec.max_age) - now)
+
+    # 4. leaving, bounded by availability: a member that takes no leases leaves freely; one
+    # that does only while the leasable count stays at minAvailable or above
+    min_available = max(0, n - spec.max_unavailable)
+    available = sum(1 for m in active if m.leasable)
+    leaving: list[Member] = []
+
+    def leave(m: Member) -> bool:
+        nonlocal available
+        if m.leasable:
+            if available - 1 < min_available:
+                return False
+            available -= 1
+        leaving.append(m)
+        return True
+
+    for m in sorted(outdated, key=lambda m: (m.leasable, m.leases, m.created, m.name)):
+        if not leave(m):
+            break
+    extra = len(updated) - n
+    if extra > 0:
+        zones = _zone_counts(pool, updated)
+        order = sorted(updated, key=lambda m: (m.leasable, m.leases, -zones.get(m.zone or "", 0), -m.created, m.name))
+        for m in order[:extra]:
+            if not leave(m):
+                break
+    until = now + spec.drain_timeout
+    drains = tuple(Drain(m.uid, m.name, until, "Outdated" if m in outdated else "ScaleDown") for m in leaving)
+    staying = [m for m in active if m not in leaving]
+
+    # 5. creating, bounded by the surge
+    staying_updated = [m for m in staying if m in updated]
+    room = n + spec.max_surge - len(staying)
+    want = max(0, min(n - len(staying_updated), room))
+    creates: list[Create] = []
+    no_zone = False
+    if want:
+        if spec.zones:
+            ready_zones = [z for z in spec.zones if zone_is_ready(zone_ready, z)]
+            if not ready_zones:
+                no_zone = True
+            else:
+                counts = _zone_counts(pool, staying)
+                for _ in range(want):
+                    zone = min(ready_zones, key=lambda z: (counts.get(z, 0), spec.zones.index(z)))
+                    counts[zone] = counts.get(zone, 0) + 1
+                    creates.append(Create(zone))
+        elif not zone_is_ready(zone_ready, spec.template_zone):
+            no_zone = True
+        else:
+            creates = [Create(spec.template_zone) for _ in range(want)]
+
+    status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
+                     len(draining), now)
+    future = [t for t in timers if t > 0]
+    return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
+                outdated=tuple(sorted(m.name for m in outdated if m not in leaving)),
+                requeue_after=min(future) if future else None)
+
+
+def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, generation: int, now: str) -> list[dict]:
+    out = conditions.set_condition(conds, ctype, state, reason, message, generation, now)
+    out.sort(key=lambda c: (_ORDER.get(c["type"], 9), c["type"]))
+    return out
+
+
+def _status(pool: Pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
+            draining_count, now) -> dict:
+    spec = pool.spec
+    stamp = format_time(now)
+    leasable = sum(1 for m in active if m.leasable)
+    gen = pool.generation
+    conds = list(pool.status.get("conditions") or ())
+    min_available = max(0, n - spec.max_unavailable)
+    if leasable >= min_available:
+        conds = _set(conds, COND_AVAILABLE, "True", "MinimumLeasable",
+                     f"{leasable} of {n} members take leases (at least {min_available} wanted)", gen, stamp)
+    else:
+        conds = _set(conds, COND_AVAILABLE, "False", "TooFewLeasable",
+                     f"{leasable} of {n} members take leases, fewer than the {min_available} wanted", gen, stamp)
+    pending_out = len(outdated)
+    if no_zone:
+        where = ", ".join(spec.zones) if spec.zones else (spec.template_zone or "the template's placement")
+        conds = _set(conds, COND_PROGRESSING, "False", "NoReadyZone",
+                     f"no member can be created: the provider target of every zone ({where}) is not Ready", gen, stamp)
+    elif creates or drains or deletes or pending_out or draining_count or len(updated) != n or \
+            any(not m.leasable for m in updated):
+        parts = []
+        if len(updated) < n or creates:
+            parts.append(f"{len(updated)} of {n} members updated")
+        if pending_out:
+            parts.append(f"{pending_out} outdated")
+        if draining_count or drains:
+            parts.append(f"{draining_count + len(drains)} draining")
+        if len(updated) > n:
+            parts.append(f"{len(updated) - n} more than wanted")
+        unready = sum(1 for m in updated if not m.leasable)
+        if unready:
+            parts.append(f"{unready} not leasable yet")
+        reason = "RollingOut" if pending_out else ("ScalingUp" if len(updated) < n else
+                                                   ("ScalingDown" if len(updated) > n or drains or draining_count
+                                                    else "WaitingForMembers"))
+        conds = _set(conds, COND_PROGRESSING, "True", reason, "; ".join(parts) or "in progress", gen, stamp)
+    else:
+        conds = _set(conds, COND_PROGRESSING, "True", "PoolComplete",
+                     f"{n} updated members, all leasable", gen, stamp)
+    if decision is None:
+        conds = _set(conds, COND_SCALING_LIMITED, "False", "AutoscaleDisabled", "spec.autoscale is not set", gen, stamp)
+    elif decision.limited:
+        auto = spec.autoscale
+        bound = (f"minReplicas {auto.min_replicas}" if decision.limited == "TooFewReplicas"
+                 else f"maxReplicas {auto.max_replicas}")
+        conds = _set(conds, COND_SCALING_LIMITED, "True", decision.limited,
+                     f"the load calls for {decision.raw} members, held at {bound}", gen, stamp)
+    else:
+        conds = _set(conds, COND_SCALING_LIMITED, "False", "DesiredWithinRange",
+                     f"{decision.recommended} members recommended, within "
+                     f"[{spec.autoscale.min_replicas}, {spec.autoscale.max_replicas}]", gen, stamp)
+    status: dict[str, Any] = {
+        "replicas": len(live),
+        "readyReplicas": sum(1 for m in live if m.ready),
+        "leasableReplicas": leasable,
+        "updatedReplicas": len(updated),
+        "drainingReplicas": draining_count,
+        "desiredReplicas": n,
+        "observedGeneration": gen,
+        "selector": selector_string(spec.selector),
+        "templateHash": spec.hash,
+        "conditions": conds,
+    }
+    if decision is not None:
+        old = pool.status.get("autoscale") or {}
+        last = old.get("lastScaleTime")
+        if old.get("desiredReplicas") != decision.desired and old.get("desiredReplicas") is not None:
+            last = stamp
+        status["autoscale"] = {
+            "desiredReplicas": decision.desired,
+            "lastScaleTime": last,
+            "currentUtilization": None if decision.utilization is None else round(decision.utilization, 3),
+            "recommendations": decision.history,
+        }
+    else:
+        status["autoscale"] = None
+    return status
+
+
+def invalid(pool: Pool, now: float) -> dict:
+    """The status of a pool whose spec cannot be acted on: ``Progressing=False/InvalidSpec``
+    naming the field; nothing else is changed (its members are left as they are)."""
+    conds = _set(list(pool.status.get("conditions") or ()), COND_PROGRESSING, "False", "InvalidSpec",
+                 pool.spec_error, pool.generation, format_time(now))
+    return {"observedGeneration": pool.generation, "conditions": conds}
+
+
+__all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain", "Plan",
+           "invalid", "plan", "zone_is_ready"]
