@@ -2,6 +2,8 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# pytest-xdist worker processes for test / test-fast (docs/testing.md); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 
 .PHONY: deps venv test test-fast demo lint bench check-config crds kvm-ssh-secret clean
 
@@ -17,14 +19,14 @@ $(BIN)/proxy-operator: pyproject.toml clients/python/pyproject.toml
 	$(BIN)/pip install -q -e '.[test,kvm]' -e ./clients/python
 	touch $@
 
-## test: the whole suite (installs missing Debian packages first; starts its own Redis, Squid, sshd,
-## libvirtd, fakes; needs root for libvirtd)
+## test: the whole suite in TEST_WORKERS processes (installs missing Debian packages first; starts its own
+## Redis, Squid, sshd, libvirtd, fakes per worker; needs root for libvirtd)
 test: deps venv
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS)
 
 ## test-fast: the suite without the tests marked slow (most still start real processes)
 test-fast: venv
-	$(BIN)/pytest -q -m 'not slow'
+	$(BIN)/pytest -q -m 'not slow' -n $(TEST_WORKERS)
 
 ## demo: the whole operator on loopback without Docker, on a SIMULATED cluster (the test suite's API
 ## fake + kubelet stand-in running real Squids); prints KUBECONFIG, token and URLs; Ctrl-C stops it.

@@ -43,7 +43,7 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
     settings = settings or ApiSettings.from_env()
     if not settings.tokens_file:
         raise ConfigError("<env>", None, "API_TOKENS_FILE",
-                          "required: the path of the clients' tokens file (--tokens-file)")
+                          problem="required: the path of the clients' tokens file (--tokens-file)")
     store = TokenStore(settings.tokens_file, settings.tokens_check_every)
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
                              socket_connect_timeout=2, health_check_interval=30)

@@ -49,7 +49,7 @@ class ApiError(Exception):
         headers: extra response headers.
     """
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+    def __init__(self, status: int, code: str, message: str, *, field: str | None = None,
                  headers: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
@@ -106,7 +106,7 @@ def internal_error() -> ApiError:
 
 def bad_field(field: str, message: str, code: str = "invalid_field") -> ApiError:
     """A 400 naming ``field``."""
-    return ApiError(400, code, f"{field}: {message}", field)
+    return ApiError(400, code, f"{field}: {message}", field=field)
 
 
 def install(app: Flask) -> None:

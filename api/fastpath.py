@@ -60,7 +60,7 @@ class FastPath:
         return 201, routes.lease_json(lease), {"Location": f"/v1/leases/{lease.id}"}
 
     def _release(self, client, lease_id: str, outcome: str) -> tuple[int, dict, dict]:
-        return 200, routes.release(self.state, client, lease_id, outcome), {}
+        return 200, routes.release(self.state, client, lease_id, outcome=outcome), {}
 
     def _answer(self, environ: dict, start_response, handler) -> list[bytes]:
         """Authenticate, run ``handler(environ, client) -> (status, doc, headers)`` and

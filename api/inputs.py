@@ -30,11 +30,11 @@ _READ_CHUNK = 16 * 1024
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*+"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-#: C0 and C1 control characters and DEL: never part of a provider, zone or namespace name.
+#: C0 and C1 control characters and DEL: never part of a provider, zone, namespace or pool name.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 LEASE_ID = re.compile(r"^[0-9a-f]{32}$")
-FILTER_FIELDS = ("provider", "zone", "namespace", "selector")
+FILTER_FIELDS = ("provider", "zone", "namespace", "pool", "selector")
 
 
 def _query_is_utf8(environ: dict) -> None:
@@ -208,13 +208,13 @@ def _text(field: str, value) -> str:
 
 
 def filters(values: dict) -> Filters:
-    """Build :class:`app.leases.Filters` from ``provider zone namespace selector`` values
+    """Build :class:`app.leases.Filters` from ``provider zone namespace pool selector`` values
     (a JSON body or the query string).
 
     Raises:
         ApiError: 400 ``invalid_field`` naming the field: not a string, empty or over
             :data:`MAX_FILTER_LENGTH` characters, a control character or lone surrogate in
-            ``provider``/``zone``/``namespace``; a selector that does not parse or exceeds a
+            ``provider``/``zone``/``namespace``/``pool``; a selector that does not parse or exceeds a
             cap of :mod:`app.selectors` (the message names the cap).
     """
     reqs = ()
@@ -230,6 +230,7 @@ def filters(values: dict) -> Filters:
         provider=_text("provider", values["provider"]) if "provider" in values else None,
         zone=_text("zone", values["zone"]) if "zone" in values else None,
         namespace=_text("namespace", values["namespace"]) if "namespace" in values else None,
+        pool=_text("pool", values["pool"]) if "pool" in values else None,
         selector=reqs,
     )
 

@@ -51,6 +51,8 @@ def document(settings: LeaseSettings) -> dict:
          "description": "Only proxies in this zone (kvm: host)."},
         {"name": "namespace", "in": "query", "required": False, "schema": _FILTER,
          "description": "Only Proxies of this Kubernetes namespace."},
+        {"name": "pool", "in": "query", "required": False, "schema": _FILTER,
+         "description": "Only members of the ProxyPool of this name (with `namespace`: of that namespace)."},
         {"name": "selector", "in": "query", "required": False, "schema": {"type": "string", "maxLength": selectors.MAX_LENGTH},
          "description": _SELECTOR["description"]},
         {"name": "healthy", "in": "query", "required": False, "schema": {"type": "boolean"},
@@ -90,12 +92,15 @@ def document(settings: LeaseSettings) -> dict:
                 "Proxy": {
                     "type": "object", "additionalProperties": False,
                     "required": ["namespace", "name", "address", "port", "provider", "zone", "egressIP",
-                                 "labels", "health", "leases"],
+                                 "labels", "pool", "draining", "health", "leases"],
                     "properties": {
                         "namespace": {"type": "string"}, "name": {"type": "string"},
                         "address": {"type": "string"}, "port": {"type": "integer"},
                         "provider": nullable_str, "zone": nullable_str, "egressIP": nullable_str,
                         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "pool": {**nullable_str, "description": "The ProxyPool the proxy is a member of."},
+                        "draining": {"type": "boolean",
+                                     "description": "Leaving its pool: no new leases; live ones stay valid."},
                         "health": {"$ref": "#/components/schemas/Health"},
                         "leases": {"type": "object", "additionalProperties": False, "required": ["used", "max"],
                                    "properties": {"used": {"type": "integer", "minimum": 0},
@@ -110,6 +115,9 @@ def document(settings: LeaseSettings) -> dict:
                     "type": "object", "additionalProperties": False,
                     "properties": {
                         "provider": _FILTER, "zone": _FILTER, "namespace": _FILTER,
+                        "pool": {**_FILTER, "description": "Only members of the ProxyPool of this name (with "
+                                                           "`namespace`: of that namespace). A 503 counts as "
+                                                           "demand for the pool's autoscaler."},
                         "selector": _SELECTOR,
                         "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": settings.max_ttl,
                                        "description": f"Default {settings.default_ttl}."},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from flask import Flask, Response, request
 
@@ -19,6 +18,7 @@ from api.errors import ApiError, json_bytes
 from api.openapi import document
 from api.settings import ApiSettings
 from app import leases
+from app.timefmt import rfc3339
 from app.tokens import Client, TokenStore
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,6 @@ class State:
     redis: object
     tokens: TokenStore
     settings: ApiSettings
-
-
-def _rfc3339_ms(epoch: float) -> str:
-    dt = datetime.fromtimestamp(epoch, timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
 def authenticate(tokens: TokenStore, header: str) -> Client:
@@ -101,14 +96,15 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else cfg.default_ttl
     session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
     try:
-        lease = leases.acquire(state.redis, client.name, filters, ttl, cfg, session, client.max_leases)
+        lease = leases.acquire(state.redis, client.name, filters, ttl=ttl, settings=cfg, session_key=session,
+                               client_max_leases=client.max_leases)
     except leases.LeaseError as exc:
         raise lease_error("acquire", exc) from None
     metrics.OK["acquire"].inc()
     return lease
 
 
-def release(state: State, client: Client, lease_id: str, outcome: str) -> dict:
+def release(state: State, client: Client, lease_id: str, *, outcome: str) -> dict:
     """``DELETE /v1/leases/<lease_id>?outcome=`` for ``client`` (``lease_id`` and ``outcome``
     already checked by :func:`api.inputs.lease_id` and :func:`api.inputs.outcome`); the
     ``Released`` answer.
@@ -118,12 +114,12 @@ def release(state: State, client: Client, lease_id: str, outcome: str) -> dict:
         redis.RedisError: Redis unreachable.
     """
     try:
-        done = leases.release(state.redis, client.name, lease_id, outcome, state.settings.leases)
+        done = leases.release(state.redis, client.name, lease_id, outcome=outcome, settings=state.settings.leases)
     except leases.LeaseError as exc:
         raise lease_error("release", exc) from None
     metrics.OK["release"].inc()
     return {"leaseId": lease_id, "released": True, "outcome": outcome, "wasLive": done.live,
-            "cooldownUntil": _rfc3339_ms(done.cooldown_until) if done.cooldown_until else None}
+            "cooldownUntil": rfc3339(done.cooldown_until, millis=True) if done.cooldown_until else None}
 
 
 def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
@@ -163,7 +159,7 @@ def register(app: Flask, state: State) -> None:
 
     @app.get("/v1/proxies")
     def list_proxies():
-        q = inputs.query(request, ("provider", "zone", "namespace", "selector", "healthy"))
+        q = inputs.query(request, ("provider", "zone", "namespace", "pool", "selector", "healthy"))
         filters = inputs.filters(q)
         healthy = inputs.boolean("healthy", q["healthy"]) if "healthy" in q else None
         return _json({"items": leases.discover(state.redis, filters, healthy)})
@@ -182,7 +178,8 @@ def register(app: Flask, state: State) -> None:
         cfg = state.settings.leases
         ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else None
         try:
-            lease = leases.renew(state.redis, client().name, lease_id, ttl, cfg, client().max_leases)
+            lease = leases.renew(state.redis, client().name, lease_id, ttl=ttl, settings=cfg,
+                                 client_max_leases=client().max_leases)
         except leases.LeaseError as exc:
             raise lease_error("renew", exc) from None
         metrics.OK["renew"].inc()
@@ -192,4 +189,4 @@ def register(app: Flask, state: State) -> None:
     def release_route(lease_id: str):
         lease_id = inputs.lease_id(lease_id)
         q = inputs.query(request, ("outcome",))
-        return _json(release(state, client(), lease_id, inputs.outcome(q.get("outcome"))))
+        return _json(release(state, client(), lease_id, outcome=inputs.outcome(q.get("outcome"))))

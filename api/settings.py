@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from app.leases import LeaseSettings
-from app.settings import redis_url_from_env
+from app.settings import env_number, redis_url_from_env
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -37,11 +37,7 @@ class ApiSettings:
         Raises:
             ValueError: a malformed value, naming the variable.
         """
-        raw = os.environ.get("API_TOKENS_RELOAD_SECONDS", "")
-        try:
-            check_every = float(raw) if raw.strip() else cls.tokens_check_every
-        except ValueError:
-            raise ValueError(f"environment variable API_TOKENS_RELOAD_SECONDS: not a number: {raw!r}") from None
+        check_every = env_number("API_TOKENS_RELOAD_SECONDS", cls.tokens_check_every)
         return cls(
             redis_url=redis_url_from_env(),  # REDIS_URL + REDIS_PASSWORD (app.settings)
             tokens_file=os.environ.get("API_TOKENS_FILE") or None,

@@ -17,7 +17,7 @@ def find(conditions: list[dict] | None, ctype: str) -> dict | None:
     return None
 
 
-def set_condition(conditions: list[dict] | None, ctype: str, status: str, reason: str, message: str,
+def set_condition(conditions: list[dict] | None, ctype: str, status: str, *, reason: str, message: str,
                   generation: int, now: str | None = None) -> list[dict]:
     """Return a new condition list with ``ctype`` set.
 

@@ -44,6 +44,9 @@ HOST_QUEUE_PREFIX = "kvm."
 
 #: action -> name of the task that runs it
 TASKS = {reconcile.CREATE: "proxy.create", reconcile.POLL: "proxy.poll", reconcile.DELETE: "proxy.delete"}
+#: The de-duplicated action of a ProxyPool pass and its task (:mod:`app.pools.dispatch`).
+POOL_ACTION = "pool"
+TASKS[POOL_ACTION] = "pool.reconcile"
 #: Name of the task that deletes a replaced instance on its own queue (``workers.tasks``).
 RETIRE_TASK = "instance.retire"
 
@@ -154,7 +157,7 @@ def dedup_key(action: str, uid: str) -> str:
 
 
 class Enqueuer:
-    """Sends ``proxy.create/poll/delete`` messages, de-duplicated in Redis.
+    """Sends ``proxy.create/poll/delete`` (and ``pool.reconcile``) messages, de-duplicated in Redis.
 
     Payloads are ``(namespace, name, uid, attempt)``: never a spec, user-data, token or key.
 

@@ -34,10 +34,11 @@ def cyclic_gc_paused():
 
     Parsing a listing allocates hundreds of thousands of containers, and every allocation burst
     makes the collector walk the whole heap, which the listing itself keeps growing: at 10,000
-    Proxies that was 30-45 % of the Proxy listing's CPU (docs/performance.md, "Scale").  Parsed
+    Proxies that was 30-50 % of the Proxy listing's CPU (docs/performance.md, "Scale").  Parsed
     JSON and the objects built from it hold no reference cycles, so the collector has nothing
-    to find there (the few cycles of the HTTP layer wait for its next run).  Process-wide, safe across threads and nesting: the collector resumes when the
-    last pause ends, and only if it was on when the first began.
+    to find there (the few cycles of the HTTP layer wait for its next run).  Process-wide, safe
+    across threads and nesting: the collector resumes when the last pause ends, and only if it
+    was on when the first began.
     """
     global _pauses, _resume
     with _pause_lock:
@@ -73,7 +74,7 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
 
-def orphans(instances: list[Instance], live_uids: set[str], abandoned: set[str], now: datetime,
+def orphans(instances: list[Instance], *, live_uids: set[str], abandoned: set[str], now: datetime,
             grace_seconds: float, current: dict[str, str] | None = None) -> list[Instance]:
     """Return the instances GC may delete (see module docstring).
 
@@ -140,7 +141,7 @@ def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, 
     return live, current
 
 
-def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], abandoned: set[str],
+def sweep(provider_name: str, delete, listing: ListResult, *, live_uids: set[str], abandoned: set[str],
           grace_seconds: float, now: datetime | None = None, current: dict[str, str] | None = None,
           superseded=None) -> SweepReport:
     """Delete the orphans in ``listing`` with ``delete(provider_id)``.
@@ -161,8 +162,8 @@ def sweep(provider_name: str, delete, listing: ListResult, live_uids: set[str], 
         log.warning("gc %s: listing partial (%s); deleting nothing this sweep", provider_name,
                     "; ".join(listing.errors) or "unknown reason")
         return report
-    for inst in orphans(listing.instances, live_uids, abandoned, now or datetime.now(timezone.utc), grace_seconds,
-                        current):
+    for inst in orphans(listing.instances, live_uids=live_uids, abandoned=abandoned,
+                        now=now or datetime.now(timezone.utc), grace_seconds=grace_seconds, current=current):
         uid = inst.tags.get(naming.TAG_PROXY_UID)
         try:
             if superseded is not None and uid in live_uids:
@@ -184,7 +185,7 @@ def proxy_lock_key(uid: str) -> str:
     return redis_keys.proxy_lock(uid)
 
 
-def delete_superseded(redis, list_proxies, provider_name: str, delete, uid: str, provider_id: str,
+def delete_superseded(redis, list_proxies, provider_name: str, *, delete, uid: str, provider_id: str,
                       lock_timeout: float = 60.0) -> bool:
     """Delete ``provider_id`` if its live Proxy ``uid`` still names another instance; return whether it did.
 
@@ -253,7 +254,8 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
         return False
     try:
         live, current = current_instances(list_proxies(), provider_name)
-        if not orphans([inst], live, set(), now or datetime.now(timezone.utc), grace_seconds, current):
+        if not orphans([inst], live_uids=live, abandoned=set(), now=now or datetime.now(timezone.utc),
+                       grace_seconds=grace_seconds, current=current):
             log.warning("gc %s: %s is not collectable (live, abandoned or too young); not deleting it",
                         provider_name, provider_id)
             return False
@@ -266,7 +268,7 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
             pass
 
 
-def collect(provider_name: str, provider, list_proxies, abandoned: set[str], grace_seconds: float,
+def collect(provider_name: str, provider, list_proxies, *, abandoned: set[str], grace_seconds: float,
             tag: str = naming.MANAGED_BY, redis=None, lock_timeout: float = 60.0) -> SweepReport:
     """One provider's GC pass: list by tag, then delete the orphans and superseded instances.
 
@@ -289,10 +291,10 @@ def collect(provider_name: str, provider, list_proxies, abandoned: set[str], gra
     superseded = None
     if redis is not None:
         def superseded(uid: str, provider_id: str) -> bool:
-            return delete_superseded(redis, list_proxies, provider_name, provider.delete, uid, provider_id,
-                                     lock_timeout)
-    return sweep(provider_name, provider.delete, listing, live, abandoned, grace_seconds, current=current,
-                 superseded=superseded)
+            return delete_superseded(redis, list_proxies, provider_name, delete=provider.delete, uid=uid,
+                                     provider_id=provider_id, lock_timeout=lock_timeout)
+    return sweep(provider_name, provider.delete, listing, live_uids=live, abandoned=abandoned,
+                 grace_seconds=grace_seconds, current=current, superseded=superseded)
 
 
 # -- sharded sweeps (per KVM host, each on its host's queue) -------------------------------------
@@ -330,7 +332,7 @@ def _decode(blob: str) -> ListResult:
                       partial=d["partial"], errors=d["errors"])
 
 
-def record_shard(redis, sweep_id: str, shard: str, shards: int, listing: ListResult | None,
+def record_shard(redis, sweep_id: str, shard: str, *, shards: int, listing: ListResult | None,
                  error: str | None = None, ttl: float = 3600) -> ListResult | None:
     """Store one shard's listing; when it completes the sweep, return the merged listing.
 

@@ -1,10 +1,12 @@
 """The one gateway to the Kubernetes API: :class:`KubeGateway` and its implementation.
 
 :class:`KubeGateway` (a :class:`typing.Protocol`) declares every read and write the product makes
-through the API on Proxy objects, their finalizers and status, Events, Secrets and
-ProviderHealth objects; :class:`KubernetesGateway` implements it over the official
-``kubernetes`` client.  Callers get typed values (:class:`app.resources.Proxy`, :class:`Secret`,
-:class:`ProviderHealthObject`), never the client's dicts or models.  API errors other than the
+through the API on Proxy objects, their finalizers and status, Events, Secrets,
+ProviderHealth objects and ProxyPools (their status and scale subresources, and the Proxies
+they own: created with an ownerReference, marked draining, deleted); :class:`KubernetesGateway`
+implements it over the official ``kubernetes`` client.  Callers get typed values
+(:class:`app.resources.Proxy`, :class:`Secret`, :class:`ProviderHealthObject`,
+:class:`app.pools.model.Pool`), never the client's dicts or models.  API errors other than the
 ones a method documents as handled propagate as :class:`kubernetes.client.ApiException` (any
 implementation, in-memory fakes included, raises that type with the HTTP status).
 
@@ -40,8 +42,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from app.lazy import per_process
-from app.resources import (FINALIZER, GROUP, KIND, PLURAL, PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL, VERSION,
-                           Proxy)
+from app.pools.model import Pool
+from app.resources import (FINALIZER, GROUP, KIND, PLURAL, POOL_KIND, POOL_PLURAL, PROVIDER_HEALTH_KIND,
+                           PROVIDER_HEALTH_PLURAL, VERSION, Proxy)
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +171,7 @@ class KubeGateway(Protocol):
         """Return and forget the resourceVersions of the Proxy writes this thread made."""
 
     # Events (core/v1)
-    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, *, message: str) -> None:
         """Create an Event about ``proxy``; best effort (never raises)."""
 
     # Secrets (core/v1)
@@ -180,6 +183,37 @@ class KubeGateway(Protocol):
 
     def delete_secret(self, namespace: str, name: str) -> bool:
         """Delete the Secret; ``False`` when it did not exist."""
+
+    # Proxies made by a ProxyPool (members)
+    def list_proxies_in(self, namespace: str) -> list[Proxy]:
+        """Every Proxy of ``namespace``."""
+
+    def create_proxy(self, namespace: str, name: str, *, spec: dict, labels: dict[str, str],
+                     owners: tuple[OwnerReference, ...] = (), annotations: dict[str, str] | None = None) -> Proxy:
+        """Create a Proxy carrying ``owners`` as ``metadata.ownerReferences`` (409 AlreadyExists)."""
+
+    def annotate_proxy(self, proxy: Proxy, annotations: dict[str, str | None]) -> Proxy:
+        """Merge-patch ``metadata.annotations`` (``None`` deletes one) with ``proxy``'s
+        resourceVersion as a precondition (409 if stale); the Proxy as written."""
+
+    def delete_proxy(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the Proxy if it is still the object ``uid`` (a precondition); ``False`` when gone."""
+
+    # ProxyPool objects (crawl.example.com/v1alpha1, namespaced)
+    def get_pool(self, namespace: str, name: str) -> Pool | None:
+        """The ProxyPool ``namespace/name``; ``None`` when it does not exist (404)."""
+
+    def list_pools(self) -> list[Pool]:
+        """Every ProxyPool in every namespace."""
+
+    def patch_pool_status(self, pool: Pool, status: dict) -> Pool:
+        """Merge-patch ``status`` through the status subresource (RFC 7386); the pool as written."""
+
+    def scale_pool(self, pool: Pool, replicas: int) -> None:
+        """Set ``spec.replicas`` through the scale subresource (a merge patch of the Scale)."""
+
+    def record_pool_event(self, pool: Pool, event_type: str, reason: str, *, message: str) -> None:
+        """Create an Event about ``pool``; best effort (never raises)."""
 
     # ProviderHealth objects (crawl.example.com/v1alpha1, cluster-scoped)
     def get_provider_health(self, name: str) -> ProviderHealthObject | None:
@@ -321,6 +355,128 @@ class KubernetesGateway:
             GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body)
         return self._wrote(Proxy.from_dict(obj))
 
+    # -- Proxies of a ProxyPool -----------------------------------------------------------
+    # The pool controller's writes are not recorded for the watcher's own-write de-duplication:
+    # the events they cause are meant to reach the dispatcher (a draining mark is copied into the
+    # serving view by the refresh that event triggers).
+    def list_proxies_in(self, namespace: str) -> list[Proxy]:
+        """Return every Proxy of ``namespace`` (one list call)."""
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL).get("items") or []
+        return [Proxy.from_dict(o) for o in items]
+
+    def create_proxy(self, namespace: str, name: str, *, spec: dict, labels: dict[str, str],
+                     owners: tuple[OwnerReference, ...] = (), annotations: dict[str, str] | None = None) -> Proxy:
+        """Create the Proxy ``namespace/name`` with ``spec``, ``labels`` and ``owners`` (as
+        ``metadata.ownerReferences``, Kubernetes "Owners and Dependents": a pool's members carry
+        ``controller`` and ``blockOwnerDeletion``).
+
+        Raises:
+            kubernetes.client.ApiException: 409 AlreadyExists, 422 (the CRD refused the spec), others.
+        """
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if owners:
+            meta["ownerReferences"] = [_owner_dict(o) for o in owners]
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": meta, "spec": dict(spec)}
+        return Proxy.from_dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body))
+
+    def annotate_proxy(self, proxy: Proxy, annotations: dict[str, str | None]) -> Proxy:
+        """Merge-patch ``metadata.annotations`` (a ``None`` value removes the key) with ``proxy``'s
+        resourceVersion as a precondition.
+
+        Raises:
+            kubernetes.client.ApiException: 409 (``proxy`` is stale), 404 (gone), others.
+        """
+        patch = {"metadata": {"annotations": dict(annotations), "resourceVersion": proxy.resource_version}}
+        return Proxy.from_dict(self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, patch))
+
+    def delete_proxy(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete Proxy ``namespace/name`` only while it is the object ``uid`` (a UID
+        precondition: a Proxy re-created under the same name is left alone).  Its finalizer
+        then has the operator delete its instance.
+
+        Returns:
+            ``False`` when it did not exist (404).
+        Raises:
+            kubernetes.client.ApiException: 409 (another object of that name now), others.
+        """
+        body = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid))
+        try:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # -- ProxyPool objects ---------------------------------------------------------------
+    def get_pool(self, namespace: str, name: str) -> Pool | None:
+        """Return the ProxyPool ``namespace/name``, or ``None`` when it does not exist (404)."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOL_PLURAL, name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return Pool.from_dict(obj)
+
+    def list_pools(self) -> list[Pool]:
+        """Return every ProxyPool in every namespace (one list call, cluster scope)."""
+        items = self.custom.list_cluster_custom_object(GROUP, VERSION, POOL_PLURAL).get("items") or []
+        return [Pool.from_dict(o) for o in items]
+
+    def patch_pool_status(self, pool: Pool, status: dict) -> Pool:
+        """Merge-patch ``status`` of ``pool`` through the status subresource; return the pool as
+        written.
+
+        No resourceVersion precondition: the controller is the pool status's only writer and runs
+        one pass per pool at a time (a per-pool lock), and the autoscaler's write of
+        ``spec.replicas`` in the same pass changes the resourceVersion.  Use
+        :func:`app.status_writer.write_pool`, which sends only what changed.
+
+        Raises:
+            kubernetes.client.ApiException: 404 (gone), others.
+        """
+        obj = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, pool.namespace, POOL_PLURAL, pool.name, {"status": status})
+        return Pool.from_dict(obj)
+
+    def scale_pool(self, pool: Pool, replicas: int) -> None:
+        """Set ``spec.replicas`` of ``pool`` through its scale subresource (what ``kubectl scale``
+        and the HPA write).
+
+        Raises:
+            kubernetes.client.ApiException: 404 (gone), others.
+        """
+        self.custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, pool.namespace, POOL_PLURAL, pool.name, {"spec": {"replicas": int(replicas)}})
+
+    def record_pool_event(self, pool: Pool, event_type: str, reason: str, *, message: str) -> None:
+        """Create a core/v1 Event about ``pool`` (best effort: failures are logged, not raised).
+
+        Args:
+            event_type: ``"Normal"`` or ``"Warning"``.
+            reason: CamelCase reason (``"MemberCreated"``, ``"MemberDraining"``, ``"MemberDeleted"``).
+            message: human-readable (member names, counts; never a spec), cut at 1024 characters.
+        """
+        now = datetime.now(timezone.utc)
+        body = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{pool.name}.", namespace=pool.namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}", kind=POOL_KIND, name=pool.name,
+                namespace=pool.namespace, uid=pool.uid, resource_version=pool.resource_version),
+            reason=reason, message=message[:1024], type=event_type,
+            first_timestamp=now, last_timestamp=now, count=1,
+            source=k8s.V1EventSource(component="proxy-operator"),
+            reporting_component="proxy-operator", reporting_instance=os.environ.get("HOSTNAME", "proxy-operator"),
+        )
+        try:
+            self.core.create_namespaced_event(pool.namespace, body)
+        except Exception as exc:  # noqa: BLE001 - events are best effort by design
+            log.warning("event not recorded for pool %s: %s %s", pool.key, reason, exc)
+
     # -- Secrets -------------------------------------------------------------------------
     def read_secret(self, namespace: str, name: str) -> Secret | None:
         """Return Secret ``namespace/name`` with ``data`` decoded, or ``None`` when it does not exist.
@@ -369,7 +525,7 @@ class KubernetesGateway:
         return True
 
     # -- Events --------------------------------------------------------------------------
-    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, *, message: str) -> None:
         """Create a core/v1 Event about ``proxy`` (best effort: failures are logged, not raised).
 
         Args:
@@ -442,6 +598,12 @@ class KubernetesGateway:
                 return False
             raise
         return True
+
+
+def _owner_dict(o: OwnerReference) -> dict:
+    """An :class:`OwnerReference` as ``metadata.ownerReferences`` holds it."""
+    return {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid,
+            "controller": o.controller, "blockOwnerDeletion": o.block_owner_deletion}
 
 
 __all__ = ["KubeGateway", "KubernetesGateway", "OwnerReference", "ProviderHealthObject", "Secret",

@@ -15,8 +15,9 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
 3. otherwise reads the lease index (:data:`app.redis_keys.LOAD`: the leasable proxies
    with free capacity, fewest live leases first, ties: the lower ``used/maxLeases``) from the
    least-loaded end, and takes the first eligible proxy.  Eligible = healthy (``healthy``
-   flag of the serving view), ``maxLeases`` > 0, matching the filters (provider, zone,
-   namespace, label selector), not cooling down for this client, and — after purging its
+   flag of the serving view), ``maxLeases`` > 0, not draining out of its pool (``drainUntil``
+   unset), matching the filters (provider, zone, namespace, pool, label selector), not
+   cooling down for this client, and — after purging its
    expired leases — fewer live leases than ``maxLeases``.  A request therefore reads a few
    proxies, not the whole fleet (further only past proxies that are filtered out or cooling
    down for this client).  A proxy that requires basic auth (``authSecret``) is eligible once
@@ -27,7 +28,9 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
    draining (:data:`~app.redis_keys.DRAINING`), at ``maxLeases`` (:data:`~app.redis_keys.FULL`),
    cooling down for this client, awaiting its credentials, or filtered out.  Without filters
    it reads only the sizes of those sets; with filters, the placement and labels of their
-   members;
+   members.  A request with a ``pool`` filter for a pool the controller registered
+   (:data:`app.redis_keys.POOLS`) adds one to that pool's demand count
+   (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool);
 4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to
    the expiry index, writes the lease record, (re)binds the session, and moves the proxy in
    the index.  The answer carries the proxy's credentials when it requires them.
@@ -225,17 +228,21 @@ class Filters:
     Attributes:
         provider / zone / namespace: exact matches.
         selector: label requirements (:func:`app.selectors.parse`).
+        pool: the name of the ProxyPool the proxy is a member of (its serving record's ``pool``).
+            A ``no_proxy_available`` for a pool the controller registered counts as demand for
+            it (:mod:`app.pools.demand`).
     """
 
     provider: str | None = None
     zone: str | None = None
     namespace: str | None = None
     selector: tuple[Requirement, ...] = field(default_factory=tuple)
+    pool: str | None = None
 
     def to_json(self) -> str:
         """Encode for the lease script."""
         doc: dict = {"selector": as_lua(self.selector)}
-        for key in ("provider", "zone", "namespace"):
+        for key in ("provider", "zone", "namespace", "pool"):
             value = getattr(self, key)
             if value is not None:
                 doc[key] = value
@@ -248,6 +255,8 @@ class Filters:
         if self.zone is not None and record.zone != self.zone:
             return False
         if self.namespace is not None and record.namespace != self.namespace:
+            return False
+        if self.pool is not None and record.pool != self.pool:
             return False
         return matches(self.selector, record.labels)
 
@@ -354,7 +363,7 @@ def client_limit_message(client: str, counts: dict) -> str:
             "release a lease or wait for one to expire")
 
 
-def acquire(r, client: str, filters: Filters, ttl: int, settings: LeaseSettings,
+def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettings,
             session_key: str | None = None, client_max_leases: int | None = None) -> Lease:
     """Pick an eligible proxy and reserve a lease on it for ``client`` (atomic).
 
@@ -397,13 +406,14 @@ def no_proxy_message(counts: dict) -> str:
     Args:
         counts: ``published`` (proxies in the serving view), ``filtered`` (1 when the request
             had filters), and of the proxies the filters let through, why each was excluded:
-            ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0),
+            ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0, or
+            leaving its pool),
             ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
             (requires basic auth, credentials not copied yet).
     Returns:
         e.g. ``"no proxy can be leased now: 3 published; excluded: 1 unhealthy or not yet
-        probed, 0 draining (maxLeases 0), 2 at maxLeases, 0 cooling down for this client,
-        0 filtered out"``.
+        probed, 0 draining (maxLeases 0 or leaving a pool), 2 at maxLeases, 0 cooling down for
+        this client, 0 filtered out"``.
     """
     reasons = {k: int(counts.get(k) or 0) for k in ("unhealthy", "draining", "full", "cooling", "nocreds")}
     published = int(counts.get("published") or 0)
@@ -411,7 +421,7 @@ def no_proxy_message(counts: dict) -> str:
     # let through adds up to the published count; the rest was filtered out.
     filtered_out = max(0, published - sum(reasons.values())) if counts.get("filtered") else 0
     text = (f"no proxy can be leased now: {published} published; excluded: "
-            f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0), "
+            f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0 or leaving a pool), "
             f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
             f"{filtered_out} filtered out")
     if reasons["nocreds"]:
@@ -427,7 +437,7 @@ _MESSAGES = {
 }
 
 
-def renew(r, client: str, lease_id: str, ttl: int | None, settings: LeaseSettings,
+def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSettings,
           client_max_leases: int | None = None) -> Lease:
     """Extend a live lease of ``client`` to ``ttl`` seconds from now (default: its last TTL).
 
@@ -440,6 +450,10 @@ def renew(r, client: str, lease_id: str, ttl: int | None, settings: LeaseSetting
         client_max_leases: the client's ``maxLeases`` (tokens file), ``None`` for no limit.  A
             client holding more live leases than that (its limit was lowered) gets no renewal:
             renewals never keep it above its limit.
+    A lease on a proxy draining out of its pool (``drainUntil``) is renewed up to that time at
+    most (``Lease.ttl`` and ``expires_at`` say how long it really runs); once it has passed the
+    renewal answers ``proxy_unavailable``.
+
     Returns:
         the renewed :class:`Lease`.
     Raises:
@@ -467,7 +481,7 @@ class Release:
     cooldown_until: float | None
 
 
-def release(r, client: str, lease_id: str, outcome: str, settings: LeaseSettings) -> Release:
+def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSettings) -> Release:
     """End a lease of ``client``; ``blocked``/``failed`` start a cooldown of its proxy for this client.
 
     A lease that already expired (but is still remembered) can be released, so its outcome
@@ -490,9 +504,11 @@ def release(r, client: str, lease_id: str, outcome: str, settings: LeaseSettings
 def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
     """Return the published proxies passing ``filters`` (and ``healthy``, when not ``None``).
 
-    Each item: ``namespace name address port provider zone egressIP labels`` plus
+    Each item: ``namespace name address port provider zone egressIP labels pool draining`` plus
     ``health {healthy state reason lastProbeTime latencyMs}`` and ``leases {used max}``
-    (live leases counted without modifying anything).  Sorted by namespace and name.
+    (live leases counted without modifying anything).  ``pool`` is the ProxyPool the proxy is a
+    member of (``None``: none), ``draining`` whether it is leaving it (no new leases).  Sorted
+    by namespace and name.
     """
     recs = load_all(r)
     chosen = [(uid, rec) for uid, rec in recs.items()
@@ -511,6 +527,7 @@ def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
             "namespace": rec.namespace, "name": rec.name, "address": rec.address, "port": rec.port,
             "provider": rec.provider or None, "zone": rec.zone or None,
             "egressIP": rec.egress_ip or None, "labels": rec.labels,
+            "pool": rec.pool or None, "draining": rec.drain_until is not None,
             "health": {
                 "healthy": rec.healthy, "state": rec.health, "reason": rec.last_reason or None,
                 "lastProbeTime": rec.last_probe_time or None, "latencyMs": rec.latency_ms,
@@ -519,6 +536,23 @@ def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
         })
     out.sort(key=lambda item: (item["namespace"], item["name"]))
     return out
+
+
+def live_counts(r, uids: list[str]) -> dict[str, int]:
+    """Return ``{uid: live leases}`` for ``uids`` (unexpired members of each proxy's lease set,
+    counted without modifying anything; 0 for an unknown uid).  One round trip plus ``TIME``.
+
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    if not uids:
+        return {}
+    now_s, now_us = r.time()
+    now_ms = now_s * 1000 + now_us // 1000
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        pipe.zcount(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf")
+    return {uid: int(n) for uid, n in zip(uids, pipe.execute())}
 
 
 def live_leases(r) -> int:

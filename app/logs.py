@@ -11,8 +11,8 @@ import json
 import logging
 import os
 import sys
-import time
 
+from app.timefmt import rfc3339
 from app.version import banner
 
 #: More verbose than DEBUG: payloads such as libvirt domain XML (``LOG_LEVEL=TRACE``).
@@ -24,7 +24,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": rfc3339(record.created, millis=True),
             "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage(),
         }
         if record.exc_info:

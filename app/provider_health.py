@@ -272,7 +272,7 @@ def read_snapshot(r, pc, *, now: float | None = None) -> list[TargetState]:
 
 
 # -- ProviderHealth objects -------------------------------------------------------------------
-def status_for(verdicts: list[TargetVerdict], previous: dict | None, generation: int = 1,
+def status_for(verdicts: list[TargetVerdict], previous: dict | None, *, generation: int = 1,
                now: str | None = None) -> dict:
     """Build the ProviderHealth ``status`` from ``verdicts``, keeping unchanged transition times.
 
@@ -292,8 +292,8 @@ def status_for(verdicts: list[TargetVerdict], previous: dict | None, generation:
     down = [t["name"] for t in targets if not t["ready"]]
     cond = conditions.set_condition(
         (previous or {}).get("conditions"), "Ready", "True" if all_ready else "False",
-        "AllTargetsReady" if all_ready else "TargetsNotReady",
-        "all targets ready" if all_ready else "not ready: " + ", ".join(down), generation, now)
+        reason="AllTargetsReady" if all_ready else "TargetsNotReady",
+        message="all targets ready" if all_ready else "not ready: " + ", ".join(down), generation=generation, now=now)
     return {"conditions": cond, "targets": targets, "readyTargets": ready, "totalTargets": len(targets)}
 
 
@@ -335,7 +335,7 @@ class ProviderHealthWriter:
         after = {v.name: (v.ready, v.reason) for v in verdicts}
         if only_if_changed and before == after:
             return None
-        status = status_for(verdicts, previous, obj.generation)
+        status = status_for(verdicts, previous, generation=obj.generation)
         for t in status["targets"]:
             was = before.get(t["name"])
             if was is None:
@@ -391,7 +391,7 @@ class StaleSweeper:
         period: seconds between sweeps (default: half the shortest check interval, at least 5).
     """
 
-    def __init__(self, r, writer: ProviderHealthWriter, configs, period: float | None = None) -> None:
+    def __init__(self, r, writer: ProviderHealthWriter, configs, *, period: float | None = None) -> None:
         self.r, self.writer = r, writer
         self.configs = [pc for pc in configs if pc.check_interval]
         shortest = min((pc.check_interval for pc in self.configs), default=60.0)

@@ -213,13 +213,14 @@ def _provisioned(proxy: Proxy, status: str, reason: str, message: str, *, withdr
     Used when the reconciler takes the Proxy out of service (failed, instance lost or being
     replaced): the health engine stops probing it, so its last verdict must not linger.
     """
-    conds = conditions.set_condition(proxy.status.get("conditions"), COND_PROVISIONED, status, reason,
-                                     message, proxy.generation)
+    conds = conditions.set_condition(proxy.status.get("conditions"), COND_PROVISIONED, status, reason=reason,
+                                     message=message, generation=proxy.generation)
     if withdrawn:
         for ctype in (COND_HEALTHY, COND_READY):
             if conditions.find(conds, ctype) is not None:
-                conds = conditions.set_condition(conds, ctype, "Unknown", reason,
-                                                 "not probed while the instance is " + reason, proxy.generation)
+                conds = conditions.set_condition(conds, ctype, "Unknown", reason=reason,
+                                                 message="not probed while the instance is " + reason,
+                                                 generation=proxy.generation)
     return conds
 
 
@@ -308,13 +309,13 @@ def _retire(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> Non
         if ctx.retire is not None:
             ctx.retire(provider_name, provider_id, ref)  # queued on the instance's own queue
             return
-        retire_instance(ctx, provider_name, provider_id, ref)  # inline (no task layer)
+        retire_instance(ctx, provider_name, provider_id, ref=ref)  # inline (no task layer)
     except Exception as exc:  # noqa: BLE001
         log.warning("proxy %s/%s: deleting replaced instance %s failed: %s (GC collects it)", ref.namespace,
                     ref.name, provider_id, describe(exc))
 
 
-def retire_instance(ctx: Context, provider_name: str, provider_id: str, ref: Ref) -> bool:
+def retire_instance(ctx: Context, provider_name: str, provider_id: str, *, ref: Ref) -> bool:
     """Delete a replaced instance unless its Proxy names it again; return whether it was deleted.
 
     Runs on the instance's own queue (the task layer routes it there).  The arguments come
@@ -614,7 +615,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 inst = None  # gone meanwhile: recreate below
             else:
                 ctx.kube.record_event(latest.proxy, "Normal", "InstanceStarted",
-                                      f"instance {provider_id} was stopped and has been started again")
+                                      message=f"instance {provider_id} was stopped and has been started again")
                 return Followup(POLL, poll_delay(ctx.settings, attempt), attempt + 1)
         if inst is None and proxy.phase == PROVISIONING and retry_scheduled(proxy):
             # This generation's create failed (QuotaExceeded, Transient) and its retry is queued:
@@ -706,13 +707,13 @@ def _skip_cleanup(ctx: Context, latest: _Latest, proxy: Proxy, attempt: int) -> 
                 latest(_write_status(ctx, latest.proxy, {"phase": TERMINATING, "conditions": _provisioned(
                     latest.proxy, "False", getattr(exc, "reason", "") or cls.__name__, message)}))
                 if attempt == 0:
-                    ctx.kube.record_event(latest.proxy, "Warning", "AbandonFailed", message)
+                    ctx.kube.record_event(latest.proxy, "Warning", "AbandonFailed", message=message)
                 delay = backoff(ctx.settings, attempt) if cls is Transient else ctx.settings.quota_backoff
                 return Followup(DELETE, delay, attempt + 1)
     log.info("proxy %s: skip-cleanup set; releasing without deleting the instance%s", proxy.key,
              f" ({provider_id} marked abandoned)" if marked else "")
     ctx.kube.record_event(latest.proxy, "Normal", "SkipCleanup",
-                          f"instance {provider_id} left in place and marked abandoned (skip-cleanup)" if marked
+                          message=f"instance {provider_id} left in place and marked abandoned (skip-cleanup)" if marked
                           else "instance left in place (skip-cleanup)")
     credentials.delete(ctx.kube, latest.proxy)
     ctx.kube.remove_finalizer(latest.proxy)
@@ -753,7 +754,7 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                         p, "False", "Deleting", f"waiting for instance {left[0]} to be gone")}))
                     return Followup(DELETE, poll_delay(ctx.settings, attempt), attempt + 1)
                 if p.status.get("providerID"):
-                    ctx.kube.record_event(p, "Normal", "InstanceDeleted", f"instance {ids[0]} deleted")
+                    ctx.kube.record_event(p, "Normal", "InstanceDeleted", message=f"instance {ids[0]} deleted")
         credentials.delete(ctx.kube, p)
         ctx.kube.remove_finalizer(p)
         return None

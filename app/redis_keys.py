@@ -242,6 +242,47 @@ def parked(uid: str) -> str:
     return PARKED_PREFIX + uid
 
 
+# -- proxy pools (app.pools) ----------------------------------------------------------------------
+
+#: hash — the ProxyPools the lease script may count refused requests for: field
+#: ``<namespace>/<name>`` -> ``1`` for every pool, and field ``<name>`` -> ``<namespace>`` (the
+#: first pool of that name registered), for requests that name a pool without a namespace.  No
+#: TTL.  Written by :func:`app.pools.demand.register` / :func:`app.pools.demand.forget` (the pool
+#: controller); read by ``lease_acquire.lua``.
+POOLS = PREFIX + "pools"
+#: Prefix of :func:`pool_demand`.
+POOL_DEMAND_PREFIX = PREFIX + "pool-demand:"
+
+
+def pool_demand(namespace: str, name: str) -> str:
+    """string (integer) — lease requests for the pool ``namespace/name`` refused for lack of a
+    proxy (``503 no_proxy_available``) since the autoscaler last read it: one ``INCR`` by
+    ``lease_acquire.lua`` per refused request of a registered pool (:data:`POOLS`), nothing else
+    written.  No TTL (bounded by the registered pools).  Taken (read and reset) by
+    :func:`app.pools.demand.take`; deleted by :func:`app.pools.demand.forget`."""
+    return f"{POOL_DEMAND_PREFIX}{namespace}/{name}"
+
+
+def pool_demand_read(namespace: str, name: str) -> str:
+    """string — epoch seconds (Redis clock) :func:`pool_demand` was last taken, so the autoscaler
+    knows the window the count covers.  No TTL.  :func:`app.pools.demand.take` / ``forget`` only."""
+    return pool_demand(namespace, name) + ":read"
+
+
+def pool_scale(uid: str) -> str:
+    """string (JSON ``[{"time", "replicas"}]``) — the autoscaler's recent recommendations for the
+    pool ``uid`` (its scale-down window, :func:`app.pools.autoscale.stabilize`).  TTL: the pool's
+    ``scaleDownDelaySeconds`` + 1 hour, renewed by every write.  Written and read by
+    :mod:`app.pools.controller`; a lost value only restarts the window (delays a scale-down)."""
+    return PREFIX + "pool-scale:" + uid
+
+
+def pool_lock(uid: str) -> str:
+    """string — the per-pool lock (a redis-py ``Lock`` token) held by one ``pool.reconcile`` at a
+    time.  TTL: the task hard time limit + 10 s.  :mod:`app.pools.controller` only."""
+    return LOCK_PREFIX + "pool:" + uid
+
+
 # -- provider health (app.provider_health) --------------------------------------------------------
 
 #: Prefix of :func:`provider_health`.
@@ -293,6 +334,8 @@ LUA_NAMES = {
     "P_CLIENT_LEASES": CLIENT_LEASES_PREFIX,
     "P_COOLDOWN": COOLDOWN_PREFIX,
     "P_STICKY": STICKY_PREFIX,
+    "K_POOLS": POOLS,
+    "P_POOL_DEMAND": POOL_DEMAND_PREFIX,
 }
 
 

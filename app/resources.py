@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 GROUP = "crawl.example.com"
@@ -20,6 +21,14 @@ KIND = "Proxy"
 API_VERSION = f"{GROUP}/{VERSION}"
 FINALIZER = "crawl.example.com/cleanup"
 SKIP_CLEANUP_ANNOTATION = "crawl.example.com/skip-cleanup"
+#: On a ProxyPool member leaving its pool: RFC 3339 time until which it drains (no new leases,
+#: live ones run out); written by the pool controller (:mod:`app.pools`), copied into the serving
+#: record (``drainUntil``) by :func:`app.serving.publish` / :func:`app.serving.refresh`.
+DRAINING_ANNOTATION = "crawl.example.com/draining-until"
+#: The ``ProxyPool`` resource of the same group (:mod:`app.pools`): members carry a controller
+#: ownerReference to it.
+POOL_PLURAL = "proxypools"
+POOL_KIND = "ProxyPool"
 #: The cluster-scoped ``ProviderHealth`` resource of the same group (:mod:`app.provider_health`).
 PROVIDER_HEALTH_PLURAL = "providerhealths"
 PROVIDER_HEALTH_KIND = "ProviderHealth"
@@ -223,6 +232,36 @@ class Proxy:
     def phase(self) -> str:
         """``status.phase`` or ``"Pending"`` when unset."""
         return self.status.get("phase") or PENDING
+
+    @property
+    def controller(self) -> dict | None:
+        """The ``metadata.ownerReferences`` entry with ``controller: true`` (``None`` when none):
+        ``{"apiVersion", "kind", "name", "uid", ...}`` as the API holds it."""
+        for ref in (self.raw.get("metadata") or {}).get("ownerReferences") or ():
+            if isinstance(ref, dict) and ref.get("controller") is True:
+                return ref
+        return None
+
+    @property
+    def pool(self) -> str:
+        """The name of the ProxyPool this Proxy is a member of (its controller ownerReference),
+        ``""`` when it belongs to none."""
+        ref = self.controller
+        if ref and ref.get("kind") == POOL_KIND and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
+            return str(ref.get("name") or "")
+        return ""
+
+    @property
+    def draining_until(self) -> float | None:
+        """Epoch seconds of :data:`DRAINING_ANNOTATION`, ``None`` when absent or unreadable."""
+        raw = self.annotations.get(DRAINING_ANNOTATION)
+        if not raw:
+            return None
+        try:
+            dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
     @property
     def skip_cleanup(self) -> bool:

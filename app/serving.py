@@ -58,6 +58,12 @@ reindex = leases.reindex
 reindex_all = leases.reindex_all
 
 
+def _drain_ms(proxy: Proxy) -> int | None:
+    """The Proxy's draining mark as the serving record holds it (epoch ms), ``None`` for none."""
+    until = proxy.draining_until
+    return None if until is None else int(until * 1000)
+
+
 def _health_check(hc) -> dict:
     """``spec.healthCheck`` (defaults applied) as the serving record holds it."""
     return {
@@ -90,7 +96,7 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str, auth_secret
         uid=proxy.uid, namespace=proxy.namespace, name=proxy.name, generation=proxy.generation,
         provider=s.provider or "", zone=s.zone or "", mode=s.mode, address=address, port=port,
         labels=proxy.labels, max_leases=s.max_leases, phase=phase, auth_secret=auth_secret or "",
-        health_check=_health_check(s.health),
+        health_check=_health_check(s.health), pool=proxy.pool, drain_until=_drain_ms(proxy),
     ).to_redis(IDENTITY)
     running_since = fields_of(running_since=now)
     old_address, old_port = r.hmget(key, "address", "port")
@@ -119,19 +125,40 @@ _REFRESH = Lua("now", "lease_index", "serving_refresh")
 def refresh(r, proxy: Proxy) -> bool:
     """Update the fields of a published Proxy that change without a new instance.
 
-    Labels (no generation bump), ``maxLeases`` and ``healthCheck`` are copied from ``proxy``;
-    nothing happens when the Proxy is not published (atomic: a concurrent :func:`withdraw`
-    is never undone).
+    Labels (no generation bump), ``maxLeases``, ``healthCheck``, its pool and its draining mark
+    (:data:`app.resources.DRAINING_ANNOTATION`) are copied from ``proxy``; nothing happens when
+    the Proxy is not published (atomic: a concurrent :func:`withdraw` is never undone).
 
     Returns:
         whether the Proxy was published and updated.
     """
     fields = fields_of(labels=proxy.labels, max_leases=proxy.spec.max_leases,
-                       health_check=_health_check(proxy.spec.health), generation=proxy.generation)
+                       health_check=_health_check(proxy.spec.health), generation=proxy.generation,
+                       pool=proxy.pool, drain_until=_drain_ms(proxy))
     args = [proxy.uid]
     for name, value in fields.items():
         args += [name, value]
     return bool(_REFRESH(r, [redis_keys.proxy(proxy.uid)], args))
+
+
+def set_draining(r, uid: str, until: float | None) -> bool:
+    """Mark the published proxy ``uid`` draining until ``until`` (epoch seconds), or take the mark
+    off (``None``), and move it in the lease index at once (atomic, like :func:`refresh`).
+
+    A draining proxy takes no new lease (the lease script skips it and counts it as
+    ``draining`` in a 503), keeps its live leases until they are released or expire, and
+    renews them only up to ``until``.  The pool controller calls this right after writing the
+    mark on the Proxy (:data:`app.resources.DRAINING_ANNOTATION`), which :func:`publish` and
+    :func:`refresh` copy as well, so the mark survives a flushed Redis.
+
+    Returns:
+        whether the proxy was published (and marked).
+    """
+    fields = fields_of(drain_until=None if until is None else int(until * 1000))
+    args = [uid]
+    for name, value in fields.items():
+        args += [name, value]
+    return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
 
 
 def withdraw(r, uid: str) -> None:

@@ -6,7 +6,7 @@ engine reads the record and writes the health fields (:mod:`app.health.engine`),
 reads it for ``GET /v1/proxies`` (:func:`app.leases.discover`); all of them go through
 :meth:`ServingRecord.from_redis`, :meth:`ServingRecord.to_redis` and :func:`fields_of`.  The
 lease scripts (``app/lua/lease_*.lua``) read ``healthy maxLeases provider zone namespace
-labels authSecret address port egressIP name`` by these names.
+labels authSecret address port egressIP name pool drainUntil`` by these names.
 
 Reading never fails: a record written by an older version, by a test or by hand reads with
 defaults for what is missing or malformed (as the lease scripts read it: a ``maxLeases`` that
@@ -30,7 +30,8 @@ class ServingRecord:
     """A proxy as the serving view records it.
 
     Identity, written by :func:`app.serving.publish` (and :func:`app.serving.refresh` for
-    ``labels max_leases health_check generation``):
+    ``labels max_leases health_check generation pool drain_until``; :func:`app.serving.set_draining`
+    for ``drain_until``):
 
     Attributes:
         uid / namespace / name / generation: the Proxy (``uid namespace name generation``).
@@ -44,6 +45,11 @@ class ServingRecord:
         health_check: ``spec.healthCheck`` with defaults applied (``healthCheck``, a JSON object:
             ``url expectedStatus intervalSeconds timeoutSeconds failureThreshold
             successThreshold rateLimited``).
+        pool: the ProxyPool the Proxy is a member of (``pool``: the name of its controller
+            ownerReference; ``""`` for none), what the ``pool`` filter of the API matches.
+        drain_until: epoch milliseconds (Redis clock) until which the proxy drains, leaving its
+            pool (``drainUntil``; ``None`` = not draining, stored as ``""``): it takes no new
+            lease, its live leases stay valid, renewals are capped at this time.
 
     Health, written by the health engine (:data:`HEALTH` are reset when the endpoint changes):
 
@@ -83,6 +89,8 @@ class ServingRecord:
     phase: str = ""
     auth_secret: str = ""
     health_check: dict = field(default_factory=dict)
+    pool: str = ""
+    drain_until: int | None = None
     health: str = "unknown"
     healthy: bool = False
     successes: int = 0
@@ -131,7 +139,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "generation": ("generation", _INT), "provider": ("provider", _STR), "zone": ("zone", _STR),
     "mode": ("mode", _STR), "address": ("address", _STR), "port": ("port", _INT), "labels": ("labels", _JSON),
     "max_leases": ("maxLeases", _INT), "phase": ("phase", _STR), "auth_secret": ("authSecret", _STR),
-    "health_check": ("healthCheck", _JSON),
+    "health_check": ("healthCheck", _JSON), "pool": ("pool", _STR), "drain_until": ("drainUntil", _OPT_INT),
     "health": ("health", _STR), "healthy": ("healthy", _BOOL), "successes": ("successes", _INT),
     "failures": ("failures", _INT), "ever_healthy": ("everHealthy", _BOOL), "failed": ("failed", _BOOL),
     "running_since": ("runningSince", _FLOAT), "last_probe": ("lastProbe", _FLOAT),
@@ -144,7 +152,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
 
 #: The identity fields :func:`app.serving.publish` writes.
 IDENTITY = ("uid", "namespace", "name", "generation", "provider", "zone", "mode", "address", "port", "labels",
-            "max_leases", "phase", "auth_secret", "health_check")
+            "max_leases", "phase", "auth_secret", "health_check", "pool", "drain_until")
 #: The health fields a fresh (or re-addressed) record starts with, as :data:`HEALTH_DEFAULTS`.
 HEALTH = ("health", "healthy", "successes", "failures", "ever_healthy", "last_reason", "last_message",
           "last_status", "latency_ms", "last_probe", "last_probe_time", "egress_ip", "egress_at", "egress_error",

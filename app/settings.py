@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Mapping
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 
-def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False) -> float:
+def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool = False,
+               env: Mapping[str, str] | None = None) -> float:
     """Return the number in environment variable ``name`` (``default`` when unset or blank).
 
+    The one parser of numbers from the environment: every process reads its numeric settings
+    through it.
+
+    Args:
+        name: the variable.
+        default: returned as is when the variable is unset or blank.
+        minimum: the smallest value accepted.
+        integer: accept integers only (``int`` returned).
+        env: the environment to read (default :data:`os.environ`).
     Raises:
         ValueError: not a number (an integer when ``integer``), or below ``minimum``; the
-            message names the variable.
+            message names the variable and quotes the value.
     """
-    raw = os.environ.get(name)
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -132,6 +143,8 @@ class Settings:
             task and the longest countdown (``BROKER_VISIBILITY_TIMEOUT``).
         resync_interval: beat period of the full resync (``RESYNC_INTERVAL``).
         gc_interval: beat period of GC sweeps (``GC_INTERVAL``).
+        pool_resync_interval: beat period of the ProxyPool resync: a pass over every pool, for
+            age limits and the autoscaler (``POOL_RESYNC_INTERVAL``, seconds).
         gc_grace: minimum age of an orphan before GC deletes it (``GC_GRACE``).
         poll_initial / poll_max: poll backoff bounds (``POLL_INITIAL``, ``POLL_MAX``).
         retry_initial / retry_max: Transient retry backoff bounds (``RETRY_INITIAL``, ``RETRY_MAX``).
@@ -146,6 +159,7 @@ class Settings:
     visibility_timeout: float = 3600.0
     resync_interval: float = 300.0
     gc_interval: float = 600.0
+    pool_resync_interval: float = 30.0
     gc_grace: float = 600.0
     poll_initial: float = 5.0
     poll_max: float = 60.0
@@ -173,6 +187,7 @@ class Settings:
             visibility_timeout=_float("BROKER_VISIBILITY_TIMEOUT", cls.visibility_timeout),
             resync_interval=_float("RESYNC_INTERVAL", cls.resync_interval),
             gc_interval=_float("GC_INTERVAL", cls.gc_interval),
+            pool_resync_interval=_float("POOL_RESYNC_INTERVAL", cls.pool_resync_interval),
             gc_grace=_float("GC_GRACE", cls.gc_grace),
             poll_initial=_float("POLL_INITIAL", cls.poll_initial),
             poll_max=_float("POLL_MAX", cls.poll_max),

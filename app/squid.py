@@ -234,7 +234,7 @@ def htpasswd_entry(username: str, password: str) -> str:
     return f"{username}:{hashed}"
 
 
-def credentials_secret(name: str, namespace: str, username: str, password: str,
+def credentials_secret(name: str, namespace: str, *, username: str, password: str,
                        labels: dict[str, str] | None = None) -> dict:
     """Return a ``v1`` Secret manifest holding the proxy's basic-auth credentials.
 

@@ -1,4 +1,5 @@
-"""The one writer of Proxy status: the reconciler's steps and the health engine's verdicts.
+"""The one writer of Proxy status (the reconciler's steps and the health engine's verdicts), and
+of ProxyPool status (:func:`write_pool`, the pool controller's).
 
 Every status write of the operator goes through here (:func:`write` for the reconciler,
 :func:`write_latest` for the health engine), over an :class:`app.kube.KubeGateway`.  Rules:
@@ -54,6 +55,7 @@ from kubernetes.client import ApiException
 
 from app import conditions
 from app.kube import KubeGateway
+from app.pools.model import Pool
 from app.resources import FAILED, Proxy
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,8 @@ def _apply(kube: KubeGateway, proxy: Proxy, changes: Mapping, event: "Event | Ev
         chosen = phase_event(proxy, new_phase) if moved else None
     if chosen is not None:
         try:
-            kube.record_event(updated, *chosen)
+            event_type, reason, message = chosen
+            kube.record_event(updated, event_type, reason, message=message)
         except Exception as exc:  # noqa: BLE001 - Events are best effort
             log.warning("proxy %s: Event %s not recorded: %s", proxy.key, chosen[1], type(exc).__name__)
     return updated
@@ -130,8 +133,8 @@ class Written:
     after: Proxy
 
 
-def write_latest(kube: KubeGateway, namespace: str, name: str, uid: str,
-                 build: Callable[[Proxy], "Mapping | None"], *, event: "Event | EventFor | None" = None,
+def write_latest(kube: KubeGateway, namespace: str, name: str, *, uid: str,
+                 build: Callable[[Proxy], "Mapping | None"], event: "Event | EventFor | None" = None,
                  attempts: int = 3) -> Written | None:
     """Read Proxy ``namespace/name``, build the patch from it, write it; re-read on 409.
 
@@ -167,4 +170,24 @@ def write_latest(kube: KubeGateway, namespace: str, name: str, uid: str,
             log.info("proxy %s: status write conflicted (409); re-reading", proxy.key)
 
 
-__all__ = ["Event", "EventFor", "Written", "changed", "phase_event", "write", "write_latest"]
+def write_pool(kube: KubeGateway, pool: Pool, changes: Mapping) -> Pool:
+    """Merge-patch the keys of ``changes`` that differ from ``pool.status`` (a ProxyPool's status,
+    written by the pool controller, :mod:`app.pools.controller`).
+
+    Same rules as :func:`write`: status subresource, changed keys only (``conditions`` compared
+    as a list-map), nothing sent when nothing differs.  No resourceVersion precondition and no
+    Events (the controller records its own, one per member created, drained or deleted): the
+    controller is the only writer of a pool's status, one pass at a time.
+
+    Returns:
+        the pool as written, or ``pool`` itself when nothing differed.
+    Raises:
+        kubernetes.client.ApiException: 404 (gone), others.
+    """
+    diff = changed(pool.status, changes)
+    if not diff:
+        return pool
+    return kube.patch_pool_status(pool, diff)
+
+
+__all__ = ["Event", "EventFor", "Written", "changed", "phase_event", "write", "write_latest", "write_pool"]

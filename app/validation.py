@@ -25,7 +25,7 @@ class ConfigError(ValueError):
         problem: what is wrong, e.g. ``"required"``.
     """
 
-    def __init__(self, file: str, provider: str | None, field: str | None, problem: str) -> None:
+    def __init__(self, file: str, provider: str | None, field: str | None, *, problem: str) -> None:
         self.file, self.provider, self.field, self.problem = file, provider, field, problem
         parts = [file]
         if provider is not None:
@@ -92,7 +92,7 @@ class Reader:
 
     def error(self, key: str | None, problem: str) -> ConfigError:
         """Build a :class:`ConfigError` located at ``key``."""
-        return ConfigError(self.file, self.provider, self.where(key), problem)
+        return ConfigError(self.file, self.provider, self.where(key), problem=problem)
 
     def has(self, key: str) -> bool:
         """Return whether ``key`` is present (and mark it as seen)."""
@@ -212,10 +212,10 @@ def load_yaml(path: str, what: str = "") -> Any:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
-        raise ConfigError(path, None, None, f"cannot read{label}: {exc.strerror or exc}") from None
+        raise ConfigError(path, None, None, problem=f"cannot read{label}: {exc.strerror or exc}") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(path, None, None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(path, None, None, problem=f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None

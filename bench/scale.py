@@ -373,7 +373,8 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
         proxies = ctx.kube.list_proxies()
         t2, cpu2, gc2 = time.monotonic(), cpu_seconds(), gct.total
         live, current = gc_logic.current_instances(proxies, PROVIDER)
-    found = gc_logic.orphans(listing.instances, live, set(), datetime.now(timezone.utc), 3600, current)
+    found = gc_logic.orphans(listing.instances, live_uids=live, abandoned=set(), now=datetime.now(timezone.utc),
+                             grace_seconds=3600, current=current)
     t3, cpu3 = time.monotonic(), cpu_seconds()
     return {"list_s": t1 - t0, "list_cpu": cpu1 - cpu0, "list_gc_s": gc1,
             "proxies_s": t2 - t1, "proxies_cpu": cpu2 - cpu1, "proxies_gc_s": gc2 - gc1,
@@ -492,7 +493,8 @@ class Fleet:
 def _fmt_row(label: str, n: int, r: dict) -> str:
     per = r["cpu"] / n * 1e6
     return (f"| {label} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['fake_cpu']:.2f} | {r['redis_cpu']:.2f} | "
-            f"{per:.0f} | {r['gc_s']:.2f} | {r['rss_after']:.0f} / {r['rss_peak']:.0f} | {r.get('sent', 0)} |")
+            f"{per:.0f} | {r['gc_s']:.2f} | {r['rss_after']:.0f} / {max(r['rss_peak'], r['rss_after']):.0f} | "
+            f"{r.get('sent', 0)} |")
 
 
 def main() -> int:

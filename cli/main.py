@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from app import version
+from app.settings import env_number
 from app.validation import ConfigError
 
 log = logging.getLogger("proxy_operator")
@@ -96,7 +97,7 @@ def cmd_watch(args) -> int:
 
     from app.provider_health import StaleSweeper
     from watchers.main import run
-    from watchers.events import make_on_event
+    from watchers.events import make_on_event, make_on_pool_event
     if args.metrics_bind:
         from app import metrics
         try:
@@ -110,7 +111,8 @@ def cmd_watch(args) -> int:
                                                     socket_connect_timeout=5, socket_keepalive=True),
                            ProviderHealthWriter(KubernetesGateway()), cfg.providers)
     run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
-        identity=args.identity, health_bind=args.health_bind, while_leading=sweeper.run if sweeper.configs else None)
+        identity=args.identity, health_bind=args.health_bind, while_leading=sweeper.run if sweeper.configs else None,
+        on_pool_event=make_on_pool_event())
     return 0
 
 
@@ -175,16 +177,20 @@ def cmd_worker(args) -> int:
         # A first image fetch may take up to kvm.imageTimeout inside one create: the task time
         # limits (and the broker visibility timeout above them) must leave room for it.
         image_timeout = pc.settings.image_timeout
-        soft = float(os.environ.get("TASK_SOFT_TIME_LIMIT") or image_timeout + 300)
+        try:
+            soft = env_number("TASK_SOFT_TIME_LIMIT", image_timeout + 300)
+            hard = max(env_number("TASK_TIME_LIMIT", soft + 60), soft + 1)
+            # kombu restores unacked messages by each worker's own visibility timeout, so every
+            # worker sharing the broker must use one above this (docs/kvm-provider.md).
+            visibility = env_number("BROKER_VISIBILITY_TIMEOUT", 3600)
+        except ValueError as exc:
+            print(f"proxy-operator: --kvm-host {args.kvm_host}: {exc}", file=sys.stderr)
+            return 2
         if soft <= image_timeout:
             print(f"proxy-operator: --kvm-host {args.kvm_host}: TASK_SOFT_TIME_LIMIT={soft:g}s must exceed "
                   f"kvm.imageTimeout={image_timeout:g}s of provider {provider!r}", file=sys.stderr)
             return 2
-        hard = max(float(os.environ.get("TASK_TIME_LIMIT") or soft + 60), soft + 1)
         os.environ["TASK_SOFT_TIME_LIMIT"], os.environ["TASK_TIME_LIMIT"] = f"{soft:g}", f"{hard:g}"
-        # kombu restores unacked messages by each worker's own visibility timeout, so every
-        # worker sharing the broker must use one above this (docs/kvm-provider.md).
-        visibility = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT") or 3600)
         if visibility <= hard:
             print(f"proxy-operator: --kvm-host {args.kvm_host}: BROKER_VISIBILITY_TIMEOUT={visibility:g}s must "
                   f"exceed the task time limit {hard:g}s (set it on every worker)", file=sys.stderr)

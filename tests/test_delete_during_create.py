@@ -164,11 +164,11 @@ def test_a_retired_instance_is_deleted_unless_its_proxy_names_it_again(api, k8s_
     create(k8s_ctx, ref)
     pod_id = recorded_id(api, ref)
     # The Proxy still names the Pod (moved back before the retire ran): kept.
-    assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref) is False
+    assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref=ref) is False
     assert len(pods(api)) == 1
     proxy = KubernetesGateway(api).get_proxy(NS, "moved-1")
     KubernetesGateway(api).patch_status(proxy, {"providerID": "other-ns/" + instance_name(ref.uid)})
-    assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref) is True
+    assert retire_instance(k8s_ctx, "k8s-local", pod_id, ref=ref) is True
     assert pods(api) == []
 
 

@@ -201,9 +201,11 @@ def test_default_wires_config_secrets_and_probes(default_render):
 @needs_kubectl
 def test_default_includes_the_crds(default_render):
     crds = _kind(default_render, "CustomResourceDefinition")
-    assert set(crds) == {"proxies.crawl.example.com", "providerhealths.crawl.example.com"}
-    on_disk = yaml.safe_load((DEPLOY / "crd" / "proxy.yaml").read_text())
-    assert crds["proxies.crawl.example.com"]["spec"] == on_disk["spec"]
+    assert set(crds) == {"proxies.crawl.example.com", "providerhealths.crawl.example.com",
+                         "proxypools.crawl.example.com"}
+    for name, path in (("proxies", "proxy.yaml"), ("proxypools", "proxypool.yaml")):
+        on_disk = yaml.safe_load((DEPLOY / "crd" / path).read_text())
+        assert crds[f"{name}.crawl.example.com"]["spec"] == on_disk["spec"]
 
 
 def _rules(doc: dict) -> list[dict]:

@@ -39,11 +39,11 @@ def test_spec_hash_changes_for_instance_shape_only():
 
 
 def test_condition_transition_time_changes_only_on_status_flip():
-    c1 = conditions.set_condition([], "Healthy", "True", "ProbeOK", "", 1, now="2026-01-01T00:00:00Z")
-    c2 = conditions.set_condition(c1, "Healthy", "True", "ProbeOK", "again", 2, now="2026-01-02T00:00:00Z")
+    c1 = conditions.set_condition([], "Healthy", "True", reason="ProbeOK", message="", generation=1, now="2026-01-01T00:00:00Z")
+    c2 = conditions.set_condition(c1, "Healthy", "True", reason="ProbeOK", message="again", generation=2, now="2026-01-02T00:00:00Z")
     assert conditions.find(c2, "Healthy")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert conditions.find(c2, "Healthy")["observedGeneration"] == 2
-    c3 = conditions.set_condition(c2, "Healthy", "False", "Timeout", "", 2, now="2026-01-03T00:00:00Z")
+    c3 = conditions.set_condition(c2, "Healthy", "False", reason="Timeout", message="", generation=2, now="2026-01-03T00:00:00Z")
     assert conditions.find(c3, "Healthy")["lastTransitionTime"] == "2026-01-03T00:00:00Z"
 
 
@@ -81,7 +81,7 @@ def test_gc_orphans_respect_tags_grace_liveness_and_abandonment():
 
     listing = [inst("live"), inst("gone"), inst("young", young), inst("foreign", managed=False),
                inst("abandoned"), inst("unknown-age", None)]
-    picked = gc.orphans(listing, {"live"}, {"abandoned"}, now, 600)
+    picked = gc.orphans(listing, live_uids={"live"}, abandoned={"abandoned"}, now=now, grace_seconds=600)
     assert [i.provider_id for i in picked] == ["id-gone"]
 
 
@@ -94,7 +94,7 @@ def test_gc_never_picks_an_instance_tagged_abandoned_even_when_redis_forgot_it()
                         tags=tags)
     assert naming.is_abandoned(marked.tags) and not naming.is_abandoned(unmarked.tags)
     assert not naming.is_abandoned({naming.TAG_ABANDONED: "false"}) and not naming.is_abandoned(None)
-    picked = gc.orphans([marked, unmarked], set(), set(), now, 0)  # an empty Redis hint set
+    picked = gc.orphans([marked, unmarked], live_uids=set(), abandoned=set(), now=now, grace_seconds=0)  # an empty Redis hint set
     assert [i.provider_id for i in picked] == ["id-unmarked"]
 
 
@@ -112,7 +112,7 @@ def test_gc_partial_listing_deletes_nothing():
                       tags={naming.TAG_MANAGED_BY: naming.MANAGED_BY, naming.TAG_PROXY_UID: "gone"})
     provider = RecordingProvider()
     report = gc.sweep("kvm", provider.delete, ListResult([orphan], partial=True, errors=["lab2: dial"]),
-                      set(), set(), 60)
+                      live_uids=set(), abandoned=set(), grace_seconds=60)
     assert report.skipped_partial and provider.deleted == []
-    report = gc.sweep("kvm", provider.delete, ListResult([orphan]), set(), set(), 60)
+    report = gc.sweep("kvm", provider.delete, ListResult([orphan]), live_uids=set(), abandoned=set(), grace_seconds=60)
     assert provider.deleted == ["id-x"] and report.deleted == ["id-x"]

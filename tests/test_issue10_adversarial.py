@@ -243,7 +243,7 @@ def test_a_forged_retire_cannot_take_a_live_proxys_pod(api, make_context):
     settle(ctx, api, ref)
     pod_id = read(api, ref).status["providerID"]
     # Another Proxy's UID (and a name that does not exist) in the message.
-    assert not retire_instance(ctx, "k8s-local", pod_id, Ref("default", "nobody", "00000000-forged-uid"))
+    assert not retire_instance(ctx, "k8s-local", pod_id, ref=Ref("default", "nobody", "00000000-forged-uid"))
     # The right Proxy: its status still names the Pod, so the Pod is kept.
-    assert not retire_instance(ctx, "k8s-local", pod_id, Ref("default", "live-2", ref.uid))
+    assert not retire_instance(ctx, "k8s-local", pod_id, ref=Ref("default", "live-2", ref.uid))
     assert [x.metadata.name for x in pods(api)] == [instance_name(ref.uid)]

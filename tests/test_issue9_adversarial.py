@@ -210,7 +210,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client,
         calls.append(1)
         return listed
 
-    report = gc_logic.collect("k8s-a", provider_a, list_proxies_then_move_back, set(), grace_seconds=0,
+    report = gc_logic.collect("k8s-a", provider_a, list_proxies_then_move_back, abandoned=set(), grace_seconds=0,
                               redis=redis_client)
     assert report.deleted == []
     assert read(api, ref).status["providerID"] == f"ns-a/{name}"
@@ -218,7 +218,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client,
     # ... while one that stays superseded is still collected: move away again, its retire lost.
     patch_spec(api, "gcback-1", {"provider": "k8s-b"})
     settle(ctx, api, ref)
-    report = gc_logic.collect("k8s-a", provider_a, kube.list_proxies, set(), grace_seconds=0, redis=redis_client)
+    report = gc_logic.collect("k8s-a", provider_a, kube.list_proxies, abandoned=set(), grace_seconds=0, redis=redis_client)
     assert report.deleted == [f"ns-a/{name}"]
     assert [f"{ns}/{n}" for ns, n, _ in pod_images(api)] == [f"ns-b/{name}"]
 
@@ -235,7 +235,7 @@ def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api,
     lock = redis_client.lock(gc_logic.proxy_lock_key(ref.uid), timeout=30)
     assert lock.acquire()
     try:
-        report = gc_logic.collect("k8s-a", ctx.registry.get("k8s-a"), KubernetesGateway(api).list_proxies, set(),
+        report = gc_logic.collect("k8s-a", ctx.registry.get("k8s-a"), KubernetesGateway(api).list_proxies, abandoned=set(),
                                   grace_seconds=0, redis=redis_client)
     finally:
         lock.release()
@@ -276,7 +276,7 @@ def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api
     settle(ctx, api, ref)
     assert read(api, ref).phase == "Running"
     for name in ("k8s-a", "k8s-b"):
-        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, set(),
+        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, abandoned=set(),
                                   grace_seconds=0, redis=redis_client)
         assert report.deleted == [], name
     assert [p.metadata.name for p in pods(api)] == [instance_name(ref.uid)]
@@ -295,7 +295,7 @@ def test_gc_of_one_gcp_provider_leaves_the_live_instances_of_another_in_the_same
     create(ctx, ref)
     assert len(compute.instances) == 1
     for name in ("gcp-b", "gcp-c"):
-        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, set(),
+        report = gc_logic.collect(name, ctx.registry.get(name), KubernetesGateway(api).list_proxies, abandoned=set(),
                                   grace_seconds=0, redis=redis_client)
         assert report.deleted == [], name
     assert len(compute.instances) == 1

@@ -230,7 +230,7 @@ def test_openapi_documents_and_tables_over_http(cluster):
         "Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"})
     assert agg.headers["Content-Type"].startswith("application/json;g=apidiscovery.k8s.io;v=v2")
     [crawl] = [g for g in agg.json()["items"] if g["metadata"]["name"] == GROUP]
-    assert {r["resource"] for r in crawl["versions"][0]["resources"]} == {"proxies", "providerhealths"}
+    assert {r["resource"] for r in crawl["versions"][0]["resources"]} == {"proxies", "providerhealths", "proxypools"}
     table = requests.get(f"{url}/apis/{GROUP}/{VERSION}/proxies", timeout=5,
                          headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
     assert table["kind"] == "Table"

@@ -170,7 +170,7 @@ def test_gc_collect_lists_with_the_cyclic_collector_paused(provider, core):
 
     provider.list_by_tag = list_by_tag
     assert pygc.isenabled()
-    report = gc_logic.collect("k8s", provider, list_proxies, set(), 3600)
+    report = gc_logic.collect("k8s", provider, list_proxies, abandoned=set(), grace_seconds=3600)
     assert seen == [("pods", False), ("proxies", False)] and report.listed == 1
     assert pygc.isenabled()
 

@@ -96,12 +96,12 @@ def test_abandoned_pod_survives_a_redis_flush_and_gc(ctx, api, redis_client):
     redis_client.flushall()
     abandoned_hint = set(redis_client.smembers(ABANDONED_KEY))
     assert abandoned_hint == set()
-    report = collect("k8s-local", provider, all_proxies(api), abandoned_hint, 0)
+    report = collect("k8s-local", provider, all_proxies(api), abandoned=abandoned_hint, grace_seconds=0)
 
     assert report.deleted == [f"{NS}/{orphan_pod}"]
     assert set(pods(api)) == {kept}, "the abandoned Pod stays, whatever happened to Redis"
     # A second sweep changes nothing: exactly one Pod, nothing leaked, nothing duplicated.
-    assert collect("k8s-local", provider, all_proxies(api), set(), 0).deleted == []
+    assert collect("k8s-local", provider, all_proxies(api), abandoned=set(), grace_seconds=0).deleted == []
     assert set(pods(api)) == {kept}
 
 

@@ -75,11 +75,11 @@ def test_a_built_patch_is_rebuilt_from_the_object_that_won_the_race(fake, api):
         seen.append(p.resource_version)
         if len(seen) == 1:   # the reconciler writes Provisioned meanwhile
             reconciler.patch_status(p, {"conditions": conditions.set_condition(
-                p.status.get("conditions"), "Provisioned", "True", "InstanceRunning", "running", p.generation)})
+                p.status.get("conditions"), "Provisioned", "True", reason="InstanceRunning", message="running", generation=p.generation)})
         return {"phase": "Ready", "conditions": conditions.set_condition(
-            p.status.get("conditions"), "Healthy", "True", "OK", "probes pass", p.generation)}
+            p.status.get("conditions"), "Healthy", "True", reason="OK", message="probes pass", generation=p.generation)}
 
-    written = status_writer.write_latest(kube, NS, "race-1", proxy.uid, build)
+    written = status_writer.write_latest(kube, NS, "race-1", uid=proxy.uid, build=build)
     assert written is not None and len(seen) == 2 and seen[0] != seen[1]
     final = kube.get_proxy(NS, "race-1")
     assert final.phase == "Ready"
@@ -92,16 +92,16 @@ def test_a_conflict_that_persists_propagates_after_the_attempts(fake, api):
     proxy = external(api, "race-2")
     fake.fail_next("patch", f"{PLURAL}/status", code=409, reason="Conflict", times=3)
     with pytest.raises(k8s.ApiException) as info:
-        status_writer.write_latest(kube, NS, "race-2", proxy.uid, lambda p: {"phase": "Ready"}, attempts=3)
+        status_writer.write_latest(kube, NS, "race-2", uid=proxy.uid, build=lambda p: {"phase": "Ready"}, attempts=3)
     assert info.value.status == 409 and status_patches(fake) == 3
 
 
 def test_write_latest_leaves_other_objects_alone(fake, api):
     kube = KubernetesGateway(api)
     proxy = external(api, "other-1")
-    assert status_writer.write_latest(kube, NS, "missing", "uid", lambda p: {"phase": "Ready"}) is None
-    assert status_writer.write_latest(kube, NS, "other-1", "another-uid", lambda p: {"phase": "Ready"}) is None
-    assert status_writer.write_latest(kube, NS, "other-1", proxy.uid, lambda p: None) is None
+    assert status_writer.write_latest(kube, NS, "missing", uid="uid", build=lambda p: {"phase": "Ready"}) is None
+    assert status_writer.write_latest(kube, NS, "other-1", uid="another-uid", build=lambda p: {"phase": "Ready"}) is None
+    assert status_writer.write_latest(kube, NS, "other-1", uid=proxy.uid, build=lambda p: None) is None
     assert status_patches(fake) == 0
 
 

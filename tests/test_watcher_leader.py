@@ -23,7 +23,7 @@ class Candidate:
 
     def __init__(self, fake: FakeKube, identity: str, settings: ElectionSettings = FAST) -> None:
         self.client = fake.api_client()
-        self.elector = LeaderElector(k8s.CoordinationV1Api(self.client), NS, NAME, identity, settings)
+        self.elector = LeaderElector(k8s.CoordinationV1Api(self.client), NS, NAME, identity=identity, settings=settings)
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -172,7 +172,7 @@ def test_losing_a_race_for_a_free_lease_is_a_409_and_a_lost_round(fake):
     try:
         coord = k8s.CoordinationV1Api(client)
         coord.create_namespaced_lease(NS, {"metadata": {"name": NAME}, "spec": {"leaseDurationSeconds": 1}})
-        a = LeaderElector(RacingCoordinationApi(client), NS, NAME, "a", FAST)
+        a = LeaderElector(RacingCoordinationApi(client), NS, NAME, identity="a", settings=FAST)
         before = fake.request_count("update", "leases")
         assert a._try_acquire_or_renew() is False
         assert not a.is_leader

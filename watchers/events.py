@@ -9,13 +9,40 @@ the beat schedule or the worker's hooks).  ``tests/test_watcher_imports.py`` pin
 from __future__ import annotations
 
 from app.dispatch import Dispatcher
+from app.pools.dispatch import PoolDispatcher
 from app.settings import Settings
 from app.wiring import load_config, router
 from watchers.stream import OnEvent
 
 
+def _redis(settings: Settings):
+    import redis as redis_lib
+
+    # timeouts: a Redis gone silent fails a call instead of hanging the watcher
+    return redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
+                                    socket_connect_timeout=5, socket_keepalive=True)
+
+
+def make_on_pool_event(settings: Settings | None = None) -> OnEvent:
+    """Return ``on_pool_event(event_type, obj)`` for the ProxyPool stream of :func:`watchers.main.run`
+    (:meth:`app.pools.dispatch.PoolDispatcher.on_pool_event`: a ``pool.reconcile`` pass per change).
+
+    Raises:
+        ValueError: a bad setting in the environment.
+    """
+    from workers.celery_app import send
+
+    settings = settings or Settings.from_env()
+    return PoolDispatcher(_redis(settings), send).on_pool_event
+
+
 def make_on_event(settings: Settings | None = None) -> OnEvent:
     """Return ``on_event(event_type, obj)`` for :func:`watchers.main.run` (:meth:`app.dispatch.Dispatcher.on_event`).
+
+    A Proxy controlled by a ProxyPool also queues a pass over its pool
+    (:meth:`app.pools.dispatch.PoolDispatcher.on_member_event`), whatever the dispatcher decides
+    for the Proxy itself (the events of the reconciler's own writes included: a member that went
+    Failed is news to its pool).
 
     Args:
         settings: the process settings (default: :meth:`app.settings.Settings.from_env`):
@@ -27,13 +54,16 @@ def make_on_event(settings: Settings | None = None) -> OnEvent:
     ``on_event`` raises ``redis.RedisError`` or ``kombu.exceptions.OperationalError`` while
     Redis is unreachable; the watcher's :class:`watchers.handoff.Handoff` retries the event.
     """
-    import redis as redis_lib
-
     from workers.celery_app import send
 
     settings = settings or Settings.from_env()
     config = load_config(settings.providers_config)
-    # timeouts: a Redis gone silent fails a call instead of hanging the watcher
-    redis = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
-                                     socket_connect_timeout=5, socket_keepalive=True)
-    return Dispatcher(redis, router(config), send).on_event
+    redis = _redis(settings)
+    dispatcher = Dispatcher(redis, router(config), send)
+    pools = PoolDispatcher(redis, send)
+
+    def on_event(event_type: str, obj: dict) -> None:
+        dispatcher.on_event(event_type, obj)
+        pools.on_member_event(event_type, obj)
+
+    return on_event

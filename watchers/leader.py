@@ -80,8 +80,8 @@ class LeaderElector:
         last_contact: monotonic time of the last successful Lease API call (liveness).
     """
 
-    def __init__(self, api: k8s.CoordinationV1Api, namespace: str, name: str, identity: str,
-                 settings: ElectionSettings | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, api: k8s.CoordinationV1Api, namespace: str, name: str, *, identity: str,
+                 settings: ElectionSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity

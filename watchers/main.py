@@ -2,7 +2,7 @@
 
 :func:`run` is what ``proxy-operator watch`` calls.  One process in a Deployment of several
 leads (a ``coordination.k8s.io/v1`` Lease, :mod:`watchers.leader`) and streams Proxy events
-(:mod:`watchers.stream`) into the callback; the others stand by and take over when the
+(:mod:`watchers.stream`) into the callback, and ProxyPool events into their own; the others stand by and take over when the
 leader's lease expires or is released.  Losing the lease stops the stream at once.
 
 Timing comes from the environment (all seconds; defaults in parentheses):
@@ -35,10 +35,12 @@ from typing import Callable
 from kubernetes import client as k8s
 
 from app import kube
+from app.settings import env_number
 from watchers.handoff import Handoff
 from watchers.health import Progress, serve
 from watchers.leader import ElectionSettings, LeaderElector
 from watchers.stream import OnEvent, ProxyStream, StreamSettings
+from app.resources import POOL_PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +72,14 @@ class WatcherSettings:
         """Read the settings from the environment (names in the module docstring).
 
         Raises:
-            ValueError: a value is not a number or the combination is invalid; the message
-                names the variable or the rule.
+            ValueError: a value is not a number (or negative: :func:`app.settings.env_number`)
+                or the combination is invalid; the message names the variable or the rule.
         """
         env = os.environ if env is None else env
 
         def num(name: str, default):
-            raw = env.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                return type(default)(float(raw)) if isinstance(default, int) else float(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}: not a number: {raw!r}") from None
+            value = env_number(name, default, env=env)
+            return type(default)(value) if isinstance(default, int) else value
 
         sd, ed = StreamSettings(), ElectionSettings()
         stream = StreamSettings(server_timeout=num("WATCH_TIMEOUT", sd.server_timeout),
@@ -100,7 +97,8 @@ class WatcherSettings:
 def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-operator-watcher", identity: str,
         health_bind: str | None = None, stop: threading.Event | None = None,
         settings: WatcherSettings | None = None, api_client: k8s.ApiClient | None = None,
-        while_leading: Callable[[threading.Event], None] | None = None) -> None:
+        while_leading: Callable[[threading.Event], None] | None = None,
+        on_pool_event: OnEvent | None = None) -> None:
     """Run the watcher until ``stop`` is set (or SIGTERM/SIGINT when no ``stop`` is given).
 
     Args:
@@ -117,6 +115,10 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
         while_leading: ``while_leading(term)`` runs in a thread of its own for each term of
             leadership and must return once ``term`` is set (the provider-health stale sweep,
             :class:`app.provider_health.StaleSweeper`); an exception in it is logged.
+        on_pool_event: like ``on_event`` for ProxyPool objects: while leading, a second
+            list+watch (the same loop, :class:`watchers.stream.ProxyStream` on ``proxypools``)
+            with its own hand-off delivers them (:func:`watchers.events.make_on_pool_event`).
+            ``None``: no pool stream.  Liveness follows the Proxy stream only.
 
     On the way out the stream stops first, then the lease is released, so a standby takes
     over at once and two leaders never stream together.
@@ -126,10 +128,16 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
     settings = settings or WatcherSettings.from_env()
     stop = stop if stop is not None else _signal_stop()
     client = api_client or kube.api_client()
-    elector = LeaderElector(k8s.CoordinationV1Api(client), lease_namespace, lease_name, identity, settings.election)
+    elector = LeaderElector(k8s.CoordinationV1Api(client), lease_namespace, lease_name, identity=identity,
+                            settings=settings.election)
     progress = Progress()
     handoff = Handoff(on_event, settings.stream)
     stream = ProxyStream(k8s.CustomObjectsApi(client), handoff.submit, settings.stream, on_progress=progress.mark)
+    if on_pool_event is not None:
+        pool_handoff = Handoff(on_pool_event, settings.stream)
+        pool_stream = ProxyStream(k8s.CustomObjectsApi(client), pool_handoff.submit, settings.stream,
+                                  plural=POOL_PLURAL)
+        while_leading = _with_pool_stream(pool_stream, pool_handoff, while_leading)
     elector_stop = threading.Event()
     elector_thread = threading.Thread(target=elector.run, args=(elector_stop,), name="leader-election", daemon=True)
     window = settings.window
@@ -201,6 +209,31 @@ def _stream_while_leading(stream: ProxyStream, handoff: Handoff, elector: Leader
     # An attempt in progress finishes first; should it hang, a later term's hand-off thread
     # waits for it (Handoff.run admits one deliverer at a time).
     deliverer.join(timeout=30)
+
+
+def _with_pool_stream(stream: ProxyStream, handoff: Handoff,
+                      also: Callable[[threading.Event], None] | None) -> Callable[[threading.Event], None]:
+    """A ``while_leading(term)`` that runs the ProxyPool stream and its hand-off until ``term`` is
+    set (interrupting the open watch then), and ``also(term)`` beside them."""
+    def work(term: threading.Event) -> None:
+        if also is not None:
+            def other() -> None:
+                try:
+                    also(term)
+                except Exception:  # noqa: BLE001 - never take the pool stream down with it
+                    log.exception("background work of the leader failed")
+            threading.Thread(target=other, name="leader-background-2", daemon=True).start()
+        worker = threading.Thread(target=stream.run, args=(term,), name="pool-stream", daemon=True)
+        deliverer = threading.Thread(target=handoff.run, args=(term,), name="pool-handoff", daemon=True)
+        worker.start()
+        deliverer.start()
+        while worker.is_alive():
+            if term.is_set():
+                stream.interrupt()  # repeated: a watch opened just after the first interrupt ends too
+            worker.join(0.1)
+        deliverer.join(timeout=30)
+
+    return work
 
 
 def _signal_stop() -> threading.Event:

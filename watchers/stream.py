@@ -96,14 +96,17 @@ class ProxyStream:
         settings: :class:`StreamSettings`.
         on_progress: called (no arguments) whenever the stream demonstrably works: a list
             completed, an event or bookmark arrived, a watch ended on its server timeout.
+        plural: the resource of the group listed and watched (``proxies``; ``proxypools`` for
+            the pool stream: the same loop, another callback).
 
     Attributes:
         resource_version: where the next watch starts (``None``: relist first).
     """
 
     def __init__(self, api: k8s.CustomObjectsApi, on_event: OnEvent, settings: StreamSettings | None = None,
-                 *, on_progress: Callable[[], None] | None = None) -> None:
+                 *, on_progress: Callable[[], None] | None = None, plural: str = PLURAL) -> None:
         self.api = api
+        self.plural = plural
         self.on_event = on_event
         self.settings = settings or StreamSettings()
         self.on_progress = on_progress or (lambda: None)
@@ -142,7 +145,7 @@ class ProxyStream:
                         continue  # relist at once the first time
                 else:
                     metrics.WATCH_RESTARTS.labels("error").inc()
-                    log.warning("proxy list/watch failed: HTTP %s %s", exc.status, exc.reason)
+                    log.warning("%s list/watch failed: HTTP %s %s", self.plural, exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if stop.is_set():
                     break
@@ -177,7 +180,7 @@ class ProxyStream:
             kwargs = {"limit": s.page_size, "_request_timeout": (s.connect_timeout, s.list_timeout)}
             if token:
                 kwargs["_continue"] = token
-            page = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
+            page = self.api.list_cluster_custom_object(GROUP, VERSION, self.plural, **kwargs)
             meta = page.get("metadata") or {}
             if list_rv is None:
                 list_rv = meta.get("resourceVersion")  # continued pages are consistent with the first
@@ -197,7 +200,7 @@ class ProxyStream:
             self._deliver(DELETED, self._known.pop(uid))
         self.resource_version = list_rv
         metrics.WATCH_RELISTS.inc()
-        log.info("listed %d proxies at resourceVersion %s", count, list_rv)
+        log.info("listed %d %s at resourceVersion %s", count, self.plural, list_rv)
         self.on_progress()
 
     # -- watch -----------------------------------------------------------------------------
@@ -209,7 +212,7 @@ class ProxyStream:
             self._watch = w
         progressed = False
         try:
-            for ev in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+            for ev in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, self.plural,
                                resource_version=self.resource_version, allow_watch_bookmarks=True,
                                timeout_seconds=int(s.server_timeout),
                                _request_timeout=(s.connect_timeout, s.read_timeout)):

@@ -2,6 +2,8 @@
 
 * ``proxy.resync`` every ``RESYNC_INTERVAL`` seconds: heals lost tasks and a flushed Redis.
 * ``gc.sweep`` every ``GC_INTERVAL`` seconds: orphan collection per provider.
+* ``pool.resync`` every ``POOL_RESYNC_INTERVAL`` seconds: a pass over every ProxyPool (age
+  limits, the autoscaler).
 * ``providers.check`` per provider every ``checkInterval`` (skipped when 0).
 * entries contributed by ``workers.health_tasks.BEAT_SCHEDULE`` (probe sweeps).
 
@@ -27,6 +29,8 @@ except ConfigError as exc:
 SCHEDULE = {
     "proxy-resync": {"task": "proxy.resync", "schedule": settings.resync_interval},
     "gc-sweep": {"task": "gc.sweep", "schedule": settings.gc_interval},
+    "pool-resync": {"task": "pool.resync", "schedule": settings.pool_resync_interval,
+                    "options": {"expires": settings.pool_resync_interval}},
 }
 for _pc in providers_config.providers:
     if _pc.check_interval:

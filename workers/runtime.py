@@ -10,6 +10,7 @@ from __future__ import annotations
 import redis as redis_lib
 
 from app.dispatch import RETIRE_TASK, Dispatcher
+from app.pools.dispatch import PoolDispatcher
 from app.kube import KubernetesGateway
 from app.lazy import per_process
 from app.reconcile import Context, Ref
@@ -52,6 +53,19 @@ def dispatcher() -> Dispatcher:
     return Dispatcher(ctx.redis, router(ctx.registry.configs.values()), send)
 
 
+@per_process
+def pool_dispatcher() -> PoolDispatcher:
+    """Return this process's :class:`~app.pools.dispatch.PoolDispatcher` (the context's Redis,
+    publishing through ``workers.celery_app.send``).
+
+    Raises:
+        app.validation.ConfigError: the providers config is invalid (building the context).
+    """
+    from workers.celery_app import send
+
+    return PoolDispatcher(context().redis, send)
+
+
 def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     """Queue the deletion of a replaced instance on the queue of the place it lives in.
 
@@ -61,4 +75,4 @@ def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     dispatcher().retire(provider_name, provider_id, ref)
 
 
-__all__ = ["RETIRE_TASK", "context", "dispatcher"]
+__all__ = ["RETIRE_TASK", "context", "dispatcher", "pool_dispatcher"]

@@ -19,7 +19,7 @@ from app.providers.base import ShardedProvider
 from app.providers.errors import Permanent, classify, describe
 from app.reconcile import Ref
 from workers.celery_app import celery_app
-from workers.runtime import context, dispatcher
+from workers.runtime import context, dispatcher, pool_dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     if not lock.acquire():  # a step of this Proxy is running: try again shortly
         raise self.retry(countdown=5, queue=queue, max_retries=None)
     try:
-        reconcile.retire_instance(ctx, provider_name, provider_id, Ref(namespace, name, uid))
+        reconcile.retire_instance(ctx, provider_name, provider_id, ref=Ref(namespace, name, uid))
     except Exception as exc:  # noqa: BLE001 - classified and logged by the provider
         delay = reconcile.backoff(ctx.settings, self.request.retries)
         if classify(exc) is Permanent:
@@ -96,6 +96,46 @@ def resync() -> int:
     """
     ctx = context()
     return dispatcher().resync(ctx.kube.list_proxies(), drifted=lambda proxy: reconcile.drifted(ctx, proxy))
+
+
+#: Longest wait before a pool's next pass asked for by its own plan (a drain deadline, an age
+#: limit further away is met by a later pass or the resync).
+POOL_REQUEUE_MAX = 300.0
+
+
+@celery_app.task(name="pool.reconcile", bind=True)
+def pool_reconcile(self, namespace: str, name: str, uid: str, attempt: int = 0) -> str:
+    """One pass of the ProxyPool controller over a pool (see :func:`app.pools.controller.run`).
+
+    The de-duplication mark is cleared first (a change seen from now on queues another pass).
+    A pass whose plan has a deadline (a member draining, an age limit) queues the next one for
+    then; a pass that fails (the API or Redis unreachable) is retried with backoff; a pool held
+    by another pass is tried again shortly.  Returns the pass's state.
+    """
+    from app.pools.controller import PoolRef, run
+
+    ctx = context()
+    pools = pool_dispatcher()
+    pools.started(uid)
+    ref = PoolRef(namespace, name, uid)
+    try:
+        outcome = run(ctx.kube, ctx.redis, ctx.registry.configs, ref, lock_timeout=_lock_timeout(ctx))
+    except Exception as exc:  # noqa: BLE001 - the API or Redis down while reading: retry the pass
+        delay = reconcile.backoff(ctx.settings, attempt)
+        log.warning("pool %s/%s: pass failed: %s %s; retrying in %.0fs", namespace, name, type(exc).__name__,
+                    getattr(exc, "status", "") or "", delay)
+        pools.enqueue(ref, delay=delay, attempt=attempt + 1)
+        return "retry"
+    if outcome.requeue_after is not None:
+        pools.enqueue(ref, delay=min(max(outcome.requeue_after, 0.5), POOL_REQUEUE_MAX))
+    return outcome.state
+
+
+@celery_app.task(name="pool.resync")
+def pool_resync() -> int:
+    """Queue a pass over every ProxyPool that has none queued (beat): age limits and the
+    autoscaler need passes no event asks for.  Returns how many were queued."""
+    return pool_dispatcher().resync(context().kube.list_pools())
 
 
 @celery_app.task(name="gc.sweep")
@@ -128,7 +168,7 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
         listing = provider.list_by_tag(naming.MANAGED_BY, host=host)
     except Exception as exc:  # noqa: BLE001 - a failed shard makes the sweep partial
         error = f"{host}: {exc}"
-    merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards, listing, error)
+    merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards=shards, listing=listing, error=error)
     if merged is None:
         return
     live, current = (set(), {}) if merged.partial else gc_logic.current_instances(ctx.kube.list_proxies(),
@@ -142,8 +182,9 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
 
     # Superseded instances carry their Proxy's UID to gc.delete, which re-checks under the
     # per-Proxy lock (the Proxy may name the instance again by the time the message runs).
-    report = gc_logic.sweep(provider_name, queue_delete, merged, live,
-                            set(ctx.redis.smembers(redis_keys.ABANDONED)), ctx.settings.gc_grace, current=current,
+    report = gc_logic.sweep(provider_name, queue_delete, merged, live_uids=live,
+                            abandoned=set(ctx.redis.smembers(redis_keys.ABANDONED)),
+                            grace_seconds=ctx.settings.gc_grace, current=current,
                             superseded=lambda uid, provider_id: queue_delete(provider_id, uid))
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
@@ -175,7 +216,8 @@ def gc_collect(provider_name: str) -> dict:
     provider = ctx.registry.get(provider_name)
     abandoned = set(ctx.redis.smembers(redis_keys.ABANDONED))
     report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxies,
-                              abandoned, ctx.settings.gc_grace, redis=ctx.redis, lock_timeout=_lock_timeout(ctx))
+                              abandoned=abandoned, grace_seconds=ctx.settings.gc_grace, redis=ctx.redis,
+                              lock_timeout=_lock_timeout(ctx))
     if report.skipped_partial:
         metrics.GC_PARTIAL.labels(provider_name).inc()
     metrics.GC_DELETED.labels(provider_name).inc(len(report.deleted))

@@ -137,7 +137,7 @@ def judged(result: p.ProbeResult, record: Record) -> p.ProbeResult:
     return result
 
 
-def target_of(uid: str, record: Record, settings: HealthSettings, now: float,
+def target_of(uid: str, record: Record, settings: HealthSettings, *, now: float,
               credentials: Credentials | None = None) -> p.ProbeTarget | None:
     """Build the probe target of a record; ``None`` when it has no usable endpoint."""
     rec = ServingRecord.of(record)
@@ -317,7 +317,7 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
     now = clock()
 
     def run(uid: str, rec: ServingRecord) -> tuple[p.ProbeTarget, p.ProbeResult] | None:
-        target = target_of(uid, rec, settings, now, credentials)
+        target = target_of(uid, rec, settings, now=now, credentials=credentials)
         if target is None:
             log.warning("health: %s/%s has no usable endpoint in the serving view; not probed",
                         rec.namespace, rec.name)
@@ -327,7 +327,7 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
             return _rotation(r, target, res, rec, credentials, settings, policy)
         return target, res
 
-    origins = OriginControl(r, policy, settings.ca_bundle, clock)
+    origins = OriginControl(r, policy, ca_bundle=settings.ca_bundle, clock=clock)
     ok_urls: dict[tuple[str, int], float] = {}  # URLs whose probes succeeded in this batch -> a timeout
     pool = ThreadPoolExecutor(max_workers=max(1, min(settings.concurrency, len(recs))), thread_name_prefix="probe")
     try:
@@ -419,7 +419,7 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
             continue
         if key not in verdicts:
             since = min(r.started for t, r in arrived if (t.url, t.expected_status) == key and not r.ok)
-            control = origins.verdict(target.url, target.expected_status, target.timeout, since)
+            control = origins.verdict(target.url, target.expected_status, timeout=target.timeout, failed_since=since)
             verdicts[key] = control.state == DOWN
             if verdicts[key]:
                 log.warning("health: health origin is down (%s); failed probes through proxies are not held "

@@ -168,7 +168,7 @@ class OriginControl:
     _warned: set[str] = set()  # origins this process warned about (cannot be reached directly)
     _warned_lock = threading.Lock()
 
-    def __init__(self, r, policy: "DestinationPolicy", ca_bundle: str | None = None, clock=time.time) -> None:
+    def __init__(self, r, policy: "DestinationPolicy", *, ca_bundle: str | None = None, clock=time.time) -> None:
         self.r, self.policy, self.ca_bundle, self.clock = r, policy, ca_bundle, clock
         self._mine: dict[str, ControlResult] = {}
 
@@ -185,7 +185,7 @@ class OriginControl:
         self._mine[key] = res
         return res
 
-    def verdict(self, url: str, expected: int, timeout: float, failed_since: float) -> ControlResult:
+    def verdict(self, url: str, expected: int, *, timeout: float, failed_since: float) -> ControlResult:
         """Whether the origin of ``url`` is down for failures of probes started at ``failed_since``.
 
         Reuses a control result (this batch's or one in Redis) that started at or after

@@ -49,12 +49,12 @@ def build_status(proxy: Proxy, v: Verdict, *, last_probe: float | None, latency_
     """
     status_word = "True" if v.healthy else "False"
     conds = proxy.status.get("conditions")
-    conds = conditions.set_condition(conds, COND_HEALTHY, status_word, v.reason, v.message,
-                                     proxy.generation, now)
+    conds = conditions.set_condition(conds, COND_HEALTHY, status_word, reason=v.reason, message=v.message,
+                                     generation=proxy.generation, now=now)
     ready_reason = v.reason if not v.healthy else "Healthy"
     ready_message = "probes pass; the proxy is handed out" if v.healthy else v.message
-    conds = conditions.set_condition(conds, COND_READY, status_word, ready_reason, ready_message,
-                                     proxy.generation, now)
+    conds = conditions.set_condition(conds, COND_READY, status_word, reason=ready_reason, message=ready_message,
+                                     generation=proxy.generation, now=now)
     out: dict = {"conditions": conds}
     if v.phase:
         out["phase"] = v.phase
@@ -115,7 +115,7 @@ def write_verdict(kube: KubeGateway, *, uid: str, namespace: str, name: str, v: 
             return None
         return build_status(proxy, v, last_probe=last_probe, latency_ms=latency_ms)
 
-    written = status_writer.write_latest(kube, namespace, name, uid, build,
+    written = status_writer.write_latest(kube, namespace, name, uid=uid, build=build,
                                          event=(lambda before: event_for(before.phase, v)) if events else
                                          (lambda before: None))
     if written is None or written.after is written.before:

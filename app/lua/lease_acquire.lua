@@ -77,26 +77,28 @@ local function labels_ok(raw)
   return true
 end
 
-local function fits(provider, zone, namespace, labels)
+local function fits(provider, zone, namespace, labels, pool)
   return (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
-      and (not f.namespace or namespace == f.namespace) and labels_ok(labels)
+      and (not f.namespace or namespace == f.namespace) and (not f.pool or pool == f.pool)
+      and labels_ok(labels)
 end
 
 -- returns live lease count and maxLeases when uid is eligible, else nil.  With count, tallies
 -- why a proxy is not (the 503 message).  In the index scan, a uid found not leasable or full
 -- is noted in stale and re-indexed after the scan (not during it: that would shift the pages).
 -- A proxy that requires basic auth is eligible only once the health engine has copied its
--- credentials (P_AUTH .. uid), so the lease can carry them.
+-- credentials (P_AUTH .. uid), so the lease can carry them.  A draining proxy (drainUntil set:
+-- leaving its pool) takes no new lease.
 local stale = {}
 local function check(uid, count, in_index)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
-                       'labels', 'authSecret')
+                       'labels', 'authSecret', 'pool', 'drainUntil')
   local max = tonumber(h[2]) or 0
-  if h[1] ~= '1' or max ~= max or max <= 0 then
+  if h[1] ~= '1' or max ~= max or max <= 0 or (h[9] and h[9] ~= '') then
     if in_index then stale[#stale + 1] = uid end
     return nil
   end
-  if not fits(h[3], h[4], h[5], h[6]) then return nil end
+  if not fits(h[3], h[4], h[5], h[6], h[8]) then return nil end
   if cooling_any and redis.call('ZSCORE', cool, uid) then
     if count then stats.cooling = stats.cooling + 1 end
     return nil
@@ -157,7 +159,7 @@ if not chosen then
   -- above: cooling down or awaiting credentials), KEYS[2] (full), K_UNHEALTHY, K_DRAINING.  Without
   -- filters only the sizes of the last three and this client's cooldowns are read; with
   -- filters, each of their members' placement and labels.
-  local filtered = f.provider or f.zone or f.namespace or #sel > 0
+  local filtered = f.provider or f.zone or f.namespace or f.pool or #sel > 0
   if not filtered then
     local full = redis.call('SCARD', KEYS[2])
     local cooling_full = 0
@@ -172,8 +174,8 @@ if not chosen then
     stats.draining = redis.call('SCARD', K_DRAINING)
   else
     local function matches(uid)
-      local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels')
-      return fits(h[1], h[2], h[3], h[4])
+      local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels', 'pool')
+      return fits(h[1], h[2], h[3], h[4], h[5])
     end
     for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
       if matches(uid) then
@@ -190,6 +192,18 @@ if not chosen then
     for _, uid in ipairs(redis.call('SMEMBERS', K_DRAINING)) do
       if matches(uid) then stats.draining = stats.draining + 1 end
     end
+  end
+  -- a request for a pool the controller registered counts as demand for it (one INCR; the
+  -- autoscaler reads and resets the count: app.pools.demand)
+  if f.pool then
+    local pk = nil
+    if f.namespace then
+      if redis.call('HEXISTS', K_POOLS, f.namespace .. '/' .. f.pool) == 1 then pk = f.namespace .. '/' .. f.pool end
+    else
+      local ns = redis.call('HGET', K_POOLS, f.pool)
+      if ns then pk = ns .. '/' .. f.pool end
+    end
+    if pk then redis.call('INCR', P_POOL_DEMAND .. pk) end
   end
   return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', K_PROXIES),
                        filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,

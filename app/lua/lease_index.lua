@@ -1,13 +1,13 @@
 -- The lease index (app.leases).  reindex(uid, now) drops the proxy's expired leases and puts it
 -- in K_LOAD with its load as score, in K_FULL when it is at maxLeases, in K_UNHEALTHY /
--- K_DRAINING when it is not leasable, or in none when its record is gone; returns its live
--- leases (0 when not leasable).  Included by every script that changes a record's healthy or
+-- K_DRAINING when it is not leasable (draining: maxLeases 0, or a drainUntil mark: leaving its
+-- pool), or in none when its record is gone; returns its live leases (0 when not leasable).  Included by every script that changes a record's healthy or
 -- maxLeases or a proxy's leases, after now.lua.  held_key(client): the client's live leases.
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
 local function reindex(uid, now)
-  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid')
+  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil')
   local max = tonumber(h[2]) or 0
-  if h[1] ~= '1' or max ~= max or max <= 0 then
+  if h[1] ~= '1' or max ~= max or max <= 0 or (h[4] and h[4] ~= '') then
     redis.call('ZREM', K_LOAD, uid)
     redis.call('SREM', K_FULL, uid)
     if not h[3] then

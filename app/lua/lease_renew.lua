@@ -9,10 +9,12 @@ if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = P_LEASES .. h[1]
 local member = h[1] .. '/' .. id
 local p = redis.call('HMGET', P_PROXY .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
-                     'namespace', 'name', 'provider', 'zone', 'authSecret')
+                     'namespace', 'name', 'provider', 'zone', 'authSecret', 'drainUntil')
 local held = held_key(client)
-if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 then
-  -- unhealthy, drained (maxLeases 0) or withdrawn: the lease ends
+-- leaving its pool (drainUntil): renewals run up to that time, not past it; after it the lease ends
+local drain_until = tonumber(p[11])
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until <= now) then
+  -- unhealthy, drained (maxLeases 0), past its pool's drain deadline or withdrawn: the lease ends
   redis.call('ZREM', zk, id)
   redis.call('ZREM', K_LEASE_EXPIRY, member)
   redis.call('ZREM', held, id)
@@ -42,6 +44,10 @@ if client_max then
 end
 local ttl = tonumber(ARGV[3]) or tonumber(h[3])
 local exp = now + ttl
+if drain_until and exp > drain_until then
+  exp = drain_until
+  ttl = exp - now
+end
 redis.call('ZADD', zk, 'XX', exp, id)
 redis.call('ZADD', K_LEASE_EXPIRY, exp, member)
 redis.call('ZADD', held, exp, id)

@@ -13,8 +13,13 @@ call for, with hysteresis.  Pure functions; :func:`app.pools.plan.plan` calls :f
   ``[minReplicas, maxReplicas]``; when clamping changed it, ``ScalingLimited`` is ``True``.
 * **Scale up** at once; **scale down** only to the highest recommendation of the last
   ``scaleDownDelaySeconds`` (the Kubernetes HPA's stabilization window), so a pool under
-  steady or bursty load never oscillates.  The recommendations of that window are kept in the
-  pool's status (``status.autoscale.recommendations``: one entry per change, not per pass).
+  steady or bursty load never oscillates.  The recommendations of that window are kept by the
+  controller in Redis (one entry per change, not per pass: :func:`app.redis_keys.pool_scale`);
+  losing them (a flushed Redis) only restarts the window, which delays a scale-down, never a
+  scale-up.
+* **Where the count goes.**  Like the HPA, the autoscaler writes the pool's ``spec.replicas``
+  through its scale subresource, so ``kubectl get pxp`` shows it; a ``kubectl scale`` of an
+  autoscaled pool is overridden by the next pass.
 * **No signal, no move.**  A pool with members but none Ready yet and nobody refused keeps its
   count (a rollout or a provider outage is not a load change).
 """
@@ -29,7 +34,7 @@ from app.pools.model import Autoscale
 
 #: Relative change of utilization below which the current count stands.
 TOLERANCE = 0.1
-#: Most recommendations kept in the status (the oldest go first; the window is usually short).
+#: Most recommendations kept (the oldest go first; the window is usually short).
 MAX_HISTORY = 32
 
 
@@ -67,7 +72,7 @@ class Decision:
         raw: the recommendation before clamping (``None`` when there was no signal).
         limited: ``"TooFewReplicas"`` / ``"TooManyReplicas"`` when clamping changed it, else ``""``.
         utilization: load / lease capacity of the ``ready`` members (``None`` without capacity).
-        history: ``[{"time": epoch s, "replicas": n}]`` to keep in the status.
+        history: ``[{"time": epoch s, "replicas": n}]`` to keep for the next pass.
     """
 
     desired: int
@@ -78,12 +83,10 @@ class Decision:
     history: list[dict[str, int]]
 
 
-def current_count(spec_replicas: int, auto: Autoscale, status: Mapping[str, Any]) -> int:
-    """The count the autoscaler last settled on (``status.autoscale.desiredReplicas``), or
-    ``spec.replicas`` clamped to the bounds for a pool it has not decided for yet."""
-    last = (status.get("autoscale") or {}).get("desiredReplicas")
-    base = last if isinstance(last, int) and not isinstance(last, bool) and last >= 0 else spec_replicas
-    return min(max(base, auto.min_replicas), auto.max_replicas)
+def current_count(spec_replicas: int, auto: Autoscale) -> int:
+    """The count now wanted: ``spec.replicas`` (the autoscaler's last write, or a user's) clamped
+    to the bounds."""
+    return min(max(spec_replicas, auto.min_replicas), auto.max_replicas)
 
 
 def recommend(auto: Autoscale, current: int, demand: Demand, max_leases: int) -> int | None:
@@ -103,7 +106,7 @@ def recommend(auto: Autoscale, current: int, demand: Demand, max_leases: int) ->
     wanted = int(math.ceil(load / (auto.target * max_leases))) if load > 0 else 0
     if current > 0 and demand.waiting == 0:
         ratio = load / (auto.target * max_leases * current)
-        if abs(ratio - 1.0) <= TOLERANCE:
+        if abs(ratio - 1.0) <= TOLERANCE + 1e-9:
             return current
     return wanted
 
@@ -138,8 +141,8 @@ def stabilize(history: list[dict[str, int]], recommended: int, now: float, delay
     return max(e["replicas"] for e in kept), kept
 
 
-def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int, status: Mapping[str, Any],
-           now: float) -> Decision:
+def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int,
+           history: "list[Mapping[str, Any]] | None", now: float) -> Decision:
     """The member count to keep now (see the module docstring).
 
     Args:
@@ -147,10 +150,11 @@ def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int, statu
         current: :func:`current_count`.
         demand: :class:`Demand`.
         max_leases: one member's lease capacity.
-        status: the pool's status (its ``autoscale.recommendations``).
+        history: the recommendations kept from earlier passes (``Decision.history`` of the
+            last pass; ``None`` or ``[]`` when none is known).
         now: epoch seconds.
     """
-    history = list((status.get("autoscale") or {}).get("recommendations") or ())
+    history = list(history or ())
     capacity = demand.ready * max_leases
     utilization = (demand.live + demand.waiting) / capacity if capacity > 0 else None
     raw = recommend(auto, current, demand, max_leases)

@@ -27,15 +27,13 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from app import selectors
-from app.resources import GROUP, MODE_MANAGED, VERSION
+from app.resources import DRAINING_ANNOTATION, GROUP, MODE_MANAGED, POOL_KIND, POOL_PLURAL, VERSION
 from app.validation import parse_duration
 
-POOL_PLURAL = "proxypools"
-POOL_KIND = "ProxyPool"
 POOL_API_VERSION = f"{GROUP}/{VERSION}"
 LABEL_TEMPLATE_HASH = "crawl.example.com/pool-template-hash"
 LABEL_POOL = "crawl.example.com/pool"
-ANNOTATION_DRAINING = "crawl.example.com/draining-until"
+ANNOTATION_DRAINING = DRAINING_ANNOTATION
 
 #: Share of ``maxAge`` a member's own age limit may be shortened by: each member is replaced
 #: between ``(1 - AGE_JITTER) * maxAge`` and ``maxAge`` after its creation, at a point fixed by

@@ -87,6 +87,11 @@ class Plan:
         outdated: names of outdated members not yet draining (for logs).
         requeue_after: seconds until something in this plan changes by itself (a drain deadline,
             a member reaching its age limit), ``None`` for nothing timed.
+        scale_to: the ``spec.replicas`` the autoscaler wants written (through the scale
+            subresource), ``None`` when it is off or content with the current value.
+        history: the autoscaler's recommendations to keep for the next pass (``()`` when off).
+        utilization: live leases (and waiting crawlers) / lease capacity of the leasable
+            members, ``None`` without capacity or autoscaler (for logs and metrics).
     """
 
     desired: int
@@ -96,6 +101,9 @@ class Plan:
     status: dict[str, Any] = field(default_factory=dict)
     outdated: tuple[str, ...] = ()
     requeue_after: float | None = None
+    scale_to: int | None = None
+    history: tuple = ()
+    utilization: float | None = None
 
     @property
     def actions(self) -> int:
@@ -123,12 +131,12 @@ def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float)
     return not m.leasable and not zone_is_ready(zone_ready, m.zone)
 
 
-def _desired(pool: Pool, demand: scaler.Demand, now: float):
+def _desired(pool: Pool, demand: scaler.Demand, history, now: float):
     spec = pool.spec
     if spec.autoscale is None:
         return spec.replicas, None
-    current = scaler.current_count(spec.replicas, spec.autoscale, pool.status)
-    decision = scaler.decide(spec.autoscale, current, demand, spec.max_leases, pool.status, now)
+    current = scaler.current_count(spec.replicas, spec.autoscale)
+    decision = scaler.decide(spec.autoscale, current, demand, spec.max_leases, history, now)
     return decision.desired, decision
 
 
@@ -140,7 +148,7 @@ def _zone_counts(pool: Pool, staying: list[Member]) -> dict[str, int]:
 
 
 def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now: float,
-         demand: scaler.Demand | None = None) -> Plan:
+         demand: scaler.Demand | None = None, history: "list[Mapping[str, Any]] | None" = None) -> Plan:
     """Decide what ``pool`` needs now (the rules of the module docstring).
 
     Args:
@@ -153,6 +161,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now:
         demand: the refused lease requests counted for the pool (``refused`` and ``window``
             of :class:`app.pools.autoscale.Demand`; its ``live`` and ``ready`` are taken from
             ``members``), ``None`` for none.
+        history: the autoscaler's recommendations kept from the last pass (:attr:`Plan.history`),
+            ``None`` when none are known.
     Returns:
         the :class:`Plan`.
     Raises:
@@ -184,7 +194,7 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now:
     signal = scaler.Demand(live=sum(m.leases for m in active if m.leasable),
                            refused=demand.refused if demand else 0, window=demand.window if demand else 0.0,
                            ready=sum(1 for m in active if m.leasable))
-    n, decision = _desired(pool, signal, now)
+    n, decision = _desired(pool, signal, history, now)
 
     # 3. outdated / updated
     outdated = [m for m in active if _outdated(pool, m, zone_ready, now)]
@@ -247,13 +257,16 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now:
     status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
                      len(draining), now)
     future = [t for t in timers if t > 0]
+    scale_to = n if decision is not None and n != spec.replicas else None
     return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
                 outdated=tuple(sorted(m.name for m in outdated if m not in leaving)),
-                requeue_after=min(future) if future else None)
+                requeue_after=min(future) if future else None, scale_to=scale_to,
+                history=tuple(decision.history) if decision is not None else (),
+                utilization=decision.utilization if decision is not None else None)
 
 
 def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, generation: int, now: str) -> list[dict]:
-    out = conditions.set_condition(conds, ctype, state, reason, message, generation, now)
+    out = conditions.set_condition(conds, ctype, state, reason=reason, message=message, generation=generation, now=now)
     out.sort(key=lambda c: (_ORDER.get(c["type"], 9), c["type"]))
     return out
 
@@ -310,41 +323,37 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         conds = _set(conds, COND_SCALING_LIMITED, "False", "DesiredWithinRange",
                      f"{decision.recommended} members recommended, within "
                      f"[{spec.autoscale.min_replicas}, {spec.autoscale.max_replicas}]", gen, stamp)
-    status: dict[str, Any] = {
+    return {
         "replicas": len(live),
         "readyReplicas": sum(1 for m in live if m.ready),
         "leasableReplicas": leasable,
         "updatedReplicas": len(updated),
-        "drainingReplicas": draining_count,
-        "desiredReplicas": n,
         "observedGeneration": gen,
         "selector": selector_string(spec.selector),
-        "templateHash": spec.hash,
         "conditions": conds,
     }
-    if decision is not None:
-        old = pool.status.get("autoscale") or {}
-        last = old.get("lastScaleTime")
-        if old.get("desiredReplicas") != decision.desired and old.get("desiredReplicas") is not None:
-            last = stamp
-        status["autoscale"] = {
-            "desiredReplicas": decision.desired,
-            "lastScaleTime": last,
-            "currentUtilization": None if decision.utilization is None else round(decision.utilization, 3),
-            "recommendations": decision.history,
-        }
-    else:
-        status["autoscale"] = None
-    return status
 
 
-def invalid(pool: Pool, now: float) -> dict:
-    """The status of a pool whose spec cannot be acted on: ``Progressing=False/InvalidSpec``
-    naming the field; nothing else is changed (its members are left as they are)."""
-    conds = _set(list(pool.status.get("conditions") or ()), COND_PROGRESSING, "False", "InvalidSpec",
-                 pool.spec_error, pool.generation, format_time(now))
+def stalled(pool: Pool, reason: str, message: str, now: float) -> dict:
+    """The status of a pool the controller cannot act on: ``Progressing=False`` with ``reason``
+    and ``message``; nothing else is changed (its members are left as they are).
+
+    Args:
+        pool: the pool.
+        reason: CamelCase (``InvalidSpec``, ``UnknownProvider``).
+        message: what is wrong, naming the field.
+        now: epoch seconds.
+    """
+    conds = _set(list(pool.status.get("conditions") or ()), COND_PROGRESSING, "False", reason, message,
+                 pool.generation, format_time(now))
     return {"observedGeneration": pool.generation, "conditions": conds}
 
 
+def invalid(pool: Pool, now: float) -> dict:
+    """:func:`stalled` for a pool whose spec cannot be read: ``InvalidSpec``, the message naming
+    the field (:attr:`app.pools.model.Pool.spec_error`)."""
+    return stalled(pool, "InvalidSpec", pool.spec_error, now)
+
+
 __all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain", "Plan",
-           "invalid", "plan", "zone_is_ready"]
+           "invalid", "plan", "stalled", "zone_is_ready"]

@@ -42,4 +42,4 @@ def excluded(published: int, *, unhealthy: int = 0, draining: int = 0, full: int
              filtered: int = 0) -> str:
     """The counts a ``no_proxy_available`` message ends with (:func:`app.leases.no_proxy_message`)."""
     return (f"{published} published; excluded: {unhealthy} unhealthy or not yet probed, {draining} draining "
-            f"(maxLeases 0), {full} at maxLeases, {cooling} cooling down for this client, {filtered} filtered out")
+            f"(maxLeases 0 or leaving a pool), {full} at maxLeases, {cooling} cooling down for this client, {filtered} filtered out")

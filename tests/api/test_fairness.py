@@ -366,15 +366,15 @@ def test_a_metrics_scrape_costs_the_same_with_10_and_1000_proxies(tmp_path, leas
         r = redis_lib.Redis.from_url(server.url, decode_responses=True)
         _publish(r, 10)
         for _ in range(7):
-            leases.acquire(r, "crawler-a", leases.Filters(), 60, lease_settings)
+            leases.acquire(r, "crawler-a", leases.Filters(), ttl=60, settings=lease_settings)
         # one worker, so every scrape reaches the same process (and its warm connection)
         proc, port = start_api(tmp_path, server.url, {"API_WORKERS": "1"})
         small, text = _scrape_commands(port, r)
         assert _active(text) == 7
         _publish(r, 990, prefix="more")
         for _ in range(500):
-            leases.acquire(r, "crawler-b", leases.Filters(), 60, lease_settings)
-        short = leases.acquire(r, "crawler-a", leases.Filters(), 1, lease_settings)
+            leases.acquire(r, "crawler-b", leases.Filters(), ttl=60, settings=lease_settings)
+        short = leases.acquire(r, "crawler-a", leases.Filters(), ttl=1, settings=lease_settings)
         time.sleep(max(0.0, short.expires_at - time.time()) + 0.1)  # one lease expired, not yet swept
         large, text = _scrape_commands(port, r)
         assert _active(text) == 507

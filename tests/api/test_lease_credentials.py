@@ -42,7 +42,7 @@ def authed(fake, fleet, redis_client, health_settings):
     api_client = fake.api_client()
     try:
         px = fleet.external("authed", sq.address, sq.port, max_leases=3)
-        secret = squid_conf.credentials_secret(SECRET, "default", USER, PASSWORD)
+        secret = squid_conf.credentials_secret(SECRET, "default", username=USER, password=PASSWORD)
         # owned by the Proxy, as the reconciler leaves it: the probes use no other Secret
         secret["metadata"]["ownerReferences"] = [{"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
                                                   "name": px.name, "uid": px.uid, "controller": True}]
@@ -101,13 +101,13 @@ def test_credentials_follow_the_proxy(authed, redis_client, lease_settings, heal
     """A proxy that requires credentials not copied yet is not leased (the 503 says so);
     republished without basic auth, or withdrawn, its copy is gone."""
     px, sq = authed
-    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert (got.username, got.password) == (USER, PASSWORD) and PASSWORD not in repr(got)
-    leases.release(redis_client, "c", got.id, "ok", lease_settings)
+    leases.release(redis_client, "c", got.id, outcome="ok", settings=lease_settings)
 
     redis_client.delete(serving.auth_key(px.uid))  # as after an upgrade, before the next probe
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert "1 awaiting their basic-auth credentials" in info.value.message
 
     redis_client.hset(serving.auth_key(px.uid), mapping={"username": USER, "password": PASSWORD})

@@ -44,9 +44,9 @@ def _hmget_calls(r) -> int:
 
 def test_a_lease_request_reads_a_few_proxies_not_the_fleet(redis_client, lease_settings):
     _publish(redis_client, 300)
-    leases.acquire(redis_client, "warm", leases.Filters(), 30, lease_settings)  # loads the script
+    leases.acquire(redis_client, "warm", leases.Filters(), ttl=30, settings=lease_settings)  # loads the script
     before = _hmget_calls(redis_client)
-    got = leases.acquire(redis_client, "a", leases.Filters(), 30, lease_settings)
+    got = leases.acquire(redis_client, "a", leases.Filters(), ttl=30, settings=lease_settings)
     # One proxy read to choose (plus one for the answer), where a scan would read all 300.
     assert _hmget_calls(redis_client) - before <= 3
     assert got.used == 1
@@ -54,11 +54,11 @@ def test_a_lease_request_reads_a_few_proxies_not_the_fleet(redis_client, lease_s
 
 def test_the_least_loaded_proxy_is_chosen_once_expired_leases_are_gone(redis_client, lease_settings):
     a, b = _publish(redis_client, 2, max_leases=3)
-    long = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    short = leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
+    long = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
+    short = leases.acquire(redis_client, "c", leases.Filters(), ttl=1, settings=lease_settings)
     assert (long.uid, short.uid) == (a, b)  # equal loads: uid order
     time.sleep(1.2)  # the 1 s lease expires: b now carries no lease, a still one
-    third = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    third = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert third.uid == b and third.used == 1
     assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
     assert set(redis_client.zrange("po:lease-expiry", 0, -1)) == {f"{a}/{long.id}", f"{b}/{third.id}"}
@@ -66,23 +66,23 @@ def test_the_least_loaded_proxy_is_chosen_once_expired_leases_are_gone(redis_cli
 
 def test_renew_counts_the_proxy_afresh(redis_client, lease_settings):
     [a] = _publish(redis_client, 1, max_leases=3)
-    keep = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings)
+    keep = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(), ttl=1, settings=lease_settings)
     assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(2 + 2 / 3 / 2)
     time.sleep(1.2)
-    assert leases.renew(redis_client, "c", keep.id, 60, lease_settings).used == 1
+    assert leases.renew(redis_client, "c", keep.id, ttl=60, settings=lease_settings).used == 1
     assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
 
 
 def test_a_full_proxy_leaves_the_index_until_a_lease_ends(redis_client, lease_settings):
     [a] = _publish(redis_client, 1, max_leases=2)
-    first = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
-    leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    first = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert redis_client.zscore(serving.LOAD_KEY, a) is None
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(1, full=1))
-    leases.release(redis_client, "c", first.id, "ok", lease_settings)
+    leases.release(redis_client, "c", first.id, outcome="ok", settings=lease_settings)
     assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1.25)
 
 
@@ -90,31 +90,31 @@ def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
     """Many small proxies at their maximum do not sit in front of the ones with room."""
     small = _publish(redis_client, 200, max_leases=1)
     for _ in small:
-        leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "fill", leases.Filters(), ttl=60, settings=lease_settings)
     big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=50, host="203.0.113.200")
-    leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     before = _hmget_calls(redis_client)
-    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert got.uid == big and _hmget_calls(redis_client) - before <= 3
 
 
 def test_ties_go_to_the_proxy_with_the_lower_fill_ratio(redis_client, lease_settings):
     small = _publish(redis_client, 1, max_leases=2)[0]
     big = _healthy_proxy(redis_client, "big", "uid-big", max_leases=10, host="203.0.113.200")
-    first, second = (leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings) for _ in range(2))
+    first, second = (leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings) for _ in range(2))
     assert {first.uid, second.uid} == {small, big}
     # Both carry one lease now: 1/10 beats 1/2.
-    assert leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings).uid == big
+    assert leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings).uid == big
 
 
 def test_filters_read_past_proxies_that_do_not_match(redis_client, lease_settings):
     _publish(redis_client, 40)
     odd = _healthy_proxy(redis_client, "odd", "uid-odd", max_leases=1, namespace="other", host="203.0.113.201")
     # The matching proxy sorts last (uid order among equal loads) and beyond the first page.
-    got = leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
+    got = leases.acquire(redis_client, "c", leases.Filters(namespace="other"), ttl=60, settings=lease_settings)
     assert got.uid == odd
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", leases.Filters(namespace="other"), 60, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(namespace="other"), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(41, full=1, filtered=40))
 
 
@@ -126,7 +126,7 @@ def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet,
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None  # published, not yet healthy
         fleet.probe([px], health_settings)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
-        got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+        got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
 
         zero = Proxy.from_dict({**px.raw, "spec": {**px.raw["spec"], "maxLeases": 0}})
@@ -135,7 +135,7 @@ def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet,
         assert serving.refresh(redis_client, px)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
 
-        leases.release(redis_client, "c", got.id, "ok", lease_settings)
+        leases.release(redis_client, "c", got.id, outcome="ok", settings=lease_settings)
         assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
         sq.stop()
         fleet.probe([px], health_settings)  # failureThreshold 1: unhealthy now
@@ -175,21 +175,21 @@ def test_a_proxy_freed_behind_a_backlog_of_expiries_is_still_leased(redis_client
     _healthy_proxy(redis_client, "g", "uid-g", max_leases=200, provider="gcp")
     aws = _healthy_proxy(redis_client, "a", "uid-a", max_leases=1, provider="aws")
     for _ in range(leases.EXPIRE_BATCH + 50):
-        leases.acquire(redis_client, "c", leases.Filters(provider="gcp"), 1, lease_settings)
-    leases.acquire(redis_client, "c", leases.Filters(provider="aws"), 1, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(provider="gcp"), ttl=1, settings=lease_settings)
+    leases.acquire(redis_client, "c", leases.Filters(provider="aws"), ttl=1, settings=lease_settings)
     assert redis_client.zscore(serving.LOAD_KEY, aws) is None  # full
     time.sleep(1.2)
-    got = leases.acquire(redis_client, "c", leases.Filters(provider="aws"), 60, lease_settings)
+    got = leases.acquire(redis_client, "c", leases.Filters(provider="aws"), ttl=60, settings=lease_settings)
     assert got.uid == aws and got.used == 1
 
 
 def test_withdraw_forgets_the_proxy_leases_and_renewing_one_ends_it(redis_client, lease_settings):
     [a] = _publish(redis_client, 1, max_leases=3)
-    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     serving.withdraw(redis_client, a)
     assert redis_client.zcard("po:lease-expiry") == 0
     with pytest.raises(leases.LeaseError) as info:
-        leases.renew(redis_client, "c", got.id, None, lease_settings)
+        leases.renew(redis_client, "c", got.id, ttl=None, settings=lease_settings)
     assert info.value.code == leases.PROXY_UNAVAILABLE
 
 
@@ -198,12 +198,12 @@ def test_a_saturated_fleet_answers_503_without_reading_it(redis_client, lease_se
     """Crawlers keep asking when every proxy is taken: each 503 must stay cheap."""
     uids = _publish(redis_client, 300, max_leases=1)
     for _ in uids:
-        leases.acquire(redis_client, "fill", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "fill", leases.Filters(), ttl=60, settings=lease_settings)
     with pytest.raises(leases.LeaseError):
-        leases.acquire(redis_client, "late", filters, 60, lease_settings)  # loads the script
+        leases.acquire(redis_client, "late", filters, ttl=60, settings=lease_settings)  # loads the script
     before = _hmget_calls(redis_client)
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "late", filters, 60, lease_settings)
+        leases.acquire(redis_client, "late", filters, ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(300, full=300))
     spent = _hmget_calls(redis_client) - before
     # Without filters the count of full proxies is read, not the proxies; a filter must look
@@ -213,18 +213,18 @@ def test_a_saturated_fleet_answers_503_without_reading_it(redis_client, lease_se
 
 def test_the_503_counts_cooling_full_and_free_proxies_apart(redis_client, lease_settings):
     _, _, c = _publish(redis_client, 3, max_leases=1)
-    first = leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings)   # a full
-    leases.release(redis_client, "x", first.id, "blocked", lease_settings)           # a cools for x
-    leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)          # a full again
-    leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)          # b full
-    second = leases.acquire(redis_client, "y", leases.Filters(), 60, lease_settings)  # c full
-    leases.release(redis_client, "y", second.id, "blocked", lease_settings)          # c free, cools for y
-    assert leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings).uid == c  # c is not cooling for x
+    first = leases.acquire(redis_client, "x", leases.Filters(), ttl=60, settings=lease_settings)   # a full
+    leases.release(redis_client, "x", first.id, outcome="blocked", settings=lease_settings)           # a cools for x
+    leases.acquire(redis_client, "y", leases.Filters(), ttl=60, settings=lease_settings)          # a full again
+    leases.acquire(redis_client, "y", leases.Filters(), ttl=60, settings=lease_settings)          # b full
+    second = leases.acquire(redis_client, "y", leases.Filters(), ttl=60, settings=lease_settings)  # c full
+    leases.release(redis_client, "y", second.id, outcome="blocked", settings=lease_settings)          # c free, cools for y
+    assert leases.acquire(redis_client, "x", leases.Filters(), ttl=60, settings=lease_settings).uid == c  # c is not cooling for x
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "x", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "x", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(3, full=2, cooling=1))
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "y", leases.Filters(namespace="idx"), 60, lease_settings)
+        leases.acquire(redis_client, "y", leases.Filters(namespace="idx"), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(3, full=2, cooling=1))
 
 
@@ -245,15 +245,15 @@ def test_a_sticky_lease_on_a_freed_proxy_leaves_it_in_one_half_of_the_index(redi
         redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
         serving.reindex(redis_client, uid)
     for _ in range(leases.EXPIRE_BATCH + 20):  # these expire first
-        leases.acquire(redis_client, "other", leases.Filters(), 1, lease_settings)
+        leases.acquire(redis_client, "other", leases.Filters(), ttl=1, settings=lease_settings)
     for uid, max_leases in ((big, "0"), (p, "3")):  # now the session lands on p
         redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
         serving.reindex(redis_client, uid)
     for _ in range(3):
-        assert leases.acquire(redis_client, "c", leases.Filters(), 1, lease_settings, "s").uid == p
+        assert leases.acquire(redis_client, "c", leases.Filters(), ttl=1, settings=lease_settings, session_key="s").uid == p
     assert redis_client.sismember(serving.FULL_KEY, p)
     time.sleep(1.2)
-    got = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings, "s")
+    got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings, session_key="s")
     assert got.uid == p and got.sticky and got.used == 1
     assert not redis_client.sismember(serving.FULL_KEY, p)
     assert redis_client.zscore(serving.LOAD_KEY, p) == pytest.approx(1 + 1 / 3 / 2)
@@ -268,17 +268,17 @@ def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_s
     for uid, field, value in ((draining, "maxLeases", "0"), (sick, "healthy", "0")):
         redis_client.hset(serving.proxy_key(uid), field, value)
         serving.reindex(redis_client, uid)
-    assert leases.acquire(redis_client, "other", leases.Filters(), 60, lease_settings).uid == full
-    cooled = leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+    assert leases.acquire(redis_client, "other", leases.Filters(), ttl=60, settings=lease_settings).uid == full
+    cooled = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert cooled.uid == cooling
-    leases.release(redis_client, "c", cooled.id, "blocked", lease_settings)
+    leases.release(redis_client, "c", cooled.id, outcome="blocked", settings=lease_settings)
     expected = excluded(5, unhealthy=2, draining=1, full=1, cooling=1)
     for filters in (leases.Filters(), leases.Filters(namespace="idx")):
         with pytest.raises(leases.LeaseError) as info:
-            leases.acquire(redis_client, "c", filters, 60, lease_settings)
+            leases.acquire(redis_client, "c", filters, ttl=60, settings=lease_settings)
         assert info.value.message.endswith(expected), filters
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", leases.Filters(namespace="elsewhere"), 60, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(namespace="elsewhere"), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(5, filtered=5))
     # the sets follow the proxies out of the serving view
     serving.withdraw(redis_client, sick)
@@ -292,7 +292,7 @@ def test_one_unhealthy_proxy_is_not_zero_matches(redis_client, lease_settings):
     redis_client.hset(serving.proxy_key(uid), "healthy", "0")
     serving.reindex(redis_client, uid)
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message == "no proxy can be leased now: " + excluded(1, unhealthy=1)
 
 
@@ -302,10 +302,10 @@ def test_an_unhealthy_fleet_answers_503_without_reading_it(redis_client, lease_s
         redis_client.hset(serving.proxy_key(uid), "healthy", "0")
         serving.reindex(redis_client, uid)
     with pytest.raises(leases.LeaseError):
-        leases.acquire(redis_client, "late", leases.Filters(), 60, lease_settings)  # loads the script
+        leases.acquire(redis_client, "late", leases.Filters(), ttl=60, settings=lease_settings)  # loads the script
     before = _hmget_calls(redis_client)
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "late", leases.Filters(), 60, lease_settings)
+        leases.acquire(redis_client, "late", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(300, unhealthy=300))
     assert _hmget_calls(redis_client) - before == 0
 

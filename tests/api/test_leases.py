@@ -236,12 +236,12 @@ def test_through_a_leased_proxy_the_origin_never_sees_proxy_authorization(
 def test_lease_functions_directly(redis_client, fleet, api_squids, health_settings, lease_settings):
     """The library layer used by the API: the same rules without HTTP."""
     healthy(fleet, api_squids, health_settings, count=1, max_leases=1)
-    got = leases.acquire(redis_client, "a", leases.Filters(), 30, lease_settings)
+    got = leases.acquire(redis_client, "a", leases.Filters(), ttl=30, settings=lease_settings)
     with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "b", leases.Filters(), 30, lease_settings)
+        leases.acquire(redis_client, "b", leases.Filters(), ttl=30, settings=lease_settings)
     assert info.value.code == leases.NO_PROXY_AVAILABLE
     assert leases.live_leases(redis_client) == 1
     with pytest.raises(ValueError):
-        leases.release(redis_client, "a", got.id, "meh", lease_settings)
-    assert leases.release(redis_client, "a", got.id, "ok", lease_settings).live is True
+        leases.release(redis_client, "a", got.id, outcome="meh", settings=lease_settings)
+    assert leases.release(redis_client, "a", got.id, outcome="ok", settings=lease_settings).live is True
     assert leases.live_leases(redis_client) == 0

@@ -126,11 +126,11 @@ def test_abandoned_instance_survives_a_redis_flush_and_gc(fake, provider, redis_
     redis_client.sadd(ABANDONED_KEY, "uid-keep")
 
     redis_client.flushall()
-    report = collect("gcp-test", provider, lambda: [], set(redis_client.smembers(ABANDONED_KEY)), 0)
+    report = collect("gcp-test", provider, lambda: [], abandoned=set(redis_client.smembers(ABANDONED_KEY)), grace_seconds=0)
 
     assert report.deleted == [orphan.provider_id]
     assert [name for (_, _, name) in fake.instances] == [kept.name]
-    assert collect("gcp-test", provider, lambda: [], set(), 0).deleted == []
+    assert collect("gcp-test", provider, lambda: [], abandoned=set(), grace_seconds=0).deleted == []
     assert count(fake, kept.name) == 1
 
 

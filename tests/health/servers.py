@@ -22,12 +22,7 @@ import ssl
 import tempfile
 import threading
 
-
-def free_port(address: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``address`` right now."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+from tests.support.loopback import free_port  # noqa: F401 - re-exported: the health tests use it
 
 
 class _OriginHandler(http.server.BaseHTTPRequestHandler):

@@ -40,7 +40,7 @@ def listeners():
 
 
 def _secret(api, namespace: str, name: str, password: str, owner=None) -> None:
-    body = squid_conf.credentials_secret(name, namespace, "user-" + name, password)
+    body = squid_conf.credentials_secret(name, namespace, username="user-" + name, password=password)
     if owner is not None:
         body["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
                                                 "uid": owner.uid, "controller": True}]

@@ -179,7 +179,7 @@ def test_allowed_ranges_let_a_local_stack_probe_loopback(fleet, origin, squids, 
 
 def test_a_forged_timeout_is_capped():
     record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps({"timeoutSeconds": 86400})}
-    target = engine.target_of("u1", record, HealthSettings(echo_url=""), 0.0)
+    target = engine.target_of("u1", record, HealthSettings(echo_url=""), now=0.0)
     assert target.timeout == engine.MAX_TIMEOUT_SECONDS == 60
 
 
@@ -191,9 +191,9 @@ def test_health_default_url_replaces_only_the_crds_default(monkeypatch):
     settings = HealthSettings.from_env()
     for hc in ({}, {"url": DEFAULT_HEALTH_URL}):
         record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps(hc)}
-        assert engine.target_of("u1", record, settings, 0.0).url == "http://127.0.0.1:8081/generate_204"
+        assert engine.target_of("u1", record, settings, now=0.0).url == "http://127.0.0.1:8081/generate_204"
     own = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps({"url": "http://example.org/h"})}
-    assert engine.target_of("u1", own, settings, 0.0).url == "http://example.org/h"
+    assert engine.target_of("u1", own, settings, now=0.0).url == "http://example.org/h"
     monkeypatch.setenv("HEALTH_DEFAULT_URL", "ftp://example.org/x")
     with pytest.raises(ValueError, match="HEALTH_DEFAULT_URL"):
         HealthSettings.from_env()

@@ -39,7 +39,7 @@ OLD, NEW = "old-S3cret-password", "new-S3cret-password"
 
 
 def put_secret(api, owner, password: str, *, create: bool = False) -> None:
-    body = squid_conf.credentials_secret(f"{owner.name}-proxy-auth", "default", USER, password)
+    body = squid_conf.credentials_secret(f"{owner.name}-proxy-auth", "default", username=USER, password=password)
     body["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
                                             "uid": owner.uid, "controller": True}]
     core = k8s.CoreV1Api(api)

@@ -74,7 +74,7 @@ def test_generated_credentials_and_their_secret(tmp_path):
     user, password = squid_conf.generate_credentials()
     assert len(password) >= 32 and ":" not in password
     assert squid_conf.generate_credentials()[1] != password
-    secret = squid_conf.credentials_secret("px-auth", "proxies", user, password)
+    secret = squid_conf.credentials_secret("px-auth", "proxies", username=user, password=password)
     assert secret["kind"] == "Secret" and secret["metadata"]["namespace"] == "proxies"
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert (data["username"], data["password"]) == (user, password)

@@ -4,7 +4,9 @@ No kube-apiserver can run here, so the real ``kubernetes`` client talks to this 
 behaves like the server wherever the operator depends on it: resourceVersion and 409
 conflicts, generation bumps on spec changes, the status subresource, finalizers and
 deletionTimestamp, merge and JSON patches, label and field selectors, list+watch from a
-resourceVersion, bookmarks, server-side watch timeouts and 410 Gone.
+resourceVersion, bookmarks, server-side watch timeouts and 410 Gone, the ``scale`` subresource
+(ProxyPools), and the cluster's garbage collector (:mod:`tests.kubefake.gc`: deletion
+propagation by ``ownerReferences``, Background, Foreground and Orphan).
 
 Typical use::
 
@@ -16,18 +18,22 @@ Typical use::
 Test hooks: :meth:`FakeKube.compact` (force 410), :meth:`FakeKube.hang_watches` (a stream
 that stops answering), :meth:`FakeKube.fail_next` (scripted errors), :meth:`FakeKube.delay_next` (a request in flight),
 :meth:`FakeKube.request_count`, :meth:`FakeKube.set_admission` (CRD validation/defaulting),
-``FakeKube.store.seed`` (store many objects at once before serving, for benchmarks).
+``FakeKube.store.seed`` (store many objects at once before serving, for benchmarks),
+``FakeKube.gc`` (``pause()`` / ``resume()`` / ``collect()``; ``FakeKube(garbage_collector=False)``
+runs none).
 Fixtures live in :mod:`tests.kubefake.fixtures`.
 """
 
 from tests.kubefake.errors import ApiError, Invalid
+from tests.kubefake.gc import GarbageCollector
 from tests.kubefake.resources import (CORE_EVENTS, DEFAULT_TYPES, EVENTS, LEASES, NAMESPACES, PODS,
-                                      PROVIDER_HEALTHS, PROXIES, SECRETS, ResourceType)
+                                      PROVIDER_HEALTHS, PROXIES, PROXY_POOLS, SECRETS, ResourceType,
+                                      ScaleSubresource)
 from tests.kubefake.server import FakeKube, write_kubeconfig
 from tests.kubefake.store import ADDED, DELETED, MODIFIED, Event, Store, Subscription
 
 __all__ = [
     "ADDED", "CORE_EVENTS", "DEFAULT_TYPES", "DELETED", "EVENTS", "LEASES", "MODIFIED", "NAMESPACES",
-    "PODS", "PROVIDER_HEALTHS", "PROXIES", "SECRETS", "ApiError", "Event", "FakeKube", "Invalid",
-    "ResourceType", "Store", "Subscription", "write_kubeconfig",
+    "PODS", "PROVIDER_HEALTHS", "PROXIES", "PROXY_POOLS", "SECRETS", "ApiError", "Event", "FakeKube",
+    "GarbageCollector", "Invalid", "ResourceType", "ScaleSubresource", "Store", "Subscription", "write_kubeconfig",
 ]

@@ -19,6 +19,11 @@ instead of validating client-side with the OpenAPI v2 protobuf document.
   for a media type it cannot produce); kubectl does not need it once v3 is served.
 * :func:`aggregated_discovery`: ``apidiscovery.k8s.io/v2`` ``APIGroupDiscoveryList`` for
   ``/api`` and ``/apis`` (kubectl asks for it first and falls back to the legacy documents).
+
+A type with a ``scale`` subresource also gets its ``/scale`` path (operations on
+``io.k8s.api.autoscaling.v1.Scale``) and, in discovery, the ``scale`` subresource whose
+response kind is ``autoscaling/v1`` ``Scale``: client-go's scale client (``kubectl scale``)
+finds the kind to send there that way.
 """
 
 from __future__ import annotations
@@ -63,6 +68,26 @@ _OBJECT_META_SCHEMA = {
         "ownerReferences": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
         "managedFields": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     },
+}
+SCALE = "io.k8s.api.autoscaling.v1.Scale"
+SCALE_GVK = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
+#: ``autoscaling/v1`` ``Scale``, what ``.../<name>/scale`` answers and accepts.
+_SCALE_SCHEMA = {
+    "description": "Scale represents a scaling request for a resource.",
+    "type": "object",
+    "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+        "metadata": {"allOf": [{"$ref": "#/components/schemas/" + OBJECT_META}], "default": {}},
+        "spec": {"type": "object", "default": {}, "properties": {"replicas": {
+            "type": "integer", "format": "int32", "description": "replicas is the desired number of instances "
+                                                                 "for the scaled object."}}},
+        "status": {"type": "object", "default": {}, "required": ["replicas"], "properties": {
+            "replicas": {"type": "integer", "format": "int32", "default": 0,
+                         "description": "replicas is the actual number of observed instances of the scaled object."},
+            "selector": {"type": "string", "description": "selector is the label query over pods that should "
+                                                          "match the replicas count."}}},
+    },
+    "x-kubernetes-group-version-kind": [SCALE_GVK],
 }
 _LIST_META_SCHEMA = {"type": "object", "properties": {"resourceVersion": {"type": "string"},
                                                        "continue": {"type": "string"},
@@ -119,13 +144,26 @@ def _definition_name(rt: ResourceType, crd: CRDInfo | None) -> str:
 def _schema(rt: ResourceType, crd: CRDInfo | None, ref: str) -> dict:
     """The object schema as published: the CRD's, with ``metadata`` referring to ObjectMeta."""
     if crd is not None:
-        schema = copy.deepcopy(crd.schema)
+        schema = _int_or_string_any_of(copy.deepcopy(crd.schema))
     else:  # built-in types: their fields are not modelled; anything goes
         schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                   "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}}}
     schema.setdefault("properties", {})["metadata"] = {"allOf": [{"$ref": ref + OBJECT_META}], "default": {}}
     schema["x-kubernetes-group-version-kind"] = [_gvk(rt)]
     return schema
+
+
+def _int_or_string_any_of(node):
+    """``x-kubernetes-int-or-string`` nodes as the server publishes them: with
+    ``anyOf: [{type: integer}, {type: string}]`` (``kubectl explain`` shows ``<IntOrString>``)."""
+    if isinstance(node, list):
+        return [_int_or_string_any_of(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _int_or_string_any_of(v) for k, v in node.items()}
+    if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    return out
 
 
 def _v2_schema(schema):
@@ -181,19 +219,20 @@ def _paths(rt: ResourceType, crd: CRDInfo | None, ref: str, v2: bool) -> dict:
         collection, scope = f"{base}/{rt.plural}", []
     item = collection + "/{name}"
 
-    def op(action: str, params: list[str], body: bool = False) -> dict:
-        o = {"operationId": f"{action}{rt.kind}", "x-kubernetes-action": action,
-             "x-kubernetes-group-version-kind": _gvk(rt), "tags": [rt.group or "core"],
+    def op(action: str, params: list[str], body: bool = False, *, what: str = definition,
+           gvk: dict | None = None, suffix: str = "") -> dict:
+        o = {"operationId": f"{action}{rt.kind}{suffix}", "x-kubernetes-action": action,
+             "x-kubernetes-group-version-kind": gvk or _gvk(rt), "tags": [rt.group or "core"],
              "responses": {"200": {"description": "OK"}}}
         if v2:
             o["parameters"] = [_v2_param(p) for p in _parameters(params)]
             if body:
                 o["parameters"].append({"name": "body", "in": "body", "required": True,
-                                        "schema": {"$ref": f"#/definitions/{definition}"}})
+                                        "schema": {"$ref": f"#/definitions/{what}"}})
         else:
             o["parameters"] = _parameters(params)
             if body:
-                o["requestBody"] = {"content": {"*/*": {"schema": {"$ref": ref + definition}}}, "required": True}
+                o["requestBody"] = {"content": {"*/*": {"schema": {"$ref": ref + what}}}, "required": True}
         return o
 
     write = ["dryRun", "fieldManager", "fieldValidation"]
@@ -211,6 +250,11 @@ def _paths(rt: ResourceType, crd: CRDInfo | None, ref: str, v2: bool) -> dict:
         paths[item + "/status"] = {"get": op("get", []), "put": op("put", write, body=True),
                                    "patch": op("patch", write + ["force"], body=True),
                                    "parameters": path_params(["name"] + scope + ["pretty"])}
+    if rt.scale is not None:
+        scale = {"what": SCALE, "gvk": SCALE_GVK, "suffix": "Scale"}
+        paths[item + "/scale"] = {"get": op("get", [], **scale), "put": op("put", write, body=True, **scale),
+                                  "patch": op("patch", write + ["force"], body=True, **scale),
+                                  "parameters": path_params(["name"] + scope + ["pretty"])}
     return paths
 
 
@@ -244,6 +288,8 @@ def v3_group_version(types: list[ResourceType], crds: dict) -> dict:
         name = _definition_name(rt, crd)
         schemas[name] = _schema(rt, crd, ref)
         schemas[name + "List"] = _list_schema(rt, ref, name)
+        if rt.scale is not None:
+            schemas[SCALE] = copy.deepcopy(_SCALE_SCHEMA)
         paths.update(_paths(rt, crd, ref, v2=False))
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.31.0-kubefake"},
             "paths": paths, "components": {"schemas": schemas}}
@@ -270,6 +316,8 @@ def v2_document(types: list[ResourceType], crds: dict) -> dict:
         name = _definition_name(rt, crd)
         definitions[name] = _v2_schema(_schema(rt, crd, "#/components/schemas/"))
         definitions[name + "List"] = _v2_schema(_list_schema(rt, "#/components/schemas/", name))
+        if rt.scale is not None:
+            definitions[SCALE] = _v2_schema(_SCALE_SCHEMA)
         paths.update(_paths(rt, crd, ref, v2=True))
     return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.31.0-kubefake"},
             "paths": paths, "definitions": definitions}
@@ -283,6 +331,9 @@ def _resource_entry(rt: ResourceType, crd: CRDInfo | None) -> dict:
         entry["categories"] = crd.categories
     if rt.status_subresource:
         entry["subresources"] = [{"subresource": "status", "responseKind": _gvk(rt), "verbs": ["get", "patch", "update"]}]
+    if rt.scale is not None:
+        entry.setdefault("subresources", []).append({"subresource": "scale", "responseKind": dict(SCALE_GVK),
+                                                     "verbs": ["get", "patch", "update"]})
     return entry
 
 

@@ -5,7 +5,8 @@ version, plural and kind, whether it is namespaced, whether it has a status subr
 (then main-resource writes keep the stored status and ``/status`` writes change only
 status), whether ``metadata.generation`` tracks spec changes (custom resources), whether
 an unconditional PUT (no ``resourceVersion``) is allowed, whether DELETE returns the object
-or a ``Status``, and which field selectors it supports.
+or a ``Status``, which field selectors it supports, and whether it has a ``scale`` subresource
+(:class:`ScaleSubresource`: the JSON paths of a CRD's ``subresources.scale``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,22 @@ from app.resources import GROUP as CRAWL_GROUP
 from app.resources import VERSION as CRAWL_VERSION
 
 _META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+
+
+@dataclass(frozen=True)
+class ScaleSubresource:
+    """A custom resource's ``scale`` subresource (CRD ``subresources.scale``).
+
+    Attributes:
+        spec_replicas_path: ``specReplicasPath`` (``.spec.replicas``): what ``Scale.spec.replicas``
+            reads and writes.
+        status_replicas_path: ``statusReplicasPath``: what ``Scale.status.replicas`` reads.
+        label_selector_path: ``labelSelectorPath`` (``""``: none): what ``Scale.status.selector`` reads.
+    """
+
+    spec_replicas_path: str = ".spec.replicas"
+    status_replicas_path: str = ".status.replicas"
+    label_selector_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,7 @@ class ResourceType:
         unconditional_update: PUT without ``metadata.resourceVersion`` is allowed.
         return_deleted_object: DELETE answers with the object instead of a ``Status``.
         field_selectors: field paths accepted in ``fieldSelector``.
+        scale: the ``scale`` subresource (``autoscaling/v1`` ``Scale``), ``None`` when it has none.
     """
 
     group: str
@@ -47,6 +65,7 @@ class ResourceType:
     return_deleted_object: bool = False
     field_selectors: frozenset[str] = _META_FIELDS
     short_names: tuple[str, ...] = field(default_factory=tuple)
+    scale: ScaleSubresource | None = None
 
     @property
     def api_version(self) -> str:
@@ -91,6 +110,10 @@ PROXIES = ResourceType(CRAWL_GROUP, CRAWL_VERSION, "proxies", "Proxy", status_su
 PROVIDER_HEALTHS = ResourceType(CRAWL_GROUP, CRAWL_VERSION, "providerhealths", "ProviderHealth",
                                 namespaced=False, status_subresource=True, track_generation=True,
                                 builtin=False, unconditional_update=False)
+PROXY_POOLS = ResourceType(CRAWL_GROUP, CRAWL_VERSION, "proxypools", "ProxyPool", status_subresource=True,
+                           track_generation=True, builtin=False, unconditional_update=False,
+                           short_names=("pxp",),
+                           scale=ScaleSubresource(".spec.replicas", ".status.replicas", ".status.selector"))
 
 DEFAULT_TYPES: tuple[ResourceType, ...] = (PODS, SECRETS, CORE_EVENTS, NAMESPACES, LEASES, EVENTS,
-                                           PROXIES, PROVIDER_HEALTHS)
+                                           PROXIES, PROVIDER_HEALTHS, PROXY_POOLS)

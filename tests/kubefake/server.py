@@ -3,7 +3,8 @@
 Paths follow the API server's layout: ``/api/v1/...`` for core and
 ``/apis/<group>/<version>/...`` for the rest; collections per namespace
 (``/namespaces/<ns>/<plural>``) and across namespaces (``/<plural>``), objects
-(``.../<plural>/<name>``) and the ``status`` subresource; ``?watch=true`` (or the legacy
+(``.../<plural>/<name>``), the ``status`` subresource and, for types that have one, the
+``scale`` subresource (``autoscaling/v1`` ``Scale``: GET, PUT, PATCH); ``?watch=true`` (or the legacy
 ``/watch/`` prefix) streams events as newline-delimited JSON over chunked encoding, like the
 real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``; aggregated
 ``apidiscovery.k8s.io/v2`` when the client asks for it) and ``/version`` answer too.
@@ -45,6 +46,7 @@ from tests.kubefake import negotiation, openapi
 from tests.kubefake import resources as R
 from tests.kubefake import tables
 from tests.kubefake.errors import ApiError
+from tests.kubefake.gc import GarbageCollector
 from tests.kubefake.resources import ResourceType
 from tests.kubefake.store import Closed, Store, dumps
 
@@ -91,6 +93,9 @@ class FakeKube:
         admission: ``{plural: admit}`` hooks, see :meth:`Store.set_admission`.
         crd_dir: directory of the CustomResourceDefinitions whose schemas and printer columns
             the fake publishes (OpenAPI, Tables); default ``deploy/crd``.
+        garbage_collector: run the cluster's garbage collector (:mod:`tests.kubefake.gc`:
+            dependents are deleted or orphaned by their ``ownerReferences``), as every real
+            cluster does; ``gc`` is it (``gc.pause()`` / ``gc.resume()``), ``None`` when off.
 
     Use as a context manager or call :meth:`start` / :meth:`close`.  ``url`` is
     ``http://127.0.0.1:<port>``.
@@ -100,8 +105,9 @@ class FakeKube:
                  types: Iterable[ResourceType] = R.DEFAULT_TYPES, history_limit: int = 10000,
                  bookmark_interval: float = 1.0, default_watch_timeout: float = 1800.0,
                  require_namespaces: bool = False, admission: dict | None = None,
-                 crd_dir: str | None = None) -> None:
+                 crd_dir: str | None = None, garbage_collector: bool = True) -> None:
         self.store = Store(types, history_limit=history_limit, require_namespaces=require_namespaces)
+        self.gc: GarbageCollector | None = GarbageCollector(self.store) if garbage_collector else None
         self.crds = openapi.load_crds(*([crd_dir] if crd_dir else []))
         self._openapi_cache: dict[str, bytes] = {}
         self.bookmark_interval = bookmark_interval
@@ -133,10 +139,14 @@ class FakeKube:
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="kubefake", daemon=True)
         self._thread.start()
+        if self.gc is not None:
+            self.gc.start()
         return self
 
     def close(self) -> None:
-        """Stop serving; open watches end."""
+        """Stop serving; open watches end; the garbage collector stops."""
+        if self.gc is not None:
+            self.gc.close()
         self.store.close()
         self._release.set()
         if self._server is not None:
@@ -480,6 +490,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._watch(rt, namespace, query)
             return None, b""
         resource = rt.plural + (f"/{sub}" if sub else "")
+        if sub == "scale" and rt.scale is not None:
+            return self._scale(rt, namespace or "", name, method, query, body, resource)
         if sub not in (None, "status") or (sub == "status" and not rt.status_subresource):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = namespace or ""
@@ -501,10 +513,26 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "DELETE" and sub is None:
             self._fault("delete", resource)
             options = body if isinstance(body, dict) else {}
-            for key in ("propagationPolicy", "gracePeriodSeconds"):
+            for key in ("propagationPolicy", "orphanDependents", "gracePeriodSeconds"):
                 if key in query:
                     options.setdefault(key, query[key])
             return 200, store.delete(rt, ns, name, options, dry_run=dry_run)
+        raise ApiError.method_not_allowed()
+
+    def _scale(self, rt: ResourceType, ns: str, name: str, method: str, query: dict, body, resource: str):
+        """``.../<name>/scale``: the ``autoscaling/v1`` ``Scale`` of the object (GET, PUT, PATCH)."""
+        store = self.fake.store
+        dry_run = query.get("dryRun") == "All"
+        if method == "GET":
+            self._fault("get", resource)
+            return 200, store.get_scale(rt, ns, name)
+        if method == "PUT":
+            self._fault("update", resource)
+            return 200, store.update_scale(rt, ns, name, body, dry_run=dry_run, manager=self._manager(query))
+        if method == "PATCH":
+            self._fault("patch", resource)
+            return 200, store.patch_scale(rt, ns, name, self.headers.get("Content-Type", ""), body, dry_run=dry_run,
+                                          manager=self._manager(query))
         raise ApiError.method_not_allowed()
 
     def _fault(self, verb: str, resource: str) -> None:
@@ -587,6 +615,10 @@ class _Handler(BaseHTTPRequestHandler):
             if t.status_subresource:
                 resources.append({"name": f"{t.plural}/status", "singularName": "", "namespaced": t.namespaced,
                                   "kind": t.kind, "verbs": ["get", "patch", "update"]})
+            if t.scale is not None:  # what client-go's scale client looks for (group, version, kind)
+                resources.append({"name": f"{t.plural}/scale", "singularName": "", "namespaced": t.namespaced,
+                                  "group": "autoscaling", "version": "v1", "kind": "Scale",
+                                  "verbs": ["get", "patch", "update"]})
         return dumps({"kind": "APIResourceList", "apiVersion": "v1",
                       "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
 

@@ -16,6 +16,12 @@ What it reproduces from kube-apiserver (and where upstream defines it):
 * Finalizers: DELETE of an object with finalizers sets ``deletionTimestamp`` and keeps it
   (MODIFIED); no new finalizer may be added afterwards (422); the write that removes the
   last finalizer is stored (MODIFIED) and then the object is removed (DELETED).
+* Deletion propagation: ``propagationPolicy`` Orphan / Foreground add the ``orphan`` /
+  ``foregroundDeletion`` finalizer the garbage collector (:mod:`tests.kubefake.gc`) acts on
+  (see :meth:`Store.delete`).
+* The ``scale`` subresource of types that have one (``autoscaling/v1`` ``Scale`` read from
+  and written to the object's replicas paths, :meth:`Store.get_scale` / :meth:`Store.update_scale`
+  / :meth:`Store.patch_scale`).
 * Lists: ``limit``/``continue`` paging from one consistent snapshot, ``remainingItemCount``,
   410 Expired (with an inconsistent-continuation token) once the snapshot is compacted away,
   and metadata-only ``PartialObjectMetadataList`` answers (see :meth:`Store.list`).
@@ -525,20 +531,107 @@ class Store:
         return 200, self._update_locked(rt, namespace, name, entry, new, subresource, dry_run, field_validation,
                                         "\0apply")
 
+    # -- scale subresource --------------------------------------------------------------------
+    def get_scale(self, rt: ResourceType, namespace: str, name: str) -> bytes:
+        """GET ``.../<name>/scale``: the object's ``autoscaling/v1`` ``Scale``.
+
+        Raises:
+            ApiError: 404 (no such object, or the type has no scale subresource).
+        """
+        scale_of = _scale_paths(rt)
+        with self.cond:
+            return dumps(_scale(rt, scale_of, self.get(rt, namespace, name).obj)[0])
+
+    def update_scale(self, rt: ResourceType, namespace: str, name: str, body, *, dry_run: bool = False,
+                     manager: str | None = None) -> bytes:
+        """PUT ``.../<name>/scale``: write ``spec.replicas`` of the Scale into the object.
+
+        A ``metadata.resourceVersion`` in the Scale is a precondition on the object (409 when
+        stale); without one the write is unconditional.  The object is written like a main
+        resource update (admission, a new ``generation`` when the replicas change, no event
+        when they do not); the answer is the new Scale.
+
+        Raises:
+            ApiError: 400 (not a Scale, name mismatch), 404, 409, 422 (negative replicas,
+                admission).
+        """
+        if not isinstance(body, dict):
+            raise ApiError.bad_request("the request body must be a JSON object")
+        return self._write_scale(rt, namespace, name, lambda scale: body, dry_run, manager)
+
+    def patch_scale(self, rt: ResourceType, namespace: str, name: str, content_type: str, patch, *,
+                    dry_run: bool = False, manager: str | None = None) -> bytes:
+        """PATCH ``.../<name>/scale`` (merge, JSON or strategic merge patch of the Scale), as
+        ``kubectl scale`` sends it; then as :meth:`update_scale`.
+
+        Raises:
+            ApiError: as :meth:`update_scale`; 415 for server-side apply.
+        """
+        return self._write_scale(rt, namespace, name,
+                                 lambda scale: apply_patch(content_type, scale, patch, builtin=True),
+                                 dry_run, manager)
+
+    def _write_scale(self, rt: ResourceType, namespace: str, name: str, change, dry_run: bool,
+                     manager: str | None) -> bytes:
+        scale_of = _scale_paths(rt)
+        with self.cond:
+            old = self.get(rt, namespace, name)
+            current, found = _scale(rt, scale_of, old.obj)
+            if not found:
+                current["spec"]["replicas"] = _NO_REPLICAS
+            new = change(json.loads(json.dumps(current)))
+            if not isinstance(new, dict):
+                raise ApiError.bad_request("the request body must be a JSON object")
+            if new.get("kind") not in (None, "Scale") or new.get("apiVersion") not in (None, "autoscaling/v1"):
+                raise ApiError.bad_request(f"the kind in the data ({new.get('kind')}, {new.get('apiVersion')}) does "
+                                           "not match the expected kind (Scale, autoscaling/v1)")
+            meta = new.get("metadata") or {}
+            if meta.get("name") not in (None, "", name):
+                raise ApiError.bad_request(f"the name of the object ({meta['name']}) does not match the name on "
+                                           f"the URL ({name})")
+            replicas = (new.get("spec") or {}).get("replicas", 0)
+            if isinstance(replicas, bool) or not isinstance(replicas, int) or not -2**31 <= replicas < 2**31:
+                raise ApiError.bad_request(f"Scale in version \"v1\" cannot be handled as a Scale: "
+                                           f"spec.replicas: {json.dumps(replicas)} is not an int32")
+            if replicas == _NO_REPLICAS:
+                raise ApiError.bad_request(f'the spec replicas field "{scale_of.spec_replicas_path}" cannot be empty')
+            if replicas < 0:
+                raise ApiError.invalid("autoscaling", "Scale", name, [{
+                    "reason": "FieldValueInvalid", "field": "spec.replicas",
+                    "message": f"Invalid value: {replicas}: must be greater than or equal to 0"}])
+            obj = json.loads(old.raw)
+            _set_path(obj, scale_of.spec_replicas_path, replicas)
+            if meta.get("resourceVersion"):
+                obj["metadata"]["resourceVersion"] = meta["resourceVersion"]
+            else:
+                obj["metadata"].pop("resourceVersion", None)
+            raw = self._update_locked(rt, namespace, name, old, obj, None, dry_run, None, manager)
+            return dumps(_scale(rt, scale_of, json.loads(raw))[0])
+
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict | None = None, *,
                dry_run: bool = False) -> bytes:
         """Delete an object; with finalizers, only start its deletion.
 
+        The garbage collector's part of the API server (``deletionFinalizersForGarbageCollection``
+        in k8s.io/apiserver's generic registry): ``propagationPolicy: Orphan`` (or the deprecated
+        ``orphanDependents: true``) adds the ``orphan`` finalizer, ``Foreground`` the
+        ``foregroundDeletion`` finalizer (removing the other one); ``Background``, or no policy on
+        an object without either finalizer (the default for every type served), adds none.  An
+        object left with finalizers gets ``deletionTimestamp`` and stays; a repeated delete may
+        change the policy.  The rest is :mod:`tests.kubefake.gc`'s.
+
         Args:
             options: ``DeleteOptions`` (``preconditions.uid`` / ``preconditions.resourceVersion``
-                are checked; propagation and grace period are accepted and ignored).
+                are checked; ``propagationPolicy`` / ``orphanDependents`` as above; the grace
+                period is accepted and ignored).
         Returns:
             The object's JSON when it stays (finalizers) or when the type returns deleted
             objects (Pods), else a ``Status`` with ``status: Success``.
         Raises:
-            ApiError: 404, 409 on a failed precondition.
+            ApiError: 404, 409 on a failed precondition, 422 for bad propagation options.
         """
         options = options or {}
+        orphan_finalizer = _deletion_policy(options)
         with self.cond:
             entry = self.get(rt, namespace, name)
             meta = entry.obj["metadata"]
@@ -552,14 +645,18 @@ class Store:
                                         f"Precondition failed: ResourceVersion in precondition: "
                                         f"{pre['resourceVersion']}, ResourceVersion in object meta: "
                                         f"{meta.get('resourceVersion')}")
-            if meta.get("finalizers"):
-                if meta.get("deletionTimestamp"):
+            current = list(meta.get("finalizers") or [])
+            finalizers = _deletion_finalizers(current, orphan_finalizer)
+            if finalizers:
+                if meta.get("deletionTimestamp") and set(finalizers) == set(current):
                     return entry.raw
                 obj = json.loads(entry.raw)
-                obj["metadata"]["deletionTimestamp"] = now_rfc3339()
-                obj["metadata"]["deletionGracePeriodSeconds"] = 0
-                if obj["metadata"].get("generation"):
-                    obj["metadata"]["generation"] += 1
+                if not meta.get("deletionTimestamp"):
+                    obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    if obj["metadata"].get("generation"):
+                        obj["metadata"]["generation"] += 1
+                obj["metadata"]["finalizers"] = finalizers
                 if dry_run:
                     return dumps(obj)
                 return self._commit(rt, namespace, name, MODIFIED, obj, entry.obj).raw
@@ -753,6 +850,96 @@ class Store:
             self._compacted += drop
         self.cond.notify_all()
         return entry
+
+
+#: ``Scale.spec.replicas`` of an object without a value at its specReplicasPath (upstream's
+#: "smallest int32" marker: a write that leaves it is refused).
+_NO_REPLICAS = -2**31
+
+
+def _scale_paths(rt: ResourceType):
+    if rt.scale is None:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    return rt.scale
+
+
+def _get_path(obj: dict, path: str):
+    node = obj
+    for key in path.lstrip(".").split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _set_path(obj: dict, path: str, value) -> None:
+    keys = path.lstrip(".").split(".")
+    node = obj
+    for key in keys[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keys[-1]] = value
+
+
+def _scale(rt: ResourceType, paths, obj: dict) -> tuple[dict, bool]:
+    """The ``autoscaling/v1`` ``Scale`` of ``obj`` and whether it has a value at specReplicasPath
+    (apiextensions-apiserver's ``scaleFromCustomResource``: missing numbers read as 0; Go's
+    ``omitempty`` drops a zero ``spec.replicas`` and an empty ``status.selector``)."""
+    meta = obj.get("metadata") or {}
+    spec_replicas = _get_path(obj, paths.spec_replicas_path)
+    found = isinstance(spec_replicas, int) and not isinstance(spec_replicas, bool)
+    status_replicas = _get_path(obj, paths.status_replicas_path)
+    selector = _get_path(obj, paths.label_selector_path) if paths.label_selector_path else None
+    out_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta}
+    spec = {"replicas": spec_replicas} if found and spec_replicas else {}
+    status: dict = {"replicas": status_replicas if isinstance(status_replicas, int)
+                    and not isinstance(status_replicas, bool) else 0}
+    if isinstance(selector, str) and selector:
+        status["selector"] = selector
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": out_meta, "spec": spec,
+            "status": status}, found
+
+
+#: The garbage collector's finalizers (metav1.FinalizerOrphanDependents / FinalizerDeleteDependents).
+ORPHAN_FINALIZER = "orphan"
+FOREGROUND_FINALIZER = "foregroundDeletion"
+_POLICIES = {"Orphan": ORPHAN_FINALIZER, "Foreground": FOREGROUND_FINALIZER, "Background": ""}
+
+
+def _deletion_policy(options: dict) -> str | None:
+    """The garbage-collection finalizer a delete asks for: ``orphan``, ``foregroundDeletion``,
+    ``""`` (Background: neither) or ``None`` (no policy given: keep the object's own).
+
+    Raises:
+        ApiError: 422 for an unknown policy, or both ``propagationPolicy`` and ``orphanDependents``
+            (``ValidateDeleteOptions``).
+    """
+    policy, orphan = options.get("propagationPolicy"), options.get("orphanDependents")
+    if isinstance(orphan, str):
+        orphan = orphan.lower() in ("1", "t", "true")
+    causes = []
+    if policy is not None and orphan is not None:
+        causes.append({"reason": "FieldValueInvalid", "field": "propagationPolicy",
+                       "message": f'Invalid value: "{policy}": orphanDependents and deletionPropagation cannot '
+                                  "be both set"})
+    if policy is not None and policy not in _POLICIES:
+        causes.append({"reason": "FieldValueNotSupported", "field": "propagationPolicy",
+                       "message": f'Unsupported value: "{policy}": supported values: "Foreground", "Background", '
+                                  '"Orphan", "nil"'})
+    if causes:
+        raise ApiError.invalid("meta.k8s.io", "DeleteOptions", "", causes)
+    if orphan is not None:
+        return ORPHAN_FINALIZER if orphan else ""
+    return None if policy is None else _POLICIES[policy]
+
+
+def _deletion_finalizers(current: list[str], wanted: str | None) -> list[str]:
+    """The finalizers an object has after a delete asking for ``wanted`` (see :func:`_deletion_policy`)."""
+    if wanted is None:  # no policy: an orphan / foregroundDeletion finalizer already there decides
+        return current
+    out = [f for f in current if f not in (ORPHAN_FINALIZER, FOREGROUND_FINALIZER)]
+    return out + [wanted] if wanted else out
 
 
 def _continue_token(rv: int, start_after: tuple[str, str]) -> str:

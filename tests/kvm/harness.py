@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.loopback import free_port  # noqa: F401 - re-exported: bench/kvm.py and tests use it
 from tests.support.waiting import wait_for
 
 # no-ping: dnsmasq otherwise pings every address for 3 s before offering it.
@@ -43,13 +44,6 @@ NETWORK_XML = """<network xmlns:dnsmasq="http://libvirt.org/schemas/network/dnsm
 </network>
 """
 BRIDGE = "br-po"
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pid_alive(pid: int) -> bool:

@@ -120,4 +120,4 @@ def test_moving_off_a_dead_host_creates_on_the_new_one_without_touching_the_old(
                    created=datetime.now(timezone.utc) - timedelta(hours=1), tags=tags_for(ref.uid), zone="h1")
     new = Instance(status["providerID"], instance_name(ref.uid), InstanceState.RUNNING,
                    created=datetime.now(timezone.utc) - timedelta(hours=1), tags=tags_for(ref.uid), zone="h2")
-    assert gc.orphans([old, new], live, set(), datetime.now(timezone.utc), 600, current) == [old]
+    assert gc.orphans([old, new], live_uids=live, abandoned=set(), now=datetime.now(timezone.utc), grace_seconds=600, current=current) == [old]

@@ -157,14 +157,14 @@ def test_abandoned_domain_survives_a_redis_flush_and_gc(provider, request_for, d
     provider.abandon(kept.provider_id)  # already marked: success
 
     redis_client.flushall()
-    report = collect(provider.name, provider, lambda: [], set(redis_client.smembers(ABANDONED_KEY)), 0)
+    report = collect(provider.name, provider, lambda: [], abandoned=set(redis_client.smembers(ABANDONED_KEY)), grace_seconds=0)
 
     assert report.deleted == [orphan.provider_id]
     assert managed(direct) == [kept.name]
     # The mark is in the persistent definition: it survives the domain being shut off and started.
     dom.destroy()
     provider.start(kept.provider_id)
-    assert collect(provider.name, provider, lambda: [], set(), 0).deleted == []
+    assert collect(provider.name, provider, lambda: [], abandoned=set(), grace_seconds=0).deleted == []
     assert managed(direct) == [kept.name]
     assert provider.get(kept.provider_id).tags[naming.TAG_ABANDONED] == "true"
 

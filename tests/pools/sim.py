@@ -54,12 +54,14 @@ class Sim:
         self.age: dict[str, int] = {}
         self.plans = []
         self.created: list[Member] = []
+        self.history: tuple = ()
 
     def step(self, demand=None, dt: float = 1.0):
         """One pass: plan, apply, let time ``dt`` pass; return the plan."""
         self.now += dt
-        result = plan(self.pool, self.members, self.zone_ready, self.now, demand)
+        result = plan(self.pool, self.members, self.zone_ready, self.now, demand, list(self.history))
         self.plans.append(result)
+        self.history = result.history
         gone = {d.uid for d in result.deletes}
         self.members = [m for m in self.members if m.uid not in gone]
         for d in result.drains:
@@ -81,6 +83,8 @@ class Sim:
         self.members = out
         if result.status:
             self.pool = dataclasses.replace(self.pool, status=result.status)
+        if result.scale_to is not None:  # the autoscaler writes spec.replicas (the scale subresource)
+            self.set_spec(replicas=result.scale_to)
         return result
 
     def leasable(self) -> int:

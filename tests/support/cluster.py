@@ -1,7 +1,8 @@
 """A fake cluster for end-to-end tests: the API fake with the CRDs' admission and a kubelet.
 
-``FakeCluster`` = :class:`tests.kubefake.server.FakeKube` whose ``proxies`` are admitted by
-the real CRD (``deploy/crd/proxy.yaml``: pruning, defaults, OpenAPI and CEL rules via
+``FakeCluster`` = :class:`tests.kubefake.server.FakeKube` (with its garbage collector) whose
+``proxies`` and ``proxypools`` are admitted by the real CRDs (``deploy/crd/proxy.yaml``,
+``deploy/crd/proxypool.yaml``: pruning, defaults, OpenAPI and CEL rules via
 :mod:`tests.support.crd_validation`) plus a :class:`tests.support.kubelet.Kubelet` that runs
 real Squids for Squid Pods.
 """
@@ -17,11 +18,24 @@ from tests.support.kubelet import Kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY_CRD = ROOT / "deploy" / "crd" / "proxy.yaml"
+POOL_CRD = ROOT / "deploy" / "crd" / "proxypool.yaml"
 
 
 def proxy_admission(crd_path: Path = PROXY_CRD):
     """Return an admission hook ``admit(obj, old, field_validation=None) -> obj`` enforcing the Proxy CRD
     (``fieldValidation=Strict`` requests get 400 for undeclared fields, as kubectl's apply sends)."""
+    return crd_admission(crd_path)
+
+
+def pool_admission(crd_path: Path = POOL_CRD):
+    """Return the admission hook of the ProxyPool CRD (see :func:`crd_admission`)."""
+    return crd_admission(crd_path)
+
+
+def crd_admission(crd_path: Path):
+    """Return an admission hook ``admit(obj, old, field_validation=None) -> obj`` enforcing the CRD in
+    ``crd_path`` (``fieldValidation=Strict`` requests get 400 for undeclared fields, as kubectl's
+    apply sends)."""
     crd = crd_validation.load_crd(crd_path)
 
     def admit(obj: dict, old: dict | None, field_validation: str | None = None) -> dict:
@@ -53,6 +67,7 @@ class FakeCluster:
         """Start the API fake, install admission, start the kubelet."""
         self.fake.start()
         self.fake.set_admission("proxies", proxy_admission())
+        self.fake.set_admission("proxypools", pool_admission())
         if self._want_kubelet:
             self.kubelet = Kubelet(self.fake, start_squid=self._start_squid).start()
         return self

@@ -11,7 +11,8 @@ as far as this project relies on it:
    then defaulting recurses into every present property, so nested defaults apply inside a
    defaulted ``{}``.  A ``null`` in a non-nullable field is defaulted, else dropped.
 3. **OpenAPI validation**: ``type``, ``required``, ``enum``, ``minLength``/``maxLength``,
-   ``pattern``, ``minimum``/``maximum``, ``minItems``/``maxItems``, ``format: date-time``,
+   ``pattern``, ``minimum``/``maximum``, ``minItems``/``maxItems``,
+   ``minProperties``/``maxProperties``, ``format: date-time``,
    ``additionalProperties`` and ``x-kubernetes-list-type: map|set`` uniqueness.
 4. **CEL rules** (``x-kubernetes-validations``) evaluated with cel-python: ``self`` is the
    node's value; a rule that mentions ``oldSelf`` is a transition rule and runs only on
@@ -359,6 +360,12 @@ def _validate(schema: dict, value: Any, path: str, errors: list[FieldError]) -> 
                 word = "less than" if schema.get("exclusiveMaximum") else "less than or equal to"
                 errors.append(FieldError("Invalid", path, value, f"{name} in body should be {word} {_num(hi)}"))
     if isinstance(value, dict):
+        if "minProperties" in schema and len(value) < schema["minProperties"]:
+            errors.append(FieldError("Invalid", path, len(value),
+                                     f"{name} in body should have at least {schema['minProperties']} properties"))
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            errors.append(FieldError("TooMany", path, len(value),
+                                     f"must have at most {schema['maxProperties']} items"))
         for key in schema.get("required") or ():
             if key not in value:
                 errors.append(FieldError("Required", _join(path, key)))
@@ -451,7 +458,7 @@ def _cel(schema: dict, value: Any, old: Any, path: str, errors: list[FieldError]
         except celpy.CELEvalError as exc:
             result = exc
         if isinstance(result, celpy.CELEvalError):
-            errors.append(FieldError("Invalid", where, schema.get("type", "object"),
+            errors.append(FieldError("Invalid", where, schema.get("type", ""),
                                      f"{result.args[0] if result.args else result} evaluating rule: {text}"))
             continue
         if result is True or (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
@@ -461,7 +468,8 @@ def _cel(schema: dict, value: Any, old: Any, path: str, errors: list[FieldError]
         if kind in ("Required", "Forbidden"):
             errors.append(FieldError(kind, where, _OMIT, message))
         else:
-            errors.append(FieldError(kind, where, schema.get("type", "object"), message))
+            # the node's type, as the server prints it ("" for x-kubernetes-int-or-string)
+            errors.append(FieldError(kind, where, schema.get("type", ""), message))
     if isinstance(value, dict):
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")

@@ -42,7 +42,7 @@ import yaml
 
 from tests.kubefake.server import FakeKube
 from tests.support import loopback
-from tests.support.cluster import proxy_admission
+from tests.support.cluster import pool_admission, proxy_admission
 from tests.support.kubelet import Kubelet
 from tests.support.processes import BIN, Process, celery_beat, celery_worker
 from tests.support.redis_server import RedisServer, free_port
@@ -127,6 +127,7 @@ class Demo:
         self.origin = LocalOrigin()
         self.fake = FakeKube(port=self.kube_port, bookmark_interval=1.0).start()
         self.fake.set_admission("proxies", proxy_admission())
+        self.fake.set_admission("proxypools", pool_admission())
         first = next(self.pod_cidr.hosts())
         self.kubelet = Kubelet(self.fake, first_address=str(first)).start()
         self.kubeconfig = self.fake.write_kubeconfig(str(self.workdir / "kubeconfig"))

@@ -12,12 +12,7 @@ import subprocess
 import tempfile
 import time
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on ``host`` a moment ago."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from tests.support.loopback import free_port  # noqa: F401 - imported from here by many tests
 
 
 class RedisServer:

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable
 
 import google.auth
@@ -57,6 +57,7 @@ from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllo
 from app.providers.gcp import ids, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
+from app.timefmt import parse_rfc3339
 
 log = logging.getLogger("proxy_operator.gcp")
 
@@ -139,10 +140,9 @@ def _created(stamp: str) -> datetime | None:
     if not stamp:
         return None
     try:
-        value = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return parse_rfc3339(stamp)
     except ValueError:
         return None
-    return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def to_instance(inst: compute_v1.Instance, project: str, zone: str | None = None) -> Instance:

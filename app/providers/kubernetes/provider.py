@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 
 import urllib3
 from kubernetes import client as k8s
@@ -45,6 +44,7 @@ from app.providers.base import (CheckableProvider, CreateRequest, Instance, Inst
                                 TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, SpecNotAllowed, Transient
 from app.squid import DEFAULT_HTPASSWD_PATH, SECRET_HTPASSWD_KEY
+from app.timefmt import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def instance_from_metadata(meta: dict) -> Instance:
     labels = meta.get("labels") or {}
     tags = {_LABEL_TO_TAG[k]: v for k, v in labels.items() if k in _LABEL_TO_TAG}
     try:
-        created = datetime.fromisoformat(str(meta["creationTimestamp"]).replace("Z", "+00:00"))
+        created = parse_rfc3339(str(meta["creationTimestamp"]))
     except (KeyError, ValueError):
         created = None
     state = InstanceState.TERMINATED if meta.get("deletionTimestamp") else InstanceState.PROVISIONING

@@ -21,9 +21,10 @@ import ipaddress
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from app.providers.base import InstanceState
+from app.timefmt import parse_rfc3339, rfc3339
 
 #: Namespace URI of our metadata element (an identifier, never fetched).
 METADATA_NS = "https://crawl.example.com/proxy-operator/kvm/v1"
@@ -110,8 +111,7 @@ def metadata_xml(tags: dict[str, str], created: datetime | None, *, namespaced: 
         tag = ET.SubElement(root, f"{prefix}tag", {"key": key})
         tag.text = value
     if created is not None:
-        ET.SubElement(root, f"{prefix}created").text = (
-            created.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        ET.SubElement(root, f"{prefix}created").text = rfc3339(created)
     return ET.tostring(root, encoding="unicode")
 
 
@@ -140,7 +140,7 @@ def parse_metadata(text: str) -> Metadata:
     text_created = (root.findtext("created") or "").strip()
     if text_created:
         try:
-            created = datetime.strptime(text_created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+            created = parse_rfc3339(text_created)
         except ValueError:
             created = None
     return Metadata(tags, created)

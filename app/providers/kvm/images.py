@@ -143,7 +143,7 @@ class CachedImage:
     capacity: int
 
 
-def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, img: ImageSettings, *,
+def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, *, img: ImageSettings,
                 own_volumes: set[str], timeout: float) -> CachedImage:
     """Return the verified base of ``img`` in ``pool``, fetching it if needed.
 
@@ -170,13 +170,13 @@ def ensure_base(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, im
     if base in names:
         _replaceable(link, pool, pool_name, base, names - {base} - markers, own_volumes)
         for name in sorted(markers | (own_volumes & names)):
-            delete_volume(link, pool, pool_name, name)
-        delete_volume(link, pool, pool_name, base)
+            delete_volume(link, pool, pool_name, name=name)
+        delete_volume(link, pool, pool_name, name=base)
         reason = "its marker is missing" if not markers else "the configured checksum changed"
         log.info("kvm host %s: re-fetching %s: %s", link.host.name, base, reason)
     else:
         for name in sorted(markers):
-            delete_volume(link, pool, pool_name, name)
+            delete_volume(link, pool, pool_name, name=name)
     digest = _fetch(link, pool, pool_name, base, img, timeout)
     marker = prefix + digest
     xml = volume_xml(marker, 0, "raw")
@@ -232,7 +232,7 @@ def _replaceable(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, b
                          f"they are deleted. To roll out a new image while old VMs run, add it under a new key.")
 
 
-def delete_volume(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, name: str) -> None:
+def delete_volume(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, *, name: str) -> None:
     """Delete volume ``name``; a missing volume is fine."""
     try:
         vol = link.call("virStorageVolLookupByName", lambda c: pool.storageVolLookupByName(name),
@@ -331,7 +331,7 @@ def _fetch(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, base: s
                                          pool=pool_name, volume=base, source=source)
         except BaseException:
             try:
-                delete_volume(link, pool, pool_name, base)
+                delete_volume(link, pool, pool_name, name=base)
             except Exception as exc:  # noqa: BLE001 - the missing marker keeps it from being used
                 log.warning("kvm host %s: could not remove the partial %s: %s", link.host.name, base, exc)
             raise

@@ -150,7 +150,7 @@ class HostLink:
         started = time.monotonic()
         try:
             material = sshlink.load_material(host.name, ssh.key_file, ssh.known_hosts_file)
-            transport = sshlink.dial_ssh(host.name, host.address, port, ssh.user, material,
+            transport = sshlink.dial_ssh(host.name, host.address, port, user=ssh.user, material=material,
                                          connect_timeout=ssh.connect_timeout,
                                          handshake_timeout=ssh.handshake_timeout,
                                          keepalive_interval=ssh.keepalive_interval)
@@ -159,7 +159,7 @@ class HostLink:
             raise
         forward = None
         try:
-            forward = sshlink.UnixForward(host.name, transport, host.libvirt_socket, ssh.handshake_timeout)
+            forward = sshlink.UnixForward(host.name, transport, host.libvirt_socket, open_timeout=ssh.handshake_timeout)
             forward.open()
             conn = self._open_libvirt(forward.path)
         except BaseException as exc:

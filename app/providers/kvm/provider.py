@@ -244,7 +244,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         pool_name = host.pool
         ov_name, sd_name = overlay_name(name), seed_name(name)
         with self._image_lock(host.name, img.key):  # one fetch of a base at a time in this process
-            base = images.ensure_base(link, pool, pool_name, img, own_volumes={ov_name, sd_name},
+            base = images.ensure_base(link, pool, pool_name, img=img, own_volumes={ov_name, sd_name},
                                       timeout=self.settings.image_timeout)
 
         try:
@@ -261,7 +261,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             install_guest_agent=self.settings.install_guest_agent,
             squid_conf=request.squid_config if self.settings.configure_squid else None,
             user_vendor_data=request.vendor_data, htpasswd=request.auth_htpasswd))
-        images.delete_volume(link, pool, pool_name, sd_name)
+        images.delete_volume(link, pool, pool_name, name=sd_name)
         xml = dom_xml.volume_xml(sd_name, len(iso), "raw")
         seed_vol = link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0),
                              pool=pool_name, volume=sd_name, xml=xml)
@@ -401,7 +401,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         except NotFound:
             return
         for vol in (overlay_name(name), seed_name(name)):
-            images.delete_volume(link, pool, link.host.pool, vol)
+            images.delete_volume(link, pool, link.host.pool, name=vol)
         log.info("kvm host %s: deleted domain %s", host_name, name)
 
     @staticmethod

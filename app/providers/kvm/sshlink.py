@@ -100,7 +100,7 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def dial_ssh(host: str, address: str, port: int, user: str, material: Material, *,
+def dial_ssh(host: str, address: str, port: int, *, user: str, material: Material,
              connect_timeout: float, handshake_timeout: float, keepalive_interval: float) -> paramiko.Transport:
     """Open an authenticated SSH transport with a strictly checked host key.
 
@@ -226,7 +226,7 @@ class UnixForward:
         path: the local socket path to give libvirt (``...?socket=<path>``).
     """
 
-    def __init__(self, host: str, transport: paramiko.Transport, remote_path: str, open_timeout: float) -> None:
+    def __init__(self, host: str, transport: paramiko.Transport, remote_path: str, *, open_timeout: float) -> None:
         self.host = host
         self._transport = transport
         self._remote = remote_path

@@ -16,6 +16,7 @@ import logging
 import random
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -468,6 +469,7 @@ class Client:
         self._sessions: List[requests.Session] = []
         self._leases: Dict[str, Lease] = {}
         self._closed = threading.Event()
+        self._legacy_pool = False  # the API predates ProxyPools: pool= is sent as a namespace
 
     def __repr__(self) -> str:
         return f"Client(url={self.url!r}{', closed' if self._closed.is_set() else ''})"
@@ -548,15 +550,58 @@ class Client:
         with self._lock:
             self._leases.pop(lease.id, None)
 
+    # -- filters ---------------------------------------------------------------------------
+    def _filters(self, pool: Optional[str], namespace: Optional[str]) -> Dict[str, str]:
+        """The ``pool``/``namespace`` filters to send.
+
+        ``pool="<namespace>/<name>"`` is the pool ``name`` of that namespace.  Against an API
+        that predates ProxyPools (it refuses the ``pool`` field) ``pool`` keeps its old meaning,
+        a namespace (see :meth:`_legacy`).
+        """
+        out: Dict[str, str] = {}
+        if pool is not None and "/" in pool:
+            pool_ns, _, pool = pool.partition("/")
+            if namespace is not None and namespace != pool_ns:
+                raise ValueError(f"pool {pool_ns}/{pool} and namespace {namespace!r} disagree")
+            namespace = pool_ns
+        if namespace is not None:
+            out["namespace"] = namespace
+        if pool is not None:
+            if self._legacy_pool:
+                out.setdefault("namespace", pool)
+            else:
+                out["pool"] = pool
+        return out
+
+    def _legacy(self, error: "ApiError", filters: Dict[str, str]) -> Optional[Dict[str, str]]:
+        """For an API that refused the ``pool`` filter as unknown (released before ProxyPools),
+        the filters to send instead: ``pool`` as a namespace, its meaning in releases of this
+        client before ProxyPools (warned once); ``None`` for any other error."""
+        if "pool" not in filters or error.status != 400 or getattr(error, "field", None) != "pool" or \
+                error.code not in ("unknown_field", "unknown_parameter"):
+            return None
+        if not self._legacy_pool:
+            self._legacy_pool = True
+            warnings.warn("the API at this URL predates ProxyPools: pool= is sent as a namespace filter, as in "
+                          "earlier releases (use namespace= to mean a namespace)", DeprecationWarning, stacklevel=4)
+            log.warning("the API at %s does not know the pool filter: pool=%r is sent as a namespace filter",
+                        self.url, filters["pool"])
+        out = {k: v for k, v in filters.items() if k != "pool"}
+        out.setdefault("namespace", filters["pool"])
+        return out
+
     # -- API -----------------------------------------------------------------------------
     def lease(self, *, pool: Optional[str] = None, provider: Optional[str] = None, zone: Optional[str] = None,
               labels: Labels = None, ttl: Optional[int] = 300, session_key: Optional[str] = None,
-              wait: Optional[float] = None, renew: bool = True) -> Lease:
+              wait: Optional[float] = None, renew: bool = True, namespace: Optional[str] = None) -> Lease:
         """Lease a proxy (``POST /v1/leases``).
 
         Args:
-            pool: only Proxies of this Kubernetes namespace (the API's ``namespace`` filter: a
-                pool is the set of Proxy objects in one namespace).
+            pool: only members of the ProxyPool of this name (``"<namespace>/<name>"`` names the
+                namespace too).  A refusal for lack of proxies counts as demand for the pool's
+                autoscaler.  Before ProxyPools ``pool`` meant a namespace: against an API that
+                does not know the ``pool`` filter it still does (with a ``DeprecationWarning``).
+            namespace: only Proxies of this Kubernetes namespace.
             provider: only proxies of this provider (a name from the providers config).
             zone: only proxies in this zone (kvm: the host name).
             labels: only proxies whose labels match: a mapping (every pair must match) or a
@@ -576,18 +621,27 @@ class Client:
                 ``redis_unavailable`` (after ``wait``), ...
             TransportError: the API could not be reached (within ``wait``) or timed out.
             ClientClosed: the client is closed.
-            ValueError: malformed ``labels``.
+            ValueError: malformed ``labels``; ``pool="ns/name"`` and a different ``namespace``.
         """
-        body: Dict[str, Any] = {}
-        for key, value in (("namespace", pool), ("provider", provider), ("zone", zone),
+        filters = self._filters(pool, namespace)
+        body: Dict[str, Any] = dict(filters)
+        for key, value in (("provider", provider), ("zone", zone),
                            ("selector", selector_of(labels)), ("sessionKey", session_key)):
             if value is not None:
                 body[key] = value
         if ttl is not None:
             body["ttlSeconds"] = ttl
         started = time.monotonic()
-        doc = self._request("POST", "/v1/leases", body=body, wait=self.wait if wait is None else wait,
-                            operation="lease")
+        try:
+            doc = self._request("POST", "/v1/leases", body=body, wait=self.wait if wait is None else wait,
+                                operation="lease")
+        except ApiError as exc:
+            legacy = self._legacy(exc, filters)
+            if legacy is None:
+                raise
+            body = {**{k: v for k, v in body.items() if k not in filters}, **legacy}
+            doc = self._request("POST", "/v1/leases", body=body, wait=self.wait if wait is None else wait,
+                                operation="lease")
         lease = Lease(self, doc, requested_at=started, renew=renew)
         log.debug("lease %s: proxy %s at %s:%s, ttl %ss%s", lease.id, lease.proxy, lease.host, lease.port, lease.ttl,
                   " (sticky)" if lease.sticky else "")
@@ -604,23 +658,30 @@ class Client:
         return lease
 
     def proxies(self, *, pool: Optional[str] = None, provider: Optional[str] = None, zone: Optional[str] = None,
-                labels: Labels = None, healthy: Optional[bool] = None) -> List[dict]:
+                labels: Labels = None, healthy: Optional[bool] = None, namespace: Optional[str] = None) -> List[dict]:
         """The published proxies (``GET /v1/proxies``), filtered like :meth:`lease`; each a dict
         as the API gives it (``namespace``, ``name``, ``address``, ``port``, ``provider``,
-        ``zone``, ``egressIP``, ``labels``, ``health``, ``leases: {used, max}``).  No
-        credentials.
+        ``zone``, ``egressIP``, ``labels``, ``pool``, ``draining``, ``health``,
+        ``leases: {used, max}``).  No credentials.
 
         Raises:
-            ApiError, TransportError, ClientClosed.
+            ApiError, TransportError, ClientClosed; ValueError as for :meth:`lease`.
         """
-        params: Dict[str, str] = {}
-        for key, value in (("namespace", pool), ("provider", provider), ("zone", zone),
-                           ("selector", selector_of(labels))):
+        filters = self._filters(pool, namespace)
+        params: Dict[str, str] = dict(filters)
+        for key, value in (("provider", provider), ("zone", zone), ("selector", selector_of(labels))):
             if value is not None:
                 params[key] = value
         if healthy is not None:
             params["healthy"] = "true" if healthy else "false"
-        return self._request("GET", "/v1/proxies", params=params, operation="proxies")["items"]
+        try:
+            return self._request("GET", "/v1/proxies", params=params, operation="proxies")["items"]
+        except ApiError as exc:
+            legacy = self._legacy(exc, filters)
+            if legacy is None:
+                raise
+            params = {**{k: v for k, v in params.items() if k not in filters}, **legacy}
+            return self._request("GET", "/v1/proxies", params=params, operation="proxies")["items"]
 
     def held(self) -> List[Lease]:
         """The leases made by this client and not released yet (lost ones included)."""

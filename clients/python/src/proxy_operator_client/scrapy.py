@@ -19,7 +19,9 @@ Settings:
 ``PROXY_OPERATOR_URL``                    the API's base URL (required unless disabled)
 ``PROXY_OPERATOR_TOKEN``                  bearer token (else the ``PROXY_OPERATOR_TOKEN`` env var)
 ``PROXY_OPERATOR_ENABLED``                ``True``; ``False`` turns the middleware off
-``PROXY_OPERATOR_POOL``                   only Proxies of this namespace
+``PROXY_OPERATOR_POOL``                   only members of this ProxyPool (``name`` or
+                                          ``namespace/name``)
+``PROXY_OPERATOR_NAMESPACE``              only Proxies of this namespace
 ``PROXY_OPERATOR_PROVIDER``, ``_ZONE``    only proxies of this provider / zone
 ``PROXY_OPERATOR_LABELS``                 dict (every label must match) or a label-selector string
 ``PROXY_OPERATOR_TTL``                    lease TTL, seconds (300); renewed in the background
@@ -128,7 +130,7 @@ class ProxyLeaseMiddleware:
         crawler: the Scrapy crawler (settings, stats, signals, engine).
         client: the :class:`~proxy_operator_client.Client` it leases with (closed when the
             spider closes).
-        filters: keyword arguments of :meth:`Client.lease` (``pool``, ``provider``, ``zone``,
+        filters: keyword arguments of :meth:`Client.lease` (``pool``, ``namespace``, ``provider``, ``zone``,
             ``labels``, ``ttl``, ``wait``).
         ban_codes: HTTP statuses that mean the proxy is banned.
         ban_detector: ``(request, response) -> bool``, or ``None``.
@@ -195,7 +197,8 @@ class ProxyLeaseMiddleware:
         retry_times = s.get("PROXY_OPERATOR_BAN_RETRY_TIMES")
         wait = s.getfloat("PROXY_OPERATOR_WAIT", 60.0)
         client = Client(url, token, wait=wait, timeout=s.getfloat("PROXY_OPERATOR_TIMEOUT", 10.0))
-        filters = {"pool": s.get("PROXY_OPERATOR_POOL") or None, "provider": s.get("PROXY_OPERATOR_PROVIDER") or None,
+        filters = {"pool": s.get("PROXY_OPERATOR_POOL") or None, "namespace": s.get("PROXY_OPERATOR_NAMESPACE") or None,
+                   "provider": s.get("PROXY_OPERATOR_PROVIDER") or None,
                    "zone": s.get("PROXY_OPERATOR_ZONE") or None, "labels": labels or None,
                    "ttl": s.getint("PROXY_OPERATOR_TTL", 300), "wait": wait}
         codes = [int(c) for c in s.getlist("PROXY_OPERATOR_BAN_CODES", list(DEFAULT_BAN_CODES))]

@@ -1,0 +1,341 @@
+"""The pool controller's pass: read a ProxyPool and its members, decide, apply.  Free of Celery.
+
+:func:`run` is the body of the ``pool.reconcile`` task (``workers.tasks``): under a per-pool
+Redis lock it reads, through the :class:`app.kube.KubeGateway`,
+
+* the pool (gone or being deleted: its demand count is forgotten; Kubernetes' garbage collector
+  deletes its members, which carry a controller ownerReference with ``blockOwnerDeletion``);
+* its members: the Proxies of its namespace whose controller ownerReference names the pool's UID
+  and whose labels match its selector.  A Proxy without that reference is never adopted, whatever
+  its labels; a Proxy controlled by anything else is never touched;
+
+and from Redis what the serving view says of each member (leasable, live leases), the provider
+health of the zones it may place members in (:mod:`app.provider_health`), the refused requests
+counted for it (:mod:`app.pools.demand`) and the autoscaler's recent recommendations.  Then
+:func:`app.pools.plan.plan` decides and the pass applies, in this order: delete drained members,
+mark leaving members draining (the annotation on the Proxy, then the serving view at once),
+create new members, write ``spec.replicas`` through the scale subresource when the autoscaler
+moved it, write the status (:func:`app.status_writer.write_pool`).  One Event per kind of action
+and pass.
+
+An action the API refuses (409: the member changed meanwhile; 404: it is gone; 422: the CRD
+refused the member) is logged and left to the next pass, which decides again from what it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from kubernetes.client import ApiException
+
+from app import leases, redis_keys, selectors, serving, status_writer
+from app.kube import KubeGateway, OwnerReference
+from app.pools import demand as pool_demand
+from app.pools.autoscale import Demand
+from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
+                             parse_time)
+from app.pools.plan import Plan, plan, stalled
+from app.provider_health import CHECK_PENDING, read_snapshot
+from app.resources import DRAINING_ANNOTATION, READY, Proxy
+from app.serving_record import ServingRecord
+
+log = logging.getLogger(__name__)
+
+#: Characters of a member's name suffix (Kubernetes' generateName alphabet: no vowels, no 0/1/3).
+_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """A reference to one ProxyPool: all a ``pool.reconcile`` payload carries."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass did.
+
+    Attributes:
+        state: ``"done"``, ``"locked"`` (another pass holds the pool), ``"gone"`` (no such pool,
+            or being deleted), ``"stalled"`` (invalid spec, unknown provider: status says why).
+        plan: the :class:`app.pools.plan.Plan` applied (``None`` unless ``done``).
+        requeue_after: seconds after which the pool needs another pass by itself (a drain
+            deadline, an age limit; a retry when locked), ``None`` for none.
+    """
+
+    state: str
+    plan: Plan | None = None
+    requeue_after: float | None = None
+
+
+def member_name(pool: Pool, rand: Callable[[], float] = random.random) -> str:
+    """A fresh member name: ``<pool>-<5 characters>`` (the pool's name cut to 200 characters)."""
+    return f"{pool.name[:200]}-" + "".join(_SUFFIX[int(rand() * len(_SUFFIX)) % len(_SUFFIX)] for _ in range(5))
+
+
+def member_spec(pool: Pool, zone: str | None) -> dict:
+    """The Proxy spec of a new member: the template's, placed in ``zone`` when given."""
+    spec = json.loads(json.dumps(pool.spec.template_spec))
+    if zone:
+        spec["placement"] = {**(spec.get("placement") or {}), "zone": zone}
+    return spec
+
+
+def member_labels(pool: Pool) -> dict[str, str]:
+    """The labels of a new member: the template's, its pool (:data:`LABEL_POOL`) and the template's
+    hash (:data:`LABEL_TEMPLATE_HASH`)."""
+    return {**pool.spec.template_labels, LABEL_POOL: pool.name, LABEL_TEMPLATE_HASH: pool.spec.hash}
+
+
+def owner_of(pool: Pool) -> OwnerReference:
+    """The ownerReference every member carries: the pool, ``controller`` and ``blockOwnerDeletion``."""
+    return OwnerReference(api_version=POOL_API_VERSION, kind=POOL_KIND, name=pool.name, uid=pool.uid,
+                          controller=True, block_owner_deletion=True)
+
+
+def controlled_by(proxy: Proxy, pool: Pool) -> bool:
+    """Whether ``proxy``'s controller ownerReference is ``pool`` (by UID)."""
+    ref = proxy.controller
+    return bool(ref) and ref.get("uid") == pool.uid and ref.get("kind") == POOL_KIND
+
+
+def members_of(pool: Pool, proxies: list[Proxy], records: Mapping[str, Mapping[str, str]],
+               counts: Mapping[str, int], now: float) -> tuple[list[Member], dict[str, Proxy]]:
+    """The pool's members as :func:`app.pools.plan.plan` takes them, and their Proxies by UID.
+
+    Args:
+        pool: the pool (valid spec).
+        proxies: every Proxy of the pool's namespace.
+        records: serving records (raw hashes) by UID.
+        counts: live leases by UID.
+        now: epoch seconds (creation time of a Proxy that has none).
+    """
+    out, by_uid = [], {}
+    for p in proxies:
+        if not controlled_by(p, pool):
+            continue
+        if not selectors.matches(pool.spec.selector, p.labels):
+            log.info("pool %s: %s is controlled by the pool but does not match its selector: left alone",
+                     pool.key, p.key)
+            continue
+        raw = records.get(p.uid)
+        rec = ServingRecord.from_redis(raw) if raw else None
+        draining = p.draining_until
+        leasable = bool(rec is not None and rec.healthy and rec.max_leases > 0 and rec.drain_until is None
+                        and draining is None and not p.deleting)
+        created = parse_time((p.raw.get("metadata") or {}).get("creationTimestamp")) or now
+        out.append(Member(uid=p.uid, name=p.name, phase=p.phase, ready=p.phase == READY, leasable=leasable,
+                          leases=int(counts.get(p.uid, 0)), created=created,
+                          template_hash=p.labels.get(LABEL_TEMPLATE_HASH, ""), zone=p.spec.zone,
+                          draining_until=draining, deleting=p.deleting))
+        by_uid[p.uid] = p
+    return out, by_uid
+
+
+def zones_ready(r, pc, zones: list[str | None], now: float | None = None) -> dict[str, bool]:
+    """Whether members may be placed in each of ``zones`` (``None``: the template's placement).
+
+    A zone is Ready when the provider's ProviderHealth target of that name is (a KVM host), or,
+    for a zone that is no target of its own (a GCE zone, the kubernetes provider's placement),
+    when every target of the provider is (the project, ``cluster``).  A target with no verdict
+    yet (``CheckPending``) and a provider whose checks are off (``checkInterval: 0``) are not
+    held against a zone.
+
+    Args:
+        r: ``redis.Redis``.
+        pc: the template's provider config (:class:`app.config.ProviderConfig`).
+        zones: the zones to judge.
+    Returns:
+        ``{zone or "": ready}``.
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    if not getattr(pc, "check_interval", 0):
+        return {z or "": True for z in zones}
+    targets = {s.verdict.name: (s.verdict.ready or s.verdict.reason == CHECK_PENDING)
+               for s in read_snapshot(r, pc, now=now)}
+    whole = all(targets.values()) if targets else True
+    return {z or "": targets.get(z, whole) if z else whole for z in zones}
+
+
+def _history(r, uid: str) -> list[dict]:
+    raw = r.get(redis_keys.pool_scale(uid))
+    try:
+        doc = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return doc if isinstance(doc, list) else []
+
+
+def _names(items) -> str:
+    names = [i.name for i in items]
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+
+def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *, now: float | None = None,
+              rand: Callable[[], float] = random.random) -> Outcome:
+    """One pass over the pool ``ref`` (no lock: see :func:`run`).
+
+    Args:
+        kube: the gateway.
+        r: ``redis.Redis`` (``decode_responses=True``): serving view, leases, provider health,
+            demand counts, the autoscaler's history.
+        configs: provider name -> :class:`app.config.ProviderConfig` (the registry's configs).
+        ref: the pool.
+        now: epoch seconds (default: now).
+        rand: random source of member names.
+    Returns:
+        the :class:`Outcome`.
+    Raises:
+        kubernetes.client.ApiException / redis.RedisError: a read failed (the task retries).
+    """
+    now = time.time() if now is None else now
+    pool = kube.get_pool(ref.namespace, ref.name)
+    if pool is None or pool.uid != ref.uid or pool.deleting:
+        if pool is None or pool.uid == ref.uid:
+            pool_demand.forget(r, ref.namespace, ref.name)
+        r.delete(redis_keys.pool_scale(ref.uid))
+        return Outcome("gone")
+    if pool.spec is None:
+        status_writer.write_pool(kube, pool, stalled(pool, "InvalidSpec", pool.spec_error, now))
+        return Outcome("stalled")
+    pc = configs.get(pool.spec.provider)
+    if pc is None:
+        status_writer.write_pool(kube, pool, stalled(
+            pool, "UnknownProvider", f"spec.template.spec.provider: no provider {pool.spec.provider!r} in the "
+                                     "providers config: no member is created", now))
+        return Outcome("stalled")
+    pool_demand.register(r, pool.namespace, pool.name)
+
+    proxies = kube.list_proxies_in(pool.namespace)
+    candidates = [p for p in proxies if controlled_by(p, pool)]
+    uids = [p.uid for p in candidates]
+    members, by_uid = members_of(pool, candidates, serving.records(r, uids), leases.live_counts(r, uids), now)
+    zones = list(pool.spec.zones) or [pool.spec.template_zone]
+    ready = zones_ready(r, pc, zones, now)
+    signal, history = None, None
+    if pool.spec.autoscale is not None:
+        taken = pool_demand.take(r, pool.namespace, pool.name)
+        signal = Demand(refused=taken.refused, window=taken.window or 0.0)
+        history = _history(r, pool.uid)
+    result = plan(pool, members, ready, now, signal, history)
+    _apply(kube, r, pool, result, by_uid, rand)
+    if pool.spec.autoscale is not None:
+        r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
+              ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
+    return Outcome("done", result, result.requeue_after)
+
+
+def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand) -> None:
+    def refused(what: str, exc: ApiException) -> None:
+        log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
+                    pool.key, what, exc.status, exc.reason)
+
+    deleted = []
+    for d in result.deletes:
+        try:
+            if kube.delete_proxy(pool.namespace, d.name, d.uid):
+                deleted.append(d)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            refused(f"deleting {d.name}", exc)
+    if deleted:
+        log.info("pool %s: deleted %s", pool.key, ", ".join(f"{d.name} ({d.reason})" for d in deleted))
+        kube.record_pool_event(pool, "Normal", "MemberDeleted",
+                               message=f"deleted {len(deleted)} member(s): " + ", ".join(
+                                   f"{d.name} ({d.reason})" for d in deleted[:10]))
+    drained = []
+    for d in result.drains:
+        proxy = by_uid.get(d.uid)
+        if proxy is None:
+            continue
+        try:
+            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: format_time(d.until)})
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            refused(f"marking {d.name} draining", exc)
+            continue
+        serving.set_draining(r, d.uid, d.until)
+        drained.append(d)
+    if drained:
+        log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
+        kube.record_pool_event(pool, "Normal", "MemberDraining",
+                               message=f"draining {len(drained)} member(s) ({drained[0].reason}): {_names(drained)}; "
+                                       f"deleted once their leases end, by {format_time(drained[0].until)} at the latest")
+    created = []
+    for c in result.creates:
+        for _ in range(3):
+            name = member_name(pool, rand)
+            try:
+                kube.create_proxy(pool.namespace, name, spec=member_spec(pool, c.zone), labels=member_labels(pool),
+                                  owners=(owner_of(pool),))
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue  # that name is taken: another suffix
+                if exc.status in (403, 404, 422):
+                    refused(f"creating a member{' in ' + c.zone if c.zone else ''}", exc)
+                    break
+                raise
+            created.append((name, c.zone))
+            break
+    if created:
+        log.info("pool %s: created %s", pool.key, ", ".join(f"{n}{' in ' + z if z else ''}" for n, z in created))
+        kube.record_pool_event(pool, "Normal", "MemberCreated",
+                               message=f"created {len(created)} member(s): " + ", ".join(
+                                   f"{n}{' in ' + z if z else ''}" for n, z in created[:10]))
+    if result.scale_to is not None:
+        try:
+            kube.scale_pool(pool, result.scale_to)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            refused("writing spec.replicas", exc)
+        else:
+            util = "" if result.utilization is None else f" (lease utilization {result.utilization:.0%})"
+            log.info("pool %s: autoscaler %d -> %d members%s", pool.key, pool.spec.replicas, result.scale_to, util)
+            kube.record_pool_event(pool, "Normal", "Rescaled",
+                                   message=f"autoscaler: {pool.spec.replicas} -> {result.scale_to} members{util}")
+    try:
+        status_writer.write_pool(kube, pool, result.status)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        refused("writing the status", exc)
+
+
+def run(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *, lock_timeout: float,
+        now: float | None = None) -> Outcome:
+    """:func:`reconcile` under the per-pool lock (:func:`app.redis_keys.pool_lock`), so two
+    deliveries of the same pool never act together.
+
+    Args:
+        lock_timeout: seconds the lock is held at most (the task hard time limit + 10 s).
+    Returns:
+        the :class:`Outcome`; ``locked`` (``requeue_after`` 2 s) when another pass holds the pool.
+    Raises:
+        as :func:`reconcile`.
+    """
+    lock = r.lock(redis_keys.pool_lock(ref.uid), timeout=lock_timeout, blocking_timeout=0.5)
+    if not lock.acquire():
+        return Outcome("locked", requeue_after=2.0)
+    try:
+        return reconcile(kube, r, configs, ref, now=now)
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired: another pass may own it now
+            pass
+
+
+__all__ = ["Outcome", "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec", "members_of",
+           "owner_of", "reconcile", "run", "zones_ready"]

@@ -1,0 +1,213 @@
+"""The pool controller's pass (app.pools.controller) against the API fake (the real CRDs admit
+pools and Proxies) and real Redis, in-process: what it creates, marks, deletes and writes.
+
+Members are made Ready by hand here (phase patched, serving record published healthy), the way
+the reconciler and the health engine would; tests/pools/test_e2e_pools.py runs the real processes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client as k8s
+
+from app import leases, redis_keys, serving
+from app.kube import KubernetesGateway
+from app.pools import controller
+from app.pools.controller import PoolRef
+from app.pools.model import LABEL_POOL, LABEL_TEMPLATE_HASH
+from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
+from tests.support.cluster import FakeCluster
+from tests.support.contexts import k8s_provider
+
+pytestmark = pytest.mark.timeout(60)
+NS = "crawl"
+SETTINGS = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
+CONFIGS = {"k8s-local": k8s_provider("k8s-local")}
+TEMPLATE = {"metadata": {"labels": {"app": "web"}}, "spec": {"provider": "k8s-local", "maxLeases": 2}}
+
+
+@pytest.fixture()
+def cluster():
+    with FakeCluster(kubelet=False) as c:
+        yield c
+
+
+@pytest.fixture()
+def api(cluster):
+    client = cluster.fake.api_client()
+    yield client
+    client.close()
+
+
+def custom(api) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(api)
+
+
+def make_pool(api, name: str = "web", **spec) -> PoolRef:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": name, "namespace": NS},
+            "spec": {"template": TEMPLATE, **spec}}
+    obj = custom(api).create_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, body)
+    return PoolRef(NS, name, obj["metadata"]["uid"])
+
+
+def pool_obj(api, name: str = "web") -> dict:
+    return custom(api).get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, name)
+
+
+def proxies(api) -> list[Proxy]:
+    return KubernetesGateway(api).list_proxies_in(NS)
+
+
+def ready(api, r, proxy: Proxy) -> None:
+    """What the reconciler and the health engine do for a member: Ready, published, healthy."""
+    custom(api).patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, proxy.name,
+                                                      {"status": {"phase": "Ready"}})
+    serving.publish(r, proxy, address="203.0.113.9", port=3128, phase="Ready")
+    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    serving.reindex(r, proxy.uid)
+
+
+def run(api, r, ref: PoolRef, **kw) -> controller.Outcome:
+    return controller.run(KubernetesGateway(api), r, CONFIGS, ref, lock_timeout=30, **kw)
+
+
+def test_members_are_created_owned_labelled_and_reported(api, redis_client):
+    ref = make_pool(api, replicas=3)
+    out = run(api, redis_client, ref)
+    assert out.state == "done" and len(out.plan.creates) == 3
+    members = proxies(api)
+    assert len(members) == 3
+    from app.pools.model import Pool
+
+    template_hash = Pool.from_dict(pool_obj(api)).spec.hash
+    assert run(api, redis_client, ref).plan.actions == 0  # the members' events bring the next pass
+    pool = pool_obj(api)
+    for m in members:
+        owner = m.raw["metadata"]["ownerReferences"]
+        assert owner == [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "name": "web", "uid": ref.uid,
+                          "controller": True, "blockOwnerDeletion": True}]
+        assert m.labels["app"] == "web" and m.labels[LABEL_POOL] == "web"
+        assert m.labels[LABEL_TEMPLATE_HASH] == template_hash
+        assert m.name.startswith("web-") and m.spec.provider == "k8s-local" and m.spec.max_leases == 2
+    status = pool["status"]
+    assert (status["replicas"], status["readyReplicas"], status["leasableReplicas"], status["updatedReplicas"]) == (
+        3, 0, 0, 3)
+    assert status["observedGeneration"] == pool["metadata"]["generation"]
+    assert status["selector"] == "app=web"
+    assert {c["type"]: c["reason"] for c in status["conditions"]} == {
+        "Available": "TooFewLeasable", "Progressing": "WaitingForMembers", "ScalingLimited": "AutoscaleDisabled"}
+    # the pool is registered for demand counting
+    assert redis_client.hget(redis_keys.POOLS, "crawl/web") == "1"
+    # a second pass with nothing new writes nothing and creates nothing
+    again = run(api, redis_client, ref)
+    assert again.plan.actions == 0
+    assert pool_obj(api)["metadata"]["resourceVersion"] == pool["metadata"]["resourceVersion"]
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    run(api, redis_client, ref)
+    status = pool_obj(api)["status"]
+    assert (status["readyReplicas"], status["leasableReplicas"]) == (3, 3)
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Progressing"] == "PoolComplete"
+
+
+def test_a_hand_made_proxy_with_the_same_labels_is_not_adopted_nor_touched(api, redis_client):
+    gw = KubernetesGateway(api)
+    hand = gw.create_proxy(NS, "hand-made", spec={"provider": "k8s-local"}, labels={"app": "web"})
+    other_owner = gw.create_proxy(NS, "other-owned", spec={"provider": "k8s-local"}, labels={"app": "web"},
+                                  owners=(controller.OwnerReference("apps/v1", "ReplicaSet", "rs", "uid-rs", True,
+                                                                    True),))
+    ref = make_pool(api, replicas=1)
+    run(api, redis_client, ref)
+    names = {p.name for p in proxies(api)}
+    assert {"hand-made", "other-owned"} <= names and len(names) == 3
+    # scaled to 0: only its own member goes
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
+    run(api, redis_client, ref)  # marks its member draining
+    run(api, redis_client, ref)  # no leases: deleted
+    assert {p.name for p in proxies(api)} == {"hand-made", "other-owned"}
+    assert gw.get_proxy(NS, "hand-made").uid == hand.uid and gw.get_proxy(NS, "other-owned").uid == other_owner.uid
+    assert DRAINING_ANNOTATION not in gw.get_proxy(NS, "hand-made").annotations
+
+
+def test_scale_down_drains_then_deletes_only_when_the_lease_is_released(api, redis_client):
+    ref = make_pool(api, replicas=2, drain={"drainTimeoutSeconds": 600})
+    run(api, redis_client, ref)
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    lease = leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 1}})
+    out = run(api, redis_client, ref)
+    [drain] = out.plan.drains
+    assert drain.uid != lease.uid  # the least-leased member leaves
+    # make the leased one leave too: scale to 0
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
+    out = run(api, redis_client, ref)
+    assert [d.uid for d in out.plan.deletes] == [drain.uid]  # the lease-less one is deleted
+    assert [d.uid for d in out.plan.drains] == [lease.uid]
+    marked = KubernetesGateway(api).get_proxy(NS, lease.name)
+    assert marked.draining_until == pytest.approx(time.time() + 600, abs=5)
+    assert redis_client.sismember(redis_keys.DRAINING, lease.uid)  # at once, not at the next event
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=60, settings=SETTINGS)
+    assert leases.renew(redis_client, "crawler", lease.id, ttl=60, settings=SETTINGS).uid == lease.uid
+    out = run(api, redis_client, ref)
+    assert out.plan.deletes == () and out.requeue_after == pytest.approx(600, abs=5)
+    leases.release(redis_client, "crawler", lease.id, outcome="ok", settings=SETTINGS)
+    out = run(api, redis_client, ref)
+    assert [d.reason for d in out.plan.deletes] == ["Drained"]
+    assert proxies(api) == [] or all(p.deleting for p in proxies(api))
+
+
+def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api, redis_client):
+    from app.provider_health import record_target
+    from app.providers.base import TargetVerdict
+    from tests.support.contexts import k8s_provider
+
+    configs = {"k8s-local": k8s_provider("k8s-local")}
+    ref = make_pool(api, replicas=4, spread={"zones": ["z1", "z2"]})
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", False, "DialFailed", "down"), elapsed=0.1)
+    out = controller.run(KubernetesGateway(api), redis_client, configs, ref, lock_timeout=30)
+    assert [c.zone for c in out.plan.creates] == ["z1"] * 4
+    assert sorted(p.spec.zone for p in proxies(api)) == ["z1"] * 4
+
+
+def test_invalid_and_unknown_provider_pools_say_why_and_do_nothing(api, redis_client):
+    ref = make_pool(api, "elsewhere", replicas=2,
+                    template={"metadata": {"labels": {"app": "x"}}, "spec": {"provider": "nowhere"}})
+    out = run(api, redis_client, ref)
+    assert out.state == "stalled" and proxies(api) == []
+    [progressing] = [c for c in pool_obj(api, "elsewhere")["status"]["conditions"] if c["type"] == "Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("False", "UnknownProvider")
+
+
+def test_autoscaler_writes_spec_replicas_through_the_scale_subresource(api, redis_client):
+    ref = make_pool(api, replicas=1, autoscale={"minReplicas": 1, "maxReplicas": 4,
+                                                "targetLeaseUtilization": "50%", "scaleDownDelaySeconds": 60})
+    run(api, redis_client, ref)
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    # one member, 2 leases each: both taken, then crawlers are refused
+    for _ in range(2):
+        leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    for _ in range(6):
+        with pytest.raises(leases.LeaseError):
+            leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    assert redis_client.get(redis_keys.pool_demand(NS, "web")) == "6"
+    out = run(api, redis_client, ref)
+    assert out.plan.scale_to is not None and out.plan.scale_to > 1
+    pool = pool_obj(api)
+    assert pool["spec"]["replicas"] == out.plan.scale_to  # through /scale
+    assert redis_client.get(redis_keys.pool_demand(NS, "web")) is None  # read and reset
+    assert len(proxies(api)) == out.plan.scale_to
+    assert redis_client.get(redis_keys.pool_scale(ref.uid))  # the window's history
+
+
+def test_a_deleted_pool_is_forgotten(api, redis_client):
+    ref = make_pool(api, replicas=0)
+    run(api, redis_client, ref)
+    assert redis_client.hexists(redis_keys.POOLS, "crawl/web")
+    custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
+    assert run(api, redis_client, ref).state == "gone"
+    assert not redis_client.hexists(redis_keys.POOLS, "crawl/web")
