@@ -61,7 +61,43 @@ def load_configuration() -> k8s.Configuration:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
         k8s_config.load_incluster_config(client_configuration=cfg)
+    if cfg.refresh_api_key_hook is not None:
+        _refresh_at_most_every(cfg, REFRESH_HOOK_SECONDS)
     return cfg
+
+
+#: Seconds between two runs of the kubernetes client's credential refresh hook (see :func:`_refresh_at_most_every`).
+REFRESH_HOOK_SECONDS = 1.0
+
+
+def _refresh_at_most_every(cfg: k8s.Configuration, seconds: float) -> None:
+    """Make the client's ``refresh_api_key_hook`` on ``cfg`` run at most once per ``seconds``.
+
+    The loaders' hook runs before every request: it re-reads the token when it expired (the
+    in-cluster token file every minute; exec and OIDC tokens 5 minutes before their expiry) and
+    then copies the whole connection config back, and setting ``host`` re-reads every proxy
+    variable of the environment (``urllib.request.getproxies``): about 1 ms of CPU per request,
+    a quarter of a reconcile step's.  A second's delay is far inside the loaders' own margins.
+    Each run of the kubeconfig loader's hook installs a new hook; it becomes the one wrapped.
+    """
+    import time
+
+    inner = cfg.refresh_api_key_hook
+    last = float("-inf")
+
+    def refresh(configuration) -> None:
+        nonlocal inner, last
+        now = time.monotonic()
+        if now - last < seconds:
+            return
+        last = now
+        inner(configuration)
+        again = configuration.refresh_api_key_hook
+        if again is not refresh and again is not None:
+            inner = again
+            configuration.refresh_api_key_hook = refresh
+
+    cfg.refresh_api_key_hook = refresh
 
 
 @per_process

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
+
+from app.timefmt import parse_rfc3339
 
 GROUP = "crawl.example.com"
 VERSION = "v1alpha1"
@@ -258,10 +259,9 @@ class Proxy:
         if not raw:
             return None
         try:
-            dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            return parse_rfc3339(raw).timestamp()
         except ValueError:
             return None
-        return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
     @property
     def skip_cleanup(self) -> bool:

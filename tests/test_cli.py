@@ -89,3 +89,7 @@ def test_kvm_worker_checks_its_host_and_its_time_limits(tmp_path):
     env = {**os.environ, "TASK_SOFT_TIME_LIMIT": "120"}
     out = run("worker", "--providers-config", str(cfg), "--kvm-host", "kvm-lab/lab1", env=env)
     assert out.returncode == 2 and "TASK_SOFT_TIME_LIMIT=120s must exceed kvm.imageTimeout=600s" in out.stderr
+    env = {**os.environ, "BROKER_VISIBILITY_TIMEOUT": "1h"}
+    out = run("worker", "--providers-config", str(cfg), "--kvm-host", "kvm-lab/lab1", env=env)
+    assert out.returncode == 2 and "environment variable BROKER_VISIBILITY_TIMEOUT: not a number: '1h'" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -111,6 +111,10 @@ def test_schema_is_structural_and_rules_have_messages(crd):
             message = rule.get("message", "")
             assert message and "\n" not in message, f"rule at {path} needs a one-line message"
             assert "\\." not in rule["rule"], f"rule at {path}: \\. is not a CEL string escape"
+            # the API server refuses a CRD whose rules' estimated cost is too high: what a rule
+            # scans must be bounded (strings by maxLength; int-or-string is estimated as dyn)
+            if "self.matches(" in rule["rule"] and node.get("type") == "string":
+                assert "maxLength" in node, f"rule at {path} matches a string of unbounded length"
     assert int_or_string == [".spec.rollout.maxSurge", ".spec.rollout.maxUnavailable",
                              ".spec.autoscale.targetLeaseUtilization"]
 
@@ -227,10 +231,6 @@ def test_template_labels_are_required_and_well_formed(crd):
     assert errors_of(crd, with_spec(template={"metadata": {"labels": {}}, "spec": {"provider": "k8s-local"}})) == [
         "spec.template.metadata.labels: Invalid value: 0: spec.template.metadata.labels in body should have "
         "at least 1 properties"]
-    bad_key = errors_of(crd, with_spec(template={"metadata": {"labels": {"bad key": "x"}},
-                                                 "spec": {"provider": "k8s-local"}}))
-    assert bad_key == ['spec.template.metadata.labels: Invalid value: "object": spec.template.metadata.labels '
-                       "keys must be qualified names ([prefix/]name, e.g. app or example.com/tier)"]
     bad_value = errors_of(crd, with_spec(template={"metadata": {"labels": {"app": "not ok"}},
                                                    "spec": {"provider": "k8s-local"}}))
     assert bad_value == ['spec.template.metadata.labels.app: Invalid value: "not ok": '

@@ -230,10 +230,14 @@ def test_rbac_is_least_privilege(default_render):
         ("crawl.example.com", "providerhealths", "delete"),
         ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "delete"), ("", "pods", "patch"),
         ("", "secrets", "get"), ("", "events", "create"),
+        # the pool controller: members created and deleted, pools watched, status and scale written
+        ("crawl.example.com", "proxies", "create"), ("crawl.example.com", "proxies", "delete"),
+        ("crawl.example.com", "proxypools", "watch"), ("crawl.example.com", "proxypools/status", "patch"),
+        ("crawl.example.com", "proxypools/scale", "patch"),
     }  # exactly these and no more: tests/test_rbac.py
     assert needed <= grants
-    assert not any(r == "proxies" and v in ("create", "delete") for _, r, v in grants), \
-        "the operator never creates or deletes Proxies"
+    assert not any(r == "proxypools" and v in ("create", "delete", "patch", "update") for _, r, v in grants), \
+        "the operator never creates, deletes or edits a ProxyPool (spec.replicas only through /scale)"
     assert not any(r == "secrets" and v in ("list", "watch") for _, r, v in grants), \
         "listing Secrets would expose every Secret of the cluster"
     lease = _kind(default_render, "Role")["proxy-operator-leader-election"]

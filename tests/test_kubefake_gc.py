@@ -215,6 +215,23 @@ def test_foreground_from_the_query_string(kube, custom_api):
     wait_for(lambda: pool_of(custom_api) is None, 10, "pool gone")
 
 
+def test_foreground_goes_down_a_chain_of_owners(kube, custom_api, core):
+    member = make_proxy(custom_api, "member", [owner_ref(make_pool(custom_api))])
+    core.create_namespaced_secret(NS, {"metadata": {"name": "member-proxy-auth", "finalizers": ["example.com/keep"],
+                                                    "ownerReferences": [owner_ref(member)]}})
+    custom_api.delete_namespaced_custom_object(G, V, NS, "proxypools", "pool",
+                                               body={"propagationPolicy": "Foreground"})
+    # the member has a dependent of its own: it is deleted in the foreground too, and waits for it
+    wait_for(lambda: proxy(custom_api, "member")["metadata"].get("finalizers") == ["foregroundDeletion"], 10,
+             "the member deleting its dependents first")
+    wait_for(lambda: secret(core, "member-proxy-auth").metadata.deletion_timestamp, 10, "the Secret deleting")
+    time.sleep(0.3)
+    assert pool_of(custom_api) is not None and proxy(custom_api, "member") is not None
+    core.patch_namespaced_secret("member-proxy-auth", NS, {"metadata": {"finalizers": None}})
+    wait_for(lambda: proxy(custom_api, "member") is None, 10, "the member gone after its Secret")
+    wait_for(lambda: pool_of(custom_api) is None, 10, "the pool gone last")
+
+
 # -- orphan -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("body", [{"propagationPolicy": "Orphan"}, {"orphanDependents": True}],
@@ -297,3 +314,22 @@ def test_collector_writes_are_not_client_requests(kube, custom_api, family):
     wait_for(lambda: proxy(custom_api, "free") is None, 10, "collected")
     assert kube.request_count("delete", "proxies") == before
     assert ("delete", G, "proxies", NS) not in seen
+
+
+def test_owner_references_are_validated(custom_api, core):
+    pool = make_pool(custom_api)
+    other = make_pool(custom_api, "other")
+    with pytest.raises(k8s.ApiException) as err:
+        make_proxy(custom_api, "two-controllers", [owner_ref(pool), owner_ref(other)])
+    body = json.loads(err.value.body)
+    assert err.value.status == 422 and body["details"]["causes"][0]["field"] == "metadata.ownerReferences"
+    assert ('Only one reference can have Controller set to true. Found "true" in references for ProxyPool/pool and '
+            "ProxyPool/other") in body["message"]
+    with pytest.raises(k8s.ApiException) as err:
+        make_secret(core, "no-uid", [{"apiVersion": f"{G}/{V}", "kind": "Proxy", "name": "x", "uid": ""}])
+    assert err.value.status == 422 and 'metadata.ownerReferences.uid: Invalid value: "": must not be empty' in \
+        json.loads(err.value.body)["message"]
+    with pytest.raises(k8s.ApiException) as err:
+        custom_api.patch_namespaced_custom_object(G, V, NS, "proxypools", "other", {"metadata": {"ownerReferences": [
+            {"apiVersion": "", "kind": "Proxy", "name": "x", "uid": "1"}]}})
+    assert err.value.status == 422 and "version must not be empty" in err.value.body

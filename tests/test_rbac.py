@@ -8,8 +8,10 @@ they use; the fake records every ``(verb, group, resource, namespace)`` sent wit
 start, leader election (acquire, renew, release), a Proxy with generated basic-auth
 credentials applied, Running, probed to Ready through its Squid with those credentials, a
 provider check written to its ProviderHealth, a GC sweep, a Proxy released with skip-cleanup
-(its Pod labelled abandoned), and a delete (Pod and Secret gone).  The recorded set is then
-compared with the rules of the roles deploy/rbac binds to the operator's ServiceAccount.
+(its Pod labelled abandoned), a delete (Pod and Secret gone), and an autoscaled ProxyPool (its
+stream watched, members created with an ownerReference, its status written, ``spec.replicas``
+lowered through the scale subresource, a member marked draining and deleted).  The recorded set
+is then compared with the rules of the roles deploy/rbac binds to the operator's ServiceAccount.
 """
 
 from __future__ import annotations
@@ -155,6 +157,17 @@ def test_the_operator_uses_exactly_what_deploy_rbac_grants(cluster, origin, redi
             return bool((obj.get("status") or {}).get("targets"))
 
         wait_for(health_written, 60, "the provider check's ProviderHealth")
+
+        # An autoscaled pool of two with no load: the autoscaler lowers it to one (scale
+        # subresource) and the member it drops is marked draining, then deleted.
+        _custom(cluster).create_namespaced_custom_object(GROUP, VERSION, "default", "proxypools", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": "audited"},
+            "spec": {"replicas": 2, "autoscale": {"minReplicas": 1, "maxReplicas": 2, "scaleDownDelaySeconds": 0},
+                     "template": {"metadata": {"labels": {"app": "audited"}}, "spec": {
+                         "provider": "k8s-local", "healthCheck": {"url": f"{origin}/generate_204",
+                                                                  "intervalSeconds": 1, "timeoutSeconds": 1}}}}})
+        wait_for(lambda: ("patch", GROUP, "proxypools/scale", "default") in recorded
+                 and ("delete", GROUP, PLURAL, "default") in recorded, 120, "the pool scaled down by its autoscaler")
         wait_for(lambda: ("list", "", "pods", None) in recorded and ("list", GROUP, PLURAL, None) in recorded,
                  30, "a GC sweep")
         wait_for(lambda: ("create", "", "events", "default") in recorded, 10, "an Event")

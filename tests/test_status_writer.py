@@ -127,7 +127,7 @@ def test_own_writes_are_recorded_per_gateway_setting(api):
     assert recording.take_written() == [] and silent.take_written() == []
 
 
-def test_the_credentials_secret_is_used_only_when_the_proxy_owns_it(api):
+def test_the_credentials_secret_is_used_only_when_the_proxy_owns_it(fake, api):
     kube = KubernetesGateway(api)
     proxy = external(api, "auth-1")
     auth = credentials.ensure(kube, proxy)
@@ -136,6 +136,7 @@ def test_the_credentials_secret_is_used_only_when_the_proxy_owns_it(api):
     assert credentials.read(kube, proxy) == auth and credentials.ensure(kube, proxy) == auth   # reused
 
     earlier = external(api, "auth-2")
+    fake.gc.pause()  # the Secret of an earlier Proxy, before the cluster's garbage collector deletes it
     kube.create_secret(Secret(NS, credentials.secret_name(earlier), {"username": b"u"},
                               owners=(OwnerReference("crawl.example.com/v1alpha1", "Proxy", "auth-2", "old-uid"),)))
     with pytest.raises(Transient):

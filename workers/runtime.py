@@ -66,6 +66,34 @@ def pool_dispatcher() -> PoolDispatcher:
     return PoolDispatcher(context().redis, send)
 
 
+def preload() -> None:
+    """Import, in a worker's main process before it forks its pool, what every task needs.
+
+    Without it each prefork child imports on its first task the ``kubernetes`` client's API
+    classes (``CoreV1Api`` alone pulls in some 250 pydantic models: about 1 s of CPU), the
+    providers' modules and SDKs and Celery's publishing side: all children at once, right when
+    the first messages arrive, so the first seconds of work queued behind them (docs/performance.md,
+    "Pipeline").  Imported once in the parent, they are shared by every child (copy on write).
+
+    Only imports: no client, connection or thread is made here (each child builds its own,
+    :func:`context`), and the registry built to import the providers' modules is dropped
+    (constructors never dial).  Never raises: whatever fails here fails again, with its
+    message, on the first task that needs it.
+    """
+    import logging
+
+    try:
+        from kubernetes import client as k8s
+
+        k8s.CustomObjectsApi, k8s.CoreV1Api  # noqa: B018 - the client's lazy imports
+        from workers.celery_app import celery_app
+
+        celery_app.amqp  # noqa: B018 - the publishing side (task messages, followups)
+        load_registry(Settings.from_env().providers_config)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        logging.getLogger(__name__).debug("preload: %s: %s", type(exc).__name__, exc)
+
+
 def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     """Queue the deletion of a replaced instance on the queue of the place it lives in.
 
@@ -75,4 +103,4 @@ def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     dispatcher().retire(provider_name, provider_id, ref)
 
 
-__all__ = ["RETIRE_TASK", "context", "dispatcher", "pool_dispatcher"]
+__all__ = ["RETIRE_TASK", "context", "dispatcher", "pool_dispatcher", "preload"]

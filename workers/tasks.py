@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import uuid
 
+from celery.signals import worker_init
+
 from app import gc as gc_logic
 from app import metrics, naming, reconcile, redis_keys
 from app.dispatch import GC, PROXIES, lock_timeout
@@ -19,9 +21,16 @@ from app.providers.base import ShardedProvider
 from app.providers.errors import Permanent, classify, describe
 from app.reconcile import Ref
 from workers.celery_app import celery_app
-from workers.runtime import context, dispatcher, pool_dispatcher
+from workers.runtime import context, dispatcher, pool_dispatcher, preload
 
 log = logging.getLogger(__name__)
+
+
+@worker_init.connect
+def _preload(**_) -> None:
+    """Import what every task needs once, in the worker's main process before the pool forks
+    (:func:`workers.runtime.preload`): a prefork child's first task no longer pays for it."""
+    preload()
 
 
 def _lock_timeout(ctx) -> float:
@@ -119,7 +128,7 @@ def pool_reconcile(self, namespace: str, name: str, uid: str, attempt: int = 0) 
     pools.started(uid)
     ref = PoolRef(namespace, name, uid)
     try:
-        outcome = run(ctx.kube, ctx.redis, ctx.registry.configs, ref, lock_timeout=_lock_timeout(ctx))
+        outcome = run(ctx.kube, ctx.redis, ctx.registry.configs, ref=ref, lock_timeout=_lock_timeout(ctx))
     except Exception as exc:  # noqa: BLE001 - the API or Redis down while reading: retry the pass
         delay = reconcile.backoff(ctx.settings, attempt)
         log.warning("pool %s/%s: pass failed: %s %s; retrying in %.0fs", namespace, name, type(exc).__name__,

@@ -89,7 +89,7 @@ def current_count(spec_replicas: int, auto: Autoscale) -> int:
     return min(max(spec_replicas, auto.min_replicas), auto.max_replicas)
 
 
-def recommend(auto: Autoscale, current: int, demand: Demand, max_leases: int) -> int | None:
+def recommend(auto: Autoscale, current: int, demand: Demand, *, max_leases: int) -> int | None:
     """This pass's unclamped recommendation, or ``None`` when there is no signal to act on.
 
     Args:
@@ -111,7 +111,8 @@ def recommend(auto: Autoscale, current: int, demand: Demand, max_leases: int) ->
     return wanted
 
 
-def stabilize(history: list[dict[str, int]], recommended: int, now: float, delay: float) -> tuple[int, list[dict[str, int]]]:
+def stabilize(history: list[dict[str, int]], recommended: int, now: float, *,
+              delay: float) -> tuple[int, list[dict[str, int]]]:
     """Apply the scale-down window.
 
     Args:
@@ -141,7 +142,7 @@ def stabilize(history: list[dict[str, int]], recommended: int, now: float, delay
     return max(e["replicas"] for e in kept), kept
 
 
-def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int,
+def decide(auto: Autoscale, current: int, demand: Demand, *, max_leases: int,
            history: "list[Mapping[str, Any]] | None", now: float) -> Decision:
     """The member count to keep now (see the module docstring).
 
@@ -157,7 +158,7 @@ def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int,
     history = list(history or ())
     capacity = demand.ready * max_leases
     utilization = (demand.live + demand.waiting) / capacity if capacity > 0 else None
-    raw = recommend(auto, current, demand, max_leases)
+    raw = recommend(auto, current, demand, max_leases=max_leases)
     base = current if raw is None else raw
     clamped = min(max(base, auto.min_replicas), auto.max_replicas)
     limited = ""
@@ -167,10 +168,10 @@ def decide(auto: Autoscale, current: int, demand: Demand, max_leases: int,
         limited = "TooManyReplicas"
     if clamped >= current:
         # scale up (or stay) at once; the window restarts from this recommendation
-        _, kept = stabilize(history, clamped, now, auto.scale_down_delay)
+        _, kept = stabilize(history, clamped, now, delay=auto.scale_down_delay)
         desired = clamped
     else:
-        desired, kept = stabilize(history, clamped, now, auto.scale_down_delay)
+        desired, kept = stabilize(history, clamped, now, delay=auto.scale_down_delay)
         desired = min(desired, current)
     return Decision(desired=desired, recommended=clamped, raw=raw, limited=limited, utilization=utilization,
                     history=kept)

@@ -6,7 +6,7 @@ Redis lock it reads, through the :class:`app.kube.KubeGateway`,
 * the pool (gone or being deleted: its demand count is forgotten; Kubernetes' garbage collector
   deletes its members, which carry a controller ownerReference with ``blockOwnerDeletion``);
 * its members: the Proxies of its namespace whose controller ownerReference names the pool's UID
-  and whose labels match its selector.  A Proxy without that reference is never adopted, whatever
+  (and whose labels match ``spec.selector`` when one is given).  A Proxy without that reference is never adopted, whatever
   its labels; a Proxy controlled by anything else is never touched;
 
 and from Redis what the serving view says of each member (leasable, live leases), the provider
@@ -107,7 +107,7 @@ def controlled_by(proxy: Proxy, pool: Pool) -> bool:
     return bool(ref) and ref.get("uid") == pool.uid and ref.get("kind") == POOL_KIND
 
 
-def members_of(pool: Pool, proxies: list[Proxy], records: Mapping[str, Mapping[str, str]],
+def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mapping[str, str]],
                counts: Mapping[str, int], now: float) -> tuple[list[Member], dict[str, Proxy]]:
     """The pool's members as :func:`app.pools.plan.plan` takes them, and their Proxies by UID.
 
@@ -122,7 +122,7 @@ def members_of(pool: Pool, proxies: list[Proxy], records: Mapping[str, Mapping[s
     for p in proxies:
         if not controlled_by(p, pool):
             continue
-        if not selectors.matches(pool.spec.selector, p.labels):
+        if pool.spec.explicit_selector and not selectors.matches(pool.spec.selector, p.labels):
             log.info("pool %s: %s is controlled by the pool but does not match its selector: left alone",
                      pool.key, p.key)
             continue
@@ -140,7 +140,7 @@ def members_of(pool: Pool, proxies: list[Proxy], records: Mapping[str, Mapping[s
     return out, by_uid
 
 
-def zones_ready(r, pc, zones: list[str | None], now: float | None = None) -> dict[str, bool]:
+def zones_ready(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, bool]:
     """Whether members may be placed in each of ``zones`` (``None``: the template's placement).
 
     A zone is Ready when the provider's ProviderHealth target of that name is (a KVM host), or,
@@ -180,7 +180,7 @@ def _names(items) -> str:
     return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
 
 
-def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *, now: float | None = None,
+def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, now: float | None = None,
               rand: Callable[[], float] = random.random) -> Outcome:
     """One pass over the pool ``ref`` (no lock: see :func:`run`).
 
@@ -205,28 +205,29 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *,
         r.delete(redis_keys.pool_scale(ref.uid))
         return Outcome("gone")
     if pool.spec is None:
-        status_writer.write_pool(kube, pool, stalled(pool, "InvalidSpec", pool.spec_error, now))
+        status_writer.write_pool(kube, pool, stalled(pool, "InvalidSpec", pool.spec_error, now=now))
         return Outcome("stalled")
     pc = configs.get(pool.spec.provider)
     if pc is None:
         status_writer.write_pool(kube, pool, stalled(
             pool, "UnknownProvider", f"spec.template.spec.provider: no provider {pool.spec.provider!r} in the "
-                                     "providers config: no member is created", now))
+                                     "providers config: no member is created", now=now))
         return Outcome("stalled")
     pool_demand.register(r, pool.namespace, pool.name)
 
     proxies = kube.list_proxies_in(pool.namespace)
     candidates = [p for p in proxies if controlled_by(p, pool)]
     uids = [p.uid for p in candidates]
-    members, by_uid = members_of(pool, candidates, serving.records(r, uids), leases.live_counts(r, uids), now)
+    members, by_uid = members_of(pool, candidates, records=serving.records(r, uids),
+                                 counts=leases.live_counts(r, uids), now=now)
     zones = list(pool.spec.zones) or [pool.spec.template_zone]
-    ready = zones_ready(r, pc, zones, now)
+    ready = zones_ready(r, pc, zones, now=now)
     signal, history = None, None
     if pool.spec.autoscale is not None:
         taken = pool_demand.take(r, pool.namespace, pool.name)
         signal = Demand(refused=taken.refused, window=taken.window or 0.0)
         history = _history(r, pool.uid)
-    result = plan(pool, members, ready, now, signal, history)
+    result = plan(pool, members, ready, now=now, demand=signal, history=history)
     _apply(kube, r, pool, result, by_uid, rand)
     if pool.spec.autoscale is not None:
         r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
@@ -313,7 +314,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         refused("writing the status", exc)
 
 
-def run(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *, lock_timeout: float,
+def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_timeout: float,
         now: float | None = None) -> Outcome:
     """:func:`reconcile` under the per-pool lock (:func:`app.redis_keys.pool_lock`), so two
     deliveries of the same pool never act together.
@@ -329,7 +330,7 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], ref: PoolRef, *, lock_
     if not lock.acquire():
         return Outcome("locked", requeue_after=2.0)
     try:
-        return reconcile(kube, r, configs, ref, now=now)
+        return reconcile(kube, r, configs, ref=ref, now=now)
     finally:
         try:
             lock.release()

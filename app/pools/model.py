@@ -23,11 +23,11 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from app import selectors
 from app.resources import DRAINING_ANNOTATION, GROUP, MODE_MANAGED, POOL_KIND, POOL_PLURAL, VERSION
+from app.timefmt import parse_rfc3339, rfc3339
 from app.validation import parse_duration
 
 POOL_API_VERSION = f"{GROUP}/{VERSION}"
@@ -60,18 +60,15 @@ def parse_time(value: Any) -> float | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_rfc3339(value).timestamp()
     except ValueError:
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
 
 
 def format_time(epoch: float) -> str:
     """Epoch seconds to RFC 3339 UTC with second precision (rounded up, so a deadline written
     and read back is never earlier than the one meant)."""
-    return datetime.fromtimestamp(math.ceil(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(math.ceil(epoch))
 
 
 def _int_or_percent(path: str, value: Any, total: int, *, round_up: bool, default: int) -> int:
@@ -225,6 +222,10 @@ class PoolSpec:
             ``spec.template.spec`` (a Proxy spec; ``mode`` must be Managed).
         selector: requirements members must match (``spec.selector``; the template labels
             when absent).
+        explicit_selector: whether ``spec.selector`` was given.  Only then does a member have to
+            match it: a selector derived from the template follows the template, so after a
+            change of its labels the members made from the older template (owned by the pool all
+            the same) still count as members, outdated ones, and are rolled over.
         max_age: seconds after which a member is replaced (:func:`age_limit`), ``None``: never.
         max_surge / max_unavailable: rollout bounds, resolved against :attr:`replicas`
             (both 0 is read as ``max_surge`` 1: a rollout must be able to move).
@@ -246,6 +247,7 @@ class PoolSpec:
     zones: tuple[str, ...] = ()
     autoscale: Autoscale | None = None
     hash: str = ""
+    explicit_selector: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "PoolSpec":
@@ -290,7 +292,8 @@ class PoolSpec:
             raise PoolSpecError("spec.spread.zones", "a zone is listed twice")
         return cls(replicas=replicas, template_labels=labels, template_spec=tspec, selector=sel, max_age=max_age,
                    max_surge=surge, max_unavailable=unavailable, drain_timeout=float(drain), zones=zones,
-                   autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec))
+                   autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec),
+                   explicit_selector=bool(d.get("selector")))
 
     @property
     def provider(self) -> str:

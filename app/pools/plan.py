@@ -136,7 +136,7 @@ def _desired(pool: Pool, demand: scaler.Demand, history, now: float):
     if spec.autoscale is None:
         return spec.replicas, None
     current = scaler.current_count(spec.replicas, spec.autoscale)
-    decision = scaler.decide(spec.autoscale, current, demand, spec.max_leases, history, now)
+    decision = scaler.decide(spec.autoscale, current, demand, max_leases=spec.max_leases, history=history, now=now)
     return decision.desired, decision
 
 
@@ -147,14 +147,14 @@ def _zone_counts(pool: Pool, staying: list[Member]) -> dict[str, int]:
     return counts
 
 
-def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], now: float,
+def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, now: float,
          demand: scaler.Demand | None = None, history: "list[Mapping[str, Any]] | None" = None) -> Plan:
     """Decide what ``pool`` needs now (the rules of the module docstring).
 
     Args:
         pool: the pool as read (its ``spec`` must be valid: see :func:`invalid`).
-        members: the Proxies it controls (controller ownerReference to its UID, matching its
-            selector), in any order.
+        members: the Proxies it controls (controller ownerReference to its UID, matching
+            ``spec.selector`` when given: :func:`app.pools.controller.members_of`), in any order.
         zone_ready: zone -> whether its provider target is Ready (ProviderHealth); a zone not
             in the map counts as Ready.
         now: epoch seconds.
@@ -334,7 +334,7 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
     }
 
 
-def stalled(pool: Pool, reason: str, message: str, now: float) -> dict:
+def stalled(pool: Pool, reason: str, message: str, *, now: float) -> dict:
     """The status of a pool the controller cannot act on: ``Progressing=False`` with ``reason``
     and ``message``; nothing else is changed (its members are left as they are).
 
@@ -352,7 +352,7 @@ def stalled(pool: Pool, reason: str, message: str, now: float) -> dict:
 def invalid(pool: Pool, now: float) -> dict:
     """:func:`stalled` for a pool whose spec cannot be read: ``InvalidSpec``, the message naming
     the field (:attr:`app.pools.model.Pool.spec_error`)."""
-    return stalled(pool, "InvalidSpec", pool.spec_error, now)
+    return stalled(pool, "InvalidSpec", pool.spec_error, now=now)
 
 
 __all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain", "Plan",

@@ -3,7 +3,8 @@
 Enable them with ``pytest_plugins = ["tests.kubefake.fixtures"]`` in a conftest, or import
 the fixture names into a test module.
 
-* ``kube`` — a started :class:`tests.kubefake.FakeKube` (bookmarks every 0.2 s).
+* ``kube`` — a started :class:`tests.kubefake.FakeKube` (bookmarks every 0.2 s; its garbage
+  collector runs, ``kube.gc``: pause it for objects whose owners must look absent for a while).
 * ``kube_client`` — a :class:`kubernetes.client.ApiClient` for it.
 * ``kubeconfig`` — path of a kubeconfig for it, also exported as ``KUBECONFIG`` for the test
   (so :func:`app.kube.api_client` in this process and in subprocesses reaches the fake).

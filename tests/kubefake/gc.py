@@ -51,7 +51,7 @@ from tests.kubefake.errors import ApiError
 from tests.kubefake.resources import ResourceType
 from tests.kubefake.store import FOREGROUND_FINALIZER as FOREGROUND
 from tests.kubefake.store import ORPHAN_FINALIZER as ORPHAN
-from tests.kubefake.store import Closed, Store
+from tests.kubefake.store import ADDED, DELETED, Closed, Event, Store
 
 log = logging.getLogger("kubefake.gc")
 
@@ -151,7 +151,7 @@ class GarbageCollector:
                 full = True
             if self._stop.is_set() or self._paused.is_set():
                 continue
-            if full or self._failing or any(self._relevant(ev.obj) or self._relevant(ev.old) for ev in events):
+            if full or self._failing or any(self._matters(ev) for ev in events):
                 try:
                     self.collect()
                 except Exception:  # a bug in the collector must not kill it silently
@@ -165,11 +165,20 @@ class GarbageCollector:
         with self.store.cond:
             self.store.cond.notify_all()
 
-    def _relevant(self, obj: dict | None) -> bool:
-        if not obj:
+    def _matters(self, ev: Event) -> bool:
+        """Whether a change can give the collector work: a dependent added, removed or with
+        other owners; an owner removed or marked for deletion.  A status write (most writes)
+        does not, so a busy fleet does not make the collector look at every object each time."""
+        new = (ev.obj or {}).get("metadata") or {}
+        involved = bool(new.get("ownerReferences")) or new.get("uid") in self._owner_uids
+        if ev.type == ADDED:
+            return bool(new.get("ownerReferences")) or bool(_gc_finalizers(new))
+        if ev.type == DELETED:
+            return involved
+        old = (ev.old or {}).get("metadata") or {}
+        if all(new.get(k) == old.get(k) for k in ("ownerReferences", "deletionTimestamp", "finalizers")):
             return False
-        meta = obj.get("metadata") or {}
-        return bool(meta.get("ownerReferences")) or bool(_gc_finalizers(meta)) or meta.get("uid") in self._owner_uids
+        return involved or bool(old.get("ownerReferences")) or bool(_gc_finalizers(new) or _gc_finalizers(old))
 
     # -- one collection ----------------------------------------------------------------------
     def collect(self) -> int:

@@ -28,6 +28,7 @@ What it reproduces from kube-apiserver (and where upstream defines it):
 * Watch: events after a given resourceVersion; 410 Expired when that version is older than
   the retained history (etcd compaction); label-selector watches turn "stopped matching"
   into DELETED and "started matching" into ADDED (upstream's filtered watch).
+* ``metadata.ownerReferences`` are validated (every field set, one controller at most).
 * Built-in defaulting/validation the operator could trip over: Pods get
   ``status.phase: Pending`` on create and may only change container images in place;
   Secret ``stringData`` is folded into ``data``; events.k8s.io/v1 Events need their
@@ -733,6 +734,9 @@ class Store:
                                                        and all(isinstance(f, str) for f in meta["finalizers"])):
             raise self._invalid(rt, meta.get("name", ""),
                                 [("metadata.finalizers", "Invalid value: must be a list of strings")])
+        causes = _owner_reference_errors(meta.get("ownerReferences"))
+        if causes:
+            raise self._invalid(rt, meta.get("name", ""), causes)
         body["kind"], body["apiVersion"] = rt.kind, rt.api_version
         return body
 
@@ -850,6 +854,33 @@ class Store:
             self._compacted += drop
         self.cond.notify_all()
         return entry
+
+
+def _owner_reference_errors(refs) -> list[tuple[str, str]]:
+    """``metadata.ownerReferences`` problems, as ``ValidateOwnerReferences`` (k8s.io/apimachinery)
+    words them: every field set, at most one ``controller: true``."""
+    if refs is None:
+        return []
+    where = "metadata.ownerReferences"
+    if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+        return [(where, "Invalid value: must be a list of objects")]
+    causes: list[tuple[str, str]] = []
+    controller = ""
+    for ref in refs:
+        api_version = str(ref.get("apiVersion") or "")
+        if not api_version.rpartition("/")[2]:
+            causes.append((f"{where}.apiVersion", f'Invalid value: "{api_version}": version must not be empty'))
+        for key in ("kind", "name", "uid"):
+            if not ref.get(key):
+                causes.append((f"{where}.{key}", f'Invalid value: "{ref.get(key) or ""}": must not be empty'))
+        if ref.get("controller") is True:
+            name = f"{ref.get('kind')}/{ref.get('name')}"
+            if controller:
+                causes.append((where, f"Invalid value: {json.dumps(refs)}: Only one reference can have Controller "
+                                      f'set to true. Found "true" in references for {controller} and {name}'))
+            else:
+                controller = name
+    return causes
 
 
 #: ``Scale.spec.replicas`` of an object without a value at its specReplicasPath (upstream's

@@ -3,8 +3,9 @@
 Tests reach the daemon only through the provider's SSH path; the harness's own direct socket
 is used for nothing but teardown (destroying what a failed test left behind).
 
-Under pytest-xdist every test here is in the ``kvm`` group (``--dist loadgroup``): they all run
-in one worker, so a run starts one rig (and boots at most one guest at a time), not one per worker.
+Under pytest-xdist every test here is in the ``kvm`` group (``XDIST_GROUPS`` in tests/conftest.py):
+they all run in one worker, so a run starts one rig (and boots at most one guest at a time), not
+one per worker.
 """
 
 from __future__ import annotations
@@ -12,24 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from pathlib import Path
 
 import pytest
 
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from tests.kvm import harness
-
-_HERE = Path(__file__).resolve().parent
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Put every test of this directory in the ``kvm`` xdist group (before xdist reads the marks)."""
-    for item in items:
-        if _HERE in Path(str(item.path)).resolve().parents:
-            item.add_marker(pytest.mark.xdist_group("kvm"))
-
 
 _NEEDED = ("libvirtd", "virtlogd", "qemu-system-x86_64", "qemu-img", "unshare", "nsenter", "ssh-keygen", "dnsmasq")
 

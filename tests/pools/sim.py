@@ -59,7 +59,7 @@ class Sim:
     def step(self, demand=None, dt: float = 1.0):
         """One pass: plan, apply, let time ``dt`` pass; return the plan."""
         self.now += dt
-        result = plan(self.pool, self.members, self.zone_ready, self.now, demand, list(self.history))
+        result = plan(self.pool, self.members, self.zone_ready, now=self.now, demand=demand, history=list(self.history))
         self.plans.append(result)
         self.history = result.history
         gone = {d.uid for d in result.deletes}

@@ -22,23 +22,23 @@ def test_waiting_crawlers_from_refusals_per_second():
 
 def test_recommendation_is_load_over_target_capacity():
     # 12 live leases, 5 per member at 50 %: 12 / 2.5 -> 5 members
-    assert recommend(AUTO, 3, Demand(live=12, ready=3), 5) == 5
-    assert recommend(AUTO, 3, Demand(live=0, ready=3), 5) == 0
-    assert recommend(AUTO, 0, Demand(refused=10, window=10), 5) == 1  # from zero on refusals
+    assert recommend(AUTO, 3, Demand(live=12, ready=3), max_leases=5) == 5
+    assert recommend(AUTO, 3, Demand(live=0, ready=3), max_leases=5) == 0
+    assert recommend(AUTO, 0, Demand(refused=10, window=10), max_leases=5) == 1  # from zero on refusals
 
 
 def test_within_tolerance_the_count_stands():
     # 4 members at 50 % of 5 = 10 leases; 9.5..10.5 -> stay; 9 and 11 are 10 % off: still stay
     for live in (9, 10, 11):
-        assert recommend(AUTO, 4, Demand(live=live, ready=4), 5) == 4
-    assert recommend(AUTO, 4, Demand(live=12, ready=4), 5) == 5
-    assert recommend(AUTO, 4, Demand(live=5, ready=4), 5) == 2
+        assert recommend(AUTO, 4, Demand(live=live, ready=4), max_leases=5) == 4
+    assert recommend(AUTO, 4, Demand(live=12, ready=4), max_leases=5) == 5
+    assert recommend(AUTO, 4, Demand(live=5, ready=4), max_leases=5) == 2
 
 
 def test_no_signal_while_members_exist_but_none_is_ready():
-    assert recommend(AUTO, 3, Demand(live=0, ready=0), 5) is None
-    assert recommend(AUTO, 3, Demand(live=0, ready=0, refused=9, window=3), 5) == 2  # refusals are a signal
-    assert recommend(AUTO, 3, Demand(live=4, ready=1), 0) is None  # members take no leases at all
+    assert recommend(AUTO, 3, Demand(live=0, ready=0), max_leases=5) is None
+    assert recommend(AUTO, 3, Demand(live=0, ready=0, refused=9, window=3), max_leases=5) == 2  # refusals are a signal
+    assert recommend(AUTO, 3, Demand(live=4, ready=1), max_leases=0) is None  # members take no leases at all
 
 
 def test_current_count_is_spec_replicas_clamped():
@@ -49,43 +49,43 @@ def test_current_count_is_spec_replicas_clamped():
 
 def test_bounds_are_reported():
     small = Autoscale(min_replicas=2, max_replicas=3, target=0.5, scale_down_delay=0)
-    d = decide(small, 2, Demand(live=50, ready=2), 5, [], 0.0)
+    d = decide(small, 2, Demand(live=50, ready=2), max_leases=5, history=[], now=0.0)
     assert (d.desired, d.raw, d.limited) == (3, 20, "TooManyReplicas")
-    d = decide(small, 3, Demand(live=0, ready=3), 5, None, 0.0)
+    d = decide(small, 3, Demand(live=0, ready=3), max_leases=5, history=None, now=0.0)
     assert (d.desired, d.raw, d.limited) == (2, 0, "TooFewReplicas")
-    d = decide(small, 2, Demand(live=5, ready=2), 5, [], 0.0)
+    d = decide(small, 2, Demand(live=5, ready=2), max_leases=5, history=[], now=0.0)
     assert (d.desired, d.limited) == (2, "")
     assert d.utilization == pytest.approx(0.5)
 
 
 def test_scale_up_is_immediate_scale_down_waits_for_the_window():
     t = 0.0
-    d = decide(AUTO, 4, Demand(live=10, ready=4), 5, [], t)
+    d = decide(AUTO, 4, Demand(live=10, ready=4), max_leases=5, history=[], now=t)
     assert d.desired == 4
     t = 100.0
-    d = decide(AUTO, 4, Demand(live=30, ready=4), 5, d.history, t)
+    d = decide(AUTO, 4, Demand(live=30, ready=4), max_leases=5, history=d.history, now=t)
     assert d.desired == 12  # at once
     for t in (200.0, 300.0, 399.0):
-        d = decide(AUTO, 12, Demand(live=2, ready=12), 5, d.history, t)
+        d = decide(AUTO, 12, Demand(live=2, ready=12), max_leases=5, history=d.history, now=t)
         assert d.desired == 12, t  # the 12 of t=100 is inside the last 300 s
-    d = decide(AUTO, 12, Demand(live=2, ready=12), 5, d.history, 501.0)
+    d = decide(AUTO, 12, Demand(live=2, ready=12), max_leases=5, history=d.history, now=501.0)
     assert d.desired == 1
 
 
 def test_history_keeps_changes_only_and_what_was_in_effect_at_the_window_start():
-    desired, kept = stabilize([], 5, 0, 300)
+    desired, kept = stabilize([], 5, 0, delay=300)
     assert (desired, kept) == (5, [{"time": 0, "replicas": 5}])
-    desired, kept = stabilize(kept, 5, 50, 300)
+    desired, kept = stabilize(kept, 5, 50, delay=300)
     assert kept == [{"time": 0, "replicas": 5}]  # unchanged: nothing appended
-    desired, kept = stabilize(kept, 2, 100, 300)
+    desired, kept = stabilize(kept, 2, 100, delay=300)
     assert desired == 5 and len(kept) == 2
-    desired, kept = stabilize(kept, 2, 399, 300)
+    desired, kept = stabilize(kept, 2, 399, delay=300)
     assert desired == 5  # 5 was in effect until t=100, inside [99, 399]
-    desired, kept = stabilize(kept, 2, 400, 300)
+    desired, kept = stabilize(kept, 2, 400, delay=300)
     assert desired == 2 and kept == [{"time": 100, "replicas": 2}]
     # malformed entries are dropped; the list stays bounded
     many = [{"time": i, "replicas": i % 7} for i in range(200)] + [{"time": "x"}, "junk"]
-    _, kept = stabilize(many, 3, 200, 10_000)
+    _, kept = stabilize(many, 3, 200, delay=10_000)
     assert len(kept) <= MAX_HISTORY
 
 
@@ -94,7 +94,7 @@ def _run(load, passes=400, dt=15.0, auto=AUTO, start=4):
     history, current, out = [], start, []
     for i in range(passes):
         t = i * dt
-        d = decide(auto, current, Demand(live=load(t, current), ready=current), 5, history, t)
+        d = decide(auto, current, Demand(live=load(t, current), ready=current), max_leases=5, history=history, now=t)
         current, history = d.desired, d.history
         out.append(current)
     return out

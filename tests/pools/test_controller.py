@@ -70,7 +70,7 @@ def ready(api, r, proxy: Proxy) -> None:
 
 
 def run(api, r, ref: PoolRef, **kw) -> controller.Outcome:
-    return controller.run(KubernetesGateway(api), r, CONFIGS, ref, lock_timeout=30, **kw)
+    return controller.run(KubernetesGateway(api), r, CONFIGS, ref=ref, lock_timeout=30, **kw)
 
 
 def test_members_are_created_owned_labelled_and_reported(api, redis_client):
@@ -160,17 +160,41 @@ def test_scale_down_drains_then_deletes_only_when_the_lease_is_released(api, red
     assert proxies(api) == [] or all(p.deleting for p in proxies(api))
 
 
+def _kvm_like(name: str, hosts: list[str]):
+    """A provider config whose targets are hosts (as a kvm provider's are), for zones_ready."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, type="kvm", check_interval=10, check_timeout=5,
+                           settings=SimpleNamespace(hosts=[SimpleNamespace(name=h) for h in hosts]))
+
+
 def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api, redis_client):
     from app.provider_health import record_target
     from app.providers.base import TargetVerdict
-    from tests.support.contexts import k8s_provider
 
-    configs = {"k8s-local": k8s_provider("k8s-local")}
+    configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}
     ref = make_pool(api, replicas=4, spread={"zones": ["z1", "z2"]})
+    record_target(redis_client, "k8s-local", TargetVerdict("z1", True, "Ready"), elapsed=0.1)
     record_target(redis_client, "k8s-local", TargetVerdict("z2", False, "DialFailed", "down"), elapsed=0.1)
-    out = controller.run(KubernetesGateway(api), redis_client, configs, ref, lock_timeout=30)
+    out = controller.run(KubernetesGateway(api), redis_client, configs, ref=ref, lock_timeout=30)
     assert [c.zone for c in out.plan.creates] == ["z1"] * 4
     assert sorted(p.spec.zone for p in proxies(api)) == ["z1"] * 4
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", True, "Ready"), elapsed=0.1)
+    assert controller.zones_ready(redis_client, configs["k8s-local"], ["z1", "z2", "z3"]) == {
+        "z1": True, "z2": True, "z3": True}
+
+
+def test_zone_readiness_of_providers_checked_as_a_whole(redis_client):
+    from app.provider_health import record_round
+    from app.providers.base import TargetVerdict
+
+    pc = k8s_provider("k8s-local")  # one target: "cluster"
+    assert controller.zones_ready(redis_client, pc, [None, "a"]) == {"": True, "a": True}  # CheckPending
+    record_round(redis_client, "k8s-local", [TargetVerdict("cluster", False, "Unreachable")], elapsed=0.1)
+    assert controller.zones_ready(redis_client, pc, [None, "a"]) == {"": False, "a": False}
+    off = k8s_provider("k8s-off")
+    off = type(off)(off.name, off.type, 0, off.check_timeout, off.settings)  # checkInterval 0: checks off
+    assert controller.zones_ready(redis_client, off, [None]) == {"": True}
 
 
 def test_invalid_and_unknown_provider_pools_say_why_and_do_nothing(api, redis_client):
@@ -211,3 +235,26 @@ def test_a_deleted_pool_is_forgotten(api, redis_client):
     custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
     assert run(api, redis_client, ref).state == "gone"
     assert not redis_client.hexists(redis_keys.POOLS, "crawl/web")
+
+
+def test_only_an_explicit_selector_filters_owned_members(api, redis_client):
+    gw = KubernetesGateway(api)
+    # derived selector: after a change of the template's labels, the older members are still
+    # members (outdated ones), rolled over rather than forgotten
+    ref = make_pool(api, replicas=1)
+    run(api, redis_client, ref)
+    [old] = proxies(api)
+    ready(api, redis_client, old)
+    template = {"metadata": {"labels": {"app": "web", "rev": "2"}}, "spec": TEMPLATE["spec"]}
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"template": template}})
+    out = run(api, redis_client, ref)
+    assert out.plan.outdated == (old.name,) and len(out.plan.creates) == 1
+    # explicit selector: an owned Proxy relabelled out of it is no member (left alone, not counted)
+    ref2 = make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}})
+    run(api, redis_client, ref2)
+    [mine] = [p for p in proxies(api) if p.labels.get("crawl.example.com/pool") == "sel"]
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, mine.name,
+                                               {"metadata": {"labels": {"app": "elsewhere"}}})
+    out = run(api, redis_client, ref2)
+    assert len(out.plan.creates) == 1 and not out.plan.drains and not out.plan.deletes
+    assert gw.get_proxy(NS, mine.name) is not None

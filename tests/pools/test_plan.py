@@ -23,7 +23,7 @@ def cond(status: dict, ctype: str) -> dict:
 # -- scaling -------------------------------------------------------------------------------------
 def test_scale_from_zero_creates_every_member_at_once():
     p = pool({"replicas": 5})
-    result = plan(p, [], {}, NOW)
+    result = plan(p, [], {}, now=NOW)
     assert result.creates == (Create(None),) * 5
     assert not result.drains and not result.deletes
     assert result.status["replicas"] == 0 and result.desired == 5
@@ -35,8 +35,8 @@ def test_scale_from_zero_creates_every_member_at_once():
 def test_creates_use_the_templates_zone_without_a_spread():
     p = pool({"replicas": 2, "template": {"metadata": {"labels": {"app": "web"}},
                                           "spec": {"provider": "kvm", "placement": {"zone": "h1"}}}})
-    assert plan(p, [], {}, NOW).creates == (Create("h1"),) * 2
-    blocked = plan(p, [], {"h1": False}, NOW)
+    assert plan(p, [], {}, now=NOW).creates == (Create("h1"),) * 2
+    blocked = plan(p, [], {"h1": False}, now=NOW)
     assert blocked.creates == ()
     assert cond(blocked.status, "Progressing")["reason"] == "NoReadyZone"
 
@@ -44,7 +44,7 @@ def test_creates_use_the_templates_zone_without_a_spread():
 def test_steady_pool_does_nothing_and_says_complete():
     p = pool({"replicas": 3})
     members = [member(p, leases=i) for i in range(3)]
-    result = plan(p, members, {}, NOW)
+    result = plan(p, members, {}, now=NOW)
     assert result.actions == 0
     assert cond(result.status, "Progressing")["reason"] == "PoolComplete"
     assert cond(result.status, "Available")["status"] == "True"
@@ -59,7 +59,7 @@ def test_scale_down_drains_the_least_leased_and_not_leasable_first():
     some = member(p, leases=1)
     pending = member(p, leasable=False)
     busier = member(p, leases=3)
-    result = plan(p, [busy, quiet, some, pending, busier], {}, NOW)
+    result = plan(p, [busy, quiet, some, pending, busier], {}, now=NOW)
     assert [d.uid for d in result.drains] == [pending.uid, quiet.uid, some.uid]
     assert all(d.until == NOW + 90 and d.reason == "ScaleDown" for d in result.drains)
     assert not result.creates and not result.deletes
@@ -69,7 +69,7 @@ def test_scale_down_counts_members_already_draining_as_leaving():
     p = pool({"replicas": 3})
     staying = [member(p, leases=1) for _ in range(3)]
     leaving = [member(p, leases=2, draining_until=NOW + 60) for _ in range(2)]
-    result = plan(p, staying + leaving, {}, NOW)
+    result = plan(p, staying + leaving, {}, now=NOW)
     assert not result.drains and not result.creates and not result.deletes
     assert result.status["replicas"] == 5
     assert "2 draining" in cond(result.status, "Progressing")["message"]
@@ -82,7 +82,7 @@ def test_drained_members_are_deleted_when_their_leases_end_or_their_deadline_pas
     empty = member(p, leases=0, draining_until=NOW + 500)
     held = member(p, leases=2, draining_until=NOW + 500)
     late = member(p, leases=2, draining_until=NOW - 1)
-    result = plan(p, [keep, empty, held, late], {}, NOW)
+    result = plan(p, [keep, empty, held, late], {}, now=NOW)
     assert {(d.uid, d.reason) for d in result.deletes} == {(empty.uid, "Drained"), (late.uid, "DrainTimeout")}
     assert held.uid not in {d.uid for d in result.deletes}
     assert result.requeue_after == pytest.approx(500)
@@ -92,7 +92,7 @@ def test_failed_members_are_deleted_and_replaced():
     p = pool({"replicas": 2})
     ok = member(p)
     broken = member(p, leasable=False, phase="Failed")
-    result = plan(p, [ok, broken], {}, NOW)
+    result = plan(p, [ok, broken], {}, now=NOW)
     assert [(d.uid, d.reason) for d in result.deletes] == [(broken.uid, "Failed")]
     assert result.creates == (Create(None),)
 
@@ -100,7 +100,7 @@ def test_failed_members_are_deleted_and_replaced():
 def test_members_being_deleted_are_ignored():
     p = pool({"replicas": 1})
     going = dataclasses.replace(member(p), deleting=True)
-    result = plan(p, [going], {}, NOW)
+    result = plan(p, [going], {}, now=NOW)
     assert result.creates == (Create(None),)
     assert result.status["replicas"] == 0
 
@@ -125,23 +125,23 @@ def test_scale_0_to_5_to_2_simulated():
 # -- spread --------------------------------------------------------------------------------------
 def test_spread_places_members_evenly_in_list_order():
     p = pool({"replicas": 5, "spread": {"zones": ["a", "b", "c"]}})
-    zones = [c.zone for c in plan(p, [], {}, NOW).creates]
+    zones = [c.zone for c in plan(p, [], {}, now=NOW).creates]
     assert sorted(zones) == ["a", "a", "b", "b", "c"]
 
 
 def test_spread_fills_the_emptiest_zone_first():
     p = pool({"replicas": 4, "spread": {"zones": ["a", "b", "c"]}})
     members = [member(p, zone="a"), member(p, zone="a")]
-    assert [c.zone for c in plan(p, members, {}, NOW).creates] == ["b", "c"]
+    assert [c.zone for c in plan(p, members, {}, now=NOW).creates] == ["b", "c"]
 
 
 def test_a_zone_whose_provider_target_is_not_ready_gets_no_member_until_it_recovers():
     p = pool({"replicas": 4, "spread": {"zones": ["a", "b"]}})
-    down = plan(p, [], {"a": False}, NOW)
+    down = plan(p, [], {"a": False}, now=NOW)
     assert [c.zone for c in down.creates] == ["b"] * 4
-    recovered = plan(p, [member(p, zone="b"), member(p, zone="b")], {"a": True}, NOW)
+    recovered = plan(p, [member(p, zone="b"), member(p, zone="b")], {"a": True}, now=NOW)
     assert [c.zone for c in recovered.creates] == ["a", "a"]
-    none = plan(p, [], {"a": False, "b": False}, NOW)
+    none = plan(p, [], {"a": False, "b": False}, now=NOW)
     assert none.creates == ()
     c = cond(none.status, "Progressing")
     assert (c["status"], c["reason"]) == ("False", "NoReadyZone") and "a, b" in c["message"]
@@ -151,19 +151,19 @@ def test_a_member_that_is_not_leasable_in_a_dead_zone_is_replaced_elsewhere():
     p = pool({"replicas": 2, "spread": {"zones": ["a", "b"]}})
     sick = member(p, zone="a", leasable=False, phase="Unhealthy")
     fine = member(p, zone="b")
-    result = plan(p, [sick, fine], {"a": False}, NOW)
+    result = plan(p, [sick, fine], {"a": False}, now=NOW)
     assert [d.uid for d in result.drains] == [sick.uid]  # serves nothing: leaves at once
     assert [c.zone for c in result.creates] == ["b"]
     # a leasable member in a zone whose check fails keeps serving
     working = member(p, zone="a")
-    assert plan(p, [working, fine], {"a": False}, NOW).actions == 0
+    assert plan(p, [working, fine], {"a": False}, now=NOW).actions == 0
 
 
 def test_members_of_a_zone_removed_from_the_spread_are_rolled_over():
     p = pool({"replicas": 2, "spread": {"zones": ["b"]}})
     old = member(p, zone="a")
     new = member(p, zone="b")
-    result = plan(p, [old, new], {}, NOW)
+    result = plan(p, [old, new], {}, now=NOW)
     assert result.creates == (Create("b"),)
     assert not result.drains  # maxUnavailable 0: the old one waits for its replacement
     assert cond(result.status, "Progressing")["reason"] == "RollingOut"
@@ -236,7 +236,7 @@ def test_rollout_while_scaling_down_drains_outdated_members_first():
     p = pool({"replicas": 2})
     old = [member(p, template_hash="x", leases=0) for _ in range(3)]
     new = [member(p, leases=1) for _ in range(2)]
-    result = plan(p, old + new, {}, NOW)
+    result = plan(p, old + new, {}, now=NOW)
     assert {d.uid for d in result.drains} == {m.uid for m in old}
     assert not result.creates
 
@@ -248,7 +248,7 @@ def test_members_older_than_their_jittered_age_limit_are_rotated_one_at_a_time()
     members = [member(p, created=0.0) for _ in range(5)]
     limits = sorted(age_limit(m.uid, 6 * hours) for m in members)
     assert len(set(limits)) == 5  # created together, due at different times
-    young = plan(p, members, {}, 0.74 * 6 * hours)
+    young = plan(p, members, {}, now=0.74 * 6 * hours)
     assert young.actions == 0
     assert young.requeue_after == pytest.approx(limits[0] - 0.74 * 6 * hours)
     sim = Sim(p, members, ready_after=1, now=6 * hours)
@@ -295,7 +295,7 @@ def test_status_counts_and_selector():
              generation=4)
     members = [member(p, leases=1), member(p, leasable=False), member(p, template_hash="old"),
                member(p, draining_until=NOW + 10, leases=1, leasable=False)]
-    status = plan(p, members, {}, NOW).status
+    status = plan(p, members, {}, now=NOW).status
     assert status["replicas"] == 4
     assert status["readyReplicas"] == 2  # the two leasable ones (the draining one was marked not ready)
     assert status["leasableReplicas"] == 2
@@ -310,8 +310,8 @@ def test_status_counts_and_selector():
 
 def test_conditions_keep_their_transition_time_while_unchanged():
     p = pool({"replicas": 1})
-    first = plan(p, [member(p)], {}, NOW).status
-    again = plan(dataclasses.replace(p, status=first), [member(p)], {}, NOW + 3600).status
+    first = plan(p, [member(p)], {}, now=NOW).status
+    again = plan(dataclasses.replace(p, status=first), [member(p)], {}, now=NOW + 3600).status
     assert cond(again, "Available")["lastTransitionTime"] == cond(first, "Available")["lastTransitionTime"]
 
 
@@ -322,7 +322,7 @@ def test_an_invalid_spec_refuses_to_plan():
     bad = Pool.from_dict({"metadata": {"name": "p", "namespace": "n", "uid": "u", "generation": 2},
                           "spec": {"template": {"metadata": {"labels": {"a": "b"}}, "spec": {"mode": "External"}}}})
     with pytest.raises(ValueError, match="invalid spec"):
-        plan(bad, [], {}, NOW)
+        plan(bad, [], {}, now=NOW)
     status = invalid(bad, NOW)
     c = cond(status, "Progressing")
     assert (c["status"], c["reason"]) == ("False", "InvalidSpec") and "spec.template.spec.mode" in c["message"]
@@ -336,7 +336,7 @@ AUTO = {"minReplicas": 1, "maxReplicas": 6, "targetLeaseUtilization": 0.5, "scal
 def test_autoscale_grows_on_refused_requests_and_records_its_state():
     p = pool({"replicas": 2, "autoscale": AUTO})
     members = [member(p, leases=5), member(p, leases=5)]  # full
-    result = plan(p, members, {}, NOW, Demand(refused=30, window=10))  # ~3 crawlers waiting
+    result = plan(p, members, {}, now=NOW, demand=Demand(refused=30, window=10))  # ~3 crawlers waiting
     # load 10 + 3 = 13 leases at 50 % of 5 per member: 6 members
     assert result.desired == 6
     assert len(result.creates) == 4
@@ -349,7 +349,7 @@ def test_autoscale_grows_on_refused_requests_and_records_its_state():
 def test_autoscale_limited_by_max_replicas_says_so():
     p = pool({"replicas": 2, "autoscale": AUTO})
     members = [member(p, leases=5), member(p, leases=5)]
-    result = plan(p, members, {}, NOW, Demand(refused=600, window=10))
+    result = plan(p, members, {}, now=NOW, demand=Demand(refused=600, window=10))
     assert result.desired == 6
     c = cond(result.status, "ScalingLimited")
     assert (c["status"], c["reason"]) == ("True", "TooManyReplicas") and "maxReplicas 6" in c["message"]

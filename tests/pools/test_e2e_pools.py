@@ -1,0 +1,265 @@
+"""ProxyPools end to end: the real watcher, Celery worker, beat and API processes (started through
+their commands), the API fake admitting pools and Proxies through the real CRDs, its garbage
+collector and its kubelet stand-in running a real Squid per member, a private Redis.
+
+What a user sees: ``kubectl scale pxp/NAME`` from 0 to 5 to 2, a template change that never
+leaves fewer than ``replicas`` members leasable, age rotation that keeps a live lease usable
+until it is released, a deleted pool taking every member with it, and a hand-made Proxy with
+the pool's labels left alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import redis as redis_lib
+import requests
+import yaml
+from kubernetes import client as k8s
+
+from app.pools.model import LABEL_TEMPLATE_HASH
+from app.providers.kubernetes.provider import LABEL_PROXY_UID
+from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION
+from app.serving_record import ServingRecord, load_all
+from tests.api.served import TOKEN, start_api
+from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
+from tests.support.processes import celery_beat, celery_worker, watcher
+from tests.support.redis_server import RedisServer
+from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+NS = "default"
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Everything, once for the module: cluster, Redis, origin, watcher, worker, beat, API."""
+    tmp = tmp_path_factory.mktemp("pools-e2e")
+    redis = RedisServer()
+    with FakeCluster(bookmark_interval=1.0) as cluster, origin_server() as origin:
+        providers = tmp / "providers.yaml"
+        providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
+                                                            "checkInterval": "10s", "squid": LOOPBACK_SQUID_BLOCK}]}))
+        env = {
+            "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp / "kubeconfig")), "REDIS_URL": redis.url,
+            "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600",
+            "POOL_RESYNC_INTERVAL": "2", "POLL_INITIAL": "0.5", "POLL_MAX": "2", "RETRY_INITIAL": "0.5",
+            "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "20", "TASK_TIME_LIMIT": "25",
+            "BROKER_VISIBILITY_TIMEOUT": "120", "HEALTH_SWEEP_INTERVAL": "1", "EGRESS_ECHO_URL": "",
+            "PROBE_ALLOWED_RANGES": "127.0.0.0/8", "LOG_LEVEL": "INFO",
+        }
+        procs = [celery_worker(env, concurrency=3).start(), celery_beat(env, str(tmp)).start(), watcher(env).start()]
+        api_proc = None
+        try:
+            procs[0].wait_for_log("ready", timeout=90)
+            procs[2].wait_for_log("listed 0 proxypools", timeout=60)
+            api_proc, port = start_api(tmp, redis.url)
+            yield _Stack(cluster, redis, origin, f"http://127.0.0.1:{port}", env, tmp, procs)
+        finally:
+            for p in procs + ([api_proc] if api_proc else []):
+                p.stop()
+            redis.stop()
+
+
+class _Stack:
+    def __init__(self, cluster, redis, origin, api_url, env, tmp, procs) -> None:
+        self.cluster, self.origin, self.api_url, self.env, self.tmp, self.procs = (
+            cluster, origin, api_url, env, tmp, procs)
+        self.r = redis_lib.Redis.from_url(redis.url, decode_responses=True)
+        self.client = cluster.fake.api_client()
+        self.custom = k8s.CustomObjectsApi(self.client)
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {TOKEN}"
+
+    # -- pools and members ---------------------------------------------------------------------
+    def create_pool(self, name: str, replicas: int, **spec) -> dict:
+        template = {"metadata": {"labels": {"app": name}},
+                    "spec": {"provider": "k8s-local", "maxLeases": 2,
+                             "healthCheck": {"url": f"{self.origin}/generate_204", "intervalSeconds": 1,
+                                             "timeoutSeconds": 1}}}
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": name, "namespace": NS},
+                "spec": {"replicas": replicas, "template": template, "drain": {"drainTimeoutSeconds": 120}, **spec}}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, body)
+
+    def pool(self, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def proxies(self) -> list[dict]:
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"]
+
+    def members(self, pool: dict) -> list[dict]:
+        uid = pool["metadata"]["uid"]
+        return [p for p in self.proxies() if any(r.get("uid") == uid and r.get("controller")
+                                                 for r in p["metadata"].get("ownerReferences") or ())]
+
+    def records(self, name: str) -> list[ServingRecord]:
+        return [rec for rec in load_all(self.r).values() if rec.pool == name]
+
+    def leasable(self, name: str) -> int:
+        """Members the lease script would lease now (healthy, maxLeases > 0, not draining)."""
+        return sum(1 for rec in self.records(name) if rec.healthy and rec.max_leases > 0 and rec.drain_until is None)
+
+    def settled(self, name: str, replicas: int) -> dict | None:
+        """The pool when its status says ``replicas`` members, all updated and leasable, and the
+        serving view agrees."""
+        pool = self.pool(name)
+        st = (pool or {}).get("status") or {}
+        if (st.get("observedGeneration") == pool["metadata"]["generation"] and st.get("replicas") == replicas
+                and st.get("updatedReplicas") == replicas and st.get("leasableReplicas") == replicas
+                and len(self.members(pool)) == replicas and self.leasable(name) == replicas):
+            return pool
+        return None
+
+    def scale(self, name: str, replicas: int) -> None:
+        """``kubectl scale pxp/NAME --replicas=N`` (the scale subresource through the Python client
+        when kubectl is not installed)."""
+        if KUBECTL:
+            res = subprocess.run([KUBECTL, "scale", f"pxp/{name}", f"--replicas={replicas}", "-n", NS],
+                                 env={"KUBECONFIG": self.env["KUBECONFIG"], "HOME": str(self.tmp),
+                                      "KUBECACHEDIR": str(self.tmp / "kube-cache"), "PATH": "/usr/bin:/bin"},
+                                 capture_output=True, text=True, timeout=30)
+            assert res.returncode == 0, res.stderr
+            assert res.stdout.strip() == f"proxypool.crawl.example.com/{name} scaled"
+        else:
+            self.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, name,
+                                                              {"spec": {"replicas": replicas}})
+
+    def kubectl_get_pxp(self) -> str:
+        res = subprocess.run([KUBECTL, "get", "pxp", "-n", NS], env={
+            "KUBECONFIG": self.env["KUBECONFIG"], "HOME": str(self.tmp), "KUBECACHEDIR": str(self.tmp / "kube-cache"),
+            "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    def logs(self) -> str:
+        return "\n".join(p.log()[-4000:] for p in self.procs)
+
+
+def test_scale_from_0_to_5_to_2(stack):
+    stack.create_pool("scaled", 0)
+    wait_for(lambda: stack.settled("scaled", 0), 30, "the empty pool observed")
+    stack.scale("scaled", 5)
+    try:
+        pool = wait_for(lambda: stack.settled("scaled", 5), 150, "5 members leasable")
+    except AssertionError:
+        raise AssertionError(f"{stack.pool('scaled')['status']}\n{stack.logs()}") from None
+    members = stack.members(pool)
+    for m in members:
+        [ref] = m["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["controller"], ref["blockOwnerDeletion"]) == (
+            "ProxyPool", "scaled", True, True)
+        assert m["metadata"]["labels"]["app"] == "scaled"
+    conds = {c["type"]: (c["status"], c["reason"]) for c in pool["status"]["conditions"]}
+    assert conds["Available"] == ("True", "MinimumLeasable")
+    assert conds["Progressing"] == ("True", "PoolComplete")
+    assert pool["status"]["selector"] == "app=scaled"
+    if KUBECTL:
+        [header, row] = [line.split() for line in stack.kubectl_get_pxp().splitlines() if
+                         line.startswith(("NAME", "scaled"))]
+        assert header[:5] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED"]
+        assert row[:5] == ["scaled", "5", "5", "5", "5"]
+    # the API's pool filter sees the five
+    listed = stack.http.get(f"{stack.api_url}/v1/proxies", params={"pool": "scaled"}, timeout=10).json()["items"]
+    assert len(listed) == 5 and {i["pool"] for i in listed} == {"scaled"}
+
+    stack.scale("scaled", 2)
+    wait_for(lambda: stack.settled("scaled", 2), 90, "2 members left")
+    wait_for(lambda: len([p for p in stack.proxies() if p["metadata"]["labels"].get("app") == "scaled"]) == 2,
+             60, "the three drained members deleted")
+
+
+def test_a_template_change_keeps_replicas_members_leasable(stack):
+    replicas = 3
+    stack.create_pool("rolled", replicas)
+    before = wait_for(lambda: stack.settled("rolled", replicas), 150, "3 members leasable")
+    old_hash = stack.members(before)[0]["metadata"]["labels"][LABEL_TEMPLATE_HASH]
+    lowest, stop = [replicas], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            lowest[0] = min(lowest[0], stack.leasable("rolled"))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    template = before["spec"]["template"]
+    template["metadata"]["labels"]["rev"] = "2"  # a new template: every member is replaced
+    stack.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "rolled",
+                                                {"spec": {"template": template}})
+    try:
+        after = wait_for(lambda: (p := stack.settled("rolled", replicas)) and all(
+            m["metadata"]["labels"].get("rev") == "2" for m in stack.members(p)) and p, 240, "the rollout done")
+    finally:
+        stop.set()
+        sampler.join()
+    assert lowest[0] >= replicas, f"only {lowest[0]} members were leasable during the rollout"
+    assert all(m["metadata"]["labels"][LABEL_TEMPLATE_HASH] != old_hash for m in stack.members(after))
+    wait_for(lambda: len([p for p in stack.proxies() if p["metadata"]["labels"].get("app") == "rolled"]) == replicas,
+             60, "the old members deleted")
+
+
+def test_age_rotation_keeps_a_live_lease_usable_until_it_is_released(stack):
+    stack.create_pool("aged", 1, maxAge="40s")
+    pool = wait_for(lambda: stack.settled("aged", 1), 150, "the member leasable")
+    [first] = stack.members(pool)
+    got = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "aged", "ttlSeconds": 600}, timeout=10)
+    assert got.status_code == 201, got.text
+    lease = got.json()
+    assert lease["proxy"]["name"] == first["metadata"]["name"]
+    # between 30 and 40 s after its creation it is replaced: a new member leasable, the old one draining
+    draining = wait_for(lambda: [p for p in stack.members(stack.pool("aged"))
+                                 if (p["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)], 150,
+                        "the first member draining")
+    assert [p["metadata"]["uid"] for p in draining] == [first["metadata"]["uid"]]
+    assert stack.leasable("aged") >= 1
+    # the live lease is still good: renewed, and traffic goes through its proxy
+    renewed = stack.http.post(f"{stack.api_url}/v1/leases/{lease['leaseId']}/renew", json={"ttlSeconds": 600},
+                              timeout=10)
+    assert renewed.status_code == 200, renewed.text
+    through = requests.get(f"{stack.origin}/via-the-draining-member", proxies={"http": lease["proxyUrl"]}, timeout=10)
+    assert through.status_code == 200 and through.json()["path"] == "/via-the-draining-member"
+    # new leases go to the new member
+    second = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "aged", "ttlSeconds": 60}, timeout=10).json()
+    assert second["proxy"]["name"] != first["metadata"]["name"]
+    time.sleep(3)  # a few passes: the leased member stays
+    assert any(p["metadata"]["uid"] == first["metadata"]["uid"] for p in stack.proxies())
+    released = stack.http.delete(f"{stack.api_url}/v1/leases/{lease['leaseId']}", timeout=10)
+    assert released.status_code == 200 and released.json()["wasLive"] is True
+    wait_for(lambda: all(p["metadata"]["uid"] != first["metadata"]["uid"] for p in stack.proxies()), 60,
+             "the drained member deleted once its lease was released")
+
+
+def test_deleting_the_pool_deletes_every_member_and_never_a_hand_made_proxy(stack):
+    hand = stack.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+        "metadata": {"name": "hand-made", "namespace": NS, "labels": {"app": "doomed"}},
+        "spec": {"provider": "k8s-local", "maxLeases": 2,
+                 "healthCheck": {"url": f"{stack.origin}/generate_204", "intervalSeconds": 1, "timeoutSeconds": 1}}})
+    stack.create_pool("doomed", 2)
+    pool = wait_for(lambda: stack.settled("doomed", 2), 150, "2 members leasable")
+    names = {m["metadata"]["name"] for m in stack.members(pool)}
+    uids = {m["metadata"]["uid"] for m in stack.members(pool)}
+    assert "hand-made" not in names  # same labels, no controller reference: not adopted
+    proxy = stack.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "hand-made")
+    assert not proxy["metadata"].get("ownerReferences")
+    assert proxy["metadata"]["uid"] == hand["metadata"]["uid"]
+    stack.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "doomed")
+    wait_for(lambda: stack.pool("doomed") is None, 60, "the pool gone")
+    wait_for(lambda: not [p for p in stack.proxies() if p["metadata"]["name"] in names], 90,
+             "every member deleted (ownerReference garbage collection)")
+    wait_for(lambda: not [p for p in k8s.CoreV1Api(stack.client).list_namespaced_pod(NS).items
+                          if (p.metadata.labels or {}).get(LABEL_PROXY_UID) in uids], 60, "their Pods deleted")
+    assert stack.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "hand-made")["metadata"]["uid"] == \
+        hand["metadata"]["uid"]
