@@ -20,6 +20,7 @@ from app import naming, redis_keys
 from app.lua import Lua
 from app.providers.base import Instance, ListResult
 from app.providers.errors import describe
+from app.resources import ProxyRef
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, 
     """Return ``(live UIDs, current)`` of ``proxies`` for a sweep of ``provider_name``.
 
     Args:
-        proxies: every existing Proxy (:class:`app.resources.Proxy`).
+        proxies: every existing Proxy, iterated once: :class:`app.resources.ProxyRef` (what
+            :meth:`app.kube.KubeGateway.list_proxy_refs` yields) or :class:`app.resources.Proxy`.
         provider_name: the provider being swept.
     Returns:
         the UIDs of every Proxy, and the ``current`` mapping :func:`orphans` takes: UID ->
@@ -135,7 +137,7 @@ def current_instances(proxies, provider_name: str) -> tuple[set[str], dict[str, 
     current: dict[str, str] = {}
     for proxy in proxies:
         live.add(proxy.uid)
-        recorded = proxy.status.get("providerID")
+        recorded = proxy.provider_id if isinstance(proxy, ProxyRef) else proxy.status.get("providerID")
         if recorded:
             current[proxy.uid] = recorded
     return live, current
@@ -229,7 +231,8 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
         provider_name: for logs and :func:`current_instances`.
         provider_id: the instance.
         redis: ``redis.Redis`` for the per-Proxy lock.
-        list_proxies: callable returning every existing Proxy.
+        list_proxies: callable returning (an iterable of) every existing Proxy, as
+            :func:`current_instances` takes them (the workers pass ``kube.list_proxy_refs``).
         grace_seconds: minimum age.
         lock_timeout: seconds.
         now: current time (timezone-aware), for tests.
@@ -275,8 +278,10 @@ def collect(provider_name: str, provider, list_proxies, *, abandoned: set[str], 
     Args:
         provider_name: for logs and the report.
         provider: the (metered) provider.
-        list_proxies: callable returning every existing Proxy (:class:`app.resources.Proxy`);
-            called *after* the provider listing, so a Proxy created meanwhile is seen as live.
+        list_proxies: callable returning (an iterable of) every existing Proxy, as
+            :func:`current_instances` takes them (the workers pass ``kube.list_proxy_refs``: UID
+            and provider ID only); called *after* the provider listing, so a Proxy created
+            meanwhile is seen as live.
         abandoned: UIDs released with skip-cleanup.
         grace_seconds: minimum orphan age.
         redis: when given, superseded instances are re-checked under the per-Proxy lock

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.timefmt import parse_rfc3339
 
@@ -282,3 +282,28 @@ class Proxy:
     def effective_port(self) -> int:
         """Port crawlers should use: ``status.port`` when the provider reported one, else ``spec.endpoint.port``."""
         return int(self.status.get("port") or self.spec.port)
+
+
+class ProxyRef(NamedTuple):
+    """The little of a Proxy GC needs (:mod:`app.gc`), kept from a listing instead of the object.
+
+    Attributes:
+        uid: ``metadata.uid``.
+        provider_id: ``status.providerID`` (``None`` when no instance is recorded).
+    """
+
+    uid: str
+    provider_id: str | None
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "ProxyRef":
+        """Take the UID and recorded provider ID of an API object dict.
+
+        Raises:
+            ValueError: ``metadata.uid`` is missing (as :meth:`Proxy.from_dict`: a listing GC
+                cannot read whole must fail, not leave a live Proxy out).
+        """
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not uid:
+            raise ValueError("Proxy object without metadata.uid")
+        return cls(uid, (obj.get("status") or {}).get("providerID") or None)

@@ -54,3 +54,17 @@ def test_other_exchanges_are_left_alone(redis_url, redis_client):
 def test_self_bound_names_the_fleet_queues_only():
     assert all(broker.self_bound(q) for q in ("proxies", "health", "gc", "kvm.p.h"))
     assert not any(broker.self_bound(q) for q in ("celery", "reply.celery.pidbox", "celeryev", ""))
+
+
+def test_synchronous_calls_share_one_client_until_the_pool_changes(redis_url):
+    broker.install()
+    with Connection(redis_url) as conn:
+        channel = conn.default_channel
+        first = channel._create_client()
+        assert channel._create_client() is first
+        assert first.connection_pool is channel.pool
+        assert channel._create_client(asynchronous=True) is not first  # the consumer's own
+        channel._disconnect_pools()  # what kombu does after a fork
+        again = channel._create_client()
+        assert again is not first and again.connection_pool is channel.pool
+        assert again.ping()

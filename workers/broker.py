@@ -1,4 +1,5 @@
-"""The Redis broker transport of the fleet: kombu's, plus self-healing exchange bindings.
+"""The Redis broker transport of the fleet: kombu's, plus self-healing exchange bindings and a
+reused client.
 
 kombu's Redis transport keeps the bindings of each exchange in Redis (``_kombu.binding.<exchange>``)
 and each process remembers which queues it has declared, declaring them once per connection.
@@ -16,6 +17,9 @@ Exchanges of other shapes (Celery's pidbox and event exchanges) are left alone.
 :func:`install` (called by ``workers.celery_app`` at import, before any connection exists)
 makes ``redis://`` URLs resolve to :class:`Transport` through kombu's transport aliases, so the
 broker URL, Celery's banner and Flower's broker view keep saying ``redis://``.
+
+:class:`Channel` also keeps one ``redis.Redis`` client for its synchronous calls instead of
+building one per operation, as kombu does (see :meth:`Channel._create_client`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,25 @@ class Channel(kombu_redis.Channel):
         # the member a consumer's declaration writes: routing key, no pattern (direct), queue
         self._queue_bind(exchange, exchange, "", exchange)
         return [(exchange, "", exchange)]
+
+    def _create_client(self, asynchronous=False):
+        """Return a Redis client on the channel's pool: one reused client for synchronous calls.
+
+        kombu builds a new ``redis.Redis`` for every synchronous operation (each publish, each
+        event, each acknowledgement and unacked-index write); redis-py's constructor fills a
+        table of some 200 reply callbacks, which was a quarter of a prefork worker's main
+        process CPU at 50 tasks/s (docs/performance.md, "Pipeline").  A ``redis.Redis`` takes
+        a connection from the pool per command and is safe to share between threads; the one
+        kept here is replaced when the channel's pool is (after a fork or a disconnect).  The
+        asynchronous client (the consumer's BRPOP) is built as before.
+        """
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool
+        client = self.__dict__.get("_sync_client")
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = super()._create_client()
+        return client
 
 
 class Transport(kombu_redis.Transport):

@@ -180,7 +180,7 @@ def gc_collect_shard(provider_name: str, host: str, sweep_id: str, shards: int) 
     merged = gc_logic.record_shard(ctx.redis, sweep_id, host, shards=shards, listing=listing, error=error)
     if merged is None:
         return
-    live, current = (set(), {}) if merged.partial else gc_logic.current_instances(ctx.kube.list_proxies(),
+    live, current = (set(), {}) if merged.partial else gc_logic.current_instances(ctx.kube.list_proxy_refs(),
                                                                                   provider_name)
 
     def queue_delete(provider_id: str, uid: str | None = None) -> bool:
@@ -211,7 +211,7 @@ def gc_delete(provider_name: str, provider_id: str, uid: str | None = None) -> N
     ctx = context()
     provider = ctx.registry.get(provider_name)
     if not gc_logic.verify_and_delete(provider, provider_name, provider_id, redis=ctx.redis,
-                                      list_proxies=ctx.kube.list_proxies, grace_seconds=ctx.settings.gc_grace,
+                                      list_proxies=ctx.kube.list_proxy_refs, grace_seconds=ctx.settings.gc_grace,
                                       lock_timeout=_lock_timeout(ctx)):
         return
     metrics.GC_DELETED.labels(provider_name).inc()
@@ -224,7 +224,7 @@ def gc_collect(provider_name: str) -> dict:
     ctx = context()
     provider = ctx.registry.get(provider_name)
     abandoned = set(ctx.redis.smembers(redis_keys.ABANDONED))
-    report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxies,
+    report = gc_logic.collect(provider_name, provider, ctx.kube.list_proxy_refs,
                               abandoned=abandoned, grace_seconds=ctx.settings.gc_grace, redis=ctx.redis,
                               lock_timeout=_lock_timeout(ctx))
     if report.skipped_partial:

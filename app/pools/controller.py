@@ -218,8 +218,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     proxies = kube.list_proxies_in(pool.namespace)
     candidates = [p for p in proxies if controlled_by(p, pool)]
     uids = [p.uid for p in candidates]
-    members, by_uid = members_of(pool, candidates, records=serving.records(r, uids),
-                                 counts=leases.live_counts(r, uids), now=now)
+    records = serving.records(r, uids)
+    members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
     zones = list(pool.spec.zones) or [pool.spec.template_zone]
     ready = zones_ready(r, pc, zones, now=now)
     signal, history = None, None
@@ -228,11 +228,23 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         signal = Demand(refused=taken.refused, window=taken.window or 0.0)
         history = _history(r, pool.uid)
     result = plan(pool, members, ready, now=now, demand=signal, history=history)
+    _heal_marks(r, members, records)
     _apply(kube, r, pool, result, by_uid, rand)
     if pool.spec.autoscale is not None:
         r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
               ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
     return Outcome("done", result, result.requeue_after)
+
+
+def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str]]) -> None:
+    """Put the draining mark back into the serving record of a draining member that lost it (a
+    re-publication computed from a read older than the mark): the Proxy's annotation is what
+    counts."""
+    for m in members:
+        raw = records.get(m.uid)
+        if m.draining and raw is not None and not raw.get("drainUntil"):
+            log.info("member %s: draining mark missing from the serving view; written again", m.name)
+            serving.set_draining(r, m.uid, m.draining_until)
 
 
 def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand) -> None:

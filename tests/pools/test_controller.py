@@ -258,3 +258,19 @@ def test_only_an_explicit_selector_filters_owned_members(api, redis_client):
     out = run(api, redis_client, ref2)
     assert len(out.plan.creates) == 1 and not out.plan.drains and not out.plan.deletes
     assert gw.get_proxy(NS, mine.name) is not None
+
+
+def test_a_draining_mark_lost_from_the_serving_view_is_written_again(api, redis_client):
+    ref = make_pool(api, replicas=1, drain={"drainTimeoutSeconds": 600})
+    run(api, redis_client, ref)
+    [m] = proxies(api)
+    ready(api, redis_client, m)
+    leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
+    run(api, redis_client, ref)
+    assert redis_client.sismember(redis_keys.DRAINING, m.uid)
+    # a re-publication from a read older than the mark (a poll racing the controller)
+    serving.publish(redis_client, m, address="203.0.113.9", port=3128, phase="Ready")
+    assert not redis_client.sismember(redis_keys.DRAINING, m.uid)
+    run(api, redis_client, ref)
+    assert redis_client.sismember(redis_keys.DRAINING, m.uid)
