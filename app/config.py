@@ -14,7 +14,7 @@ Shape::
 :func:`load` parses and validates the whole file or raises one :class:`ConfigError` that
 names the file, the provider and the field: a process never half-starts on a bad config.
 This module knows no provider type: each type's block is parsed by the
-:class:`~app.providers.base.ProviderType` its package registers, and the caller passes the
+:class:`~app.provider_types.ProviderType` its package registers, and the caller passes the
 types (the composition root, :func:`app.wiring.load_config`, passes every shipped one).
 """
 
@@ -28,7 +28,7 @@ from app.squid import SquidPolicy, parse_policy
 from app.validation import IDENTIFIER, Reader, load_yaml
 
 if TYPE_CHECKING:
-    from app.providers.base import ProviderType
+    from app.provider_types import ProviderType
 
 DEFAULT_CHECK_INTERVAL = 60.0
 DEFAULT_CHECK_TIMEOUT = 15.0
@@ -86,7 +86,7 @@ def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> Provider
     Args:
         data: the decoded document (``{"providers": [...]}``).
         file: the file it came from, for messages.
-        types: type name -> :class:`~app.providers.base.ProviderType`, in the order messages
+        types: type name -> :class:`~app.provider_types.ProviderType`, in the order messages
             list them (``app.wiring.PROVIDER_TYPES``).
     Returns:
         the :class:`ProvidersConfig`; each entry's ``settings`` is what its type's

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 from app import metrics, reconcile, redis_keys, serving
 from app.config import ProviderConfig, ProvidersConfig
 from app.lua import Lua
-from app.providers.base import ProviderType
+from app.provider_types import ProviderType
 from app.reconcile import DELETE, POLL, Ref
 from app.resources import PHASES, Proxy
 
@@ -77,7 +77,7 @@ class Router:
 
     Args:
         configs: the providers config (or its entries).
-        types: provider type name -> :class:`~app.providers.base.ProviderType`
+        types: provider type name -> :class:`~app.provider_types.ProviderType`
             (``app.wiring.PROVIDER_TYPES``); a type with a ``placement`` (kvm) has its hosts'
             work routed to :func:`kvm_queue`.
 

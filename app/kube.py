@@ -21,8 +21,9 @@ status writer, :mod:`app.status_writer`; who may use a Secret by
 Not through the gateway: the watcher's list+watch stream (:mod:`watchers.stream`) and its
 leader election on a ``coordination.k8s.io/v1`` Lease (:mod:`watchers.leader`) port client-go
 algorithms onto the client's API objects; they use the same process-wide client
-(:func:`api_client`).  The kubernetes provider talks to the Pods of its own (possibly other)
-cluster with its own client.
+(:func:`api_client`).  The kubernetes provider talks to its Pods with the same client, injected
+by the composition root (:func:`app.wiring.kube_api_client`): this module imports no provider
+and no provider imports it (``tests/test_layout.py``).
 
 :func:`api_client` loads ``KUBECONFIG`` (or ``~/.kube/config``) when present, else the
 in-cluster service account, once per process (a forked child builds its own).

@@ -213,17 +213,34 @@ def fields_of(**values: Any) -> dict[str, str]:
 HEALTH_DEFAULTS: dict[str, str] = ServingRecord().to_redis(HEALTH)
 
 
-def read(r, uids: list[str]) -> dict[str, dict[str, str]]:
-    """Return ``{uid: raw hash}`` for those of ``uids`` that are published (one round trip)."""
+def read(r, uids: list[str], attrs: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+    """Return ``{uid: raw hash}`` for those of ``uids`` that are published (one round trip).
+
+    ``attrs``: only these fields (attribute names of :class:`ServingRecord`, read with ``HMGET``;
+    the others are left out of the hash); ``None``: the whole hash.
+    """
     pipe = r.pipeline(transaction=False)
+    if attrs is None:
+        for uid in uids:
+            pipe.hgetall(redis_keys.proxy(uid))
+        return {uid: data for uid, data in zip(uids, pipe.execute()) if data}
+    names = [_FIELDS[attr][0] for attr in attrs]
     for uid in uids:
-        pipe.hgetall(redis_keys.proxy(uid))
-    return {uid: data for uid, data in zip(uids, pipe.execute()) if data}
+        pipe.hmget(redis_keys.proxy(uid), names)
+    out = {}
+    for uid, values in zip(uids, pipe.execute()):
+        data = {name: value for name, value in zip(names, values) if value is not None}
+        if data:
+            out[uid] = data
+    return out
 
 
-def load(r, uids: list[str]) -> dict[str, ServingRecord]:
-    """Return ``{uid: record}`` for those of ``uids`` that are published (one round trip)."""
-    return {uid: ServingRecord.from_redis(raw) for uid, raw in read(r, uids).items()}
+def load(r, uids: list[str], attrs: Iterable[str] | None = None) -> dict[str, ServingRecord]:
+    """Return ``{uid: record}`` for those of ``uids`` that are published (one round trip).
+
+    ``attrs``: read only these fields (see :func:`read`); the others keep their defaults.
+    """
+    return {uid: ServingRecord.from_redis(raw) for uid, raw in read(r, uids, attrs).items()}
 
 
 def load_all(r) -> dict[str, ServingRecord]:

@@ -3,7 +3,10 @@
 Each provider package registers its type once (``PROVIDER`` in
 ``app/providers/<type>/registration.py``: config parser, constructor, host placement); this
 module lists the packages and hands their parts to the config loader (:func:`load_config`),
-the registry (:func:`build_registry`) and the dispatcher's router (:func:`router`).  To add a
+the registry (:func:`build_registry`) and the dispatcher's router (:func:`router`).  It also
+injects the clients a provider gets from the rest of the product: the kubernetes type's
+registration is built here (``provider_type(client_factory)``) with the gateway's per-process
+client (:func:`kube_api_client`), so no provider imports the gateway.  To add a
 provider: implement the contract in ``app/providers/<type>/``, register it there and add it to
 :data:`PROVIDER_TYPES` (see docs/providers.md).  Registrations are pure and constructors import
 their SDK when called, so a deployment without, say, libvirt installed still runs its
@@ -16,11 +19,26 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from app.config import ProviderConfig, ProvidersConfig, load, parse
-from app.providers.base import ProviderType
+from app.provider_types import ProviderType
 from app.providers.gcp.registration import PROVIDER as GCP
-from app.providers.kubernetes.registration import PROVIDER as KUBERNETES
+from app.providers.kubernetes import registration as kubernetes_registration
 from app.providers.kvm.registration import PROVIDER as KVM
 from app.providers.registry import Registry, build
+
+
+def kube_api_client():
+    """Return the gateway's per-process ``ApiClient`` (:func:`app.kube.api_client`) for the kubernetes provider.
+
+    Imported when first called, so routing and config checks never load the gateway; the
+    provider calls it on every use, so a provider built before a fork uses the child's client.
+    """
+    from app.kube import api_client
+
+    return api_client()
+
+
+#: the kubernetes type, its providers given the gateway's client (injected here: a provider never imports the gateway)
+KUBERNETES = kubernetes_registration.provider_type(kube_api_client)
 
 #: provider type name -> its registration, in the order config messages list them
 PROVIDER_TYPES: dict[str, ProviderType] = {t.name: t for t in (KUBERNETES, GCP, KVM)}

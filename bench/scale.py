@@ -280,8 +280,11 @@ def phase_watcher(n: int) -> dict:
         from watchers.events import make_on_event
     except ImportError:  # before the dispatcher moved out of the worker package
         from workers.watch_dispatch import make_on_event
+    import inspect
 
-    on_event = make_on_event()
+    from workers.celery_app import send
+    # the publisher is injected (as proxy-operator watch does), except in releases where the handler imported it
+    on_event = make_on_event(send) if "send" in inspect.signature(make_on_event).parameters else make_on_event()
     cold = warm_up()
     marks: dict[str, tuple[float, float, float]] = {}
 
@@ -355,7 +358,11 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
 
     ctx = runtime.context()
     provider = ctx.registry.get(PROVIDER)
-    raw = KubernetesProvider(_provider_config())  # the process's client (KUBECONFIG)
+    from app.kube import api_client
+    try:
+        raw = KubernetesProvider(_provider_config(), client_factory=api_client)  # the process's client (KUBECONFIG)
+    except TypeError:  # before the client was injected: the provider used app.kube.api_client itself
+        raw = KubernetesProvider(_provider_config())
     cold = warm_up()
     # gc.collect lists with the cyclic collector paused (app.gc.cyclic_gc_paused); before, it did not
     paused = getattr(gc_logic, "cyclic_gc_paused", None)
@@ -370,16 +377,18 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
         else:
             listing = provider.list_by_tag(MANAGED_BY)
         t1, cpu1, gc1 = time.monotonic(), cpu_seconds(), gct.total
-        proxies = ctx.kube.list_proxies()
+        # what gc.collect is given: the lean paged listing where the gateway has one (an iterator,
+        # consumed by current_instances), else the full Proxies of before
+        lister = "list_proxy_refs" if hasattr(ctx.kube, "list_proxy_refs") else "list_proxies"
+        live, current = gc_logic.current_instances(getattr(ctx.kube, lister)(), PROVIDER)
         t2, cpu2, gc2 = time.monotonic(), cpu_seconds(), gct.total
-        live, current = gc_logic.current_instances(proxies, PROVIDER)
     found = gc_logic.orphans(listing.instances, live_uids=live, abandoned=set(), now=datetime.now(timezone.utc),
                              grace_seconds=3600, current=current)
     t3, cpu3 = time.monotonic(), cpu_seconds()
     return {"list_s": t1 - t0, "list_cpu": cpu1 - cpu0, "list_gc_s": gc1,
             "proxies_s": t2 - t1, "proxies_cpu": cpu2 - cpu1, "proxies_gc_s": gc2 - gc1,
             "diff_s": t3 - t2, "diff_cpu": cpu3 - cpu2, "paused": not legacy and paused is not None, "wall": t3 - t0, "cpu": cpu3 - cpu0, "gc_s": gct.total, "gc_n": gct.collections,
-            "listed": len(listing.instances), "orphans": len(found), "proxies": len(proxies),
+            "listed": len(listing.instances), "orphans": len(found), "proxies": len(live), "lister": lister,
             "rss_base": rss0, "rss_after": rss_mb(), "rss_peak": peak_rss_mb(), "warm_up_s": cold}
 
 
@@ -556,7 +565,7 @@ def main() -> int:
                 g = out[key]
                 print(_fmt_row(label, n, g))
                 print(f"  {label}: list_by_tag {g['list_s']:.2f} s ({g['list_cpu']:.2f} CPU, {g['list_gc_s']:.2f} in GC), "
-                      f"list_proxies {g['proxies_s']:.2f} s ({g['proxies_cpu']:.2f} CPU, {g['proxies_gc_s']:.2f} in GC), "
+                      f"{g.get('lister', 'list_proxies')} + current_instances {g['proxies_s']:.2f} s ({g['proxies_cpu']:.2f} CPU, {g['proxies_gc_s']:.2f} in GC), "
                       f"diff {g['diff_s']:.3f} s ({g['diff_cpu']:.3f} CPU); cyclic GC paused: {g['paused']}; {g['listed']:,} Pods listed, {g['orphans']} orphans "
                       f"(seeded {fleet.counts['orphans']})")
         if "health" in out:

@@ -110,9 +110,11 @@ def cmd_watch(args) -> int:
     sweeper = StaleSweeper(redis_lib.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10,
                                                     socket_connect_timeout=5, socket_keepalive=True),
                            ProviderHealthWriter(KubernetesGateway()), cfg.providers)
-    run(make_on_event(), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
+    # The composition root injects the fleet's publisher: the watchers package imports nothing from workers/.
+    from workers.celery_app import send
+    run(make_on_event(send), lease_namespace=args.lease_namespace, lease_name=args.lease_name,
         identity=args.identity, health_bind=args.health_bind, while_leading=sweeper.run if sweeper.configs else None,
-        on_pool_event=make_on_pool_event())
+        on_pool_event=make_on_pool_event(send))
     return 0
 
 

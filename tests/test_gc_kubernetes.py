@@ -33,10 +33,10 @@ def test_gc_deletes_only_orphans_across_namespaces(api):
     kube = KubernetesGateway(api)
 
     # Within the grace period nothing is old enough.
-    report = collect("k8s", provider, kube.list_proxies, abandoned={"abandoned-uid"}, grace_seconds=3600)
+    report = collect("k8s", provider, kube.list_proxy_refs, abandoned={"abandoned-uid"}, grace_seconds=3600)
     assert report.listed == 3 and report.deleted == []
 
-    report = collect("k8s", provider, kube.list_proxies, abandoned={"abandoned-uid"}, grace_seconds=0)
+    report = collect("k8s", provider, kube.list_proxy_refs, abandoned={"abandoned-uid"}, grace_seconds=0)
     assert report.deleted == ["other/ours-orphan"]
     left = {p.metadata.name for p in k8s.CoreV1Api(api).list_pod_for_all_namespaces().items}
     assert left == {"ours-live", "ours-abandoned", "foreign", "foreign-other-manager"}

@@ -203,7 +203,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client,
     calls = []
 
     def list_proxies_then_move_back():
-        listed = kube.list_proxies()             # GC's view: the Proxy names ns-b's Pod
+        listed = list(kube.list_proxies())       # GC's view: the Proxy names ns-b's Pod
         if not calls:
             patch_spec(api, "gcback-1", {"provider": "k8s-a"})
             settle(ctx, api, ref)                # the move back adopts ns-a's Pod (no rebuild)

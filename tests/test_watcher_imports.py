@@ -1,14 +1,19 @@
 """The watcher routes work for every provider without loading the worker or any provider SDK.
 
-A fresh interpreter builds the watcher's event handler (``watchers.events.make_on_event``, what
-``proxy-operator watch`` runs) with a providers config naming a kvm, a gcp and a kubernetes
-provider, hands it an event for a Proxy on a KVM host, and reports its ``sys.modules``: the
-message is on that host's queue in Redis (the real broker path), and neither the Celery task
-modules nor libvirt nor google-cloud were imported.
+A fresh interpreter builds the watcher's event handler (``watchers.events.make_on_event``, given
+the publisher ``workers.celery_app.send`` as ``proxy-operator watch`` does) with a providers config
+naming a kvm, a gcp and a kubernetes provider, hands it an event for a Proxy on a KVM host, and
+reports its ``sys.modules``: the message is on that host's queue in Redis (the real broker path),
+and neither the Celery task modules nor libvirt nor google-cloud were imported.
+
+The watchers package itself imports nothing from ``workers/`` (the publisher is injected by the
+composition root, ``cli/main.py``): no ``import`` statement in ``watchers/*.py`` names it, and
+importing every watcher module alone loads no ``workers`` module.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -41,7 +46,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from watchers.events import make_on_event
     import watchers.main  # the rest of the watcher process
-    on_event = make_on_event()
+    from workers.celery_app import send  # injected by the composition root (cli/main.py cmd_watch)
+    on_event = make_on_event(send)
     on_event("SYNC", {"metadata": {"namespace": "ns", "name": "p", "uid": "uid-watcher-imports",
                                    "generation": 1, "resourceVersion": "1"},
                       "spec": {"provider": "lab", "placement": {"zone": "h2"}}})
@@ -69,3 +75,38 @@ def test_the_watchers_event_handler_loads_no_task_module_and_no_provider_sdk(tmp
     [message] = [json.loads(m) for m in redis_client.lrange("kvm.lab.h2", 0, -1)]
     assert message["headers"]["task"] == "proxy.create"
     assert message["headers"]["argsrepr"] == "['ns', 'p', 'uid-watcher-imports', 0]"
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module an ``import`` statement of ``path`` names (function-level and TYPE_CHECKING ones too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_the_watchers_package_imports_nothing_from_workers():
+    files = sorted((ROOT / "watchers").glob("*.py"))
+    assert files
+    offending = [f"{path.relative_to(ROOT)}:{line} imports {module}" for path in files
+                 for line, module in _imported_modules(path) if module == "workers" or module.startswith("workers.")]
+    assert offending == [], ("the watcher never imports the Celery side (workers/); the composition root "
+                             "(cli/main.py) injects the publisher: " + "; ".join(offending))
+
+
+def test_importing_every_watcher_module_loads_no_workers_module():
+    names = sorted(f"watchers.{p.stem}" for p in (ROOT / "watchers").glob("*.py") if p.stem != "__init__")
+    script = ("import importlib, json, sys\n"
+              f"for name in {names!r}: importlib.import_module(name)\n"
+              "print(json.dumps(sorted(sys.modules)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=45)
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "watchers.events" in modules
+    assert [m for m in modules if m == "workers" or m.startswith("workers.")] == []

@@ -1,14 +1,16 @@
 """The watcher's event handler: the dispatcher (:mod:`app.dispatch`) wired for the watcher process.
 
 What it loads is what routing needs and nothing more: the providers config (validated; no
-provider is built, so no SDK such as libvirt or google-cloud is imported), a Redis client, and
-the fleet's publisher (``workers.celery_app.send``: the broker connection, never a task module,
-the beat schedule or the worker's hooks).  ``tests/test_watcher_imports.py`` pins that.
+provider is built, so no SDK such as libvirt or google-cloud is imported) and a Redis client.
+The fleet's publisher is injected: the composition root (``proxy-operator watch``,
+:func:`cli.main.cmd_watch`) passes ``workers.celery_app.send`` (the broker connection, never a
+task module, the beat schedule or the worker's hooks), so this package imports nothing from
+``workers/``.  ``tests/test_watcher_imports.py`` pins both.
 """
 
 from __future__ import annotations
 
-from app.dispatch import Dispatcher
+from app.dispatch import Dispatcher, Send
 from app.pools.dispatch import PoolDispatcher
 from app.settings import Settings
 from app.wiring import load_config, router
@@ -23,20 +25,21 @@ def _redis(settings: Settings):
                                     socket_connect_timeout=5, socket_keepalive=True)
 
 
-def make_on_pool_event(settings: Settings | None = None) -> OnEvent:
+def make_on_pool_event(send: Send, settings: Settings | None = None) -> OnEvent:
     """Return ``on_pool_event(event_type, obj)`` for the ProxyPool stream of :func:`watchers.main.run`
     (:meth:`app.pools.dispatch.PoolDispatcher.on_pool_event`: a ``pool.reconcile`` pass per change).
 
+    Args:
+        send: the publisher (:class:`app.dispatch.Send`; the watcher's is ``workers.celery_app.send``).
+        settings: the process settings (default: :meth:`app.settings.Settings.from_env`).
     Raises:
         ValueError: a bad setting in the environment.
     """
-    from workers.celery_app import send
-
     settings = settings or Settings.from_env()
     return PoolDispatcher(_redis(settings), send).on_pool_event
 
 
-def make_on_event(settings: Settings | None = None) -> OnEvent:
+def make_on_event(send: Send, settings: Settings | None = None) -> OnEvent:
     """Return ``on_event(event_type, obj)`` for :func:`watchers.main.run` (:meth:`app.dispatch.Dispatcher.on_event`).
 
     A Proxy controlled by a ProxyPool also queues a pass over its pool
@@ -45,6 +48,7 @@ def make_on_event(settings: Settings | None = None) -> OnEvent:
     Failed is news to its pool).
 
     Args:
+        send: the publisher (:class:`app.dispatch.Send`; the watcher's is ``workers.celery_app.send``).
         settings: the process settings (default: :meth:`app.settings.Settings.from_env`):
             ``redis_url`` and ``providers_config`` are used.
     Raises:
@@ -54,8 +58,6 @@ def make_on_event(settings: Settings | None = None) -> OnEvent:
     ``on_event`` raises ``redis.RedisError`` or ``kombu.exceptions.OperationalError`` while
     Redis is unreachable; the watcher's :class:`watchers.handoff.Handoff` retries the event.
     """
-    from workers.celery_app import send
-
     settings = settings or Settings.from_env()
     config = load_config(settings.providers_config)
     redis = _redis(settings)

@@ -24,6 +24,7 @@ namespace/name and resourceVersion only: never a spec (it can hold cloud-init us
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import threading
@@ -198,6 +199,10 @@ class ProxyStream:
             return
         for uid in [u for u in self._known if u not in seen]:
             self._deliver(DELETED, self._known.pop(uid))
+        # The last-seen copies just listed live until their Proxy changes: out of the cyclic
+        # collector's sight from now on, its collections stop walking them (parsed JSON holds no
+        # cycles; a copy replaced later is freed by its reference count as before).
+        gc.freeze()
         self.resource_version = list_rv
         metrics.WATCH_RELISTS.inc()
         log.info("listed %d %s at resourceVersion %s", count, self.plural, list_rv)

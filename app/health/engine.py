@@ -5,13 +5,14 @@ record every result in Redis, write status changes to Kubernetes.
 through the :class:`app.kube.KubeGateway` it is given (status writes through
 :func:`app.health.status.write_verdict`, the one status writer's).
 
-Per batch: one Redis round trip reads the records, the probes run on a thread pool, and the
-results are applied as they arrive (results that arrive together share the round trips): one
-pipelined round trip notes each outcome for outage detection, one records the results and
-reschedules each proxy (only if it is still published with the same endpoint: a withdrawn or
-re-addressed proxy is never resurrected by a late result), and the status writes of the
-proxies whose verdict changed start at once on their own pool (see :mod:`app.health.state`).
-A slow proxy delays only itself.
+Per batch: one Redis round trip reads the records, the probes run on the process's probe
+threads (kept from batch to batch), and the results are applied as they arrive (results that
+arrive together share the round trips): one pipelined round trip notes each outcome for outage
+detection, one records the results and reschedules each proxy (only if it is still published
+with the same endpoint: a withdrawn or re-addressed proxy is never resurrected by a late
+result) — a group of successes only, a steady fleet's usual case, does both in one round
+trip — and the status writes of the proxies whose verdict changed start at once on their own
+pool (see :mod:`app.health.state`).  A slow proxy delays only itself.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from app.health.settings import HealthSettings
 from app.health.state import HEALTHY, HealthState, Thresholds, Verdict, advance, verdict
 from app.health.status import write_verdict
 from app.kube import KubeGateway
+from app.lazy import per_process
 from app.lua import Lua
 from app.resources import DEFAULT_HEALTH_URL, FAILED
 from app.serving_record import ServingRecord, fields_of, load
@@ -49,6 +51,14 @@ Record = ServingRecord | Mapping[str, str]
 #: Recorded as ``lastReason`` (and counted) for a failed probe while its health URL's origin
 #: was down (:mod:`app.health.origin`): the proxy was not judged.
 ORIGIN_DOWN = "OriginDown"
+
+#: The serving-record fields a probe batch reads (:func:`app.serving_record.load`): the endpoint,
+#: the health check, the health state, what the status last said, and who the Proxy is (status
+#: writes, credentials).  Half the record: the rest (labels, leases, the last probe's details)
+#: is written here but never read back, and parsing it was a fifth of a steady sweep's CPU.
+PROBED_FIELDS = ("uid", "namespace", "name", "address", "port", "auth_secret", "health_check", "health",
+                 "successes", "failures", "ever_healthy", "failed", "running_since", "last_verdict_reason",
+                 "last_verdict_message", "egress_ip", "egress_at", "status_key")
 
 _NOTE = Lua("health_note")
 _RECORD = Lua("now", "lease_index", "health_record")
@@ -177,13 +187,18 @@ def record_fields(state: HealthState, result: p.ProbeResult, *, phase: str | Non
     return fields_of(**values)
 
 
-def _note(r, results: list[p.ProbeResult], recs: dict[str, ServingRecord]) -> tuple[int, int]:
-    """Note each outcome in the OK / failing sets; return the sizes of both afterwards."""
-    pipe = r.pipeline(transaction=False)
+def _queue_notes(pipe, results: list[p.ProbeResult], recs: dict[str, ServingRecord]) -> None:
+    """Queue on ``pipe`` the noting of each outcome in the OK / failing sets (outage detection)."""
     for res in results:
         ever = recs[res.uid].ever_healthy
         _NOTE(pipe, [redis_keys.proxy(res.uid), redis_keys.HEALTH_OK, redis_keys.HEALTH_FAILING],
               [res.uid, "1" if res.ok else "0", "1" if ever else "0"])
+
+
+def _note(r, results: list[p.ProbeResult], recs: dict[str, ServingRecord]) -> tuple[int, int]:
+    """Note each outcome in the OK / failing sets; return the sizes of both afterwards."""
+    pipe = r.pipeline(transaction=False)
+    _queue_notes(pipe, results, recs)
     pipe.scard(redis_keys.HEALTH_OK)
     pipe.scard(redis_keys.HEALTH_FAILING)
     out = pipe.execute()
@@ -207,10 +222,37 @@ def _outage(r, results: list[p.ProbeResult], ok_count: int, failing_count: int, 
         batch.outage_logged = True
         metrics.PROBE_OUTAGE.set(1)
     else:
-        if ok_count and r.delete(redis_keys.HEALTH_OUTAGE):
-            log.warning("health: probe-side outage over: %d proxies answer probes again", ok_count)
-        metrics.PROBE_OUTAGE.set(0)
+        _no_outage(r, ok_count)
     return outage
+
+
+def _no_outage(r, ok_count: int, *, flagged: bool = True) -> None:
+    """No probe-side outage after the results just noted: end one that was flagged (log once) and
+    export 0.  ``flagged``: whether the outage key may exist (``False``: known absent, no call)."""
+    if ok_count and flagged and r.delete(redis_keys.HEALTH_OUTAGE):
+        log.warning("health: probe-side outage over: %d proxies answer probes again", ok_count)
+    metrics.PROBE_OUTAGE.set(0)
+
+
+@per_process
+def _probe_pools() -> tuple[dict[int, ThreadPoolExecutor], threading.Lock]:
+    """This process's probe thread pools by size, and the lock that guards them."""
+    return {}, threading.Lock()
+
+
+def _probe_pool(size: int) -> ThreadPoolExecutor:
+    """Return this process's pool of ``size`` probe threads.
+
+    Kept across batches (a prefork child runs one batch after another): starting up to
+    ``concurrency`` threads for every batch and joining them again was a seventh of a steady
+    sweep's CPU.  Threads are started as probes need them and then wait for the next batch.
+    """
+    pools, lock = _probe_pools()
+    with lock:
+        pool = pools.get(size)
+        if pool is None:
+            pool = pools[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="probe")
+        return pool
 
 
 class _Batch:
@@ -310,7 +352,7 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
     """
     batch = _Batch(r, settings, kube, events)
     report = batch.report
-    recs = load(r, list(dict.fromkeys(uids)))
+    recs = load(r, list(dict.fromkeys(uids)), PROBED_FIELDS)
     if not recs:
         return report
     policy = settings.destination_policy()
@@ -329,7 +371,8 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
 
     origins = OriginControl(r, policy, ca_bundle=settings.ca_bundle, clock=clock)
     ok_urls: dict[tuple[str, int], float] = {}  # URLs whose probes succeeded in this batch -> a timeout
-    pool = ThreadPoolExecutor(max_workers=max(1, min(settings.concurrency, len(recs))), thread_name_prefix="probe")
+    pool = _probe_pool(max(1, settings.concurrency))
+    in_flight: set = set()
     try:
         in_flight = {pool.submit(run, uid, rec) for uid, rec in recs.items()}
         held: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
@@ -347,6 +390,13 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
                 _apply(batch, parked, recs, False, clock(), origin_down=True)
             if not arrived:
                 continue
+            if not held and all(res.ok for _, res in arrived):
+                # Successes only (a steady fleet's every result): no outage can be in progress
+                # after them, so they are noted and recorded in one round trip.
+                seen_success = True
+                ok_count, flagged = _apply(batch, arrived, recs, False, clock(), note=True)
+                _no_outage(r, ok_count, flagged=flagged)
+                continue
             ok_count, failing_count = _note(r, [res for _, res in arrived], recs)
             seen_success = seen_success or any(res.ok for _, res in arrived)
             held += arrived
@@ -360,7 +410,9 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
         for (url, expected), timeout in ok_urls.items():
             origins.refresh(url, expected, timeout)
     finally:
-        pool.shutdown(wait=True)
+        for future in in_flight:  # only after an error: nothing of this batch runs on afterwards
+            future.cancel()
+        wait(in_flight)
         batch.close()
     return report
 
@@ -429,17 +481,24 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
 
 
 def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
-           outage: bool, now: float, *, origin_down: bool = False) -> None:
+           outage: bool, now: float, *, origin_down: bool = False, note: bool = False) -> tuple[int, bool] | None:
     """Record ``arrived`` results in the serving view (one round trip) and queue the status
     writes of the verdicts that changed.
 
     ``origin_down``: the results are failures while their health URL's origin was down; they
     are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
+    ``note``: also note the outcomes for outage detection first (as :func:`_note`), in the same
+    round trip, and return the size of the OK set afterwards and whether the outage key exists.
     """
     r, settings, report = batch.r, batch.settings, batch.report
     pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult]] = []
     pipe = r.pipeline(transaction=False)
-    pipe_scripts: list[Lua] = []  # which script each queued command runs
+    pipe_scripts: list[Lua | str] = []  # which script (or command) each queued command runs
+    if note:
+        _queue_notes(pipe, [res for _, res in arrived], recs)
+        pipe.scard(redis_keys.HEALTH_OK)
+        pipe.exists(redis_keys.HEALTH_OUTAGE)
+        pipe_scripts += [_NOTE] * len(arrived) + ["ok", "outage"]
     for target, res in arrived:
         rec = recs[res.uid]
         if rec.auth_secret:
@@ -480,9 +539,13 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
         pipe_scripts.append(_RECORD)
         if v.key() != rec.status_key:
             pending.append((res.uid, rec, v, res))
-    applied = [ok for ok, script in zip(pipe.execute(), pipe_scripts) if script is _RECORD]
+    out = pipe.execute()
+    applied = [ok for ok, script in zip(out, pipe_scripts) if script is _RECORD]
     report.probed += len(arrived)
     live = {res.uid for (_, res), ok in zip(arrived, applied) if ok}
     for item in pending:
         if item[0] in live:
             batch.submit_status(item)
+    if note:
+        return out[pipe_scripts.index("ok")], bool(out[pipe_scripts.index("outage")])
+    return None

@@ -12,7 +12,12 @@ Rules, in the order they apply:
    they are released or expire (renewals are capped at its drain deadline).  It is deleted as
    soon as it holds no live lease, or when its deadline (``drainTimeoutSeconds`` after it began
    draining) has passed.  A ``Failed`` member is deleted at once (it serves nothing).  Members
-   already being deleted are ignored.
+   already being deleted are ignored.  A pass that finds failed members starts a **failure
+   backoff**: no member is created for ``10 s × 2^(k-1)`` (at most 5 min), ``k`` counting the
+   passes in a row that found failures (:func:`failure_backoff`), so a template that always fails
+   does not churn members at the pace it fails.  The state lives in ``status.memberFailures``
+   (it survives restarts of the controller); a member of the current template made after the
+   last failure that takes leases, or a new template, ends it.
 2. **Wanted count** ``N``: ``spec.replicas``, or the autoscaler's (:mod:`app.pools.autoscale`).
 3. **Outdated members**: made from another template (their :data:`~app.pools.model.LABEL_TEMPLATE_HASH`),
    older than their age limit (``maxAge`` shortened by up to 25 % by a hash of the member's UID,
@@ -40,8 +45,13 @@ from typing import Any, Mapping
 
 from app import conditions
 from app.pools import autoscale as scaler
-from app.pools.model import Member, Pool, age_limit, format_time, selector_string
+from app.pools.model import Member, Pool, age_limit, format_time, parse_time, selector_string
 from app.resources import FAILED
+
+#: First delay of the failure backoff (seconds), doubled by each further pass with failures.
+FAILURE_BACKOFF_BASE = 10.0
+#: Longest delay of the failure backoff (seconds).
+FAILURE_BACKOFF_MAX = 300.0
 
 COND_AVAILABLE = "Available"
 COND_PROGRESSING = "Progressing"
@@ -117,6 +127,34 @@ def zone_is_ready(zone_ready: Mapping[str, bool], zone: str | None) -> bool:
     return zone_ready.get(zone or "", True)
 
 
+def failure_backoff(count: int) -> float:
+    """Seconds no member is created after the ``count``-th pass in a row that found failed members:
+    :data:`FAILURE_BACKOFF_BASE` doubled ``count - 1`` times, at most :data:`FAILURE_BACKOFF_MAX`."""
+    if count <= 0:
+        return 0.0
+    return min(FAILURE_BACKOFF_MAX, FAILURE_BACKOFF_BASE * 2 ** min(count - 1, 30))
+
+
+def _failures(pool: Pool, failed: list[Member], active: list[Member], now: float) -> dict | None:
+    """The pool's ``status.memberFailures`` after this pass: ``{"count", "lastFailureTime",
+    "retryAfter", "templateHash"}``, or ``None`` when no backoff is in effect."""
+    spec = pool.spec
+    old = pool.status.get("memberFailures")
+    count, last = 0, None
+    if isinstance(old, Mapping) and old.get("templateHash") == spec.hash and isinstance(old.get("count"), int):
+        count, last = old["count"], parse_time(old.get("lastFailureTime"))
+    if failed:
+        count += 1
+        until = now + failure_backoff(count)
+        return {"count": count, "lastFailureTime": format_time(now), "retryAfter": format_time(until),
+                "templateHash": spec.hash}
+    if count <= 0 or last is None:
+        return None
+    if any(m.leasable and m.template_hash == spec.hash and m.created >= last for m in active):
+        return None  # a member made since the last failure works: the failures are over
+    return dict(old)
+
+
 def _expired(pool: Pool, m: Member, now: float) -> bool:
     max_age = pool.spec.max_age
     return bool(max_age) and now - m.created >= age_limit(m.uid, max_age)
@@ -189,6 +227,11 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     for m in sorted(failed, key=lambda m: m.name):
         deletes.append(Delete(m.uid, m.name, "Failed"))
     active = [m for m in active if m.phase != FAILED]
+    member_failures = _failures(pool, failed, active, now)
+    backoff_until = parse_time(member_failures["retryAfter"]) if member_failures else None
+    backing_off = backoff_until is not None and now < backoff_until
+    if backing_off:
+        timers.append(backoff_until - now)
 
     # 2. the count wanted
     signal = scaler.Demand(live=sum(m.leases for m in active if m.leasable),
@@ -238,6 +281,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     want = max(0, min(n - len(staying_updated), room))
     creates: list[Create] = []
     no_zone = False
+    if backing_off:
+        want = 0
     if want:
         if spec.zones:
             ready_zones = [z for z in spec.zones if zone_is_ready(zone_ready, z)]
@@ -255,7 +300,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             creates = [Create(spec.template_zone) for _ in range(want)]
 
     status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-                     len(draining), now)
+                     len(draining), now, failures=member_failures if backing_off else None)
+    status["memberFailures"] = member_failures
     future = [t for t in timers if t > 0]
     scale_to = n if decision is not None and n != spec.replicas else None
     return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
@@ -272,7 +318,7 @@ def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, g
 
 
 def _status(pool: Pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-            draining_count, now) -> dict:
+            draining_count, now, *, failures: dict | None = None) -> dict:
     spec = pool.spec
     stamp = format_time(now)
     leasable = sum(1 for m in active if m.leasable)
@@ -286,7 +332,11 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         conds = _set(conds, COND_AVAILABLE, "False", "TooFewLeasable",
                      f"{leasable} of {n} members take leases, fewer than the {min_available} wanted", gen, stamp)
     pending_out = len(outdated)
-    if no_zone:
+    if failures is not None and len(updated) < n:
+        conds = _set(conds, COND_PROGRESSING, "False", "FailureBackoff",
+                     f"members failed in {failures['count']} pass(es) in a row; no member is created before "
+                     f"{failures['retryAfter']}", gen, stamp)
+    elif no_zone:
         where = ", ".join(spec.zones) if spec.zones else (spec.template_zone or "the template's placement")
         conds = _set(conds, COND_PROGRESSING, "False", "NoReadyZone",
                      f"no member can be created: the provider target of every zone ({where}) is not Ready", gen, stamp)
@@ -355,5 +405,6 @@ def invalid(pool: Pool, now: float) -> dict:
     return stalled(pool, "InvalidSpec", pool.spec_error, now=now)
 
 
-__all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain", "Plan",
-           "invalid", "plan", "stalled", "zone_is_ready"]
+__all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain",
+           "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "Plan", "failure_backoff", "invalid", "plan", "stalled",
+           "zone_is_ready"]

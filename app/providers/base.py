@@ -35,9 +35,10 @@ Protocols it implements, and callers test ``isinstance(provider, <Protocol>)``.
   H's queue.
 
 Each provider type registers itself once, in its package (``app/providers/<type>/registration.py``):
-a :class:`ProviderType` naming its config parser, its constructor and, for a sharded type, its
-:class:`HostPlacement` (routing known from the config alone, so no provider is built and no
-SDK imported to pick a queue).
+a :class:`app.provider_types.ProviderType` naming its config parser, its constructor and, for a
+sharded type, its :class:`app.provider_types.HostPlacement` (routing known from the config alone,
+so no provider is built and no SDK imported to pick a queue).  Both live in the domain
+(:mod:`app.provider_types`), so :mod:`app.config` and :mod:`app.dispatch` never import this package.
 
 SDK types never cross this boundary: requests and results are the dataclasses below, and
 errors are the taxonomy of :mod:`app.providers.errors`.
@@ -49,15 +50,11 @@ import enum
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from app.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
+from app.provider_types import HostPlacement, ProviderType  # noqa: F401 - their home is the domain; kept importable here
 from app.providers.errors import NotManaged
-
-if TYPE_CHECKING:
-    from app.config import ProviderConfig
-    from app.squid import SquidPolicy
-    from app.validation import Reader
 
 log = logging.getLogger("proxy_operator.providers")
 
@@ -240,55 +237,6 @@ class ShardedProvider(Protocol):
     def check_host(self, host: str) -> TargetVerdict: ...
 
     def list_by_tag(self, tag: str, host: str | None = None) -> ListResult: ...
-
-
-class HostPlacement(Protocol):
-    """Where the instances of a sharded provider type live, known from its settings alone.
-
-    The dispatcher routes with it (:class:`app.dispatch.Router`) without building a provider.
-
-    * ``hosts(settings) -> list[str]`` — the configured host names, in config order.
-    * ``host_for(settings, zone) -> str | None`` — the host ``spec.placement.zone`` names (the
-      only host when ``zone`` is empty and exactly one is configured); ``None`` when none matches.
-    * ``host_of(provider_id) -> str | None`` — the host inside a provider ID (``None`` when it
-      does not parse).
-    """
-
-    def hosts(self, settings: Any) -> list[str]: ...
-
-    def host_for(self, settings: Any, zone: str | None) -> str | None: ...
-
-    def host_of(self, provider_id: str) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class ProviderType:
-    """One provider type, registered once by its package (``PROVIDER`` in ``registration.py``).
-
-    The composition root (:mod:`app.wiring`) lists the registered types; the config loader
-    (:func:`app.config.parse`) takes them for the type blocks, the registry
-    (:func:`app.providers.registry.build`) their constructors, the dispatcher their placement.
-
-    Attributes:
-        name: the ``type:`` of a providers-config entry, also the key of its block.
-        parse_settings: ``parse_settings(block: Reader) -> settings``, pure Python (no SDK
-            import); raises :class:`app.validation.ConfigError` naming the field.
-        build: ``build(pc: ProviderConfig) -> Provider``; imports the SDK (lazily, inside the
-            function), never dials.  Whatever it raises propagates out of the registry build.
-        block_required: whether an entry of this type must carry its block (``kubernetes:``
-            may be left out: every key has a default).
-        check_entry: optional ``check_entry(settings, squid) -> (field, problem) | None``: a rule
-            across the type's block and the entry's shared ``squid:`` block; the problem is
-            raised as a :class:`app.validation.ConfigError` at ``field``.
-        placement: :class:`HostPlacement` of a type whose work is split by host (kvm), else ``None``.
-    """
-
-    name: str
-    parse_settings: Callable[["Reader"], Any]
-    build: Callable[["ProviderConfig"], Provider]
-    block_required: bool = True
-    check_entry: Callable[[Any, "SquidPolicy"], tuple[str, str] | None] | None = None
-    placement: HostPlacement | None = None
 
 
 def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:

@@ -228,6 +228,29 @@ def test_autoscaler_writes_spec_replicas_through_the_scale_subresource(api, redi
     assert redis_client.get(redis_keys.pool_scale(ref.uid))  # the window's history
 
 
+def test_a_failed_member_is_replaced_after_a_backoff_kept_in_the_status(api, redis_client):
+    from app.pools.plan import FAILURE_BACKOFF_BASE
+
+    ref = make_pool(api, replicas=1)
+    t0 = time.time()
+    run(api, redis_client, ref, now=t0)
+    [m] = proxies(api)
+    custom(api).patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, m.name,
+                                                      {"status": {"phase": "Failed"}})
+    out = run(api, redis_client, ref, now=t0 + 1)
+    assert [d.reason for d in out.plan.deletes] == ["Failed"] and out.plan.creates == ()
+    assert out.requeue_after == pytest.approx(FAILURE_BACKOFF_BASE, abs=1)
+    failures = pool_obj(api)["status"]["memberFailures"]  # kept by the CRD's status schema
+    assert failures["count"] == 1
+    assert run(api, redis_client, ref, now=t0 + 2).plan.creates == ()
+    out = run(api, redis_client, ref, now=t0 + 2 + FAILURE_BACKOFF_BASE)
+    assert len(out.plan.creates) == 1
+    [new] = [p for p in proxies(api) if not p.deleting]
+    ready(api, redis_client, new)
+    run(api, redis_client, ref, now=t0 + 3 + FAILURE_BACKOFF_BASE)
+    assert "memberFailures" not in pool_obj(api)["status"]  # a new member works: the backoff is over
+
+
 def test_a_deleted_pool_is_forgotten(api, redis_client):
     ref = make_pool(api, replicas=0)
     run(api, redis_client, ref)

@@ -9,7 +9,8 @@ import pytest
 
 from app.pools.autoscale import Demand
 from app.pools.model import age_limit
-from app.pools.plan import Create, plan
+from app.pools.model import parse_time
+from app.pools.plan import FAILURE_BACKOFF_BASE, Create, failure_backoff, plan
 from tests.pools.sim import Sim, member, pool
 
 NOW = 1_000_000.0
@@ -88,13 +89,58 @@ def test_drained_members_are_deleted_when_their_leases_end_or_their_deadline_pas
     assert result.requeue_after == pytest.approx(500)
 
 
-def test_failed_members_are_deleted_and_replaced():
+def test_failed_members_are_deleted_and_replaced_after_a_backoff():
     p = pool({"replicas": 2})
     ok = member(p)
     broken = member(p, leasable=False, phase="Failed")
     result = plan(p, [ok, broken], {}, now=NOW)
     assert [(d.uid, d.reason) for d in result.deletes] == [(broken.uid, "Failed")]
-    assert result.creates == (Create(None),)
+    assert result.creates == ()  # not replaced at once
+    failures = result.status["memberFailures"]
+    assert failures["count"] == 1 and failures["templateHash"] == p.spec.hash
+    assert parse_time(failures["retryAfter"]) - NOW == pytest.approx(FAILURE_BACKOFF_BASE, abs=1)
+    assert result.requeue_after == pytest.approx(FAILURE_BACKOFF_BASE, abs=1)
+    assert (cond(result.status, "Progressing")["status"], cond(result.status, "Progressing")["reason"]) == (
+        "False", "FailureBackoff")
+    # the next pass within the delay: still nothing; after it: the replacement
+    p2 = pool({"replicas": 2}, status=result.status)
+    assert plan(p2, [ok], {}, now=NOW + 5).creates == ()
+    later = plan(p2, [ok], {}, now=NOW + FAILURE_BACKOFF_BASE + 1)
+    assert later.creates == (Create(None),)
+    assert later.status["memberFailures"] == failures  # kept until a new member works
+
+
+def test_failure_backoff_doubles_per_pass_with_failures_up_to_the_cap():
+    assert [failure_backoff(k) for k in range(0, 8)] == [0, 10, 20, 40, 80, 160, 300, 300]
+    now, status, delays = NOW, {}, []
+    for _ in range(7):  # a template that always fails: each replacement fails again
+        current = pool({"replicas": 1}, status=status)
+        result = plan(current, [member(current, leasable=False, phase="Failed", created=now - 1)], {}, now=now)
+        assert result.creates == ()
+        retry = parse_time(result.status["memberFailures"]["retryAfter"])
+        delays.append(round(retry - now))
+        status = result.status
+        now = retry  # the replacement is made then, and fails at once
+        assert plan(pool({"replicas": 1}, status=status), [], {}, now=now).creates == (Create(None),)
+    assert delays == [10, 20, 40, 80, 160, 300, 300]
+
+
+def test_failure_backoff_ends_when_a_new_member_works_or_the_template_changes():
+    p = pool({"replicas": 2})
+    first = plan(p, [member(p), member(p, leasable=False, phase="Failed")], {}, now=NOW)
+    failed_at = parse_time(first.status["memberFailures"]["lastFailureTime"])
+    p2 = pool({"replicas": 2}, status=first.status)
+    # an older member that works does not end it; one made since the last failure does
+    assert plan(p2, [member(p2, created=NOW - 100), member(p2, leasable=False, created=NOW + 20)], {},
+                now=NOW + 30).status["memberFailures"] is not None
+    done = plan(p2, [member(p2, created=NOW - 100), member(p2, created=failed_at + 20)], {}, now=NOW + 30)
+    assert done.status["memberFailures"] is None
+    assert cond(done.status, "Progressing")["reason"] == "PoolComplete"
+    # a new template starts afresh: members are created at once
+    new = pool({"replicas": 2, "template": {"metadata": {"labels": {"app": "web", "rev": "2"}},
+                                            "spec": {"provider": "k8s", "maxLeases": 5}}}, status=first.status)
+    fresh = plan(new, [], {}, now=NOW + 1)
+    assert len(fresh.creates) == 2 and fresh.status["memberFailures"] is None
 
 
 def test_members_being_deleted_are_ignored():
@@ -305,7 +351,8 @@ def test_status_counts_and_selector():
     assert [c["type"] for c in status["conditions"]] == ["Available", "Progressing", "ScalingLimited"]
     assert cond(status, "ScalingLimited")["reason"] == "AutoscaleDisabled"
     assert set(status) == {"replicas", "readyReplicas", "leasableReplicas", "updatedReplicas", "observedGeneration",
-                           "selector", "conditions"}  # what the CRD's status schema keeps
+                           "selector", "conditions", "memberFailures"}  # what the CRD's status schema keeps
+    assert status["memberFailures"] is None  # no backoff: the key is removed (merge patch)
 
 
 def test_conditions_keep_their_transition_time_while_unchanged():

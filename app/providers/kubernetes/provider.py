@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import urllib3
 from kubernetes import client as k8s
 
 from app import naming
 from app.config import ProviderConfig
-from app.kube import api_client
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
                                 TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, SpecNotAllowed, Transient
@@ -163,22 +163,31 @@ class KubernetesProvider(Provider, CheckableProvider):
 
     Args:
         pc: the provider's config entry (settings: :class:`KubernetesSettings`).
-        client: a :class:`kubernetes.client.ApiClient`; default :func:`app.kube.api_client`
-            (built lazily on first use, never at construction).
+        client: a :class:`kubernetes.client.ApiClient` used for every call.
+        client_factory: else, ``client_factory() -> ApiClient``, called on every use (never at
+            construction), so a provider made before a fork uses the child's client: the
+            composition root passes the gateway's per-process client (:func:`app.kube.api_client`,
+            through :mod:`app.wiring`).  This package never imports the gateway.
+    Raises:
+        TypeError: neither ``client`` nor ``client_factory`` given.
     """
 
     type = "kubernetes"
     #: The Pod mounts the credentials Secret and follows its changes: nothing is baked in.
     credentials_in_instance = False
 
-    def __init__(self, pc: ProviderConfig, client: k8s.ApiClient | None = None) -> None:
+    def __init__(self, pc: ProviderConfig, client: k8s.ApiClient | None = None, *,
+                 client_factory: Callable[[], k8s.ApiClient] | None = None) -> None:
+        if client is None and client_factory is None:
+            raise TypeError("KubernetesProvider needs a client or a client_factory")
         self.name = pc.name
         self.settings = pc.settings
         self._client = client
+        self._client_factory = client_factory
 
     @property
     def core(self) -> k8s.CoreV1Api:
-        return k8s.CoreV1Api(self._client or api_client())
+        return k8s.CoreV1Api(self._client if self._client is not None else self._client_factory())
 
     def _pod(self, request: CreateRequest, namespace: str) -> k8s.V1Pod:
         port = request.port or self.settings.port

@@ -1,0 +1,146 @@
+"""The layout rules of docs/architecture.md ("Layout rules"), checked on the import statements.
+
+* The Kubernetes gateway (``app/kube.py``, ``app/status_writer.py``) knows no provider: it
+  imports nothing from ``app/providers/``.
+* A provider never imports the gateway or the composition root: its clients are injected by
+  ``app/wiring.py`` (the kubernetes provider gets the gateway's per-process client).
+* Plain domain modules (``app/config.py``, ``app/resources.py``, ``app/settings.py``,
+  ``app/provider_types.py`` ...) never import ``app/providers/``: providers depend on the domain.
+* The watcher (``watchers/``) imports nothing from ``workers/`` (the Celery side); the
+  composition root (``cli/main.py``) injects the publisher (also ``tests/test_watcher_imports.py``).
+
+Every ``import`` statement counts, function-level and ``TYPE_CHECKING`` ones included.  Imports
+are resolved as Python resolves them: ``from kubernetes import config`` is the ``kubernetes``
+client package, not ``app/providers/kubernetes``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GATEWAY = ("app/kube.py", "app/status_writer.py")
+DOMAIN = ("app/config.py", "app/resources.py", "app/settings.py", "app/provider_types.py", "app/validation.py",
+          "app/squid.py", "app/naming.py", "app/timefmt.py", "app/lazy.py")
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports_of(path: Path, text: str | None = None) -> list[tuple[int, str]]:
+    """``(line, module)`` for every module an import statement of ``path`` (or ``text`` as if it
+    were that file) may load.
+
+    ``from a.b import c`` yields ``a.b`` and ``a.b.c`` (``c`` may be a submodule); relative
+    imports are resolved against the file's package.
+    """
+    module = _module_of(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text, str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            found.append((node.lineno, source))
+            found += [(node.lineno, f"{source}.{alias.name}") for alias in node.names if alias.name != "*"]
+    return found
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def violations(files, forbidden: tuple[str, ...], rule: str) -> list[str]:
+    out = []
+    for path in files:
+        seen = set()
+        for line, module in imports_of(path):
+            if _under(module, forbidden) and line not in seen:
+                seen.add(line)
+                out.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({rule})")
+    return out
+
+
+def _files(*patterns: str) -> list[Path]:
+    files = sorted({p for pattern in patterns for p in ROOT.glob(pattern)})
+    assert files, patterns
+    return files
+
+
+def test_the_imports_are_resolved_as_python_resolves_them():
+    sample = ROOT / "app" / "pools" / "sample.py"  # parsed as if it lived there; never written
+    assert imports_of(sample, "from kubernetes import config\n") == [(1, "kubernetes"), (1, "kubernetes.config")]
+    assert (1, "app.providers.kubernetes") in imports_of(sample, "from ..providers import kubernetes\n")
+    assert (2, "app.providers.base") in imports_of(sample, "def f():\n    import app.providers.base\n")
+    assert (1, "app.providers") in imports_of(sample, "from app import providers\n")
+
+
+def test_the_gateway_imports_no_provider():
+    assert violations(_files(*GATEWAY), ("app.providers",),
+                      "the Kubernetes gateway knows no provider; clients are injected at app/wiring.py") == []
+
+
+def test_providers_never_import_the_gateway_or_the_composition_root():
+    assert violations(_files("app/providers/**/*.py"),
+                      ("app.kube", "app.status_writer", "app.wiring", "cli"),
+                      "a provider gets its clients injected at the composition root (app/wiring.py)") == []
+
+
+def test_plain_domain_modules_never_import_providers():
+    assert violations(_files(*DOMAIN), ("app.providers",),
+                      "providers depend on the domain, never the reverse; "
+                      "ProviderType lives in app/provider_types.py") == []
+
+
+def test_the_watcher_never_imports_the_celery_side():
+    assert violations(_files("watchers/**/*.py"), ("workers",),
+                      "the watcher imports nothing from workers/; cli/main.py injects the publisher") == []
+
+
+def test_the_gateway_and_the_domain_load_no_provider_module():
+    """What the import statements promise holds for what they load, transitively."""
+    names = [_module_of(ROOT / f) for f in GATEWAY + DOMAIN]
+    script = ("import importlib, json, sys\n"
+              f"for name in {names!r}: importlib.import_module(name)\n"
+              "print(json.dumps(sorted(sys.modules)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=45)
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "app.kube" in modules
+    assert [m for m in modules if _under(m, ("app.providers", "workers"))] == []
+
+
+def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(monkeypatch):
+    import app.kube
+    from app import wiring
+    from app.config import ProviderConfig
+    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.kubernetes.provider import KubernetesProvider
+
+    client = object()
+    monkeypatch.setattr(app.kube, "api_client", lambda: client)
+    provider = wiring.PROVIDER_TYPES["kubernetes"].build(ProviderConfig("k8s", "kubernetes", 60, 15,
+                                                                        KubernetesSettings()))
+    assert provider.core.api_client is client  # looked up on use, not at construction
+    with pytest.raises(TypeError, match="client"):
+        KubernetesProvider(ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings()))
