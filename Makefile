@@ -21,8 +21,11 @@ $(BIN)/proxy-operator: pyproject.toml clients/python/pyproject.toml
 
 ## test: the whole suite in TEST_WORKERS processes (installs missing Debian packages first; starts its own
 ## Redis, Squid, sshd, libvirtd, fakes per worker; needs root for libvirtd)
+## The real-guest VM test (-m guest) runs after the rest, alone: its guest runs under TCG emulation and
+## boots several times slower with the other tests beside it (docs/testing.md).
 test: deps venv
-	$(BIN)/pytest -q -ra -n $(TEST_WORKERS)
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) -m 'not e2e and not kvmhost and not guest'
+	$(BIN)/pytest -q -ra -m guest
 
 ## test-fast: the suite without the tests marked slow (most still start real processes)
 test-fast: venv

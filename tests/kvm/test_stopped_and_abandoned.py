@@ -14,17 +14,14 @@ import pytest
 from kubernetes import client as k8s
 
 from app import naming
-from app.config import ProvidersConfig
 from app.gc import collect
 from app.kube import KubernetesGateway
 from app.providers.base import InstanceState
 from app.providers.errors import NotFound
 from app.providers.kvm import domain as dom_xml
-from app.providers.registry import build
-from app.reconcile import ABANDONED_KEY, POLL, Context, Ref, create, poll
+from app.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
-from tests.kubefake.server import FakeKube
 from tests.kvm import harness
 
 pytestmark = pytest.mark.timeout(180)
@@ -97,50 +94,46 @@ def poll_until_running(ctx, ref: Ref, attempt: int = 0, timeout: float = 20) -> 
         time.sleep(0.2)
 
 
-def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider, direct, redis_client):
-    with FakeKube() as fake:
-        api = fake.api_client()
-        registry = build(ProvidersConfig((harness.provider_config(entry),)), {"kvm": lambda pc: provider})
-        settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-        ctx = Context(kube=KubernetesGateway(api), registry=registry, redis=redis_client, settings=settings)
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-                "metadata": {"name": "squid-kvm", "namespace": "default"},
-                "spec": {"provider": provider.name,
-                         "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
-        obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-        ref = Ref("default", "squid-kvm", obj["metadata"]["uid"])
+def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider, direct, api, make_context):
+    settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
+    ctx = make_context(harness.provider_config(entry), settings=settings, factories={"kvm": lambda pc: provider})
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": "squid-kvm", "namespace": "default"},
+            "spec": {"provider": provider.name,
+                     "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
+    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    ref = Ref("default", "squid-kvm", obj["metadata"]["uid"])
 
-        assert create(ctx, ref).action == POLL
-        name = naming.instance_name(ref.uid)
-        dom = direct.lookupByName(name)
-        uuid = dom.UUIDString()
-        [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
-        with harness.FakeGuest(rig, name) as guest:
-            address = guest.lease(mac, "boot-1")
-            poll_until_running(ctx, ref)
-            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
-            assert proxy.phase == "Running" and proxy.status["address"] == address
+    assert create(ctx, ref).action == POLL
+    name = naming.instance_name(ref.uid)
+    dom = direct.lookupByName(name)
+    uuid = dom.UUIDString()
+    [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
+    with harness.FakeGuest(rig, name) as guest:
+        address = guest.lease(mac, "boot-1")
+        poll_until_running(ctx, ref)
+        proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
+        assert proxy.phase == "Running" and proxy.status["address"] == address
 
-            dom.destroy()  # the hypervisor went down under it
+        dom.destroy()  # the hypervisor went down under it
 
-            followup = poll(ctx, ref)
+        followup = poll(ctx, ref)
 
-            assert followup.action == POLL
-            again = direct.lookupByName(name)
-            assert again.UUIDString() == uuid, "the same domain, not a new one"
-            assert again.isActive()
-            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
-            cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
-            assert proxy.phase == "Provisioning" and cond["reason"] == "InstanceStopped"
+        assert followup.action == POLL
+        again = direct.lookupByName(name)
+        assert again.UUIDString() == uuid, "the same domain, not a new one"
+        assert again.isActive()
+        proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
+        cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+        assert proxy.phase == "Provisioning" and cond["reason"] == "InstanceStopped"
 
-            poll_until_running(ctx, ref, followup.attempt)
-            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
-            assert proxy.phase == "Running" and proxy.status["address"] == address
-            reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event("default").items]
-            assert reasons.count("InstanceStarted") == 1 and "InstanceLost" not in reasons
-            assert direct.lookupByName(name).UUIDString() == uuid
-        assert managed(direct) == [name], "nothing leaked, nothing duplicated"
-        api.close()
+        poll_until_running(ctx, ref, followup.attempt)
+        proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm")
+        assert proxy.phase == "Running" and proxy.status["address"] == address
+        reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event("default").items]
+        assert reasons.count("InstanceStarted") == 1 and "InstanceLost" not in reasons
+        assert direct.lookupByName(name).UUIDString() == uuid
+    assert managed(direct) == [name], "nothing leaked, nothing duplicated"
 
 
 def test_abandoned_domain_survives_a_redis_flush_and_gc(provider, request_for, direct, redis_client):

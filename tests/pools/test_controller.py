@@ -232,7 +232,7 @@ def test_a_failed_member_is_replaced_after_a_backoff_kept_in_the_status(api, red
     from app.pools.plan import FAILURE_BACKOFF_BASE
 
     ref = make_pool(api, replicas=1)
-    t0 = time.time()
+    t0 = time.time() - 100  # passes dated in the past: the replacement is really made after the failure
     run(api, redis_client, ref, now=t0)
     [m] = proxies(api)
     custom(api).patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, m.name,
