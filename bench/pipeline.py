@@ -336,6 +336,14 @@ def main() -> int:
         print(f"reached Provisioning: {len(provisioning)}/{args.proxies}{'' if finished else ' (TIMED OUT)'}")
         print(f"apply -> Provisioning: {end - start:.2f}s = {len(provisioning) / (end - start):.1f} Proxies/s")
         print(f"watch-event -> task-start: {stats(lat)}")
+        window = 10.0
+        timeline: dict[int, list[float]] = {}
+        for uid, t in added.items():
+            if uid in events.started:
+                timeline.setdefault(int((t - start) // window), []).append(events.started[uid] - t)
+        print(f"  by {window:.0f} s of applies: " + " | ".join(
+            f"{k * window:.0f}s p50 {percentile(v, 50) * 1000:.0f} max {max(v) * 1000:.0f}"
+            for k, v in sorted(timeline.items())) + " (ms)")
         if publishes is not None:
             stages: dict[str, list[float]] = {"watch -> published": [], "published -> received": [],
                                               "received -> started": []}
@@ -351,6 +359,15 @@ def main() -> int:
                 rows.append((sta - t, parts))
             for key, values in stages.items():
                 print(f"  {key}: {stats(values)}")
+            if os.environ.get("BENCH_FIRST"):
+                for total, parts in sorted(rows, key=lambda row: row[0])[-int(os.environ["BENCH_FIRST"]):]:
+                    pass
+                first = sorted(((added[u], u) for u in added if u in events.started), key=lambda x: x[0])
+                for t, u in first[:int(os.environ["BENCH_FIRST"])]:
+                    pub = publishes.published.get(names.get(u, ""), float("nan"))
+                    print(f"    +{t - start:6.2f}s watch->pub {(pub - t) * 1000:6.0f} pub->recv "
+                          f"{(events.received.get(u, float('nan')) - pub) * 1000:6.0f} recv->start "
+                          f"{(events.started[u] - events.received.get(u, float('nan'))) * 1000:6.0f}")
             rows.sort(reverse=True)
             worst = rows[:max(1, len(rows) // 100)]
             if worst:

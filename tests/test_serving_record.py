@@ -86,6 +86,18 @@ def test_publish_and_refresh_write_what_the_record_reads(redis_client):
     assert serving.get(redis_client, proxy.uid) is None
 
 
+def test_load_reads_only_the_fields_asked_for(redis_client):
+    proxy = _proxy()
+    serving.publish(redis_client, proxy, address="192.0.2.7", port=3128, phase="Running")
+    whole = load(redis_client, [proxy.uid])[proxy.uid]
+    some = load(redis_client, [proxy.uid, "nope"], engine.PROBED_FIELDS)
+    assert list(some) == [proxy.uid]  # an unpublished uid is left out, as with the whole hash
+    rec = some[proxy.uid]
+    for attr in engine.PROBED_FIELDS:
+        assert getattr(rec, attr) == getattr(whole, attr), attr
+    assert rec.labels == {} and rec.max_leases == 0 and rec.phase == ""  # not read: defaults
+
+
 def test_the_engine_writes_health_through_the_schema():
     state = HealthState(health="healthy", successes=2, ever_healthy=True, reason="ProbeSucceeded", message="ok",
                         egress_ip="203.0.113.9")

@@ -221,3 +221,20 @@ def test_logs_name_events_but_never_carry_the_spec(fake, custom_api, caplog):
     assert "HUNTER2-SECRET" not in text and "VENDOR-SECRET" not in text and "cloud-config" not in text
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "ns1/a" in r.getMessage()]
     assert len(lines) == 2 and lines[0].startswith("proxy SYNC") and lines[1].startswith("proxy MODIFIED")
+
+
+def test_listed_objects_are_frozen_out_of_the_cyclic_collector(fake, custom_api):
+    """Each listed page is frozen (gc.freeze): the collector no longer walks the last-seen copies."""
+    import gc
+
+    for i in range(3):
+        create(custom_api, "default", f"f{i}")
+    stream = ProxyStream(custom_api, lambda etype, obj: None, StreamSettings(page_size=2))
+    try:
+        stream._relist(threading.Event())
+        known = list(stream._known.values())
+        assert len(known) == 3 and gc.get_freeze_count() > 0
+        tracked = {id(o) for o in gc.get_objects()}  # generations 0-2, not the permanent one
+        assert not any(id(o) in tracked for o in known)
+    finally:
+        gc.unfreeze()  # hand this process's objects back to the collector

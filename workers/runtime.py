@@ -85,13 +85,30 @@ def preload() -> None:
     try:
         from kubernetes import client as k8s
 
-        k8s.CustomObjectsApi, k8s.CoreV1Api  # noqa: B018 - the client's lazy imports
+        # The client's lazy imports, and the argument validator pydantic builds for an API method
+        # on its first call (about 15 ms each): a call without arguments builds it and fails
+        # validation before anything is sent.  The methods of the reconcile steps and probes.
+        unbound = k8s.ApiClient(k8s.Configuration())
+        for api, methods in ((k8s.CustomObjectsApi, PRELOADED_CUSTOM), (k8s.CoreV1Api, PRELOADED_CORE)):
+            instance = api(unbound)
+            for method in methods:
+                try:
+                    getattr(instance, method)()
+                except Exception:  # noqa: BLE001 - pydantic's ValidationError, as intended
+                    pass
         from workers.celery_app import celery_app
 
-        celery_app.amqp  # noqa: B018 - the publishing side (task messages, followups)
+        celery_app.amqp, celery_app.backend  # noqa: B018 - the publishing side (task messages, followups)
         load_registry(Settings.from_env().providers_config)
     except Exception as exc:  # noqa: BLE001 - see the docstring
         logging.getLogger(__name__).debug("preload: %s: %s", type(exc).__name__, exc)
+
+
+#: ``CustomObjectsApi`` and ``CoreV1Api`` methods whose validators :func:`preload` builds.
+PRELOADED_CUSTOM = ("get_namespaced_custom_object", "patch_namespaced_custom_object",
+                    "patch_namespaced_custom_object_status", "list_cluster_custom_object")
+PRELOADED_CORE = ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod", "patch_namespaced_pod",
+                  "create_namespaced_event", "read_namespaced_secret", "create_namespaced_secret")
 
 
 def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:

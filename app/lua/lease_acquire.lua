@@ -199,7 +199,8 @@ if not chosen then
     local pk = nil
     if f.namespace then
       if redis.call('HEXISTS', K_POOLS, f.namespace .. '/' .. f.pool) == 1 then pk = f.namespace .. '/' .. f.pool end
-    else
+    elseif not string.find(f.pool, '/', 1, true) then
+      -- (a '/' would hit a '<ns>/<name>' entry, whose value is '1', not a namespace)
       local ns = redis.call('HGET', K_POOLS, f.pool)
       if ns then pk = ns .. '/' .. f.pool end
     end

@@ -135,7 +135,8 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
         out.append(Member(uid=p.uid, name=p.name, phase=p.phase, ready=p.phase == READY, leasable=leasable,
                           leases=int(counts.get(p.uid, 0)), created=created,
                           template_hash=p.labels.get(LABEL_TEMPLATE_HASH, ""), zone=p.spec.zone,
-                          draining_until=draining, deleting=p.deleting))
+                          draining_until=draining, deleting=p.deleting,
+                          unknown=rec is None and p.phase == READY and draining is None and not p.deleting))
         by_uid[p.uid] = p
     return out, by_uid
 

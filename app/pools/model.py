@@ -379,6 +379,9 @@ class Member:
         draining_until: epoch seconds of its :data:`ANNOTATION_DRAINING`, ``None`` when it is
             not draining.
         deleting: its deletion has begun (``metadata.deletionTimestamp``).
+        unknown: its phase is ``Ready`` but it has no serving record (a flushed Redis, before the
+            reconciler publishes it again): not leasable as far as the pass can tell, yet it may
+            serve, so it does not leave freely (:func:`app.pools.plan.plan`, rule 4).
     """
 
     uid: str
@@ -392,6 +395,7 @@ class Member:
     zone: str | None = None
     draining_until: float | None = None
     deleting: bool = False
+    unknown: bool = False
 
     @property
     def draining(self) -> bool:

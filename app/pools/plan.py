@@ -29,9 +29,12 @@ Rules, in the order they apply:
    ``N``, the surplus of updated ones (not leasable first, then the fewest live leases, then
    those in the most crowded zone, then the newest).  A leasable member leaves only while
    the leasable count stays at ``N - maxUnavailable`` or above, so with ``maxUnavailable: 0``
-   an outdated member starts draining only once a new one is leasable.
+   an outdated member starts draining only once a new one is leasable.  A ``Ready`` member with
+   no serving record (a flushed Redis: :attr:`~app.pools.model.Member.unknown`) leaves only
+   while that count is already reached, so a lost serving view does not drain the pool.
 5. **Creating, bounded**: new members (current template) while fewer than ``N`` are updated,
-   at most ``N + maxSurge`` members not draining in all.  Each goes to the zone of
+   at most ``N + maxSurge`` members not draining in all, and at most
+   :data:`MAX_CREATES_PER_PASS` in one pass (the next pass follows a second later).  Each goes to the zone of
    ``spec.spread.zones`` whose provider target is Ready and that holds the fewest members
    (ties: the order of the list); no zone Ready: nothing is created and ``Progressing`` says so.
 6. **Status**: counts, ``observedGeneration``, ``selector``, conditions ``Available``,
@@ -52,6 +55,12 @@ from app.resources import FAILED
 FAILURE_BACKOFF_BASE = 10.0
 #: Longest delay of the failure backoff (seconds).
 FAILURE_BACKOFF_MAX = 300.0
+#: Members one pass creates at most (like the ReplicaSet controller's burstReplicas): ``spec.replicas``
+#: has no maximum, so a typo (``1000000``) must not make one pass build and send that many creates
+#: (the worker's memory, the task's time limit, the API server).  A pass that hits the bound asks for
+#: the next one after :data:`CREATE_BATCH_REQUEUE` seconds.
+MAX_CREATES_PER_PASS = 100
+CREATE_BATCH_REQUEUE = 1.0
 
 COND_AVAILABLE = "Available"
 COND_PROGRESSING = "Progressing"
@@ -258,16 +267,18 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             if available - 1 < min_available:
                 return False
             available -= 1
+        elif m.unknown and available < min_available:
+            return False  # Ready but unpublished (a flushed Redis): may serve; not spent as unleasable
         leaving.append(m)
         return True
 
-    for m in sorted(outdated, key=lambda m: (m.leasable, m.leases, m.created, m.name)):
+    for m in sorted(outdated, key=lambda m: (m.leasable, m.unknown, m.leases, m.created, m.name)):
         if not leave(m):
             break
     extra = len(updated) - n
     if extra > 0:
         zones = _zone_counts(pool, updated)
-        order = sorted(updated, key=lambda m: (m.leasable, m.leases, -zones.get(m.zone or "", 0), -m.created, m.name))
+        order = sorted(updated, key=lambda m: (m.leasable, m.unknown, m.leases, -zones.get(m.zone or "", 0), -m.created, m.name))
         for m in order[:extra]:
             if not leave(m):
                 break
@@ -283,6 +294,9 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     no_zone = False
     if backing_off:
         want = 0
+    if want > MAX_CREATES_PER_PASS:  # a bounded batch per pass; the next pass makes the next one
+        want = MAX_CREATES_PER_PASS
+        timers.append(CREATE_BATCH_REQUEUE)
     if want:
         if spec.zones:
             ready_zones = [z for z in spec.zones if zone_is_ready(zone_ready, z)]
@@ -406,5 +420,5 @@ def invalid(pool: Pool, now: float) -> dict:
 
 
 __all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain",
-           "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "Plan", "failure_backoff", "invalid", "plan", "stalled",
+           "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "MAX_CREATES_PER_PASS", "Plan", "failure_backoff", "invalid", "plan", "stalled",
            "zone_is_ready"]

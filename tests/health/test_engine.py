@@ -210,3 +210,17 @@ def test_a_withdrawn_or_readdressed_proxy_is_not_resurrected(fleet, settings, st
     rec = serving.get(fleet.r, px2.uid)
     assert rec["address"] == NET.host(250)
     assert (rec["health"], rec["healthy"], rec["successes"]) == ("unknown", "0", "0")  # old result not applied
+
+
+def test_batches_share_the_processs_probe_threads(fleet, settings, steady_squid):
+    import threading
+
+    sq = steady_squid
+    proxies = [fleet.external(f"t{i}", sq.address, sq.port) for i in range(3)]
+    fleet.probe(proxies, settings)
+    started = {t.ident for t in threading.enumerate() if t.name.startswith("probe")}
+    assert started
+    report = fleet.probe(proxies, settings)
+    assert report.succeeded == 3
+    # the second batch ran on the threads the first one started: none more, none joined
+    assert {t.ident for t in threading.enumerate() if t.name.startswith("probe")} == started
