@@ -21,9 +21,11 @@ worker (``task-received``: when its consumer took the message), and splits the l
 watch -> published -> received -> started.
 
 Usage: ``python bench/pipeline.py [--proxies 500] [--workers 2] [--pool threads] [--concurrency 8] [--rate 0]``,
-or ``python bench/pipeline.py --deployed --rate 50 --duration 60 [--trace]``
+or ``python bench/pipeline.py --deployed --rate 50 --duration 60 --warmup 100 [--trace]``
 (``--rate R`` paces the applies at R per second, to see the latency at a steady rate rather
-than the queueing of one burst; ``--duration S`` applies ``R x S`` Proxies).
+than the queueing of one burst; ``--duration S`` applies ``R x S`` Proxies; ``--warmup N``
+first applies N Proxies that are not measured, so every process has run its first tasks, as a
+worker that has been running for a while has).
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4, help="threads applying Proxies")
     parser.add_argument("--rate", type=float, default=0, help="applies per second (0 = as fast as possible)")
     parser.add_argument("--duration", type=float, default=0, help="with --rate: apply for this many seconds")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="apply this many Proxies (at --rate) and let them reach Provisioning before measuring")
     parser.add_argument("--trace", action="store_true", help="split the latency by stage (Redis MONITOR)")
     parser.add_argument("--worker-args", default="",
                         help="with --deployed: more worker options, after the deployed ones (to try a change)")
@@ -279,6 +283,7 @@ def main() -> int:
         custom = k8s.CustomObjectsApi(api)
         added: dict[str, float] = {}
         names: dict[str, str] = {}
+        warm: set[str] = set()
         provisioning: dict[str, float] = {}
         done = threading.Event()
 
@@ -288,6 +293,10 @@ def main() -> int:
                 now = time.time()
                 obj = ev["object"]
                 uid = obj["metadata"]["uid"]
+                if obj["metadata"]["name"].startswith("warm-"):
+                    if (obj.get("status") or {}).get("phase") == "Provisioning":
+                        warm.add(uid)
+                    continue
                 if ev["type"] == "ADDED":
                     added.setdefault(uid, now)
                     names[uid] = obj["metadata"]["name"]
@@ -301,13 +310,24 @@ def main() -> int:
         observer.start()
         time.sleep(0.5)
 
-        def apply(i: int) -> None:
+        def apply(i: int, prefix: str = "bench") -> None:
             if args.rate:
                 time.sleep(max(0.0, start + i / args.rate - time.time()))
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-                    "metadata": {"name": f"bench-{i:05d}", "namespace": "default"},
+                    "metadata": {"name": f"{prefix}-{i:05d}", "namespace": "default"},
                     "spec": {"provider": "k8s-local"}}
             custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+        if args.warmup:
+            # Every process has run its first tasks (a deployed worker has long been running):
+            # what is measured is the steady latency, not the first seconds after a start.
+            start = time.time()
+            with ThreadPoolExecutor(args.clients) as pool:
+                list(pool.map(lambda i: apply(i, "warm"), range(args.warmup)))
+            deadline = time.monotonic() + 120
+            while len(warm) < args.warmup and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)
 
         cpu0 = {p.name: group_cpu(p.proc.pid) for p in procs}
         main0 = {p.name: pid_cpu(p.proc.pid) for p in workers}
@@ -330,7 +350,8 @@ def main() -> int:
 
         lat = [events.started[uid] - t for uid, t in added.items() if uid in events.started]
         load = os.getloadavg()
-        print(f"proxies: {args.proxies} ({desc}; applied {'at %.0f/s' % args.rate if args.rate else 'as fast as possible'}; "
+        print(f"proxies: {args.proxies} ({desc}; applied {'at %.0f/s' % args.rate if args.rate else 'as fast as possible'}"
+              f"{f' after {args.warmup} warm-up Proxies' if args.warmup else ''}; "
               f"load average {load[0]:.1f} {load[1]:.1f})")
         print(f"apply phase: {applied - start:.2f}s ({args.proxies / (applied - start):.1f} applies/s)")
         print(f"reached Provisioning: {len(provisioning)}/{args.proxies}{'' if finished else ' (TIMED OUT)'}")
@@ -359,15 +380,6 @@ def main() -> int:
                 rows.append((sta - t, parts))
             for key, values in stages.items():
                 print(f"  {key}: {stats(values)}")
-            if os.environ.get("BENCH_FIRST"):
-                for total, parts in sorted(rows, key=lambda row: row[0])[-int(os.environ["BENCH_FIRST"]):]:
-                    pass
-                first = sorted(((added[u], u) for u in added if u in events.started), key=lambda x: x[0])
-                for t, u in first[:int(os.environ["BENCH_FIRST"])]:
-                    pub = publishes.published.get(names.get(u, ""), float("nan"))
-                    print(f"    +{t - start:6.2f}s watch->pub {(pub - t) * 1000:6.0f} pub->recv "
-                          f"{(events.received.get(u, float('nan')) - pub) * 1000:6.0f} recv->start "
-                          f"{(events.started[u] - events.received.get(u, float('nan'))) * 1000:6.0f}")
             rows.sort(reverse=True)
             worst = rows[:max(1, len(rows) // 100)]
             if worst:

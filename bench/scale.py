@@ -20,8 +20,9 @@ the product's code:
   whatever ``app.reconcile.decide`` and the dispatcher do with steady Proxies today; messages
   counted in the broker's Redis lists afterwards;
 * **gc**: one GC diff as ``gc.collect`` makes it, without the deletes: the provider's
-  ``list_by_tag`` (metadata only, paged), the Proxy listing (``kube.list_proxies``) and
-  :func:`app.gc.current_instances` + :func:`app.gc.orphans`, the listings with the cyclic
+  ``list_by_tag`` (metadata only, paged), the Proxy listing (``kube.list_proxy_refs``, paged,
+  consumed by :func:`app.gc.current_instances`; ``kube.list_proxies`` on a tree without it) and
+  :func:`app.gc.orphans`, the listings with the cyclic
   collector paused as ``collect`` does (:func:`app.gc.cyclic_gc_paused`); the orphans found are
   checked against the seeded ones.  Time spent in Python's cyclic GC is measured with ``gc.callbacks``;
 * **gc (full Pods)**: the same diff with the listing as it was before (one unpaged list of

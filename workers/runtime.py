@@ -75,10 +75,10 @@ def preload() -> None:
     the first messages arrive, so the first seconds of work queued behind them (docs/performance.md,
     "Pipeline").  Imported once in the parent, they are shared by every child (copy on write).
 
-    Only imports: no client, connection or thread is made here (each child builds its own,
-    :func:`context`), and the registry built to import the providers' modules is dropped
-    (constructors never dial).  Never raises: whatever fails here fails again, with its
-    message, on the first task that needs it.
+    No connection or thread is made here (each child builds its own clients, :func:`context`):
+    the unconfigured API client the validators are built with and the registry built to import
+    the providers' modules are dropped (constructors never dial).  Never raises: whatever fails
+    here fails again, with its message, on the first task that needs it.
     """
     import logging
 

@@ -367,6 +367,24 @@ spec:
                     The pool's selector as a label-selector string (the scale subresource's
                     status.selector, for kubectl and autoscalers).
                   type: string
+                memberFailures:
+                  description: >-
+                    The failure backoff: passes in a row that found Failed members (count), the last
+                    (lastFailureTime), when members may be created again (retryAfter: 10 s doubled per pass,
+                    at most 5 min) and the template it applies to. Absent when no backoff is in effect.
+                  type: object
+                  properties:
+                    count:
+                      type: integer
+                      minimum: 0
+                    lastFailureTime:
+                      type: string
+                      format: date-time
+                    retryAfter:
+                      type: string
+                      format: date-time
+                    templateHash:
+                      type: string
                 conditions:
                   description: >-
                     Available (enough Proxies leasable), Progressing (a rollout or scale in
