@@ -10,6 +10,7 @@ import json
 import logging
 from http import HTTPStatus
 
+import orjson
 import redis
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
@@ -28,6 +29,33 @@ def json_bytes(doc) -> bytes:
     """``doc`` as the API writes every JSON answer: compact, ASCII, one trailing newline (the
     bytes Flask's ``jsonify`` gives; used by the Flask routes and :mod:`api.fastpath` alike)."""
     return (json.dumps(doc, separators=(",", ":")) + "\n").encode("ascii")
+
+
+#: orjson refuses, instead of converting, what json.dumps would refuse (dataclasses,
+#: datetimes, subclasses of str, int, dict and list) and integers past 64 bits.
+_ORJSON = (orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+           | orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
+def plain_json_bytes(doc) -> bytes:
+    """:func:`json_bytes` of a document without floats (dicts with string keys, lists, strings,
+    integers, booleans, ``None``): the same bytes, written by orjson for a sixth of the CPU
+    (the lease and release answers, api/fastpath.py).
+
+    For these types orjson writes what ``json.dumps(..., separators=(",", ":"))`` writes,
+    control characters escaped alike, except that it writes non-ASCII characters as UTF-8 and
+    DEL as is, where ``json.dumps`` escapes them as ``\\uXXXX`` (and floats it formats
+    differently, hence none).  So an output with a byte outside ASCII or a DEL, or a document
+    orjson refuses, is written by :func:`json_bytes` instead (tests/api/test_hot_path.py
+    compares the two).
+    """
+    try:
+        out = orjson.dumps(doc, option=_ORJSON)
+    except orjson.JSONEncodeError:
+        return json_bytes(doc)
+    if out.isascii() and b"\x7f" not in out:
+        return out
+    return json_bytes(doc)
 
 
 def status_line(status: int) -> str:

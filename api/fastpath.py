@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import redis
 
 from api import inputs, routes
-from api.errors import ApiError, internal_error, json_bytes, redis_error
+from api.errors import ApiError, internal_error, plain_json_bytes, redis_error
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class FastPath:
             return redis_error(exc).wsgi(start_response)
         except Exception:  # noqa: BLE001 - a bug: logged with its traceback, answered 500
             return internal_error().wsgi(start_response)
-        body = json_bytes(doc)
+        body = plain_json_bytes(doc)
         start_response("201 CREATED" if status == 201 else "200 OK",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
                         *headers.items()])

@@ -121,6 +121,11 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON value")
 
 
+#: The decoder of :func:`parse_json` (``json.loads(text, parse_constant=...)`` would build one
+#: per call).
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def _depth(text: str) -> int:
     """How deeply arrays and objects nest in ``text`` (brackets inside strings ignored)."""
     depth = deepest = 0
@@ -155,15 +160,19 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")  # strict: also refuses UTF-8-encoded surrogates
     except UnicodeDecodeError as exc:
         raise ApiError(400, "bad_json", f"the body is not valid UTF-8 (at byte {exc.start})") from None
-    if _depth(text) > MAX_JSON_DEPTH:
+    # (no more opening brackets than the limit: it cannot nest deeper, no need to look)
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(text) > MAX_JSON_DEPTH:
         raise ApiError(400, "bad_json", f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
     try:
-        doc = json.loads(text, parse_constant=_no_constant)
+        if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        doc = _DECODER.decode(text)
     except RecursionError:
         raise ApiError(400, "bad_json", "the body nests too deeply") from None
     except ValueError as exc:
         raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
-    if _has_surrogate(doc):
+    # strict UTF-8 holds no surrogate: a string can only get one from a \\u escape
+    if "\\u" in text and _has_surrogate(doc):
         raise ApiError(400, "bad_json", "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string")
     return doc
 
@@ -181,7 +190,7 @@ def body(req: Request | dict, allowed: tuple[str, ...]) -> dict:
     """
     environ = req if isinstance(req, dict) else req.environ
     raw = read_body(environ)
-    if not raw.strip():
+    if not raw:  # no body; whitespace alone is not a JSON document (400 bad_json below)
         return {}
     mimetype = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
     if mimetype != "application/json" and not mimetype.endswith("+json"):

@@ -25,9 +25,10 @@ so the benchmark measures what is deployed.
 * **Graceful stop**: on SIGTERM (or SIGINT) the server stops accepting, lets the requests in
   progress finish and answer, then exits 0.  A worker still busy after
   ``API_GRACEFUL_TIMEOUT_SECONDS`` (default 20) is killed.  A worker that dies is replaced.
-* **Logs**: the server's own records (logger ``_granian``), its access log (one line per
+* **Logs**: the server's own records (logger ``_granian``), the access log (one line per
   request: client address, method, path, status, duration; never headers, bodies or the query
-  string) and the application's records go to stderr in the format of :mod:`app.logs`
+  string; written by :class:`AccessLog` in each worker on granian's ``granian.access`` logger)
+  and the application's records go to stderr in the format of :mod:`app.logs`
   (``LOG_FORMAT=json``: one JSON object per line; access lines add ``http`` fields) at
   ``LOG_LEVEL`` (the access log is INFO: ``LOG_LEVEL=WARNING`` turns it off).
 * **Metrics**: the caller sets ``PROMETHEUS_MULTIPROC_DIR`` up before anything imports
@@ -48,6 +49,7 @@ import logging
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -188,17 +190,33 @@ def _escaped(record: logging.LogRecord) -> dict | None:
     if record.name != ACCESS_LOGGER or not isinstance(record.args, dict):
         return None
     path = str(record.args.get("path", ""))
+    if path.isascii() and path.isprintable() and "\\" not in path:  # nothing to escape (the usual)
+        return record.args
     return {**record.args, "path": _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", path)}
 
 
 class AccessTextFormatter(logging.Formatter):
     """The :mod:`app.logs` text format; access lines get their path escaped (:func:`_escaped`)."""
 
+    _second: tuple[int, str] = (-1, "")
+
     def format(self, record: logging.LogRecord) -> str:
         fields = _escaped(record)
         if fields is not None:
             record.args = fields
         return super().format(record)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        """:meth:`logging.Formatter.formatTime`'s text, its date and time part formatted once a
+        second rather than for every record (every request writes one)."""
+        if datefmt:
+            return super().formatTime(record, datefmt)
+        second, text = self._second
+        if second != int(record.created):
+            second = int(record.created)
+            text = time.strftime(self.default_time_format, self.converter(second))
+            self._second = (second, text)
+        return self.default_msec_format % (text, record.msecs)
 
 
 class AccessJsonFormatter(JsonFormatter):
@@ -211,7 +229,7 @@ class AccessJsonFormatter(JsonFormatter):
         if a is None:
             return super().format(record)
         record.args = a
-        out = json.loads(super().format(record))
+        out = self.fields(record)
         out["http"] = {"remote": a.get("addr"), "method": a.get("method"), "path": a.get("path"),
                        "protocol": a.get("protocol"), "status": a.get("status"),
                        "durationMs": round(float(a.get("dt_ms") or 0.0), 3)}
@@ -250,11 +268,64 @@ def logging_config(json_format: bool, level: int) -> dict:
     }
 
 
+class AccessLog:
+    """WSGI middleware writing the access log: one INFO record per request on the
+    ``granian.access`` logger, message :data:`ACCESS_FORMAT`, arguments ``addr method path
+    protocol status dt_ms`` (what the formatters above read), after the application returned
+    (500 when it raised).
+
+    It stands in for granian's own access log (``log_access``), which writes the same record
+    but also formats a timestamp and builds two dictionaries that the format never uses: a
+    quarter of the access log's CPU, and the access log is two records per lease pair
+    (docs/performance.md).
+    """
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.log = logging.getLogger(ACCESS_LOGGER)
+
+    def __call__(self, environ: dict, start_response):
+        started = time.perf_counter()
+        status = 200  # as granian, for an application that has not called start_response yet
+
+        def respond(line: str, headers, exc_info=None):
+            nonlocal status
+            status = int(line.split(" ", 1)[0])
+            return start_response(line, headers, exc_info)
+
+        try:
+            body = self.app(environ, respond)
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            self.log.info(ACCESS_FORMAT, {
+                "addr": environ.get("REMOTE_ADDR", ""), "method": environ.get("REQUEST_METHOD", ""),
+                "path": environ.get("PATH_INFO", ""), "protocol": environ.get("SERVER_PROTOCOL", ""),
+                "status": status, "dt_ms": (time.perf_counter() - started) * 1000})
+        return body
+
+
+def lean_log_records() -> None:
+    """Have log records skip what no format here shows but every record computes by default:
+    the caller's file, line and function (a walk up the stack) and the thread's and process's
+    names (the switches of the logging HOWTO's "Optimization" section).  Called in each worker;
+    the access log alone makes two records per lease pair."""
+    logging._srcfile = None  # noqa: SLF001 - the documented switch
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+
+
 def _import_target(target: str, factory: bool) -> Callable[..., Any]:
-    """Import ``module:attribute`` (and call it when ``factory``): the WSGI app of a worker."""
+    """Import ``module:attribute`` (and call it when ``factory``): the WSGI app of a worker,
+    behind :class:`AccessLog` unless ``LOG_LEVEL`` turns the access log off.  Runs in the
+    worker after granian applied :func:`logging_config`."""
+    lean_log_records()
     module, _, attr = target.partition(":")
     obj = getattr(importlib.import_module(module), attr or "app")
-    return obj() if factory else obj
+    app = obj() if factory else obj
+    return AccessLog(app) if logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO) else app
 
 
 def _granian_level(level: int):
@@ -319,7 +390,7 @@ def run(settings: ServerSettings, sock: socket.socket, *, target: str = "api:cre
         http1_settings=HTTP1Settings(header_read_timeout=int(settings.idle_timeout * 1000), keep_alive=True),
         backlog=settings.backlog, log_enabled=True, log_level=_granian_level(level),
         log_dictconfig=logging_config(os.environ.get("LOG_FORMAT", "").lower() == "json", level),
-        log_access=True, log_access_format=ACCESS_FORMAT,
+        log_access=False,  # written by AccessLog, for less CPU
         respawn_failed_workers=True, workers_kill_timeout=int(settings.graceful_timeout),
     )
     log.info("api: granian, %d workers x %d threads on one socket at %s; idle connections closed after %gs",

@@ -67,6 +67,8 @@ import secrets
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+import orjson
+
 from app import redis_keys
 from app.lua import Lua
 from app.selectors import Requirement, as_lua, matches
@@ -240,7 +242,10 @@ class Filters:
     pool: str | None = None
 
     def to_json(self) -> str:
-        """Encode for the lease script."""
+        """Encode for the lease script (no filters, most requests: encoded once)."""
+        return _ANY_JSON if self == _ANY else self._encode()
+
+    def _encode(self) -> str:
         doc: dict = {"selector": as_lua(self.selector)}
         for key in ("provider", "zone", "namespace", "pool"):
             value = getattr(self, key)
@@ -259,6 +264,11 @@ class Filters:
         if self.pool is not None and record.pool != self.pool:
             return False
         return matches(self.selector, record.labels)
+
+
+#: No filters, and their :meth:`Filters.to_json`.
+_ANY = Filters()
+_ANY_JSON = _ANY._encode()
 
 
 @dataclass(frozen=True)
@@ -389,7 +399,7 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
     raw = _ACQUIRE(r, _INDEX_KEYS, [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
         settings.record_grace * 1000, _limit(client_max_leases)])
-    doc = json.loads(raw)
+    doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         if doc["error"] == CLIENT_LEASE_LIMIT:
             wait = None
@@ -463,7 +473,7 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
     """
     raw = _RENEW(r, [], [lease_id, client, "" if ttl is None else int(ttl) * 1000,
                          settings.record_grace * 1000, settings.sticky_ttl, _limit(client_max_leases)])
-    doc = json.loads(raw)
+    doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         if doc["error"] == CLIENT_LEASE_LIMIT:
             raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc))
@@ -494,7 +504,7 @@ def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSetti
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
     raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000])
-    doc = json.loads(raw)
+    doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         raise LeaseError(doc["error"], _MESSAGES[doc["error"]])
     until = int(doc["cooldownUntil"])

@@ -23,13 +23,17 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object: ``time level logger message`` (+ ``exc``)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(self.fields(record))
+
+    def fields(self, record: logging.LogRecord) -> dict:
+        """The object :meth:`format` writes, for subclasses that add fields."""
         out = {
             "time": rfc3339(record.created, millis=True),
             "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage(),
         }
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
+        return out
 
 
 def setup(process: str, level: str | None = None) -> None:

@@ -11,27 +11,29 @@ the health engine leaves a healthy proxy), then starts both servers as they are 
   before issue 11).
 
 The rounds alternate between the two (old, new, old, new, ...), each on fresh connections:
-32 keep-alive connections opened one by one (``--connect-gap`` ms apart), one client thread
-on each, doing ``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the measured period.
-Then each server's floor: the same serving configuration with a trivial WSGI app (one static
-response), driven by the same client threads (``--no-floor`` skips it).  Prints per round:
+32 keep-alive connections opened one by one (``--connect-gap`` ms apart), each doing
+``POST /v1/leases`` then ``DELETE /v1/leases/<id>`` for the measured period.  Then each
+server's floor: the same serving configuration with a trivial WSGI app (one static
+response), driven by the same client (``--no-floor`` skips it).  Prints per round:
 
-* lease + release pairs per second (all threads together);
+* lease + release pairs per second (all connections together);
 * p50 / p99 of one pair (both requests), milliseconds;
-* fairness: the spread of the client threads' own p50, and how the connections split
-  between the server's worker processes;
+* fairness: the spread of the connections' own p50, and how the connections split between
+  the server's worker processes;
 * one raw Redis round trip (``PING``) p50 under load;
-* CPU milliseconds per pair spent by the server (all processes), Redis and the client threads;
+* CPU milliseconds per pair spent by the server (all processes), Redis and the client;
 
 and a closing table: medians per server, the floor in requests/s (and /2: the most pairs/s
 the serving stack could give), the new/old ratio, and the issue-11 targets: new >= 1.4 x old
 in the same run, new p99 < 35 ms, new pairs/s >= 40 % of its own floor pairs/s.
 
-The client threads run in this process on the same cores as the servers, so they use a lean
-HTTP/1.1 client (:class:`RawHTTP`) rather than ``http.client``.
+The client runs in this process on the same cores as the servers, so it is kept lean: one
+thread drives every connection through ``selectors`` (``--client threads``: one blocking
+thread per connection, as before 2026-12, which costs a quarter more client CPU in GIL
+hand-overs) with a minimal HTTP/1.1 client (:class:`RawHTTP`) rather than ``http.client``.
 
-Usage: ``python bench/leases.py [--seconds 10] [--rounds 3] [--threads 32] [--proxies 20]
-[--servers old,new] [--worker-threads 4]``.
+Usage: ``python bench/leases.py [--seconds 10] [--rounds 3] [--connections 32] [--proxies 20]
+[--servers old,new] [--worker-threads 4] [--client loop|threads]``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import argparse
 import http.client
 import json
 import os
+import selectors
 import statistics
 import sys
 import tempfile
@@ -124,13 +127,13 @@ def request_bytes(method: str, path: str, host: str, body: bytes = b"") -> bytes
 class RawHTTP:
     """A minimal HTTP/1.1 keep-alive client for the load generator.
 
-    The 32 client threads share the machine's two cores (and one GIL) with the server under
-    test, so the load generator is kept lean: it writes prebuilt requests and reads responses
-    framed by ``Content-Length`` (what the API always sends), where ``http.client`` parses
-    every header block through ``email.parser`` (measured: 0.25 ms of client CPU per pair
-    with ``http.client``; see docs/performance.md).
+    The load generator shares the machine's two cores with the server under test, so it is
+    kept lean: it writes prebuilt requests and reads responses framed by ``Content-Length``
+    (what the API always sends), where ``http.client`` parses every header block through
+    ``email.parser`` (measured: 0.25 ms of client CPU per pair with ``http.client``; see
+    docs/performance.md).
 
-    Raises (from :meth:`exchange`):
+    Raises (from :meth:`exchange`, :meth:`fill` and :meth:`take`):
         OSError: the connection failed or closed mid-response.
         ValueError: a response without ``Content-Length`` or with a malformed status line.
     """
@@ -145,9 +148,18 @@ class RawHTTP:
     def exchange(self, request: bytes) -> tuple[int, bytes]:
         """Send ``request``; return ``(status, body)`` of its response."""
         self.sock.sendall(request)
-        while b"\r\n\r\n" not in self.buf:
-            self._fill()
-        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        while True:
+            got = self.take()
+            if got is not None:
+                return got
+            self.fill()
+
+    def take(self) -> tuple[int, bytes] | None:
+        """``(status, body)`` of the response read so far, or ``None`` while it is incomplete."""
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head, rest = self.buf[:end], self.buf[end + 4:]
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
@@ -159,14 +171,13 @@ class RawHTTP:
                 length = int(value)
         if length is None:
             raise ValueError(f"response without Content-Length: {head[:200]!r}")
-        while len(rest) < length:
-            self.buf = rest
-            self._fill()
-            rest = self.buf
+        if len(rest) < length:
+            return None
         self.buf = rest[length:]
         return int(parts[1]), rest[:length]
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
+        """Read what the server sent (blocks until something arrives)."""
         chunk = self.sock.recv(65536)
         if not chunk:
             raise ConnectionResetError("server closed the connection")
@@ -175,6 +186,96 @@ class RawHTTP:
     def close(self) -> None:
         """Close the connection."""
         self.sock.close()
+
+
+class Session:
+    """What one client connection does: :meth:`first` gives its first request, :meth:`answer`
+    takes each response and gives the next request, ``None`` to stop."""
+
+    def first(self) -> bytes | None:
+        raise NotImplementedError
+
+    def answer(self, status: int, body: bytes) -> bytes | None:
+        raise NotImplementedError
+
+
+def drive(port: int, conns: list[RawHTTP], sessions: list[Session], errors: list[str], mode: str) -> None:
+    """Run ``sessions[i]`` on ``conns[i]`` until every session stopped; a connection that fails
+    is noted in ``errors``, replaced, and its session starts over (:meth:`Session.first`).
+
+    ``mode`` ``loop``: one thread drives every connection (``selectors``: the load generator
+    costs less CPU, and no GIL hand-over between client threads); ``threads``: one thread per
+    connection, blocking.
+    """
+    def reconnect(i: int, exc: Exception) -> bytes | None:
+        errors.append(repr(exc))
+        conns[i].close()
+        conns[i] = RawHTTP("127.0.0.1", port)
+        return sessions[i].first()
+
+    if mode == "threads":
+        def run(i: int) -> None:
+            req = sessions[i].first()
+            while req is not None:
+                try:
+                    req = sessions[i].answer(*conns[i].exchange(req))
+                except (OSError, ValueError) as exc:
+                    req = reconnect(i, exc)
+            conns[i].close()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(conns))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return
+
+    sel = selectors.DefaultSelector()
+    live = 0
+
+    def send(i: int, req: bytes | None) -> None:
+        nonlocal live
+        while req is not None:
+            try:
+                conns[i].sock.sendall(req)
+                sel.register(conns[i].sock, selectors.EVENT_READ, i)
+                live += 1
+                return
+            except OSError as exc:
+                req = reconnect(i, exc)
+        conns[i].close()
+
+    for i in range(len(conns)):
+        send(i, sessions[i].first())
+    while live:
+        events = sel.select(timeout=30)
+        if not events:
+            raise SystemExit(f"no response on {live} connections for 30 s")
+        for key, _ in events:
+            i = key.data
+            try:
+                conns[i].fill()
+                got = conns[i].take()
+                if got is None:
+                    continue
+                req = sessions[i].answer(*got)
+            except (OSError, ValueError) as exc:
+                sel.unregister(key.fileobj)
+                live -= 1
+                send(i, reconnect(i, exc))
+                continue
+            if req is None:
+                sel.unregister(key.fileobj)
+                live -= 1
+                conns[i].close()
+            else:
+                try:
+                    conns[i].sock.sendall(req)
+                except OSError as exc:
+                    sel.unregister(key.fileobj)
+                    live -= 1
+                    send(i, reconnect(i, exc))
+    sel.close()
 
 
 def connection_split(master_pid: int, port: int) -> list[int]:
@@ -225,35 +326,37 @@ FLOOR_APP = """def app(environ, start_response):
 """
 
 
-def floor(server: "Server", workdir: str, threads: int, seconds: float) -> tuple[float, float]:
-    """Requests/s and server CPU ms per request of a trivial WSGI app served the way
-    ``server`` serves the API."""
+class FloorSession(Session):
+    """``GET /`` on the floor app until ``stop`` (``time.perf_counter``), counting answers."""
+
+    def __init__(self, get: bytes, stop: float) -> None:
+        self.get, self.stop, self.count = get, stop, 0
+
+    def first(self) -> bytes | None:
+        return self.get if time.perf_counter() < self.stop else None
+
+    def answer(self, status: int, body: bytes) -> bytes | None:
+        self.count += 1
+        return self.first()
+
+
+def floor(server: "Server", workdir: str, args, seconds: float) -> tuple[float, float, float]:
+    """Requests/s, server CPU ms per request and client CPU ms per request of a trivial WSGI
+    app served the way ``server`` serves the API, driven by the same client as the rounds."""
     Path(workdir, "floorapp.py").write_text(FLOOR_APP)
     port = free_port()
     proc = server.start_floor(port, workdir)
     try:
         wait_http("127.0.0.1", port, "/")
-        counts = [0] * threads
-        stop = time.monotonic() + seconds
-
         get = request_bytes("GET", "/", f"127.0.0.1:{port}")
-
-        def hammer(i: int) -> None:
-            conn = RawHTTP("127.0.0.1", port)
-            while time.monotonic() < stop:
-                conn.exchange(get)
-                counts[i] += 1
-            conn.close()
-
-        cpu0 = group_cpu(proc.proc.pid)
-        ts = [threading.Thread(target=hammer, args=(i,)) for i in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        cpu = group_cpu(proc.proc.pid) - cpu0
-        total = sum(counts)
-        return total / seconds, cpu / max(total, 1) * 1000
+        conns = [RawHTTP("127.0.0.1", port) for _ in range(args.threads)]
+        sessions = [FloorSession(get, time.perf_counter() + seconds) for _ in conns]
+        cpu0, srv0 = os.times(), group_cpu(proc.proc.pid)
+        drive(port, conns, sessions, [], args.client)
+        cpu1, srv1 = os.times(), group_cpu(proc.proc.pid)
+        total = max(sum(x.count for x in sessions), 1)
+        client = cpu1.user - cpu0.user + cpu1.system - cpu0.system
+        return total / seconds, (srv1 - srv0) / total * 1000, client / total * 1000
     finally:
         proc.stop()
 
@@ -330,16 +433,57 @@ class Round:
     cpu_client: float
 
 
+def lease_id(body: bytes) -> str:
+    """The ``leaseId`` of a ``201`` lease answer: the API writes it first, so it is read
+    without decoding the JSON (the client's CPU counts against the server's)."""
+    if body.startswith(b'{"leaseId":"') and body[44:45] == b'"':
+        return body[12:44].decode("ascii")
+    return json.loads(body)["leaseId"]
+
+
+def release_template(host: str):
+    """``lease id -> DELETE /v1/leases/<id>`` request bytes, the head built once."""
+    head, _, tail = request_bytes("DELETE", "/v1/leases/{}", host).partition(b"{}")
+    return lambda lid: head + lid.encode("ascii") + tail
+
+
+class PairSession(Session):
+    """``POST /v1/leases`` then ``DELETE /v1/leases/<id>``, again and again until ``stop``;
+    the latency of each pair started after ``record_from`` (``time.perf_counter``) goes to
+    ``latencies`` (ms), unexpected answers to ``errors``."""
+
+    def __init__(self, host: str, lease: bytes, record_from: float, stop: float, latencies: list[float],
+                 errors: list[str]) -> None:
+        self.host, self.lease, self.record_from, self.stop = host, lease, record_from, stop
+        self.release = release_template(host)
+        self.latencies, self.errors = latencies, errors
+        self.t0, self.releasing = 0.0, False
+
+    def first(self) -> bytes | None:
+        self.t0, self.releasing = time.perf_counter(), False
+        return self.lease if self.t0 < self.stop else None
+
+    def answer(self, status: int, body: bytes) -> bytes | None:
+        if not self.releasing:
+            if status != 201:
+                self.errors.append(f"lease {status} {body[:200]!r}")
+                return self.first()
+            self.releasing = True
+            return self.release(lease_id(body))
+        if status != 200:
+            self.errors.append(f"release {status} {body[:200]!r}")
+        elif self.t0 >= self.record_from:
+            self.latencies.append((time.perf_counter() - self.t0) * 1000)
+        return self.first()
+
+
 def run_round(args, port: int, server_pid: int, r: redis.Redis) -> Round:
     """Open ``args.threads`` keep-alive connections, run lease + release pairs on each for
     ``args.warmup`` + ``args.seconds``, and measure the last ``args.seconds``."""
     host = f"127.0.0.1:{port}"
     lease_request = request_bytes("POST", "/v1/leases", host, json.dumps({"ttlSeconds": 60}).encode())
-    stop_at = [0.0]
-    record_from = [0.0]
     lat: list[list[float]] = [[] for _ in range(args.threads)]
     errors: list[str] = []
-    start = threading.Barrier(args.threads + 1)
     # Crawlers do not all connect in the same millisecond: open the keep-alive connections one
     # by one. Which worker serves each is the kernel's choice (gunicorn: the address hash over
     # its SO_REUSEPORT sockets; granian: whichever worker accepts first on the shared
@@ -349,46 +493,16 @@ def run_round(args, port: int, server_pid: int, r: redis.Redis) -> Round:
         conns.append(RawHTTP("127.0.0.1", port))
         time.sleep(args.connect_gap / 1000)
     split = connection_split(server_pid, port)
-
-    def client(i: int) -> None:
-        conn = conns[i]
-        start.wait()
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at[0]:
-                break
-            try:
-                status, data = conn.exchange(lease_request)
-                if status != 201:
-                    errors.append(f"lease {status} {data[:200]!r}")
-                    continue
-                lease_id = json.loads(data)["leaseId"]
-                status, data = conn.exchange(request_bytes("DELETE", f"/v1/leases/{lease_id}", host))
-                if status != 200:
-                    errors.append(f"release {status} {data[:200]!r}")
-                    continue
-            except (OSError, ValueError) as exc:
-                errors.append(repr(exc))
-                conn.close()
-                conn = RawHTTP("127.0.0.1", port)
-                continue
-            if t0 >= record_from[0]:
-                lat[i].append((time.perf_counter() - t0) * 1000)
-        conn.close()
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
-    for t in threads:
-        t.start()
     now = time.perf_counter()
-    record_from[0] = now + args.warmup
-    stop_at[0] = now + args.warmup + args.seconds
-    start.wait()
+    sessions = [PairSession(host, lease_request, now + args.warmup, now + args.warmup + args.seconds, lat[i], errors)
+                for i in range(args.threads)]
+    client = threading.Thread(target=drive, args=(port, conns, sessions, errors, args.client))
+    client.start()
     time.sleep(args.warmup)
     cpu0, srv0, red0 = os.times(), group_cpu(server_pid), redis_cpu(r)
     time.sleep(args.seconds / 2)
     loaded_ping = ping_p50(r, 200)
-    for t in threads:
-        t.join()
+    client.join()
     cpu1, srv1, red1 = os.times(), group_cpu(server_pid), redis_cpu(r)
     all_lat = [x for per in lat for x in per]
     pairs = max(len(all_lat), 1)
@@ -407,7 +521,7 @@ def print_round(res: Round) -> None:
     print(f"  pairs/s (lease+release): {res.pairs_per_s:,.0f}")
     print(f"  pair latency p50: {res.p50:.1f} ms   p99: {res.p99:.1f} ms")
     if res.thread_p50s:
-        print(f"  fairness: per-client-thread p50 from {res.thread_p50s[0]:.1f} to {res.thread_p50s[-1]:.1f} ms; "
+        print(f"  fairness: per-connection p50 from {res.thread_p50s[0]:.1f} to {res.thread_p50s[-1]:.1f} ms; "
               f"client connections per worker: {' / '.join(map(str, res.split))}")
     print(f"  raw Redis round trip (PING) p50 under load: {res.loaded_ping:.3f} ms")
     print(f"  errors: {len(res.errors)}" + (f" (first: {res.errors[0]})" if res.errors else ""))
@@ -447,7 +561,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds per server, each on fresh connections")
-    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--connections", "--threads", dest="threads", type=int, default=32,
+                    help="client keep-alive connections")
+    ap.add_argument("--client", choices=("loop", "threads"), default="loop",
+                    help="loop: one client thread drives every connection; threads: one thread per connection "
+                         "(the client before 2026-12)")
     ap.add_argument("--proxies", type=int, default=20)
     ap.add_argument("--max-leases", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2, help="worker processes of either server")
@@ -476,7 +594,8 @@ def main() -> None:
     try:
         for srv in servers:
             srv.start()
-        print(f"lease bench: {' vs '.join(s.label for s in servers)}; {args.threads} client threads, "
+        print(f"lease bench: {' vs '.join(s.label for s in servers)}; {args.threads} client connections "
+              f"({'one client thread' if args.client == 'loop' else 'a client thread each'}), "
               f"{args.proxies} proxies x maxLeases {args.max_leases}, {args.seconds:.0f} s measured after "
               f"{args.warmup:.0f} s warm-up, {args.rounds} rounds each, alternating; {os.cpu_count()} CPUs; "
               f"load average {os.getloadavg()[0]:.1f}")
@@ -491,10 +610,11 @@ def main() -> None:
             srv.stop()
         if not args.no_floor:
             for srv in servers:
-                rps, ms = floor(srv, workdir, args.threads, min(args.seconds, 6))
+                rps, ms, client_ms = floor(srv, workdir, args, min(args.seconds, 6))
                 floors[srv.key] = (rps, ms)
-                print(f"  serving floor of {srv.label} (trivial WSGI app, {args.threads} threads): {rps:,.0f} "
-                      f"requests/s = {rps / 2:,.0f} pairs/s at most; server CPU {ms:.2f} ms per request")
+                print(f"  serving floor of {srv.label} (trivial WSGI app, {args.threads} connections): {rps:,.0f} "
+                      f"requests/s = {rps / 2:,.0f} pairs/s at most; CPU per request: server {ms:.3f} ms, "
+                      f"client {client_ms:.3f} ms")
         summary(servers, results, floors)
     finally:
         for srv in servers:

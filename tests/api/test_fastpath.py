@@ -61,6 +61,7 @@ CASES = [
     (auth(), b"x" * 70_000, "application/json"),                          # 413
     (auth(), b"ttl=5", "text/plain"),                                     # 415
     (auth(), b'{"ttlSeconds": ', "application/json"),                     # bad_json
+    (auth(), b" \r\n\t", "application/json"),                             # whitespace only: bad_json
     (auth(), b"[" * 100 + b"]" * 100, "application/json"),                # too deep
     (auth(), b'{"zone": "\\ud800"}', "application/json"),                 # lone surrogate
     (auth(), b'{"colour": "red"}', "application/json"),                   # unknown_field

@@ -189,6 +189,7 @@ def test_sticky_sessions(client, fleet, api_squids, health_settings):
     ('{"colour": "red"}', 400, "unknown_field", "colour"),
     ('{"ttlSeconds": ', 400, "bad_json", None),
     ('[1, 2]', 400, "bad_json", None),
+    ('\t', 400, "bad_json", None),          # whitespace alone is no JSON document (only no body is {})
 ])
 def test_bad_lease_requests_name_the_field(client, body, status, code, field):
     resp = client.post("/v1/leases", headers={**auth(), "Content-Type": "application/json"}, data=body)
