@@ -321,7 +321,7 @@ def test_transition_rules_do_not_run_on_create(crd):
 
 # -- maxAge, rollout, drain, spread ----------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["6h", "30m", "1h30m", "90s", "2h0m10s", "48h"])
+@pytest.mark.parametrize("value", ["6h", "30m", "1h30m", "90s", "60s", "1m", "2h0m10s", "48h"])
 def test_max_age_durations_are_admitted(crd, value):
     assert errors_of(crd, with_spec(maxAge=value)) == []
 
@@ -332,8 +332,9 @@ def test_max_age_durations_are_admitted(crd, value):
     ("6d", "spec.maxAge: Invalid value: \"6d\": spec.maxAge in body should match '^([0-9]+h)?([0-9]+m)?([0-9]+s)?$'"),
     ("30m6h", "spec.maxAge: Invalid value: \"30m6h\": spec.maxAge in body should match "
               "'^([0-9]+h)?([0-9]+m)?([0-9]+s)?$'"),
-    ("0s", 'spec.maxAge: Invalid value: "string": spec.maxAge must be longer than 0s'),
-    ("0h0m", 'spec.maxAge: Invalid value: "string": spec.maxAge must be longer than 0s'),
+    ("0s", 'spec.maxAge: Invalid value: "string": spec.maxAge must be at least 1m (a member must live long enough to be leased)'),
+    ("0h0m", 'spec.maxAge: Invalid value: "string": spec.maxAge must be at least 1m (a member must live long enough to be leased)'),
+    ("59s", 'spec.maxAge: Invalid value: "string": spec.maxAge must be at least 1m (a member must live long enough to be leased)'),
 ])
 def test_bad_max_age_is_rejected(crd, value, error):
     assert error in errors_of(crd, with_spec(maxAge=value))

@@ -39,6 +39,9 @@ ANNOTATION_DRAINING = DRAINING_ANNOTATION
 #: between ``(1 - AGE_JITTER) * maxAge`` and ``maxAge`` after its creation, at a point fixed by
 #: a hash of its UID, so members created together are not all replaced together.
 AGE_JITTER = 0.25
+#: The shortest ``maxAge`` (seconds): a member must live long enough to become leasable and be
+#: leased before it is replaced (the CRD's CEL rule says the same, deploy/crd/gen_proxypool.py).
+MIN_MAX_AGE = 60
 DEFAULT_MAX_SURGE = 1
 DEFAULT_MAX_UNAVAILABLE = 0
 DEFAULT_DRAIN_TIMEOUT = 600
@@ -278,6 +281,8 @@ class PoolSpec:
                 max_age = parse_duration(d["maxAge"])
             except ValueError as exc:
                 raise PoolSpecError("spec.maxAge", str(exc)) from None
+            if max_age < MIN_MAX_AGE:
+                raise PoolSpecError("spec.maxAge", f"{d['maxAge']!r} is shorter than the minimum of {MIN_MAX_AGE}s")
         rollout = d.get("rollout") or {}
         surge = _int_or_percent("spec.rollout.maxSurge", rollout.get("maxSurge"), replicas, round_up=True,
                                 default=DEFAULT_MAX_SURGE)

@@ -207,14 +207,14 @@ spec:
                     Replace each Proxy this long after its creation (hours, minutes, seconds:
                     6h, 30m, 1h30m, 90s); each Proxy's own limit is shortened by up to a
                     quarter, fixed by its UID, so Proxies made together are not replaced
-                    together. Omitted: never.
+                    together. At least 1m. Omitted: never.
                   type: string
                   minLength: 2
                   maxLength: 32
                   pattern: '^([0-9]+h)?([0-9]+m)?([0-9]+s)?$'
                   x-kubernetes-validations:
-                    - rule: duration(self) > duration('0s')
-                      message: spec.maxAge must be longer than 0s
+                    - rule: duration(self) >= duration('1m')
+                      message: spec.maxAge must be at least 1m (a member must live long enough to be leased)
                 rollout:
                   description: >-
                     How a changed template (or maxAge) replaces Proxies, like a Deployment's

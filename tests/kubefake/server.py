@@ -113,6 +113,7 @@ class FakeKube:
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
         self.requests: collections.Counter = collections.Counter()
+        self.request_log: list[tuple[str, str]] | None = None  # (method, path) in order, see record_requests
         self._audits: dict[str, set] = {}
         self._host, self._port = host, port
         self._faults: list[_Fault] = []
@@ -273,6 +274,13 @@ class FakeKube:
             return sum(n for (v, r), n in self.requests.items()
                        if (verb is None or v == verb) and (resource is None or r == resource))
 
+    def record_requests(self) -> list[tuple[str, str]]:
+        """Record, from now on, every request as ``(method, path)`` in arrival order (the query
+        left out); returns the live list (a new one each call).  Off until first called."""
+        with self._lock:
+            self.request_log = []
+            return self.request_log
+
     def audit(self, token: str) -> set:
         """Record, from now on, every resource request sent with ``Authorization: Bearer <token>``.
 
@@ -390,6 +398,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         try:
             url = urlsplit(self.path)
+            if self.fake.request_log is not None:
+                self.fake.request_log.append((method, url.path))
             query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             self._content_type = "application/json"

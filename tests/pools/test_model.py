@@ -44,6 +44,7 @@ def test_max_age_and_drain_and_spread():
 @pytest.mark.parametrize("fields, path", [
     ({"replicas": -1}, "spec.replicas"),
     ({"maxAge": "six hours"}, "spec.maxAge"),
+    ({"maxAge": "59s"}, "spec.maxAge"),
     ({"rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge"),
     ({"rollout": {"maxUnavailable": -2}}, "spec.rollout.maxUnavailable"),
     ({"selector": {"matchLabels": {"app": "other"}}}, "spec.template.metadata.labels"),
