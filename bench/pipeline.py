@@ -12,10 +12,13 @@ N Proxies (as fast as a few client threads can, or paced), and prints:
 * the CPU seconds each process used (``/proc/<pid>/stat`` of every process of its group:
   a prefork worker's children included).
 
-``--deployed`` runs the workers exactly as ``deploy/base/worker.yaml`` does: its ``args``
-(prefork, ``-Q``, ``-E``, ``--concurrency`` ...) and its ``replicas``, each with the
-``METRICS_BIND`` and ``PROMETHEUS_MULTIPROC_DIR`` the Deployment sets (only a node name,
-``-n workerN@%h``, is added: the replicas share one host here).  ``--trace`` also follows each
+``--deployed`` runs the workers exactly as ``deploy/base/worker.yaml`` and
+``deploy/base/health-worker.yaml`` do: each Deployment's ``args`` (prefork, ``-Q``, ``-E``,
+``--concurrency`` ...) and ``replicas``, each replica with the ``METRICS_BIND`` and
+``PROMETHEUS_MULTIPROC_DIR`` its Deployment sets (only a node name, ``-n workerN@%h`` /
+``-n health-workerN@%h``, is added: the replicas share one host here).  The health-workers
+(``-Q health``) get no task here (no beat, no Pod becomes Ready), but they run, consume and
+use the cores as deployed.  ``--trace`` also follows each
 create message through Redis (``MONITOR``: when the watcher's ``LPUSH`` reached Redis) and the
 worker (``task-received``: when its consumer took the message), and splits the latency into
 watch -> published -> received -> started.
@@ -53,6 +56,7 @@ from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 WORKER_YAML = ROOT / "deploy" / "base" / "worker.yaml"
+HEALTH_WORKER_YAML = ROOT / "deploy" / "base" / "health-worker.yaml"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -63,16 +67,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def deployed_worker() -> tuple[list[str], int, dict[str, str]]:
-    """The worker Deployment of deploy/base/worker.yaml: its ``args``, ``replicas`` and plain ``env`` values."""
+def deployed_worker(path: Path = WORKER_YAML, name: str = "worker") -> tuple[list[str], int, dict[str, str]]:
+    """The Deployment ``name`` of ``path`` (deploy/base/worker.yaml's ``worker`` by default,
+    deploy/base/health-worker.yaml's ``health-worker``): its ``args``, ``replicas`` and plain
+    ``env`` values."""
     import yaml
 
-    for doc in yaml.safe_load_all(WORKER_YAML.read_text()):
-        if doc and doc.get("kind") == "Deployment" and doc["metadata"]["name"] == "worker":
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc.get("kind") == "Deployment" and doc["metadata"]["name"] == name:
             container = doc["spec"]["template"]["spec"]["containers"][0]
             env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
             return list(container["args"]), int(doc["spec"].get("replicas", 1)), env
-    raise SystemExit(f"no worker Deployment in {WORKER_YAML}")
+    raise SystemExit(f"no {name} Deployment in {path}")
 
 
 def group_cpu(pgid: int) -> float:
@@ -211,7 +217,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--deployed", action="store_true",
-                        help="workers as deploy/base/worker.yaml runs them (ignores --pool/--concurrency/--workers)")
+                        help="workers as deploy/base/worker.yaml and health-worker.yaml run them "
+                             "(ignores --pool/--concurrency/--workers)")
     parser.add_argument("--clients", type=int, default=4, help="threads applying Proxies")
     parser.add_argument("--rate", type=float, default=0, help="applies per second (0 = as fast as possible)")
     parser.add_argument("--duration", type=float, default=0, help="with --rate: apply for this many seconds")
@@ -219,7 +226,8 @@ def main() -> int:
                         help="apply this many Proxies (at --rate) and let them reach Provisioning before measuring")
     parser.add_argument("--trace", action="store_true", help="split the latency by stage (Redis MONITOR)")
     parser.add_argument("--worker-args", default="",
-                        help="with --deployed: more worker options, after the deployed ones (to try a change)")
+                        help="with --deployed: more options of the `worker` Deployment's processes, after the "
+                             "deployed ones (to try a change; the health-workers run as deployed)")
     parser.add_argument("--worker-log-level", default="WARNING", help="LOG_LEVEL of the workers (their logs stay in /tmp)")
     args = parser.parse_args()
     if args.rate and args.duration:
@@ -250,17 +258,21 @@ def main() -> int:
             publishes.start()
             publishes.ready.wait(10)
         if args.deployed:
-            argv, replicas, deploy_env = deployed_worker()
-            argv += args.worker_args.split()
-            desc = f"deployed: {' '.join(argv)} x {replicas} replicas"
-            for i in range(replicas):
-                mp_dir = os.path.join(workdir, f"prometheus-{i}")
-                os.makedirs(mp_dir)
-                wenv = {**env, "LOG_LEVEL": args.worker_log_level, "METRICS_BIND": f"127.0.0.1:{free_port()}", "PROMETHEUS_MULTIPROC_DIR": mp_dir}
-                if "PROMETHEUS_MULTIPROC_DIR" not in deploy_env:
-                    wenv.pop("PROMETHEUS_MULTIPROC_DIR")
-                workers.append(Process(f"worker{i}", [str(BIN / argv[0]), *argv[1:], "-n", f"worker{i}@%h"],
-                                       wenv).start())
+            descs = []
+            for path, deployment in ((WORKER_YAML, "worker"), (HEALTH_WORKER_YAML, "health-worker")):
+                argv, replicas, deploy_env = deployed_worker(path, deployment)
+                if deployment == "worker":
+                    argv += args.worker_args.split()
+                descs.append(f"{deployment}: {' '.join(argv)} x {replicas} replicas")
+                for i in range(replicas):
+                    mp_dir = os.path.join(workdir, f"prometheus-{deployment}-{i}")
+                    os.makedirs(mp_dir)
+                    wenv = {**env, "LOG_LEVEL": args.worker_log_level, "METRICS_BIND": f"127.0.0.1:{free_port()}", "PROMETHEUS_MULTIPROC_DIR": mp_dir}
+                    if "PROMETHEUS_MULTIPROC_DIR" not in deploy_env:
+                        wenv.pop("PROMETHEUS_MULTIPROC_DIR")
+                    workers.append(Process(f"{deployment}{i}", [str(BIN / argv[0]), *argv[1:], "-n", f"{deployment}{i}@%h"],
+                                           wenv).start())
+            desc = "deployed: " + "; ".join(descs)
         else:
             desc = f"worker pool {args.pool} x{args.concurrency}, {args.workers} worker process(es)"
             for i in range(args.workers):

@@ -151,8 +151,24 @@ def test_every_scaled_object_targets_a_rendered_worker_of_the_shared_queues(rend
         assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]  # never to zero: see the YAML
         for t in _triggers(so):
             assert int(t["metadata"]["listLength"]) >= 1
+        assert not scaled_queues & set(lists), f"{name}: {scaled_queues & set(lists)} scaled twice"
         scaled_queues |= set(lists)
     assert scaled_queues == shared, f"no ScaledObject for {shared - scaled_queues}"
+
+
+@needs_kubectl
+def test_each_shared_queue_has_one_worker_and_health_only_the_health_worker(rendered):
+    """worker keeps proxies and gc, health-worker alone serves (and scales on) health: probe
+    batches never hold the children that start creates, and a health backlog adds health-workers."""
+    consumers: dict[str, list[str]] = {}
+    for name, deploy in _kind(rendered, "Deployment").items():
+        for queue in _consumed_queues(deploy):
+            if not queue.startswith(KVM_PREFIX):
+                consumers.setdefault(queue, []).append(name)
+    assert consumers == {routing.PROXIES: ["worker"], routing.GC: ["worker"], routing.HEALTH: ["health-worker"]}
+    objects = {so["spec"]["scaleTargetRef"]["name"]: {t["metadata"]["listName"] for t in _triggers(so)}
+               for so in _kind(rendered, "ScaledObject").values()}
+    assert objects == {"worker": {routing.PROXIES, routing.GC}, "health-worker": {routing.HEALTH}}
 
 
 @needs_kubectl
@@ -214,7 +230,7 @@ def test_keda_reaches_redis_through_the_network_policy(rendered):
     assert not _admits(policy, KEDA_OPERATOR, "default", {}, "redis")
     assert not _admits(policy, {"app": "keda-operator-metrics-apiserver"}, "keda", {}, "redis")
     assert not _admits(policy, {"app": "something"}, "keda", {}, "redis")
-    for name in ("watcher", "worker", "beat", "api", "flower"):
+    for name in ("watcher", "worker", "health-worker", "beat", "api", "flower"):
         assert _admits(policy, _pod_labels(deployments[name]), "proxy-operator", {}, "redis"), name
 
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.timeout(120)
 # The process commands, as the Deployments run them.
 COMMANDS = {
     "watcher": ["proxy-operator", "watch", "--health-bind", ":8081"],
-    "worker": ["celery", "-A", "workers", "worker", "-Q", "proxies,health,gc", "-E"],
+    "worker": ["celery", "-A", "workers", "worker", "-Q", "proxies,gc", "-E"],
+    # probe batches (up to a probe timeout each) never hold the children that start creates
+    "health-worker": ["celery", "-A", "workers", "worker", "-Q", "health", "-E"],
     "beat": ["celery", "-A", "workers", "beat", "-S", "workers.beat_scheduler.ResilientRedBeatScheduler"],
     "api": ["proxy-operator", "api", "--bind", "0.0.0.0:8080", "--workers", "2"],
     "flower": ["celery", "-A", "workers", "flower", "--address=0.0.0.0", "--port=5555"],
@@ -153,7 +155,7 @@ def _assert_hardened(deploy: dict) -> None:
 @needs_kubectl
 def test_default_renders_every_process_hardened(default_render):
     deployments = _kind(default_render, "Deployment")
-    assert set(deployments) == {"watcher", "worker", "beat", "api", "flower", "redis"}
+    assert set(deployments) == {"watcher", "worker", "health-worker", "beat", "api", "flower", "redis"}
     for deploy in deployments.values():
         assert deploy["metadata"]["namespace"] == "proxy-operator"
         _assert_hardened(deploy)
@@ -168,7 +170,7 @@ def test_default_wires_config_secrets_and_probes(default_render):
     [configmap] = [n for n in _kind(default_render, "ConfigMap") if n.startswith("proxy-operator-providers")]
     cfg = yaml.safe_load(_kind(default_render, "ConfigMap")[configmap]["data"]["providers.yaml"])
     assert cfg["providers"][0]["name"] == "k8s-local"
-    for name in ("watcher", "worker", "beat", "api", "flower"):
+    for name in ("watcher", "worker", "health-worker", "beat", "api", "flower"):
         pod = deployments[name]["spec"]["template"]["spec"]
         [c] = pod["containers"]
         env = {e["name"]: e.get("value") for e in c["env"]}
@@ -177,7 +179,9 @@ def test_default_wires_config_secrets_and_probes(default_render):
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert volumes[mounts["/etc/proxy-operator/providers"]]["configMap"]["name"] == configmap
-        if name in ("watcher", "worker", "beat"):
+        if name in ("watcher", "worker", "health-worker", "beat"):
+            # health-worker: the health engine reads Proxies and their credentials Secrets and
+            # writes Proxy status, Events and ProviderHealths, as the worker did
             assert pod["serviceAccountName"] == "proxy-operator"
             # the kvm-ssh private key is mounted where KVM work runs only (the per-host workers)
             assert "/etc/proxy-operator/kvm" not in mounts
@@ -268,6 +272,74 @@ def test_kvm_worker_overlay_consumes_one_host_queue():
     assert "kvm.kvm-lab.lab1" in (DEPLOY / "kvm-worker" / "README.md").read_text()
 
 
+def routed_queues() -> set[str]:
+    """Every fixed queue the code sends to: the default route of every registered task
+    (workers/routing.py, else Celery's default queue), the queues the dispatcher and beat name
+    (app/dispatch.py: proxies, health, gc) and the queues the Celery app declares. The
+    kvm.<provider>.<host> queues are served by the per-host workers (checked above)."""
+    import workers.health_tasks  # noqa: F401 - registers the tasks
+    import workers.tasks  # noqa: F401
+    from app import dispatch
+    from workers import routing
+    from workers.celery_app import celery_app
+
+    names = [n for n in celery_app.tasks if not n.startswith("celery.")]
+    assert {"proxy.create", "health.probe_batch", "gc.sweep", "providers.check"} <= set(names)
+    default = celery_app.conf.task_default_queue
+    queues = {(routing.route_task(n, [], {}, {}) or {}).get("queue", default) for n in names}
+    queues |= {dispatch.PROXIES, dispatch.HEALTH, dispatch.GC}
+    queues |= {q.name for q in celery_app.conf.task_queues}
+    assert not any(q.startswith(dispatch.HOST_QUEUE_PREFIX) for q in queues)
+    return queues
+
+
+def _consumers(commands: dict[str, list[str]]) -> dict[str, list[str]]:
+    """queue -> the Celery worker processes (by name) whose ``-Q`` names it."""
+    out: dict[str, list[str]] = {}
+    for name, cmd in sorted(commands.items()):
+        if cmd[:4] == ["celery", "-A", "workers", "worker"] and "-Q" in cmd:
+            for queue in cmd[cmd.index("-Q") + 1].split(","):
+                out.setdefault(queue, []).append(name)
+    return out
+
+
+def _assert_queue_layout(consumers: dict[str, list[str]], where: str) -> None:
+    routed = routed_queues()
+    assert set(consumers) == routed, f"{where}: serves {sorted(consumers)}, the code routes to {sorted(routed)}"
+    for queue, names in consumers.items():
+        assert len(names) == 1, f"{where}: {queue} is consumed by {names}"
+    # probe batches (up to a probe timeout each) never hold a child that should start a create
+    assert consumers["health"] == ["health-worker"], where
+    assert consumers["proxies"] == consumers["gc"] == ["worker"], where
+
+
+@needs_kubectl
+def test_every_routed_queue_is_served_by_one_deployed_worker(default_render):
+    deployments = _kind(default_render, "Deployment")
+    commands = {name: _process_command(d["spec"]["template"]["spec"]["containers"][0])
+                for name, d in deployments.items() if "command" in d["spec"]["template"]["spec"]["containers"][0]}
+    _assert_queue_layout(_consumers(commands), "deploy/default")
+    # the health-worker is deployed like the worker: same image, identity, hardening, volumes
+    worker, health = (deployments[n]["spec"]["template"]["spec"] for n in ("worker", "health-worker"))
+    assert health["serviceAccountName"] == worker["serviceAccountName"]
+    assert health["securityContext"] == worker["securityContext"]
+    assert health["volumes"] == worker["volumes"]
+    [wc], [hc] = worker["containers"], health["containers"]
+    assert hc["image"] == wc["image"] and hc["command"] == wc["command"]
+    assert hc["env"] == wc["env"] and hc["securityContext"] == wc["securityContext"]
+    assert hc["volumeMounts"] == wc["volumeMounts"] and hc["ports"] == wc["ports"]
+    assert _pod_labels(deployments["health-worker"])["app.kubernetes.io/component"] == "health-worker"
+
+
+def test_every_routed_queue_is_served_by_one_compose_worker(compose):
+    commands = {name: svc["command"] for name, svc in compose["services"].items()
+                if isinstance(svc.get("command"), list)}
+    _assert_queue_layout(_consumers(commands), "docker-compose.yml")
+    # the probes go through the Squid Pods, whose IPs only k3s's network namespace reaches
+    services = compose["services"]
+    assert services["health-worker"]["network_mode"] == services["worker"]["network_mode"] == "service:k3s"
+
+
 @needs_kubectl
 def test_prometheus_service_monitor_selects_metrics_services(default_render):
     [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
@@ -325,7 +397,7 @@ def compose() -> dict:
 
 def test_compose_runs_the_whole_stack(compose):
     services = compose["services"]
-    assert {"redis", "k3s", "crds", "watcher", "worker", "beat", "api", "flower"} <= set(services)
+    assert {"redis", "k3s", "crds", "watcher", "worker", "health-worker", "beat", "api", "flower"} <= set(services)
     assert services["k3s"]["image"].startswith("rancher/k3s:")
     assert "127.0.0.1:5555:5555" in services["flower"]["ports"]  # Flower on this machine only
     assert "8080:8080" in services["api"]["ports"]
@@ -352,7 +424,7 @@ def test_compose_bind_mounts_exist(compose):
 # -- access: Redis password, Flower auth, NetworkPolicies, the kvm-ssh key (issue 10) ------------
 
 REDIS_SECRET = {"name": "proxy-operator-redis", "key": "password"}
-OPERATOR_PODS = ("watcher", "worker", "beat", "api", "flower")
+OPERATOR_PODS = ("watcher", "worker", "health-worker", "beat", "api", "flower")
 
 
 def _env(container: dict) -> dict[str, dict]:
@@ -554,6 +626,7 @@ def test_only_the_operators_pods_reach_redis(default_render, kvm_render):
         ({"crawl.example.com/api-client": "true"}, "crawlers", {"crawl.example.com/api-clients": "true"}),
         ({"app.kubernetes.io/name": "prometheus"}, "monitoring", {}),
         ({"app.kubernetes.io/name": "proxy-operator", "app.kubernetes.io/component": "worker"}, "elsewhere", {}),
+        ({"app.kubernetes.io/name": "proxy-operator", "app.kubernetes.io/component": "health-worker"}, "elsewhere", {}),
         ({"app.kubernetes.io/name": "proxy-operator", "app.kubernetes.io/component": "redis-cli"},
          "proxy-operator", {}),
     ]

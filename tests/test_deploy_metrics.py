@@ -1,6 +1,6 @@
 """Metrics wiring of the deploy tree: every worker serves /metrics and Prometheus finds it.
 
-The worker and KVM worker Deployments set ``METRICS_BIND`` (workers/metrics_server.py) and
+The worker, health-worker and KVM worker Deployments set ``METRICS_BIND`` (workers/metrics_server.py) and
 ``PROMETHEUS_MULTIPROC_DIR``, and wrap the Celery command in a shell line that wipes and
 recreates that directory before ``exec``-ing the process (prometheus-client's multiprocess
 mode needs an existing, empty directory at start).  The api (``proxy-operator api``, two granian
@@ -89,13 +89,18 @@ def _assert_serves_metrics(deploy: dict, service: dict) -> None:
     assert {"name": "metrics", "port": int(port), "targetPort": "metrics"} in service["spec"]["ports"]
 
 
-def test_worker_serves_metrics_and_is_scraped(default_docs):
-    deploy = _kind(default_docs, "Deployment")["worker"]
-    service = _kind(default_docs, "Service")["worker-metrics"]
+@pytest.mark.parametrize("name", ["worker", "health-worker"])
+def test_worker_serves_metrics_and_is_scraped(name, default_docs):
+    deploy = _kind(default_docs, "Deployment")[name]
+    service = _kind(default_docs, "Service")[f"{name}-metrics"]
     _assert_serves_metrics(deploy, service)
+    # each metrics Service selects its own Deployment's pods only (one scrape per pod)
+    others = [d["metadata"]["name"] for d in _kind(default_docs, "Deployment").values()
+              if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    assert others == [name]
     [monitor] = [d for d in render("prometheus") if d["kind"] == "ServiceMonitor"]
     scraped = _scraped(monitor, list(_kind(default_docs, "Service").values()))
-    assert scraped["worker-metrics"] == {"metrics"}
+    assert scraped[f"{name}-metrics"] == {"metrics"}
     assert scraped["api"] == {"http"} and scraped["flower"] == {"http"}
     assert "redis" not in scraped
 
@@ -153,13 +158,13 @@ def test_multiprocess_processes_get_a_multiproc_dir(default_docs, kvm_docs):
             pod = deploy["spec"]["template"]["spec"]
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             assert mounts["/tmp"] in {v["name"] for v in pod["volumes"] if "emptyDir" in v}, name
-    assert set(forking) == {"worker", "kvm-worker-kvm-lab-lab1"}
+    assert set(forking) == {"worker", "health-worker", "kvm-worker-kvm-lab-lab1"}
     for name, c in forking.items():
         assert _env(c).get("PROMETHEUS_MULTIPROC_DIR", "").startswith("/tmp/"), name
         assert c["command"][:2] == ["sh", "-c"] and "mkdir -p" in c["command"][2], name
 
 
-@pytest.mark.parametrize("which", ["worker", "kvm-worker"])
+@pytest.mark.parametrize("which", ["worker", "health-worker", "kvm-worker"])
 def test_wrapper_starts_the_process_with_an_empty_multiproc_dir(which, default_docs, kvm_docs, tmp_path):
     """Run the container's real command line with sh: stale files of a previous run are gone."""
     if which == "kvm-worker":
