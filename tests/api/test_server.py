@@ -155,6 +155,28 @@ def test_a_small_chunked_body_is_read_whole(api, redis_client):
     assert status == 503 and json.loads(answer)["error"] == "no_proxy_available"
 
 
+def test_a_503_through_the_server_says_why_each_proxy_was_excluded(api, redis_client):
+    # one proxy unhealthy is not "0 match the filters": the answer counts each reason
+    _, port = api
+    redis_client.flushdb()
+    publish_healthy(redis_client, "full", max_leases=1)
+    sick = publish_healthy(redis_client, "sick")
+    redis_client.hset(serving.proxy_key(sick), mapping={"health": "unhealthy", "healthy": "0"})
+    serving.reindex(redis_client, sick)
+    status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 30}')
+    assert status == 201, body
+    status, headers, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 30}')
+    doc = json.loads(body)
+    assert (status, doc["error"]) == (503, "no_proxy_available"), body
+    assert doc["message"] == (
+        "no proxy can be leased now: 2 published; excluded: 1 unhealthy or not yet probed, 0 draining "
+        "(maxLeases 0 or leaving a pool), 1 at maxLeases, 0 cooling down for this client, 0 filtered out"), doc
+    assert "retry-after" in {k.lower() for k in headers}
+    status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 30, "namespace": "elsewhere"}')
+    assert json.loads(body)["message"].endswith("0 cooling down for this client, 2 filtered out"), body
+    redis_client.flushdb()
+
+
 @pytest.mark.parametrize("body", [
     b"[" * 1000 + b"]" * 1000,                        # 2,000 bytes nesting 1,000 deep
     b'{"zone": ' + b"[" * 40 + b"]" * 40 + b"}",      # deeper than 32
