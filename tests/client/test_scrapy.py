@@ -8,6 +8,7 @@ bans an address after 20 requests (a 403, or a 200 captcha page only the ban det
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,6 +26,8 @@ from tests.support.processes import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 SITE_ADDRESS = NET.host(1)
+#: A second host name of the crawl's site (another download slot).
+SECOND_SITE_ADDRESS = NET.host(5)
 CRAWL_SQUIDS = [NET.host(n) for n in range(30, 42)]
 PAGES = 200
 BAN_AFTER = 20
@@ -47,9 +50,11 @@ def proxies(fleet, redis_client, health_settings, crawl_squids):
 
 
 def crawl(api, tmp_path, site: BanSite, *, pages: int = PAGES, sessions: int = 0, close_after: int = 0,
-          settings: dict | None = None) -> tuple[dict, str]:
-    """Run tests/client/crawl.py once; its stats and its DEBUG log."""
-    config = {"api": api.url, "base": site.url, "pages": pages, "sessions": sessions, "close_after": close_after,
+          settings: dict | None = None, more_sites: tuple[BanSite, ...] = ()) -> tuple[dict, str]:
+    """Run tests/client/crawl.py once (pages spread over ``site`` and ``more_sites`` in turn);
+    its stats and its DEBUG log."""
+    config = {"api": api.url, "base": site.url, "bases": [s.url for s in (site, *more_sites)], "pages": pages,
+              "sessions": sessions, "close_after": close_after,
               "log": str(tmp_path / "scrapy.log"), "stats": str(tmp_path / "stats.json"), "settings": settings or {}}
     (tmp_path / "crawl.json").write_text(json.dumps(config))
     run = subprocess.run([sys.executable, "-m", "tests.client.crawl", str(tmp_path / "crawl.json")], cwd=ROOT,
@@ -76,7 +81,7 @@ def test_a_crawl_rotates_through_banned_proxies_and_completes(api, proxies, tmp_
     finally:
         site.stop()
     # every page was crawled, each through a proxy, and never a captcha page to the spider
-    assert stats["test/pages"] == PAGES
+    assert stats["test/pages"] == PAGES and "test/captchas" not in stats
     served = {r["path"] for r in site.records if not r["banned"]}
     assert served == {f"/page/{i}" for i in range(PAGES)}
     assert {r["client"] for r in site.records} <= set(proxies.values())
@@ -144,3 +149,74 @@ def test_no_page_is_fetched_without_a_proxy(api, proxies, tmp_path):
     assert stats["downloader/exception_type_count/proxy_operator_client.errors.ApiError"] == 5
     assert "proxy_operator/leases/taken" not in stats
     assert_no_secret(api, log)
+
+
+def test_a_ban_is_retried_only_as_often_as_the_retry_times_say(api, proxies, redis_client, tmp_path):
+    """A site banning every request, one ban retry per request: each page is fetched twice (a
+    new lease each time), then Scrapy's retry gives up: the banned answer goes on down the
+    middleware chain as Scrapy's conventions say (a 403 dropped by HttpErrorMiddleware, a 200
+    captcha page to the spider), and every lease is released ``blocked``."""
+    pages = 3
+    site = BanSite(SITE_ADDRESS, 0)
+    try:
+        stats, log = crawl(api, tmp_path, site, pages=pages, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 1})
+    finally:
+        site.stop()
+    # one retry per page, then no more
+    paths = [r["path"] for r in site.records]
+    assert sorted(paths) == sorted(f"/page/{i}" for i in range(pages) for _ in range(2)), paths
+    assert all(r["banned"] for r in site.records) and {r["client"] for r in site.records} <= set(proxies.values())
+    assert stats["retry/count"] == stats["retry/reason_count/proxy_operator_ban"] == pages
+    assert stats["proxy_operator/retries"] == pages
+    assert stats["retry/max_reached"] == pages
+    assert stats["proxy_operator/banned_responses"] == 2 * pages
+    # the last answer of each page, as the site sent it, is what the spider's side saw
+    last = {r["path"]: r["status"] for r in site.records}
+    assert stats.get("httperror/response_ignored_status_count/403", 0) == list(last.values()).count(403)
+    assert stats.get("test/captchas", 0) == list(last.values()).count(200)
+    assert "test/pages" not in stats
+    # the first attempt and its retry went through different proxies (a banned one cools down)
+    by_path = defaultdict(list)
+    for r in site.records:
+        by_path[r["path"]].append(r["client"])
+    assert all(len(set(clients)) == 2 for clients in by_path.values()), by_path
+    # every lease was banned and released blocked; none is left
+    taken = stats["proxy_operator/leases/taken"]
+    assert 2 <= taken <= pages + 1
+    assert stats["proxy_operator/leases/released/blocked"] == stats["proxy_operator/bans"] == taken
+    assert "proxy_operator/leases/released/ok" not in stats and "proxy_operator/errors/release" not in stats
+    assert redis_client.zcard("po:lease-expiry") == 0
+    with Client(api.url, api.token) as client:
+        assert all(p["leases"]["used"] == 0 for p in client.proxies())
+    assert_no_secret(api, log, json.dumps(stats))
+
+
+def test_each_download_slot_has_its_own_lease(api, proxies, redis_client, tmp_path):
+    """Two host names of the site are two download slots: each crawls through its own lease
+    (its own proxy), and both are released when the spider closes."""
+    pages = 40
+    first, second = BanSite(SITE_ADDRESS, 10_000), BanSite(SECOND_SITE_ADDRESS, 10_000)
+    try:
+        stats, log = crawl(api, tmp_path, first, pages=pages, more_sites=(second,))
+    finally:
+        first.stop()
+        second.stop()
+    assert stats["test/pages"] == pages
+    assert len(first.records) == len(second.records) == pages // 2
+    # one proxy per slot, not the same one
+    [first_client] = {r["client"] for r in first.records}
+    [second_client] = {r["client"] for r in second.records}
+    assert first_client != second_client and {first_client, second_client} <= set(proxies.values())
+    # the middleware's own account: slot -> lease on proxy, one each
+    taken = dict((slot, (lease, proxy)) for slot, lease, proxy in
+                 re.findall(r"proxy-operator: slot (\S+) -> lease ([0-9a-f]+) on \S+/(\S+)", log))
+    assert set(taken) == {SITE_ADDRESS, SECOND_SITE_ADDRESS}, taken
+    assert taken[SITE_ADDRESS][0] != taken[SECOND_SITE_ADDRESS][0]
+    assert proxies[taken[SITE_ADDRESS][1]] == first_client and proxies[taken[SECOND_SITE_ADDRESS][1]] == second_client
+    # both leases (and only they) taken, both released at the close
+    assert stats["proxy_operator/leases/taken"] == stats["proxy_operator/leases/released/ok"] == 2
+    assert "proxy_operator/bans" not in stats
+    assert redis_client.zcard("po:lease-expiry") == 0
+    with Client(api.url, api.token) as client:
+        assert all(p["leases"]["used"] == 0 for p in client.proxies())
+    assert_no_secret(api, log, json.dumps(stats))

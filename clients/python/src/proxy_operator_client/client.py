@@ -42,6 +42,11 @@ DEFAULT_TIMEOUT = 10.0
 RELEASE_WAIT = 5.0
 #: Seconds to wait between attempts when the API cannot be connected to (no Retry-After).
 CONNECT_RETRY = 1.0
+#: Seconds to wait after a 503 without a readable ``Retry-After``.
+DEFAULT_RETRY = 1.0
+#: Shortest wait after a 503, whatever its ``Retry-After`` says: ``0``, or an HTTP-date already
+#: past (clock skew), must not make the client hammer the API until its deadline.
+MIN_RETRY = 0.25
 
 Labels = Union[Mapping[str, str], str, None]
 
@@ -488,8 +493,9 @@ class Client:
 
     def _request(self, method: str, path: str, *, body: Optional[dict] = None, params: Optional[dict] = None,
                  wait: float = 0.0, operation: str, closing_ok: bool = False) -> dict:
-        """One API call; retries a 503 (as ``Retry-After`` says, default 1 s) and a refused
-        connection (every :data:`CONNECT_RETRY` s) until ``wait`` seconds have passed.
+        """One API call; retries a 503 (as ``Retry-After`` says, default :data:`DEFAULT_RETRY`,
+        at least :data:`MIN_RETRY`) and a refused connection (every :data:`CONNECT_RETRY` s)
+        until ``wait`` seconds have passed.
 
         Returns:
             the JSON answer (a dict).
@@ -524,7 +530,7 @@ class Client:
                 return doc
             error = _api_error(resp)
             if resp.status_code == 503:
-                delay = error.retry_after if error.retry_after is not None else 1.0
+                delay = max(MIN_RETRY, error.retry_after if error.retry_after is not None else DEFAULT_RETRY)
                 if self._pause(delay, deadline, closing_ok):
                     log.debug("%s: %s, retrying in %.1fs", operation, error.code, delay)
                     continue

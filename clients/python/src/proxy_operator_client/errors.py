@@ -15,7 +15,9 @@ or a proxy credential in its message.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
+from datetime import timezone
 from typing import Optional
 
 
@@ -64,18 +66,24 @@ class ClientClosed(ProxyOperatorError):
 
 def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """Seconds to wait from a ``Retry-After`` header value: delta-seconds (``"1"``) or an
-    HTTP-date; ``None`` when absent or unreadable.  Never negative."""
+    HTTP-date (GMT in each of its three formats, also when the zone is left out; a date already
+    past gives ``0``), counted from ``now`` (``time.time()``); ``None`` when absent or unreadable
+    (a negative or non-finite number included: the caller then uses its default)."""
     if value is None or not value.strip():
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) and seconds >= 0 else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
+    if when.tzinfo is None:  # asctime dates and "-0000" carry no zone: HTTP-dates are always GMT
+        when = when.replace(tzinfo=timezone.utc)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
