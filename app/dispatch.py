@@ -408,7 +408,8 @@ class Dispatcher:
           cut short.  If the holder died, the resync heals after the lock expires.
         * A followup of the same step goes back on ``queue`` (the one the task was delivered
           from); a different step is routed from the object as it is now (a create after the
-          Proxy moved to another KVM host goes to that host's queue).
+          Proxy moved to another KVM host goes to that host's queue): the Proxy the step last
+          wrote (``followup.proxy``, a create's poll) or, when the step gives none, read again.
         * A real change that arrived while the step ran (an event parked by :class:`OwnWrites`)
           causes one more :meth:`dispatch` of the re-read Proxy.
 
@@ -453,8 +454,10 @@ class Dispatcher:
         if followup:
             if followup.action != action:
                 # A different step may belong on another queue (e.g. a create after the zone moved
-                # to another KVM host): route it from the object as it is now.
-                proxy = ctx.kube.get_proxy(ref.namespace, ref.name)
+                # to another KVM host): route it from the object as it is now: as the step last
+                # wrote it when it says so (a later change by someone else was parked and causes
+                # the dispatch below, or reaches the watcher), else read again.
+                proxy = followup.proxy or ctx.kube.get_proxy(ref.namespace, ref.name)
                 if proxy is None or proxy.uid != ref.uid:
                     return "followup"
                 queue = self.router.queue_for_proxy(proxy, followup.action)

@@ -3,7 +3,7 @@
 :class:`KubeGateway` (a :class:`typing.Protocol`) declares every read and write the product makes
 through the API on Proxy objects, their finalizers and status, Events, Secrets,
 ProviderHealth objects and ProxyPools (their status and scale subresources, and the Proxies
-they own: created with an ownerReference, marked draining, deleted); :class:`KubernetesGateway`
+they own: created with an ownerReference, marked draining, released, deleted); :class:`KubernetesGateway`
 implements it over the official ``kubernetes`` client.  Callers get typed values
 (:class:`app.resources.Proxy`, :class:`Secret`, :class:`ProviderHealthObject`,
 :class:`app.pools.model.Pool`), never the client's dicts or models.  API errors other than the
@@ -246,6 +246,12 @@ class KubeGateway(Protocol):
     def annotate_proxy(self, proxy: Proxy, annotations: dict[str, str | None]) -> Proxy:
         """Merge-patch ``metadata.annotations`` (``None`` deletes one) with ``proxy``'s
         resourceVersion as a precondition (409 if stale); the Proxy as written."""
+
+    def release_proxy(self, proxy: Proxy, owner_uid: str, *,
+                      annotations: dict[str, str | None] | None = None) -> Proxy:
+        """Remove the ownerReference to ``owner_uid`` from ``proxy`` (any others kept), and merge
+        ``annotations`` (``None`` deletes one) in the same write, with ``proxy``'s resourceVersion
+        and UID as preconditions (409 if stale, 404 if gone); the Proxy as written."""
 
     def delete_proxy(self, namespace: str, name: str, uid: str) -> bool:
         """Delete the Proxy if it is still the object ``uid`` (a precondition); ``False`` when gone."""
@@ -511,6 +517,33 @@ class KubernetesGateway:
         patch = {"metadata": {"annotations": dict(annotations), "resourceVersion": proxy.resource_version}}
         return Proxy.from_dict(self.custom.patch_namespaced_custom_object(
             GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, patch))
+
+    def release_proxy(self, proxy: Proxy, owner_uid: str, *,
+                      annotations: dict[str, str | None] | None = None) -> Proxy:
+        """Release ``proxy`` from its owner ``owner_uid``: remove that ``metadata.ownerReferences``
+        entry and keep the others (what Kubernetes' ``PodControllerRefManager.ReleasePod`` does
+        to a Pod whose labels left its ReplicaSet's selector).
+
+        A merge patch replaces the whole list (RFC 7386), so the patch carries the list computed
+        from ``proxy`` (``null`` when none is left) with ``proxy``'s resourceVersion as a
+        precondition: a concurrent change of the list (or of anything else) fails with 409
+        instead of being overwritten, and the caller decides again from a fresh read.  The
+        Proxy's UID goes in the patch too, as upstream's release patch carries it: an object
+        re-created under the same name is never released by mistake (its resourceVersion
+        differs already; kube-apiserver also refuses a changed UID, 422).  ``annotations`` are
+        merged in the same write (a ``None`` value removes the key).
+
+        Raises:
+            kubernetes.client.ApiException: 409 (``proxy`` is stale), 404 (gone), others.
+        """
+        refs = [r for r in (proxy.raw.get("metadata") or {}).get("ownerReferences") or ()
+                if not (isinstance(r, dict) and r.get("uid") == owner_uid)]
+        meta: dict[str, Any] = {"ownerReferences": refs or None, "resourceVersion": proxy.resource_version,
+                                "uid": proxy.uid}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return Proxy.from_dict(self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, {"metadata": meta}))
 
     def delete_proxy(self, namespace: str, name: str, uid: str) -> bool:
         """Delete Proxy ``namespace/name`` only while it is the object ``uid`` (a UID

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kubernetes.client import ApiException
 
-from app import conditions, credentials, naming, redis_keys, serving, status_writer
+from app import conditions, credentials, naming, redis_keys, serving, status_writer, timefmt
 from app import squid as squid_conf
 from app.providers.base import CreateRequest, Instance, InstanceState, ShardedProvider
 from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
@@ -55,11 +56,18 @@ class Ref:
 
 @dataclass(frozen=True)
 class Followup:
-    """The next step to enqueue: ``action`` after ``delay`` seconds, with retry counter ``attempt``."""
+    """The next step to enqueue: ``action`` after ``delay`` seconds, with retry counter ``attempt``.
+
+    ``proxy``, when set, is the Proxy exactly as this step last wrote it (the API's answer to its
+    last status write): :meth:`app.dispatch.Dispatcher.run_step` routes a followup of another
+    action from it instead of reading the object again.  In process only: the message carries
+    the reference, never the object (decision 1).
+    """
 
     action: str
     delay: float
     attempt: int = 0
+    proxy: Proxy | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -243,6 +251,20 @@ def _fail(ctx: Context, proxy: Proxy, exc: ProviderError) -> None:
     }, event=("Warning", reason, message))
 
 
+def _pending(proxy: Proxy) -> dict:
+    """``phase: Pending`` (and its condition) for a Proxy that has no phase yet, else ``{}``.
+
+    A create step does not write Pending on its way: a Proxy without a phase reads Pending, and
+    the write-ahead takes it straight to Provisioning.  Pending is written only when a create
+    stops before its write-ahead (an API error, a Transient or QuotaExceeded failure), so
+    ``kubectl get px`` shows that the Proxy was accepted and waits for a retry.
+    """
+    if proxy.status.get("phase") or not proxy.spec.managed:
+        return {}
+    return {"phase": PENDING,
+            "conditions": _provisioned(proxy, "False", "Pending", "accepted; waiting for the provider")}
+
+
 def _handle_error(ctx: Context, proxy: Proxy, exc: BaseException, action: str, attempt: int) -> Followup | None:
     """Turn an exception raised by one step into a status write and a followup."""
     if isinstance(exc, ApiException):
@@ -251,6 +273,11 @@ def _handle_error(ctx: Context, proxy: Proxy, exc: BaseException, action: str, a
         if exc.status == 409:
             return Followup(action, 0.5 + random.uniform(0, 1), attempt + 1)
         log.warning("proxy %s: %s: Kubernetes API error %s %s", proxy.key, action, exc.status, exc.reason)
+        if action == CREATE and _pending(proxy):
+            try:  # best effort: the API is failing; the retry below is what matters
+                _write_status(ctx, proxy, _pending(proxy))
+            except ApiException:
+                pass
         return Followup(action, backoff(ctx.settings, attempt), attempt + 1)
     cls = classify(exc)
     if cls is Permanent and action != DELETE:
@@ -259,7 +286,8 @@ def _handle_error(ctx: Context, proxy: Proxy, exc: BaseException, action: str, a
     if cls is QuotaExceeded:
         log.warning("proxy %s: %s: quota exceeded: %s", proxy.key, action, describe(exc))
         if action != DELETE:
-            _write_status(ctx, proxy, {"conditions": _provisioned(proxy, "False", "QuotaExceeded", str(exc))},
+            _write_status(ctx, proxy, {**_pending(proxy), "conditions": _provisioned(proxy, "False", "QuotaExceeded",
+                                                                                      str(exc))},
                           event=("Warning", "QuotaExceeded", str(exc)))
         return Followup(action, ctx.settings.quota_backoff, attempt + 1)
     if cls is Permanent:  # delete: keep trying slowly, tell the user the way out
@@ -271,7 +299,8 @@ def _handle_error(ctx: Context, proxy: Proxy, exc: BaseException, action: str, a
         return Followup(action, ctx.settings.quota_backoff, attempt + 1)
     log.warning("proxy %s: %s: transient error (attempt %d): %s", proxy.key, action, attempt + 1, describe(exc))
     if action != DELETE:
-        _write_status(ctx, proxy, {"conditions": _provisioned(proxy, "False", "Transient", str(exc) or type(exc).__name__)})
+        _write_status(ctx, proxy, {**_pending(proxy), "conditions": _provisioned(proxy, "False", "Transient",
+                                                                                  str(exc) or type(exc).__name__)})
     return Followup(action, backoff(ctx.settings, attempt), attempt + 1)
 
 
@@ -428,9 +457,14 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     """Make sure the Proxy has a finalizer and an instance.
 
     Managed: the provider ID the instance will have is written to the status first
-    (write-ahead), then provider ``create`` (idempotent by name), then status Provisioning and
-    a poll.  A create that finishes after the Proxy is gone deletes what it made; one that
-    finds the Proxy terminating hands over to :func:`delete`.  A changed spec replaces the
+    (write-ahead, which also takes a new Proxy from no phase to Provisioning: ``Pending`` is
+    written only when the step stops before it, :func:`_pending`), then provider ``create``
+    (idempotent by name), then status Provisioning and a poll.  That last write carries the
+    write-ahead's resourceVersion, so it goes through only if nothing changed the Proxy during
+    the create; on 409/404 the Proxy is read again: a create that finishes after the Proxy is
+    gone deletes what it made; one that finds the Proxy terminating hands over to
+    :func:`delete`; a spec change that landed meanwhile stays unobserved (replaced next).  A new
+    Proxy's step makes 6 API requests (tests/test_create_requests.py).  A changed spec replaces the
     instance: in the same place (same provider ID) the old one is deleted first; elsewhere
     (another zone or KVM host, another provider) it is retired on its own queue
     (``ctx.retire``) and the new one is created without waiting.  External: status Running
@@ -457,9 +491,9 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             inst = Instance(provider_id="", name=p.name, state=InstanceState.RUNNING, address=address)
             _mark_running(ctx, p, inst, {"providerID": None, "specHash": p.spec_hash})
             return None
-        if not p.status.get("phase"):
-            p = latest(_write_status(ctx, p, {"phase": PENDING, "conditions": _provisioned(
-                p, "False", "Pending", "accepted; waiting for the provider")}))
+        # No Pending write here: a Proxy without a phase reads Pending, and the write-ahead below
+        # takes it to Provisioning at once.  Pending is written only when the step stops before
+        # the write-ahead with nothing else to show (:func:`_handle_error`, :func:`_pending`).
         provider = ctx.registry.get(p.spec.provider)
         old_id = p.status.get("providerID")
         old_provider = p.status.get("provider") or p.spec.provider
@@ -498,6 +532,7 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         p = latest(_write_status(ctx, p, {
             "phase": PROVISIONING, "providerID": new_id, "provider": p.spec.provider, "instanceName": name,
             "specHash": p.spec_hash, "observedGeneration": p.generation, "address": None,
+            "createStartedAt": timefmt.rfc3339(millis=True),  # a delete waits out create_window() from here
             "conditions": _provisioned(p, "False", "Creating", f"creating instance {name}"),
         }))
         if retire_old:
@@ -508,27 +543,47 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         except BaseException:
             _delete_if_abandoned(ctx, p, provider, new_id)
             raise
-        current = _load(ctx, Ref(p.namespace, p.name, p.uid))
-        if current is None:
-            # The Proxy went away while we created (its finalizer was released meanwhile):
-            # nothing would ever delete what we just made.
-            log.warning("proxy %s: gone while its instance was created; deleting %s", p.key, inst.provider_id)
-            provider.delete(inst.provider_id)
-            return None
-        if current.deleting:
-            return Followup(DELETE, 0)
-        # Record the spec the instance was made from (p's), not the re-read one: a spec change
-        # that landed during the create must still look unobserved, so decide() replaces it.
-        p = latest(_write_status(ctx, current, {
-            "phase": PROVISIONING, "providerID": inst.provider_id, "provider": p.spec.provider,
-            "instanceName": inst.name, "specHash": p.spec_hash, "observedGeneration": p.generation,
-            "address": None, "credentialsHash": credentials_hash(request.auth_htpasswd),
-            "conditions": _provisioned(current, "False", "Provisioning", f"instance {inst.name} requested"),
-        }))
+        made = p  # the object as the write-ahead left it: the spec the instance was made from
+
+        def provisioning(base: Proxy) -> dict:
+            # Record the spec the instance was made from (made's), not a re-read one: a spec change
+            # that landed during the create must still look unobserved, so decide() replaces it.
+            return {
+                "phase": PROVISIONING, "providerID": inst.provider_id, "provider": made.spec.provider,
+                "instanceName": inst.name, "specHash": made.spec_hash, "observedGeneration": made.generation,
+                "address": None, "credentialsHash": credentials_hash(request.auth_htpasswd),
+                "conditions": _provisioned(base, "False", "Provisioning", f"instance {inst.name} requested"),
+            }
+
+        # Optimistic: the write carries the write-ahead's resourceVersion, so it goes through only
+        # if nothing touched the Proxy during the create (no delete, no spec change, no other
+        # writer); then the Proxy is still this one and wants this instance, and no re-read is
+        # needed.  Any change makes it 409 (404 once gone): re-read and decide as below.
+        written = None
+        changes = provisioning(made)
+        if status_writer.changed(made.status, changes):  # always (the condition's reason changes)
+            try:
+                written = _write_status(ctx, made, changes)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+                log.info("proxy %s: changed while its instance was created (%s); re-reading", p.key, exc.status)
+        if written is None:
+            current = _load(ctx, Ref(p.namespace, p.name, p.uid))
+            if current is None:
+                # The Proxy went away while we created (its finalizer was released meanwhile):
+                # nothing would ever delete what we just made.
+                log.warning("proxy %s: gone while its instance was created; deleting %s", p.key, inst.provider_id)
+                provider.delete(inst.provider_id)
+                return None
+            if current.deleting:
+                return Followup(DELETE, 0)
+            written = _write_status(ctx, current, provisioning(current))
+        p = latest(written)
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, p, inst)
             return None
-        return Followup(POLL, poll_delay(ctx.settings, 0), 0)
+        return Followup(POLL, poll_delay(ctx.settings, 0), 0, proxy=p)
 
     return _guard(ctx, latest, CREATE, attempt, step)
 
@@ -647,6 +702,41 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
 
 
 # -- delete ----------------------------------------------------------------------------------
+#: Seconds added to ``task_time_limit`` in :func:`create_window`: a provider call the worker
+#: was killed in still completes server side (a Pod POST, a GCE insert, a libvirt define), and
+#: the workers' clocks may differ a little.  The same as the per-Proxy lock's
+#: (:func:`app.dispatch.lock_timeout`).
+CREATE_WINDOW_MARGIN = 10.0
+
+
+def create_window(settings: Settings) -> float:
+    """Seconds after a create's write-ahead (``status.createStartedAt``) during which its provider
+    call may still make the instance: the task hard time limit plus :data:`CREATE_WINDOW_MARGIN`
+    (160 s with the defaults).  No create step outlives its hard time limit (Celery kills the
+    worker child), and after the Proxy's deletion no new create can start: its write-ahead
+    carries a resourceVersion precondition and fails (409)."""
+    return settings.task_time_limit + CREATE_WINDOW_MARGIN
+
+
+def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = None) -> float:
+    """Seconds left during which a create of ``proxy`` may still make its instance; 0 when none can.
+
+    Counted from ``status.createStartedAt``, stamped by every create's write-ahead just before
+    its provider call; :func:`create_window` bounds it (a stamp from a clock ahead of ours never
+    counts for more).  No stamp, or one that does not parse: 0.
+    """
+    stamp = proxy.status.get("createStartedAt")
+    if not stamp:
+        return 0.0
+    try:
+        started = timefmt.parse_rfc3339(stamp).timestamp()
+    except ValueError:
+        return 0.0
+    window = create_window(settings)
+    left = started + window - (time.time() if now is None else now)
+    return max(0.0, min(window, left))
+
+
 def _instances_to_delete(ctx: Context, proxy: Proxy):
     """Return ``(provider, provider IDs)`` a delete must remove, or ``None`` when there is none.
 
@@ -729,7 +819,13 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     converge where ``get`` cannot.  Then ``get`` must answer NotFound (a Pod still
     terminating, an operation still running: poll again with backoff).  Without a recorded
     provider ID the instance is deleted by name wherever it may be
-    (:func:`_instances_to_delete`).  The fault table in docs/architecture.md lists the cases.
+    (:func:`_instances_to_delete`).  When nothing is found while a create may still be making
+    the instance (its write-ahead stamped ``status.createStartedAt`` less than
+    :func:`create_window` ago, and this delete has not seen the instance), the finalizer is
+    kept and the step looks again (``WaitingForCreate``): the per-Proxy lock normally keeps a
+    delete from running beside a create, but a lost lock (a Redis flush) does not, and the
+    create's own check after its provider call may never run (the worker dies there).  The
+    fault table in docs/architecture.md lists the cases.
     """
     proxy = _load(ctx, ref)
     if proxy is None or not proxy.deleting or FINALIZER not in proxy.finalizers:
@@ -746,13 +842,31 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             found = _instances_to_delete(ctx, p)
             if found is not None:
                 provider, ids = found
+                # A create may still be making the instance (its write-ahead is recent): whether
+                # this delete sees one tells it that create's provider call has made it.
+                in_flight = create_in_flight(ctx.settings, p)
+                seen = in_flight > 0 and any(_exists(provider, i) for i in ids)
                 for provider_id in ids:
                     provider.delete(provider_id)
                 left = [i for i in ids if _exists(provider, i)]
                 if left:
-                    latest(_write_status(ctx, p, {"conditions": _provisioned(
-                        p, "False", "Deleting", f"waiting for instance {left[0]} to be gone")}))
+                    changes = {"conditions": _provisioned(p, "False", "Deleting",
+                                                          f"waiting for instance {left[0]} to be gone")}
+                    if p.status.get("createStartedAt"):
+                        changes["createStartedAt"] = None  # seen: the create made it; nothing more to wait for
+                    latest(_write_status(ctx, p, changes))
                     return Followup(DELETE, poll_delay(ctx.settings, attempt), attempt + 1)
+                if in_flight and not seen:
+                    # Nothing found, but the create may still make it (the per-Proxy lock was lost,
+                    # e.g. Redis flushed, so this delete runs beside it): keep the finalizer and
+                    # look again until the instance shows up or no create can still be running.
+                    until = timefmt.rfc3339(time.time() + in_flight)
+                    message = (f"instance {ids[0]} not found, but the create started at "
+                               f"{p.status['createStartedAt']} may still make it; looking again until {until}")
+                    log.info("proxy %s: delete: %s", p.key, message)
+                    latest(_write_status(ctx, p, {"conditions": _provisioned(p, "False", "WaitingForCreate",
+                                                                              message)}))
+                    return Followup(DELETE, min(poll_delay(ctx.settings, attempt), in_flight + 0.1), attempt + 1)
                 if p.status.get("providerID"):
                     ctx.kube.record_event(p, "Normal", "InstanceDeleted", message=f"instance {ids[0]} deleted")
         credentials.delete(ctx.kube, p)

@@ -161,6 +161,26 @@ def set_draining(r, uid: str, until: float | None) -> bool:
     return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
 
 
+def leave_pool(r, uid: str) -> bool:
+    """Take the published proxy ``uid`` out of its pool in the serving view: its ``pool`` field
+    emptied (the API's ``pool`` filter no longer matches it) and its pool's draining mark, if
+    any, taken off, with the lease index moved at once (atomic, like :func:`refresh`).
+
+    The pool controller calls this right after releasing a member from its pool (the
+    ownerReference removed: :meth:`app.kube.KubeGateway.release_proxy`), so pool-filtered
+    leases stop going to it at once rather than at the next refresh; :func:`publish` and
+    :func:`refresh` copy the same from the (now ownerless) Proxy afterwards.
+
+    Returns:
+        whether the proxy was published (and updated).
+    """
+    fields = fields_of(pool="", drain_until=None)
+    args = [uid]
+    for name, value in fields.items():
+        args += [name, value]
+    return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
+
+
 def withdraw(r, uid: str) -> None:
     """Remove the Proxy ``uid`` from the serving view, its probe schedule, the lease index,
     its live leases (from the expiry index and their clients' counts too) and its credentials.

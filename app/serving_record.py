@@ -31,7 +31,7 @@ class ServingRecord:
 
     Identity, written by :func:`app.serving.publish` (and :func:`app.serving.refresh` for
     ``labels max_leases health_check generation pool drain_until``; :func:`app.serving.set_draining`
-    for ``drain_until``):
+    for ``drain_until``; :func:`app.serving.leave_pool` for ``pool drain_until``):
 
     Attributes:
         uid / namespace / name / generation: the Proxy (``uid namespace name generation``).

@@ -2,7 +2,8 @@
 
 Shared fixtures come from plugins: the API fake (``kube``, ``kube_client``, ``kubeconfig`` and
 their other names ``fake``, ``api``, ``custom_api``: tests/kubefake/fixtures.py) and the
-reconcile Context on it (``make_context``: tests/support/contexts.py).  With pytest-xdist every
+reconcile Context on it (``make_context``: tests/support/contexts.py) and the kvm rig (``rig``,
+``second_daemon``, ``image``: tests/support/kvm_rig.py).  With pytest-xdist every
 worker is a process of its own with its own session fixtures (its own Redis, its own kvm rig);
 addresses and ports come from tests/support/loopback.py, so workers and other runs never collide.
 """
@@ -14,12 +15,12 @@ import redis as redis_lib
 
 from tests.support.redis_server import RedisServer
 
-pytest_plugins = ["tests.kubefake.fixtures", "tests.support.contexts"]
+pytest_plugins = ["tests.kubefake.fixtures", "tests.support.contexts", "tests.support.kvm_rig"]
 
 #: Tests that run in one pytest-xdist worker, one after another (``--dist loadgroup``, the
 #: default in pyproject.toml), by node ID prefix: the kvm tests share one rig per worker and the
-#: real-guest test boots a VM that takes both cores.
-XDIST_GROUPS = {"tests/kvm/": "kvm"}
+#: real-guest test boots a VM that takes both cores (tests/pools/test_spread_providers.py uses the rig too).
+XDIST_GROUPS = {"tests/kvm/": "kvm", "tests/pools/test_spread_providers.py": "kvm"}
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,3 +49,90 @@ def test_a_missing_package_is_named_with_the_command_that_installs_it():
         assert ok.returncode == 0, ok.stderr
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def readme_demo_block() -> list[str]:
+    """The lines of README's ``sh`` block under "Without Docker: `make demo`"."""
+    section = (ROOT / "README.md").read_text().split("### Without Docker: `make demo`", 1)[1]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1).splitlines()
+
+
+def test_readme_demo_command_is_the_make_target_and_its_steps_are_the_banners():
+    """README's no-Docker command is a Makefile target that runs tests.support.demo, and the
+    steps README shows after the two per-run lines are the banner's, word for word (the banner
+    itself, and those steps run as written, are checked by tests/test_demo_stack.py)."""
+    from tests.support import demo
+
+    lines = readme_demo_block()
+    commands = [line for line in lines if not line.startswith("#")]
+    assert commands[0] == "make demo"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\.PHONY:.*\bdemo\b", makefile, re.M)
+    assert re.search(r"^demo: deps venv\n\t\$\(BIN\)/python -m tests\.support\.demo$", makefile, re.M)
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert dry.returncode == 0, dry.stderr
+    assert ".venv/bin/python -m tests.support.demo" in dry.stdout.splitlines()
+    # The two lines make demo prints with this run's values, as placeholders ...
+    assert re.fullmatch(r"export KUBECONFIG=/tmp/proxy-operator-demo-\w+/kubeconfig", commands[1])
+    assert re.fullmatch(r"TOKEN=demo-\S+ API=http://127\.0\.0\.1:8080 ORIGIN=http://127\.0\.0\.1:\S+/", commands[2])
+    # ... then the steps, which take the proxy from the lease answer (no address written in).
+    assert commands[3:] == list(demo.STEPS_LINES)
+    assert not re.search(r"127\.0\.1\.\d|:3128", "\n".join(lines))
+
+
+FAKE_KUBECTL = """#!/bin/sh
+[ "$*" = "version --client -o json" ] || exit 64
+cat <<'JSON'
+%s
+JSON
+"""
+
+
+@pytest.mark.parametrize("answer, warned", [
+    ('{"clientVersion": {"major": "1", "minor": "20", "gitVersion": "v1.20.0"}}', "kubectl v1.20.0"),
+    ('{"clientVersion": {"major": "1", "minor": "26+", "gitVersion": "v1.26.15-eks-1"}}', "kubectl v1.26.15-eks-1"),
+    ('{"clientVersion": {"major": "1", "minor": "27", "gitVersion": "v1.27.0"}}', None),
+    ('{"clientVersion": {"major": "1", "minor": "32+", "gitVersion": "v1.32.4-dispatcher"}}', None),
+    ('{"clientVersion": {"major": "1", "minor": "30+"}}', None),  # no gitVersion: major.minor
+    ('{"clientVersion": {"major": "1", "minor": "19"}}', "kubectl v1.19"),
+    ("error: unknown flag: --output", "could not tell the version"),
+])
+def test_demo_warns_about_a_kubectl_older_than_the_minimum(tmp_path, answer, warned):
+    from tests.support import demo
+
+    fake = tmp_path / "kubectl"
+    fake.write_text(FAKE_KUBECTL % answer)
+    fake.chmod(0o755)
+    got = demo.kubectl_warning(path=str(tmp_path))
+    if warned is None:
+        assert got is None
+    else:
+        assert warned in got and f"{fake}" in got and "1.27 or newer" in got
+
+
+def test_demo_warns_when_kubectl_is_missing(tmp_path):
+    from tests.support import demo
+
+    got = demo.kubectl_warning(path=str(tmp_path))
+    assert "kubectl is not on PATH" in got and "1.27 or newer" in got
+
+
+def test_make_demo_prints_the_kubectl_warning_at_start_and_carries_on(tmp_path):
+    """The check runs before anything starts, and is no failure: here the demo then stops only
+    because its API port is taken."""
+    import socket
+
+    fake = tmp_path / "kubectl"
+    fake.write_text(FAKE_KUBECTL % '{"clientVersion": {"major": "1", "minor": "20", "gitVersion": "v1.20.0"}}')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port",
+                              str(port), "--flower-port", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert "make demo: warning: " in res.stderr and "kubectl v1.20.0" in res.stderr, res.stderr
+    assert "1.27 or newer" in res.stderr
+    assert res.returncode == 1 and f"--api-port {port}: something already listens" in res.stderr

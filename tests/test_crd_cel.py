@@ -309,15 +309,26 @@ def test_health_check_timeout_is_capped_at_60_seconds(crd):
 @pytest.mark.parametrize("health,ok", [
     ({"intervalSeconds": 5, "timeoutSeconds": 6}, False),
     ({"intervalSeconds": 5}, False),                       # the default timeout (10 s) exceeds it
-    ({"intervalSeconds": 5, "timeoutSeconds": 5}, True),
-    ({"intervalSeconds": 1, "timeoutSeconds": 1}, True),
-    ({"timeoutSeconds": 30}, True),                        # the default interval is 30 s
+    ({"intervalSeconds": 5, "timeoutSeconds": 5}, False),  # below the interval, not equal (issue 10)
+    ({"intervalSeconds": 10}, False),                      # the default timeout (10 s) equals it
+    ({"timeoutSeconds": 30}, False),                       # the default interval is 30 s
+    ({"intervalSeconds": 5, "timeoutSeconds": 4}, True),
+    ({"intervalSeconds": 2, "timeoutSeconds": 1}, True),
+    ({"intervalSeconds": 11}, True),
+    ({"timeoutSeconds": 29}, True),
 ])
-def test_health_check_timeout_must_not_exceed_the_interval(crd, health, ok):
+def test_health_check_timeout_must_be_below_the_interval(crd, health, ok):
     expected = [] if ok else [
         'spec.healthCheck: Invalid value: "object": '
-        "spec.healthCheck.timeoutSeconds must not exceed spec.healthCheck.intervalSeconds"]
+        "spec.healthCheck.timeoutSeconds must be less than spec.healthCheck.intervalSeconds"]
     assert errors_of(crd, proxy({**MANAGED, "healthCheck": health})) == expected
+
+
+def test_health_check_interval_is_at_least_2_seconds(crd):
+    """timeoutSeconds is at least 1 and must be below intervalSeconds: 1 s leaves no timeout."""
+    errors = errors_of(crd, proxy({**MANAGED, "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 1}}))
+    assert ("spec.healthCheck.intervalSeconds: Invalid value: 1: "
+            "spec.healthCheck.intervalSeconds in body should be greater than or equal to 2") in errors
 
 
 def test_mode_is_immutable(crd):

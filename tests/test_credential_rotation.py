@@ -90,7 +90,7 @@ def test_a_rotated_password_reaches_the_pod_and_the_proxy_stays_ready(redis_url,
             health = f"{origin}/generate_204"
             custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "rotated"},
-                "spec": {"provider": "k8s-auth", "healthCheck": {"url": health, "intervalSeconds": 2,
+                "spec": {"provider": "k8s-auth", "healthCheck": {"url": health, "intervalSeconds": 3,
                                                                  "timeoutSeconds": 2, "failureThreshold": 1}}})
             wait_for(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "rotated")
                               .get("status") or {}).get("phase") == "Ready", 60, "the Proxy Ready")

@@ -54,10 +54,17 @@ def test_kubernetes_delete_while_pod_create_is_in_flight_leaks_nothing(fake, api
     wait_until(lambda: recorded_id(api, ref) == f"{NS}/{instance_name(ref.uid)}", 10, "provider ID recorded")
     wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
     kubectl_delete(api, ref)
-    run_delete_until_released(k8s_ctx, ref)       # the Pod does not exist yet: released at once
+    # The Pod does not exist yet, but the create that stamped createStartedAt may still make it:
+    # the finalizer is kept and the delete looks again ...
+    followup = delete(k8s_ctx, ref)
+    assert followup is not None and followup.action == DELETE
+    proxy = KubernetesGateway(api).get_proxy(NS, "slow-1")
+    assert FINALIZER in proxy.finalizers
+    assert any(c.get("reason") == "WaitingForCreate" for c in proxy.status["conditions"])
+    run_delete_until_released(k8s_ctx, ref)       # ... until the Pod the create made is found and deleted
     assert not proxy_exists(api, ref)
     creating.join()                                # the create lands after the Proxy is gone ...
-    assert pods(api) == []                         # ... and deletes what it made
+    assert pods(api) == []                         # ... and nothing is left
 
 
 def test_kubernetes_delete_that_waits_for_the_create_finds_the_pod(fake, api, k8s_ctx):
@@ -172,7 +179,13 @@ def test_a_retired_instance_is_deleted_unless_its_proxy_names_it_again(api, k8s_
     assert pods(api) == []
 
 
-def test_gcp_zone_change_creates_in_the_new_zone_and_retires_the_old_one_elsewhere(api, compute, make_context):
+def test_gcp_zone_change_creates_in_the_new_zone_and_gc_leaves_exactly_one(api, compute, redis_client, make_context):
+    """The zone changes while the old zone is failing: the new instance is created without it,
+    the old one is handed to retire (which fails while the zone is down), and once the zone is
+    back GC's real pass (gc.collect, grace 0) deletes the superseded instance: one is left."""
+    from app import gc as gc_logic
+    from app.providers.errors import ProviderError
+    from app.reconcile import retire_instance
     from app.providers.gcp.provider import GcpProvider
     from tests.gcp.conftest import gcp_config
 
@@ -192,3 +205,17 @@ def test_gcp_zone_change_creates_in_the_new_zone_and_retires_the_old_one_elsewhe
     assert "/zones/europe-west1-c/" in new_id and retired == [("gcp-test", old_id)]
     assert sorted(zone for _, zone, _ in compute.instances) == ["europe-west1-b", "europe-west1-c"]
     assert compute.calls("DELETE") == []
+    # The retire task runs (on the proxies queue) while zone b is still down: it fails, and is
+    # retried until it gives up; GC is what collects the instance then.
+    with pytest.raises(ProviderError):
+        retire_instance(ctx, "gcp-test", old_id, ref=ref)
+    compute.faults.clear()                                  # zone b is back
+    report = gc_logic.collect("gcp-test", ctx.registry.get("gcp-test"), KubernetesGateway(api).list_proxy_refs,
+                              abandoned=set(), grace_seconds=0, redis=redis_client)
+    assert report.deleted == [old_id] and not report.skipped_partial
+    assert [zone for _, zone, _ in compute.instances] == ["europe-west1-c"]
+    assert recorded_id(api, ref) == new_id
+    # Another pass finds nothing more to do: the current instance stays.
+    report = gc_logic.collect("gcp-test", ctx.registry.get("gcp-test"), KubernetesGateway(api).list_proxy_refs,
+                              abandoned=set(), grace_seconds=0, redis=redis_client)
+    assert report.deleted == [] and len(compute.instances) == 1

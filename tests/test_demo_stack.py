@@ -21,15 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import demo as demo_module
 from tests.support.waiting import wait_for
+from tests.test_ci_commands import readme_demo_block
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(120),
     pytest.mark.skipif(shutil.which("kubectl") is None,
-                       reason="kubectl is not installed (Debian: apt-get install kubernetes-client, or the "
-                              "binary from https://kubernetes.io/docs/tasks/tools/)"),
+                       reason="kubectl is not installed (1.27 or newer, from "
+                              "https://kubernetes.io/docs/tasks/tools/)"),
     pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed (apt-get install curl)"),
 ]
 
@@ -71,8 +73,12 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         assert demo.poll() is None, (tmp_path / "demo.out").read_text()
         info = json.loads(info_file.read_text())
         banner = (tmp_path / "demo.out").read_text()
-        assert "SIMULATED" in banner and f"export KUBECONFIG={info['kubeconfig']}" in banner
-        assert info["token"] in banner and info["api"] in banner and info["flower"] in banner
+        assert "SIMULATED" in banner and f"\n  export KUBECONFIG={info['kubeconfig']}\n" in banner
+        variables = f"TOKEN={info['token']} API={info['api']} ORIGIN={info['origin']}"
+        assert f"\n  {variables}\n" in banner and info["flower"] in banner
+        # The steps it prints are README's, word for word (tests/test_ci_commands.py), in order.
+        assert "".join(f"  {line}\n" for line in demo_module.STEPS_LINES) in banner
+        assert "make demo: warning" not in banner  # this machine's kubectl is new enough
         env = {**os.environ, "KUBECONFIG": info["kubeconfig"], "KUBECACHEDIR": str(tmp_path / "kcache")}
 
         def sh(*argv: str, check: bool = True) -> str:
@@ -98,11 +104,15 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         events = described.split("Events:", 1)[1]
         assert "Provisioning" in events and "Ready" in events and info["healthURL"] in events
 
-        lease = json.loads(sh("curl", "-s", "-X", "POST", "-H", f"Authorization: Bearer {info['token']}",
-                              "-H", "Content-Type: application/json", "-d", '{"ttlSeconds": 300}',
-                              f"{info['api']}/v1/leases"))
+        # README's lease and curl lines run as written, in bash, after the line the banner printed.
+        steps = readme_demo_block()
+        first = next(i for i, line in enumerate(steps) if line.startswith("LEASE="))
+        script = "\n".join([variables, *steps[first:first + 4]])
+        assert steps[first + 4] == "kubectl delete px squid-k8s-1", steps
+        lease_line, page = sh("bash", "-euo", "pipefail", "-c", script).split("\n", 1)
+        lease = json.loads(lease_line)
         assert lease["proxy"]["name"] == "squid-k8s-1"
-        page = sh("curl", "-s", "--noproxy", "", "-x", lease["proxyUrl"], info["origin"])
+        assert lease["proxyUrl"].startswith(f"http://{info['podCIDR'].rsplit('.', 1)[0]}.")
         assert "Hello from the proxy-operator demo origin" in page
         flower = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", info["flower"]],
                                 capture_output=True, text=True, timeout=30).stdout

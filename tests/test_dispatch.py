@@ -206,3 +206,80 @@ def test_a_steady_proxy_drifts_when_its_provider_or_host_is_gone(config, tmp_pat
     assert not drifted(ctx, _proxy("pod"))                                   # kubernetes: nothing baked in
     assert drifted(ctx, _proxy("host-gone", provider="lab", zone="h9"))      # the host left the config
     assert drifted(ctx, _proxy("provider-gone", provider="removed"))         # the provider left the config
+
+
+# -- rotated credentials ---------------------------------------------------------------------
+def test_resync_queues_a_rotated_proxy_for_replacement_only_where_the_credentials_are_baked_in(
+        kube_client, redis_client, tmp_path):
+    """issue 12, credential rotation: kvm and gcp bake the htpasswd line into the instance, so a
+    Secret whose line no longer matches ``status.credentialsHash`` makes the resync poll the
+    (steady, published) Proxy, and that poll replaces the instance; a kubernetes Pod mounts the
+    Secret and follows it, so its Proxy is left alone."""
+    import base64
+
+    from kubernetes import client as k8s
+
+    from app import credentials, squid
+    from app.reconcile import CREATE, credentials_hash, poll
+
+    config = parse_config({"providers": [
+        {"name": "lab", "type": "kvm", "squid": {"basicAuth": True}, "kvm": {
+            "ssh": {"user": "u", "keyFile": str(tmp_path / "key"), "knownHostsFile": str(tmp_path / "kh")},
+            "hosts": [{"name": "h1", "address": "127.0.0.1"}]}},
+        # never dialled: the drift check reads Secrets only, the poll decides before any call
+        {"name": "cloud", "type": "gcp", "squid": {"basicAuth": True}, "gcp": {
+            "project": "demo-project", "zones": ["europe-west1-b"], "apiEndpoint": "http://127.0.0.1:9", "anonymous": True}},
+        {"name": "k8s", "type": "kubernetes", "squid": {"basicAuth": True}},
+    ]}, "<rotation-test>")
+    ctx = Context(kube=KubernetesGateway(kube_client), registry=build_registry(config), redis=redis_client,
+                  settings=Settings(task_time_limit=20))
+    sent = Sent()
+    dispatcher = Dispatcher(redis_client, Router(config, PROVIDER_TYPES), sent)
+    gw = ctx.kube
+    places = {"lab": ("h1", "hosts/h1/domains/{}"), "cloud": ("europe-west1-b", "projects/demo-project/zones/europe-west1-b/instances/{}"),
+              "k8s": (None, "default/{}")}
+    refs = {}
+    for provider, (zone, pid) in places.items():
+        name = f"rot-{provider}"
+        spec = {"provider": provider, **({"placement": {"zone": zone}} if zone else {})}
+        ref = refs[provider] = apply(kube_client, name, spec)
+        proxy = gw.add_finalizer(gw.get_proxy(ref.namespace, ref.name))
+        auth = credentials.ensure(gw, proxy)           # the Secret the create step made
+        proxy = gw.patch_status(proxy, {
+            "phase": "Ready", "provider": provider, "providerID": pid.format(name), "specHash": proxy.spec_hash,
+            "observedGeneration": proxy.generation, "credentialsHash": credentials_hash(auth.htpasswd),
+            "conditions": [{"type": "Provisioned", "status": "True", "reason": "InstanceRunning",
+                            "observedGeneration": proxy.generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
+                            "message": ""}]})
+        assert steady(proxy), provider
+        serving.publish(redis_client, proxy, address="10.0.0.1", port=3128, phase="Ready")
+
+    def resync() -> dict[str, tuple[str, str]]:
+        sent.clear()
+        dispatcher.resync(gw.list_proxies(), drifted=lambda p: drifted(ctx, p))
+        return {args[1]: (task, queue) for task, args, queue, _ in sent}
+
+    # Credentials as built: every Proxy is steady and published, nothing is sent.
+    assert resync() == {}
+
+    # The user rotates every password (new password and the htpasswd line that goes with it).
+    for ref in refs.values():
+        user, password = squid.generate_credentials()
+        line = squid.htpasswd_entry(user, password) + "\n"
+        k8s.CoreV1Api(kube_client).patch_namespaced_secret(f"{ref.name}-proxy-auth", ref.namespace, {"data": {
+            key: base64.b64encode(value.encode()).decode()
+            for key, value in (("username", user), ("password", password), ("htpasswd", line))}})
+
+    assert resync() == {"rot-lab": ("proxy.poll", "kvm.lab.h1"), "rot-cloud": ("proxy.poll", "proxies")}
+    assert not drifted(ctx, gw.get_proxy("default", "rot-k8s"))
+
+    # The poll the resync queued replaces the instance: CredentialsRotated, then a create.
+    for provider in ("lab", "cloud"):
+        followup = poll(ctx, refs[provider])
+        assert followup is not None and followup.action == CREATE, provider
+        proxy = gw.get_proxy("default", f"rot-{provider}")
+        [cond] = [c for c in proxy.status["conditions"] if c["type"] == "Provisioned"]
+        assert (cond["status"], cond["reason"]) == ("False", "CredentialsRotated")
+    events = {(e.involved_object.name, e.reason) for e in k8s.CoreV1Api(kube_client).list_namespaced_event("default").items}
+    assert {("rot-lab", "CredentialsRotated"), ("rot-cloud", "CredentialsRotated")} <= events
+    assert not any(name == "rot-k8s" for name, _ in events)

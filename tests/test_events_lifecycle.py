@@ -33,7 +33,7 @@ QUOTA_MESSAGE = ('pods "x" is forbidden: exceeded quota: compute-resources, requ
 
 def proxy_body(name: str, health_url: str, image: str | None = None) -> dict:
     spec = {"mode": "Managed", "provider": "k8s-local", "endpoint": {"port": 3128},
-            "healthCheck": {"url": health_url, "intervalSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1}}
+            "healthCheck": {"url": health_url, "intervalSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 1}}
     if image:
         spec["placement"] = {"image": image}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": name, "namespace": "default"},

@@ -27,7 +27,7 @@ from app.reconcile import (
     delete,
     poll,
 )
-from app.resources import PLURAL
+from app.resources import FINALIZER, PLURAL
 from tests.support import contexts
 from tests.support.proxies import (
     Background,
@@ -147,17 +147,26 @@ def test_a_refused_write_ahead_creates_nothing_and_the_retry_creates_one(fake, a
 
 # -- the same name, a new UID -----------------------------------------------------------------------
 def test_deleted_and_recreated_with_the_same_name_during_the_create(fake, api, ctx):
-    """The old object's create lands after a new object of the same name exists: the old
-    Pod goes, the new object gets its own Pod, nothing is shared."""
+    """The old object is deleted while its create is in flight and a new object of the same
+    name is applied as soon as the old one is released: the old Pod goes, the new object gets
+    its own Pod, nothing is shared.  The old object is released only once its Pod is found (the
+    create may still make it); the create's check after the Pod create then finds it
+    terminating, gone, or already replaced by the new object (it deletes its Pod), as the race
+    falls."""
     old = apply(api, "same-1", {"provider": "k8s-local"})
     fake.delay_next("create", "pods", seconds=2)
     creating = Background(create, ctx, old)
     wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
     kubectl_delete(api, old)
-    assert delete(ctx, old) is None                    # no Pod yet: released
+    followup = delete(ctx, old)                        # no Pod yet: kept while the create may make it
+    assert followup is not None and followup.action == DELETE
+    while followup is not None:
+        time.sleep(followup.delay)
+        followup = delete(ctx, old, followup.attempt)
+    assert read(api, old) is None
     new = apply(api, "same-1", {"provider": "k8s-local"})
     assert new.uid != old.uid
-    creating.join()                                    # lands, finds another object: deletes its Pod
+    creating.join()
     settle(ctx, api, new)
     assert [p.metadata.name for p in pods(api)] == [instance_name(new.uid)]
 
@@ -242,28 +251,62 @@ def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api,
     assert report.deleted == [] and len(pods(api)) == 2
 
 
-# -- a create whose re-read fails after the Proxy was released ----------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "when the per-Proxy lock is lost (Redis flush) a delete can release the Proxy while its create "
-    "is in flight; if the create's re-read after the provider call then fails (API 500, or the "
-    "worker is killed there), its retry finds no Proxy and returns: the Pod is an orphan until "
-    "GC (grace, ~20 min by default). The retried step knows only the ref, not the provider."))
-def test_a_create_whose_re_read_fails_after_the_release_leaks_nothing(fake, api, ctx):
+# -- a delete beside a create (the per-Proxy lock lost) --------------------------------------------
+def test_a_create_whose_re_read_fails_after_the_delete_leaks_nothing(fake, api, ctx):
+    """The per-Proxy lock is lost (a Redis flush), so the delete runs while the create's Pod
+    create is in flight; the create's check after the Pod create then fails (API 500) and its
+    retry never runs (the worker died).  The delete used to find no Pod, release the finalizer
+    at once and leave the Pod to GC (~20 min).  Now the write-ahead's ``createStartedAt`` keeps
+    the finalizer while the create may still make the Pod: the delete alone finds and deletes it."""
     ref = apply(api, "reread-1", {"provider": "k8s-local"})
     fake.delay_next("create", "pods", seconds=2)
     creating = Background(create, ctx, ref)
     wait_until(lambda: fake.request_count("create", "pods") == 1, 10, "Pod create sent")
     kubectl_delete(api, ref)
-    assert delete(ctx, ref) is None                    # nothing exists yet: released
-    assert read(api, ref) is None
+    followup = delete(ctx, ref)                        # nothing exists yet: kept, looks again
+    assert followup is not None and followup.action == DELETE
+    assert FINALIZER in read(api, ref).finalizers
     gets = fake.request_count("get", PLURAL)
     fake.fail_next("get", PLURAL, code=500)           # the create's re-read after the Pod create
-    followup = creating.join()
+    created = creating.join()
     assert fake.request_count("get", PLURAL) > gets
-    while followup is not None:                       # the task layer retries the step
-        time.sleep(min(followup.delay, 1))
-        followup = {CREATE: create, POLL: poll, DELETE: delete}[followup.action](ctx, ref, followup.attempt)
+    assert created is not None and created.action == CREATE   # its retry: never run (the worker died)
+    assert len(pods(api)) == 1                        # the Pod landed after the delete looked
+    while followup is not None:                       # the task layer runs the delete's followups
+        assert followup.action == DELETE
+        time.sleep(followup.delay)
+        followup = delete(ctx, ref, followup.attempt)
+    assert read(api, ref) is None
     assert pods(api) == []
+
+
+def test_a_delete_beside_a_create_that_never_makes_anything_releases_after_the_window(api, ctx):
+    """A create stamped its write-ahead and died before its provider call (or the call failed):
+    nothing ever appears.  The delete keeps the finalizer while a create may still be running,
+    and releases once ``create_window`` (task_time_limit + 10 s) has passed since the stamp.
+    The stamp is written back in time here: the state a create killed that long ago leaves."""
+    from app.reconcile import create_window
+    from app.timefmt import rfc3339
+
+    ref = apply(api, "dead-create-1", {"provider": "k8s-local"})
+    gateway = KubernetesGateway(api)
+    proxy = gateway.add_finalizer(read(api, ref))
+    name = instance_name(ref.uid)
+    proxy = gateway.patch_status(proxy, {"phase": "Provisioning", "providerID": f"{NS}/{name}",
+                                         "provider": "k8s-local", "instanceName": name,
+                                         "createStartedAt": rfc3339(time.time() - 5, millis=True)})
+    kubectl_delete(api, ref)
+    followup = delete(ctx, ref)
+    assert followup is not None and followup.action == DELETE and 0 < followup.delay <= 1
+    proxy = read(api, ref)
+    assert FINALIZER in proxy.finalizers and proxy.phase == "Terminating"
+    waiting = [c for c in proxy.status["conditions"] if c.get("reason") == "WaitingForCreate"]
+    assert waiting and name in waiting[0]["message"]
+    window = create_window(ctx.settings)
+    assert window == ctx.settings.task_time_limit + 10
+    gateway.patch_status(proxy, {"createStartedAt": rfc3339(time.time() - window - 1, millis=True)})
+    assert delete(ctx, ref, followup.attempt) is None   # no create can still be running: released
+    assert read(api, ref) is None and pods(api) == []
 
 
 # -- GC of one provider against the instances of another in the same place ---------------------------

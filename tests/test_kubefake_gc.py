@@ -123,6 +123,28 @@ def test_dependents_with_another_owner_left_lose_only_the_reference(kube, custom
     assert "deletionTimestamp" not in proxy(custom_api, "shared")["metadata"]
 
 
+def test_a_dependent_released_by_a_merge_patch_survives_its_former_owner(kube, custom_api, family):
+    # what a controller's release does (a ReplicaSet letting go of a Pod): the list without the
+    # reference, under the resourceVersion and UID read; the collector no longer counts it a dependent
+    other = make_pool(custom_api, "other")
+    free = family["free"]
+    make_proxy(custom_api, "kept", [owner_ref(family["pool"]), owner_ref(other, controller=False)])
+    kept = proxy(custom_api, "kept")
+    for obj, refs in ((free, None), (kept, [owner_ref(other, controller=False)])):
+        custom_api.patch_namespaced_custom_object(G, V, NS, "proxies", obj["metadata"]["name"], {"metadata": {
+            "ownerReferences": refs, "resourceVersion": obj["metadata"]["resourceVersion"],
+            "uid": obj["metadata"]["uid"]}})
+    custom_api.delete_namespaced_custom_object(G, V, NS, "proxypools", "pool")
+    wait_for(lambda: (proxy(custom_api, "held") or {}).get("metadata", {}).get("deletionTimestamp"), 10,
+             "the pool's remaining dependent collected")
+    kube.gc.collect()
+    for name in ("free", "kept"):
+        left = proxy(custom_api, name)
+        assert left is not None and "deletionTimestamp" not in left["metadata"], name
+    assert "ownerReferences" not in proxy(custom_api, "free")["metadata"]
+    assert [r["uid"] for r in proxy(custom_api, "kept")["metadata"]["ownerReferences"]] == [other["metadata"]["uid"]]
+
+
 def test_a_new_owner_of_the_same_name_does_not_adopt_the_old_dependents(kube, custom_api):
     old = make_pool(custom_api)
     with kube.gc.paused():

@@ -25,8 +25,8 @@ from tests.support.cluster import FakeCluster
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(shutil.which("kubectl") is None,
-                       reason="kubectl is not installed (Debian: apt-get install kubernetes-client, or the "
-                              "binary from https://kubernetes.io/docs/tasks/tools/)"),
+                       reason="kubectl is not installed (1.27 or newer, from "
+                              "https://kubernetes.io/docs/tasks/tools/)"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"

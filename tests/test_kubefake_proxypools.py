@@ -32,7 +32,7 @@ P = "proxypools"
 NS = "default"
 pytestmark = pytest.mark.timeout(60)
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                   reason="kubectl is not installed (Debian: apt-get install kubernetes-client)")
+                                   reason="kubectl is not installed (1.27 or newer)")
 
 
 @pytest.fixture()

@@ -191,6 +191,37 @@ def test_name_in_body_must_match_the_url(custom_api):
 def test_system_metadata_cannot_be_overwritten(custom_api):
     obj = custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
     out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {
-        "uid": "forged", "generation": 99, "creationTimestamp": "2000-01-01T00:00:00Z"}})
+        "uid": obj["metadata"]["uid"], "generation": 99, "creationTimestamp": "2000-01-01T00:00:00Z"}})
     for key in ("uid", "generation", "creationTimestamp"):
         assert out["metadata"][key] == obj["metadata"][key]
+
+
+def test_a_uid_in_the_body_is_a_precondition(custom_api):
+    # kube-apiserver: a PATCH naming another UID fails validation (metadata.uid is immutable,
+    # 422; what a ReplicaSet's release of a Pod relies on), a PUT fails its UID precondition (409)
+    obj = custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a"))
+    with pytest.raises(k8s.ApiException) as err:
+        custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"metadata": {
+            "uid": "forged", "labels": {"x": "1"}}})
+    assert err.value.status == 422 and "metadata.uid" in json.loads(err.value.body)["message"]
+    obj["metadata"]["uid"] = "forged"
+    with pytest.raises(k8s.ApiException) as err:
+        custom_api.replace_namespaced_custom_object(G, V, "default", P, "a", obj)
+    assert err.value.status == 409 and "Precondition failed" in json.loads(err.value.body)["message"]
+    assert "labels" not in custom_api.get_namespaced_custom_object(G, V, "default", P, "a")["metadata"]
+
+
+def test_a_merge_patch_of_owner_references_replaces_the_list(custom_api, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    owners = [{"apiVersion": "v1", "kind": "Secret", "name": n, "controller": n == "a",
+               "uid": core.create_namespaced_secret("default", {"metadata": {"name": n}}).metadata.uid}
+              for n in ("a", "b")]
+    body = proxy("p")
+    body["metadata"]["ownerReferences"] = owners
+    obj = custom_api.create_namespaced_custom_object(G, V, "default", P, body)
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "p", {"metadata": {
+        "ownerReferences": owners[1:], "resourceVersion": obj["metadata"]["resourceVersion"],
+        "uid": obj["metadata"]["uid"]}})
+    assert out["metadata"]["ownerReferences"] == owners[1:]
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "p", {"metadata": {"ownerReferences": None}})
+    assert "ownerReferences" not in out["metadata"]

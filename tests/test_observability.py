@@ -6,11 +6,12 @@ check rules`` and promtool's unit tests (tests/prometheus/alerts_test.yaml).
 Slow, one stack for the module: the API fake with its kubelet stand-in (a real Squid per Pod),
 a private Redis, and the watcher, a prefork worker, beat and the API started through their
 real commands, each serving ``/metrics`` on its own loopback port.  One Proxy goes Ready and is
-leased; the watcher's watches end every 2 s, and one goes silent while the fake's history is
-compacted (410, relist).  Then:
+leased; the watcher's watches end every 2 s.  Then:
 
 * every metric named in docs/observability.md is read from a real scrape of the process that
-  exports it;
+  exports it; the watcher's Proxy watch goes silent while the fake's history is compacted, and
+  its 410 and relist show in the scrape under ``resource="proxies"`` (read before and after),
+  and an External Proxy whose endpoint refuses connections produces a failed probe;
 * the Grafana dashboard refers only to metrics those scrapes expose;
 * a real Prometheus server (Debian's ``prometheus``) scrapes the four processes every second
   with the project's alert rules loaded (their ``for:`` cut to 2 s, expressions as shipped):
@@ -21,6 +22,7 @@ compacted (410, relist).  Then:
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -156,11 +158,22 @@ def test_every_dashboard_query_parses_to_known_names():
         assert topic in titles, topic
 
 
+def test_every_proxypool_event_reason_is_documented():
+    """Every reason app/pools passes to ``record_pool_event`` is in docs/observability.md's
+    "ProxyPool Events" table."""
+    source = "\n".join(f.read_text() for f in sorted((ROOT / "app" / "pools").glob("*.py")))
+    emitted = set(re.findall(r'record_pool_event\(\s*\w+,\s*"(?:Normal|Warning)",\s*"(\w+)"', source))
+    assert {"MemberCreated", "MemberDraining", "MemberDeleted", "MemberReleased", "Rescaled"} <= emitted
+    section = DOC.read_text().split("### ProxyPool Events", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert emitted <= documented, f"not documented: {sorted(emitted - documented)}"
+
+
 # -- the real processes -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Redis, the API fake + kubelet, an origin, watcher/worker/beat/API with /metrics; one Ready,
-    leased Proxy; a 410 on the way.  Yields ``{"urls": {process: metrics URL}, "cluster": ..., "procs": ...}``."""
+    leased Proxy.  Yields ``{"urls": {process: metrics URL}, "cluster": ..., "procs": ...}``."""
     tmp = tmp_path_factory.mktemp("observability")
     redis = RedisServer()
     cluster = FakeCluster(bookmark_interval=1.0).start()
@@ -189,18 +202,12 @@ def stack(tmp_path_factory):
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
                 "metadata": {"name": "observed", "namespace": "default"},
                 "spec": {"provider": "k8s-local", "healthCheck": {"url": f"{origin}/generate_204",
-                                                                  "intervalSeconds": 1, "timeoutSeconds": 1}}})
+                                                                  "intervalSeconds": 2, "timeoutSeconds": 1}}})
             wait_for(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "observed")
                               .get("status") or {}).get("phase") == "Ready", 60, "the Proxy Ready")
             wait_for(lambda: api_request(ports["api"], "POST", "/v1/leases", b"{}")[0] == 201, 20, "a lease")
-            # The open watch goes silent, the Proxy changes meanwhile, the history is compacted: the
-            # watcher's resume (after its 3 s read timeout) gets 410 Gone and relists.
-            wait_for(lambda: cluster.fake.hang_watches("proxies"), 10, "an open Proxy watch")
-            custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "observed",
-                                                  {"metadata": {"annotations": {"example.com/poked": "1"}}})
-            cluster.fake.compact()
             urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
-            yield {"urls": urls, "cluster": cluster, "procs": procs, "tmp": tmp}
+            yield {"urls": urls, "cluster": cluster, "procs": procs, "tmp": tmp, "custom": custom, "origin": origin}
         finally:
             for p in procs.values():
                 p.stop()
@@ -215,26 +222,55 @@ def scrape_names(url: str) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_process_exports_its_metrics(stack):
+    # A probe that fails: an External Proxy whose endpoint refuses connections (nothing listens on
+    # its loopback port; the health origin itself is up, so the failure is held against the proxy).
+    fake, custom = stack["cluster"].fake, stack["custom"]
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "refusing", "namespace": "default"},
+        "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": free_port()},
+                 "healthCheck": {"url": f"{stack['origin']}/generate_204", "intervalSeconds": 2, "timeoutSeconds": 1}}})
     for process, names in EXPECTED.items():
         seen = wait_for(lambda u=stack["urls"][process], n=names: (s := scrape_names(u)) >= n and s, 30,
                         f"{process} to export {sorted(names)}")
         assert names <= seen
-    # the watcher saw what was arranged: restarts after its 2 s watches, a 410 and a relist
-    text = requests.get(stack["urls"]["watcher"], timeout=5).text
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for f in text_string_to_metric_families(text) for s in f.samples}
-    wait_for(lambda: _value(stack["urls"]["watcher"], "proxy_operator_watch_gone_total") >= 1, 20, "a 410")
-    wait_for(lambda: _value(stack["urls"]["watcher"], "proxy_operator_watch_relists_total") >= 2, 20,
-             "the relist after the 410")
-    assert values[("proxy_operator_watcher_leader", ())] == 1
-    assert values[("proxy_operator_watch_restarts_total", (("reason", "ended"),))] >= 1
+    # the watcher leads, and its 2 s Proxy watches end and are reopened
+    watcher_url = stack["urls"]["watcher"]
+    proxies = {"resource": "proxies"}
+    wait_for(lambda: _value(watcher_url, "proxy_operator_watcher_leader") == 1, 20, "the watcher leading")
+    wait_for(lambda: _value(watcher_url, "proxy_operator_watch_restarts_total", {**proxies, "reason": "ended"}) >= 1,
+             20, "a Proxy watch ended by its server timeout")
+    # A 410 on the Proxy stream, read before and after: both streams relisted once at start, so
+    # only the difference says the 410 led to a relist.  The open Proxy watch goes silent, the
+    # Proxy changes meanwhile, the history is compacted: the watcher's resume (after its 3 s read
+    # timeout) from the old resourceVersion gets 410 Gone and relists.
+    gone_before = _value(watcher_url, "proxy_operator_watch_gone_total", proxies)
+    relists_before = _value(watcher_url, "proxy_operator_watch_relists_total", proxies)
+    assert not math.isnan(gone_before) and relists_before >= 1, "the series exist from the stream's start"
+    wait_for(lambda: fake.hang_watches("proxies"), 10, "an open Proxy watch")
+    try:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "observed",
+                                              {"metadata": {"annotations": {"example.com/poked": "1"}}})
+        fake.compact()
+        wait_for(lambda: _value(watcher_url, "proxy_operator_watch_gone_total", proxies) >= gone_before + 1, 20,
+                 "a 410 on the Proxy watch")
+        wait_for(lambda: _value(watcher_url, "proxy_operator_watch_relists_total", proxies)
+                 >= relists_before + 1, 20, "the Proxy relist after the 410")
+        assert _value(watcher_url, "proxy_operator_watch_restarts_total", {**proxies, "reason": "gone"}) >= 1
+    finally:
+        fake.release_hung_watches()
+    # ConnectionRefused today; whatever reason the destination policy gives it, it is a failure
+    wait_for(lambda: sum(s.value for f in text_string_to_metric_families(requests.get(stack["urls"]["worker"],
+                                                                                          timeout=5).text)
+                         for s in f.samples if s.name == "proxy_operator_probe_failures_total") >= 1, 30,
+             "a failed probe counted")
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "refusing")
     # every documented metric of these processes was read from one of the scrapes
     everything = set().union(*(scrape_names(u) for u in stack["urls"].values()))
     documented = documented_metrics()
     missing = {n for n in documented if n not in everything and n + "_total" not in everything}
-    # counted only when they happen (GC found a partial listing, a probe failed)
-    assert missing <= {"proxy_operator_gc_partial_sweeps_total", "proxy_operator_probe_failures_total"}, \
-        sorted(missing)
+    # counted only when GC found a partial listing: read from a real worker's scrape in
+    # tests/gcp/test_gc_partial_sweeps.py
+    assert missing <= {"proxy_operator_gc_partial_sweeps_total"}, sorted(missing)
     queues = _labels(stack["urls"]["worker"], "proxy_operator_queue_depth", "queue")
     assert {"proxies", "health", "gc"} <= queues
     entries = _labels(stack["urls"]["beat"], "proxy_operator_beat_last_run_timestamp_seconds", "entry")

@@ -105,7 +105,7 @@ def _apply(cluster, name: str, origin: str, annotations: dict | None = None) -> 
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"]["name"] = name
     body["metadata"]["annotations"] = annotations or {}
-    body["spec"]["healthCheck"] = {"url": f"{origin}/generate_204", "intervalSeconds": 1, "timeoutSeconds": 1}
+    body["spec"]["healthCheck"] = {"url": f"{origin}/generate_204", "intervalSeconds": 2, "timeoutSeconds": 1}
     return _custom(cluster).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
 
 
@@ -165,7 +165,7 @@ def test_the_operator_uses_exactly_what_deploy_rbac_grants(cluster, origin, redi
             "spec": {"replicas": 2, "autoscale": {"minReplicas": 1, "maxReplicas": 2, "scaleDownDelaySeconds": 0},
                      "template": {"metadata": {"labels": {"app": "audited"}}, "spec": {
                          "provider": "k8s-local", "healthCheck": {"url": f"{origin}/generate_204",
-                                                                  "intervalSeconds": 1, "timeoutSeconds": 1}}}}})
+                                                                  "intervalSeconds": 2, "timeoutSeconds": 1}}}}})
         wait_for(lambda: ("patch", GROUP, "proxypools/scale", "default") in recorded
                  and ("delete", GROUP, PLURAL, "default") in recorded, 120, "the pool scaled down by its autoscaler")
         wait_for(lambda: ("list", "", "pods", None) in recorded and ("list", GROUP, PLURAL, None) in recorded,

@@ -199,3 +199,26 @@ def test_the_watcher_keeps_streaming_and_delivers_what_arrived_while_the_callbac
             client.close()
     assert [t for t, _, _ in d.handled] == ["ADDED"] * 3
     assert "proxy event handler failed" not in caplog.text
+
+
+def test_the_backlog_and_latency_of_each_handoff_carry_its_resource():
+    """The Proxy and ProxyPool hand-offs (watchers.main) export their own backlog: one stuck
+    behind a Redis outage does not show as, or get overwritten by, the other's."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, resource: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"resource": resource})
+
+    stuck, flowing = FlakyDispatcher(down=True), FlakyDispatcher()
+    proxies, pools = Handoff(stuck, FAST), Handoff(flowing, FAST, resource="proxypools")
+    done_before = sample("proxy_operator_watch_event_to_enqueue_seconds_count", "proxypools") or 0
+    with Running(proxies), Running(pools):
+        for name in ("a", "b", "c"):
+            proxies.submit("ADDED", proxy(name))
+        pools.submit("ADDED", proxy("pool"))
+        wait_until(lambda: flowing.handled, 5, "the pool event delivered")
+        wait_until(lambda: sample("proxy_operator_watch_handoff_backlog", "proxypools") == 0, 5, "pool backlog 0")
+        assert sample("proxy_operator_watch_handoff_backlog", "proxies") == 3
+        assert sample("proxy_operator_watch_event_to_enqueue_seconds_count", "proxypools") == done_before + 1
+        stuck.down.clear()
+        wait_until(lambda: sample("proxy_operator_watch_handoff_backlog", "proxies") == 0, 5, "proxy backlog 0")

@@ -59,9 +59,9 @@ def create(custom_api, ns: str, name: str, **spec) -> dict:
 class Running:
     """A ProxyStream running in a thread for the duration of a with-block."""
 
-    def __init__(self, custom_api, on_event, settings: StreamSettings = FAST) -> None:
+    def __init__(self, custom_api, on_event, settings: StreamSettings = FAST, *, plural: str = P) -> None:
         self.progress = 0
-        self.stream = ProxyStream(custom_api, on_event, settings, on_progress=self._progress)
+        self.stream = ProxyStream(custom_api, on_event, settings, on_progress=self._progress, plural=plural)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.stream.run, args=(self.stop,), daemon=True)
 
@@ -238,3 +238,60 @@ def test_listed_objects_are_frozen_out_of_the_cyclic_collector(fake, custom_api)
         assert not any(id(o) in tracked for o in known)
     finally:
         gc.unfreeze()  # hand this process's objects back to the collector
+
+
+def _sample(name: str, **labels: str) -> float:
+    """The watcher metric's current value in this process (0 when the series does not exist yet)."""
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_the_proxy_and_proxypool_streams_count_under_their_own_resource(fake, custom_api):
+    """Both streams run side by side in the leader (watchers.main); their watch metrics carry
+    ``resource`` so ProxyPool traffic, restarts and 410s are not counted as Proxy ones."""
+    def snapshot() -> dict[tuple, float]:
+        out = {}
+        for res in ("proxies", "proxypools"):
+            for t in ("SYNC", "ADDED"):
+                out[("events", res, t)] = _sample("proxy_operator_watch_events_total", resource=res, type=t)
+            out[("relists", res)] = _sample("proxy_operator_watch_relists_total", resource=res)
+            out[("gone", res)] = _sample("proxy_operator_watch_gone_total", resource=res)
+            out[("restarts-gone", res)] = _sample("proxy_operator_watch_restarts_total", resource=res, reason="gone")
+        return out
+
+    def pool(name: str) -> None:
+        custom_api.create_namespaced_custom_object(G, V, "ns1", "proxypools", {
+            "apiVersion": f"{G}/{V}", "kind": "ProxyPool", "metadata": {"name": name},
+            "spec": {"replicas": 1, "template": {"spec": {"provider": "k8s"}}}})
+
+    create(custom_api, "ns1", "a-proxy")
+    pool("listed-pool")
+    before = snapshot()
+    proxies, pools = Recorder(), Recorder()
+    pool_run = Running(custom_api, pools, plural="proxypools")
+    # the series exist (at 0) as soon as the streams do, before anything happened
+    from prometheus_client import REGISTRY
+    assert REGISTRY.get_sample_value("proxy_operator_watch_gone_total", {"resource": "proxypools"}) is not None
+    with Running(custom_api, proxies), pool_run as prun:
+        proxies.wait_for(lambda: proxies.names("SYNC") == {"ns1/a-proxy"})
+        pools.wait_for(lambda: pools.names("SYNC") == {"ns1/listed-pool"})
+        wait_until(lambda: fake.open_watches("proxypools") == 1 and fake.open_watches(P) == 1, what="both watches")
+        pool("watched-pool")
+        pools.wait_for(lambda: "ns1/watched-pool" in pools.names("ADDED"))
+        # a 410 on the pool stream only: its watch goes silent, the history is compacted
+        old_rv = prun.stream.resource_version
+        assert fake.hang_watches("proxypools") == 1
+        pool("gap-pool")
+        assert fake.compact() > int(old_rv)
+        pools.wait_for(lambda: "ns1/gap-pool" in pools.names("SYNC", "ADDED"))
+        wait_until(lambda: _sample("proxy_operator_watch_relists_total", resource="proxypools")
+                   >= before[("relists", "proxypools")] + 2, what="the pool relist after the 410")
+        after = snapshot()
+    fake.release_hung_watches()
+    delta = {k: after[k] - before[k] for k in before}
+    assert delta[("events", "proxies", "SYNC")] == 1 and delta[("events", "proxies", "ADDED")] == 0
+    assert delta[("events", "proxypools", "SYNC")] >= 2  # listed-pool at start, then the relist
+    assert delta[("events", "proxypools", "ADDED")] == 1
+    assert delta[("relists", "proxies")] == 1 and delta[("relists", "proxypools")] == 2
+    assert delta[("gone", "proxypools")] == 1 and delta[("restarts-gone", "proxypools")] == 1
+    assert delta[("gone", "proxies")] == 0 and delta[("restarts-gone", "proxies")] == 0

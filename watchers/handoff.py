@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Callable
 
+from app.resources import PLURAL
 from watchers import metrics
 from watchers.stream import DELETED, SYNC, OnEvent, StreamSettings, backoff_delay
 
@@ -54,11 +55,17 @@ class Handoff:
         settings: backoff bounds (``backoff_initial``, ``backoff_max``) of
             :class:`watchers.stream.StreamSettings`.
         clock: monotonic clock, injectable for tests.
+        resource: the plural whose events this hand-off carries (``proxies``, ``proxypools``):
+            the ``resource`` label of its metrics.
     """
 
     def __init__(self, on_event: OnEvent, settings: StreamSettings | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, resource: str = PLURAL) -> None:
         self.on_event = on_event
+        self.resource = resource
+        self._backlog_gauge = metrics.HANDOFF_BACKLOG.labels(resource)
+        self._backlog_gauge.set(0)
+        self._latency = metrics.EVENT_TO_ENQUEUE.labels(resource)
         self.settings = settings or StreamSettings()
         self.clock = clock
         self._queue: collections.OrderedDict[str, _Item] = collections.OrderedDict()
@@ -81,7 +88,7 @@ class Handoff:
                 item.etype, item.obj = _merged_type(item.etype, etype), obj
             else:
                 self._queue[uid] = _Item(etype, obj, self.clock())
-            metrics.HANDOFF_BACKLOG.set(len(self._queue) + (1 if self._in_flight is not None else 0))
+            self._backlog_gauge.set(len(self._queue) + (1 if self._in_flight is not None else 0))
             self._cond.notify()
 
     def backlog(self) -> int:
@@ -122,7 +129,7 @@ class Handoff:
                 self._in_flight, self._superseded = uid, None
             ok = self._deliver(item)
             if ok:
-                metrics.EVENT_TO_ENQUEUE.observe(max(0.0, self.clock() - item.arrived))
+                self._latency.observe(max(0.0, self.clock() - item.arrived))
             with self._cond:
                 newer, self._in_flight, self._superseded = self._superseded, None, None
                 if ok:
@@ -133,7 +140,7 @@ class Handoff:
                         item.etype, item.obj = _merged_type(item.etype, newer.etype), newer.obj
                     self._queue[uid] = item
                     self._queue.move_to_end(uid, last=False)  # stays at the head
-                metrics.HANDOFF_BACKLOG.set(len(self._queue))
+                self._backlog_gauge.set(len(self._queue))
             if not ok:
                 stop.wait(backoff_delay(item.attempts - 1, self.settings))
 

@@ -134,7 +134,7 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
     handoff = Handoff(on_event, settings.stream)
     stream = ProxyStream(k8s.CustomObjectsApi(client), handoff.submit, settings.stream, on_progress=progress.mark)
     if on_pool_event is not None:
-        pool_handoff = Handoff(on_pool_event, settings.stream)
+        pool_handoff = Handoff(on_pool_event, settings.stream, resource=POOL_PLURAL)
         pool_stream = ProxyStream(k8s.CustomObjectsApi(client), pool_handoff.submit, settings.stream,
                                   plural=POOL_PLURAL)
         while_leading = _with_pool_stream(pool_stream, pool_handoff, while_leading)

@@ -115,6 +115,12 @@ class ProxyStream:
         self._known: dict[str, dict] = {}  # uid -> last object handed over
         self._watch: k8s_watch.Watch | None = None
         self._lock = threading.Lock()
+        # Series of this resource exported (at 0) from the start, so rate() and absent() see
+        # them before the first 410 or restart (docs/observability.md, "Watcher").
+        metrics.WATCH_GONE.labels(self.plural)
+        metrics.WATCH_RELISTS.labels(self.plural)
+        for reason in ("ended", "gone", "error"):
+            metrics.WATCH_RESTARTS.labels(self.plural, reason)
 
     # -- control ---------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -131,30 +137,30 @@ class ProxyStream:
                         break
                 progressed = self._watch_once(stop)
                 if not stop.is_set():
-                    metrics.WATCH_RESTARTS.labels("ended").inc()
+                    metrics.WATCH_RESTARTS.labels(self.plural, "ended").inc()
                 if progressed:
                     attempt = 0
                     continue
             except k8s.ApiException as exc:
                 if exc.status == 410:
-                    metrics.WATCH_GONE.inc()
-                    metrics.WATCH_RESTARTS.labels("gone").inc()
+                    metrics.WATCH_GONE.labels(self.plural).inc()
+                    metrics.WATCH_RESTARTS.labels(self.plural, "gone").inc()
                     log.info("watch resourceVersion %s expired (410 Gone); relisting", self.resource_version)
                     self.resource_version = None
                     if attempt == 0:
                         attempt = 1
                         continue  # relist at once the first time
                 else:
-                    metrics.WATCH_RESTARTS.labels("error").inc()
+                    metrics.WATCH_RESTARTS.labels(self.plural, "error").inc()
                     log.warning("%s list/watch failed: HTTP %s %s", self.plural, exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if stop.is_set():
                     break
-                metrics.WATCH_RESTARTS.labels("error").inc()
+                metrics.WATCH_RESTARTS.labels(self.plural, "error").inc()
                 log.warning("proxy watch connection failed (%s); reconnecting from resourceVersion %s",
                             _describe(exc), self.resource_version)
             except Exception:  # noqa: BLE001 - the stream must survive anything
-                metrics.WATCH_RESTARTS.labels("error").inc()
+                metrics.WATCH_RESTARTS.labels(self.plural, "error").inc()
                 log.exception("proxy list/watch failed unexpectedly")
             if stop.is_set():
                 break
@@ -206,7 +212,7 @@ class ProxyStream:
         for uid in [u for u in self._known if u not in seen]:
             self._deliver(DELETED, self._known.pop(uid))
         self.resource_version = list_rv
-        metrics.WATCH_RELISTS.inc()
+        metrics.WATCH_RELISTS.labels(self.plural).inc()
         log.info("listed %d %s at resourceVersion %s", count, self.plural, list_rv)
         self.on_progress()
 
@@ -230,7 +236,7 @@ class ProxyStream:
                 meta = obj.get("metadata") or {}
                 rv = meta.get("resourceVersion")
                 if etype == BOOKMARK:
-                    metrics.WATCH_EVENTS.labels(BOOKMARK).inc()
+                    metrics.WATCH_EVENTS.labels(self.plural, BOOKMARK).inc()
                     log.debug("bookmark resourceVersion %s", rv)
                 elif etype in (ADDED, MODIFIED, DELETED):
                     uid = meta.get("uid")
@@ -257,7 +263,7 @@ class ProxyStream:
         return progressed
 
     def _deliver(self, etype: str, obj: dict) -> None:
-        metrics.WATCH_EVENTS.labels(etype).inc()
+        metrics.WATCH_EVENTS.labels(self.plural, etype).inc()
         meta = obj.get("metadata") or {}
         log.debug("proxy %s %s/%s resourceVersion %s", etype, meta.get("namespace"), meta.get("name"),
                   meta.get("resourceVersion"))

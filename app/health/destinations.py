@@ -12,7 +12,15 @@ Linux), with their IPv4-mapped IPv6 forms; plus the names in :data:`DENIED_NAMES
 metadata server, whose name only resolves inside GCE).  Operators add ranges (the cluster's
 Pod and Service ranges, the VPC) with ``PROBE_DENIED_RANGES`` and carve exceptions out of the
 denied ranges with ``PROBE_ALLOWED_RANGES`` (the test suite and a developer's local stack run
-Squids on loopback: ``PROBE_ALLOWED_RANGES=127.0.0.0/8``).  Address ranges: RFC 6890 (special-
+Squids on loopback: ``PROBE_ALLOWED_RANGES=127.0.0.0/8``).
+
+``PROBE_DENIED_RANGES`` applies to every endpoint, the operator's own proxies included, so it
+cannot hold the cluster's Pod range while the kubernetes provider runs Squid Pods there.
+``PROBE_EXTERNAL_DENIED_RANGES`` is denied only for what a Proxy author points the worker at:
+the endpoint of an **External** Proxy (any record that does not say ``Managed``) and every
+health URL (the proxy-side check and the worker's own direct control request, which any Proxy
+author chooses), never a Managed proxy's endpoint, which the provider gave.  ``PROBE_ALLOWED_RANGES``
+does not exempt from it: it is what the operator keeps from Proxy authors on purpose.  Address ranges: RFC 6890 (special-
 purpose registries), RFC 3927 (IPv4 link-local), RFC 4291 §2.5 (IPv6 loopback, link-local,
 IPv4-mapped).
 
@@ -89,29 +97,42 @@ class DestinationPolicy:
     Args:
         denied: networks refused in addition to :data:`DEFAULT_DENIED_RANGES`.
         allowed: networks exempted from every denied range (checked first).
+        external_denied: networks refused for External endpoints and health URLs only
+            (``PROBE_EXTERNAL_DENIED_RANGES``), never for a Managed proxy's endpoint.
         resolver: ``socket.getaddrinfo``-compatible function (tests of name resolution use
             the real one; the parameter exists so that callers choose the resolver, not a patch).
         url_cache_seconds: how long the verdict on a health URL's host name is reused (a batch
             of proxies sharing a URL costs one lookup).
-    An address is denied when it is in a denied range and in no allowed range.
+    An address is denied when it is in a denied range and in no allowed range; a destination a
+    Proxy author chose (``external``) is also denied in an ``external_denied`` range, which the
+    allowed ranges do not exempt (a local stack allows its Pod range for its own Squid Pods and
+    still keeps External endpoints out of it).
     """
 
-    def __init__(self, denied: Iterable = (), allowed: Iterable = (), *, resolver: Resolver = socket.getaddrinfo,
-                 url_cache_seconds: float = 30.0) -> None:
+    def __init__(self, denied: Iterable = (), allowed: Iterable = (), *, external_denied: Iterable = (),
+                 resolver: Resolver = socket.getaddrinfo, url_cache_seconds: float = 30.0) -> None:
         self.denied = parse_ranges(DEFAULT_DENIED_RANGES) + tuple(denied)
+        self.external_denied = tuple(external_denied)
         self.allowed = tuple(allowed)
         self.resolver = resolver
         self.url_cache_seconds = url_cache_seconds
         self._url_cache: dict[str, tuple[float, str | None]] = {}
         self._lock = threading.Lock()
 
-    def denied_range(self, address: str):
+    def denied_range(self, address: str, *, external: bool = False):
         """Return the denied network ``address`` falls in, or ``None`` when it may be reached.
 
+        Args:
+            address: an IP address.
+            external: also check :attr:`external_denied` (a destination a Proxy author chose).
         Raises:
             ValueError: ``address`` is not an IP address.
         """
         ip = _plain(ipaddress.ip_address(address.split("%", 1)[0]))
+        if external:  # explicit intent about what authors may reach: no allowed range exempts it
+            for net in self.external_denied:
+                if net.version == ip.version and ip in net:
+                    return net
         if any(ip in net for net in self.allowed if net.version == ip.version):
             return None
         for net in self.denied:
@@ -132,11 +153,12 @@ class DestinationPolicy:
     def _name(host: str) -> str:
         return host.strip().rstrip(".").lower()
 
-    def endpoint_address(self, host: str, port: int) -> str:
+    def endpoint_address(self, host: str, port: int, *, external: bool = True) -> str:
         """Resolve the endpoint ``host`` and return the address to connect to.
 
         Every address the name resolves to is checked; the first one is returned, and the
-        caller connects to it (not to the name).
+        caller connects to it (not to the name).  ``external`` (the default, the safe side)
+        adds :attr:`external_denied`: pass ``False`` only for a Managed proxy's endpoint.
 
         Raises:
             DestinationDenied: the name is denied, or one of its addresses is in a denied range.
@@ -153,7 +175,7 @@ class DestinationPolicy:
         if not addresses:
             raise socket.gaierror(f"{host} resolves to no address")
         for addr in addresses:
-            net = self.denied_range(addr)
+            net = self.denied_range(addr, external=external)
             if net is not None:
                 via = "" if literal is not None else f" resolves to {addr}, which is"
                 raise DestinationDenied(f"endpoint {host}{via} in the denied range {net}")
@@ -196,21 +218,22 @@ class DestinationPolicy:
         except ValueError:
             literal = None
         if literal is not None:
-            net = self.denied_range(str(literal))
+            net = self.denied_range(str(literal), external=True)
             return None if net is None else f"health URL host {host} is in the denied range {net}"
         try:
             addresses = self._addresses(name, port)
         except OSError:
             return None  # the proxy resolves it in its own network; Squid's rules apply there
         for addr in addresses:
-            net = self.denied_range(addr)
+            net = self.denied_range(addr, external=True)
             if net is not None:
                 return f"health URL host {host} resolves to {addr}, which is in the denied range {net}"
         return None
 
 
 @functools.lru_cache(maxsize=16)
-def policy(denied: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> DestinationPolicy:
+def policy(denied: tuple[str, ...] = (), allowed: tuple[str, ...] = (),
+           external_denied: tuple[str, ...] = ()) -> DestinationPolicy:
     """Return this process's shared :class:`DestinationPolicy` for these range strings.
 
     Shared so that its health-URL cache serves every batch of the process.
@@ -219,4 +242,5 @@ def policy(denied: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> Desti
         ValueError: a range does not parse (see :func:`parse_ranges`).
     """
     return DestinationPolicy(parse_ranges(denied, name="PROBE_DENIED_RANGES"),
-                             parse_ranges(allowed, name="PROBE_ALLOWED_RANGES"))
+                             parse_ranges(allowed, name="PROBE_ALLOWED_RANGES"),
+                             external_denied=parse_ranges(external_denied, name="PROBE_EXTERNAL_DENIED_RANGES"))

@@ -34,7 +34,7 @@ from app.health.status import write_verdict
 from app.kube import KubeGateway
 from app.lazy import per_process
 from app.lua import Lua
-from app.resources import DEFAULT_HEALTH_URL, FAILED
+from app.resources import DEFAULT_HEALTH_URL, FAILED, MODE_MANAGED
 from app.serving_record import ServingRecord, fields_of, load
 from app.timefmt import rfc3339
 
@@ -56,7 +56,7 @@ ORIGIN_DOWN = "OriginDown"
 #: the health check, the health state, what the status last said, and who the Proxy is (status
 #: writes, credentials).  Half the record: the rest (labels, leases, the last probe's details)
 #: is written here but never read back, and parsing it was a fifth of a steady sweep's CPU.
-PROBED_FIELDS = ("uid", "namespace", "name", "address", "port", "auth_secret", "health_check", "health",
+PROBED_FIELDS = ("uid", "namespace", "name", "mode", "address", "port", "auth_secret", "health_check", "health",
                  "successes", "failures", "ever_healthy", "failed", "running_since", "last_verdict_reason",
                  "last_verdict_message", "egress_ip", "egress_at", "status_key")
 
@@ -147,6 +147,21 @@ def judged(result: p.ProbeResult, record: Record) -> p.ProbeResult:
     return result
 
 
+def capped_timeout(hc: Mapping) -> float:
+    """``healthCheck.timeoutSeconds`` (default 10) capped as the CRD does: at most
+    :data:`MAX_TIMEOUT_SECONDS` and below ``intervalSeconds`` (default 30).
+
+    A record written straight into Redis is capped here too: a timeout that is not below its
+    interval becomes ``interval - 1`` (half the interval below 2 s), so one probe always ends
+    before the next one of the same proxy is due.
+    """
+    interval = max(1, _int(str(hc.get("intervalSeconds", "")), 30))
+    timeout = float(min(MAX_TIMEOUT_SECONDS, max(1, _int(str(hc.get("timeoutSeconds", "")), 10))))
+    if timeout >= interval:
+        timeout = float(interval - 1) if interval >= 2 else interval / 2
+    return timeout
+
+
 def target_of(uid: str, record: Record, settings: HealthSettings, *, now: float,
               credentials: Credentials | None = None) -> p.ProbeTarget | None:
     """Build the probe target of a record; ``None`` when it has no usable endpoint."""
@@ -165,9 +180,11 @@ def target_of(uid: str, record: Record, settings: HealthSettings, *, now: float,
     return p.ProbeTarget(
         uid=uid, host=address, port=port, url=url,
         expected_status=_int(str(hc.get("expectedStatus", "")), 204),
-        # the CRD caps timeoutSeconds; a record written straight into Redis is capped here too
-        timeout=float(min(MAX_TIMEOUT_SECONDS, max(1, _int(str(hc.get("timeoutSeconds", "")), 10)))),
-        want_egress=want_egress, credentials=credentials(rec) if credentials else None)
+        timeout=capped_timeout(hc),
+        want_egress=want_egress, credentials=credentials(rec) if credentials else None,
+        # Only the operator's own proxies skip PROBE_EXTERNAL_DENIED_RANGES; a record that does
+        # not say Managed counts as External (the safe side).
+        external=rec.mode != MODE_MANAGED)
 
 
 def record_fields(state: HealthState, result: p.ProbeResult, *, phase: str | None) -> dict[str, str]:

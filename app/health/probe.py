@@ -73,6 +73,9 @@ class ProbeTarget:
         timeout: ``healthCheck.timeoutSeconds`` (whole request: connect, tunnel, answer).
         want_egress: whether to fetch the IP-echo URL too (only after a successful GET).
         credentials: ``(user, password)`` for a proxy with basic auth, else ``None``.
+        external: the endpoint was chosen by a Proxy author (an External Proxy): the
+            destination policy's external-only ranges apply to it too.  ``False`` only for a
+            Managed proxy, whose endpoint the provider gave.
     """
 
     uid: str
@@ -83,6 +86,7 @@ class ProbeTarget:
     timeout: float = 10.0
     want_egress: bool = False
     credentials: tuple[str, str] | None = None
+    external: bool = True
 
     def __repr__(self) -> str:  # keep credentials out of any repr/log
         return f"ProbeTarget(uid={self.uid!r}, host={self.host!r}, port={self.port}, url={self.url!r})"
@@ -239,6 +243,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     if when is None:
         return None
+    if when.tzinfo is None:  # the asctime form carries no zone; every HTTP-date is UTC
+        from datetime import timezone
+
+        when = when.replace(tzinfo=timezone.utc)
     now = time.time() if now is None else now
     return max(0.0, min(MAX_RETRY_AFTER, when.timestamp() - now))
 
@@ -348,7 +356,7 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
         from app.health.destinations import DestinationDenied
 
         try:
-            address = policy.endpoint_address(target.host, target.port)
+            address = policy.endpoint_address(target.host, target.port, external=target.external)
             policy.check_url(target.url)
         except DestinationDenied as exc:
             return ProbeResult(target.uid, False, DESTINATION_DENIED, f"not probed: {exc}", None,

@@ -38,6 +38,10 @@ class HealthSettings:
         denied_ranges: CIDR ranges no probe may reach, on top of loopback, link-local and
             ``0.0.0.0/8`` (``PROBE_DENIED_RANGES``, comma or space separated; e.g. the cluster's
             Pod and Service ranges, the VPC).  See :mod:`app.health.destinations`.
+        external_denied_ranges: CIDR ranges denied only to what a Proxy author chooses: the
+            endpoints of External Proxies and every health URL, never a Managed proxy's endpoint
+            (``PROBE_EXTERNAL_DENIED_RANGES``; e.g. the cluster's Pod range, which
+            ``PROBE_DENIED_RANGES`` cannot hold while the kubernetes provider runs Squid Pods there).
         allowed_ranges: CIDR ranges exempted from every denied range, defaults included
             (``PROBE_ALLOWED_RANGES``; ``127.0.0.0/8`` for a local stack or the test suite, whose
             Squids and origins run on loopback).
@@ -64,6 +68,7 @@ class HealthSettings:
     status_concurrency: int = 8
     denied_ranges: tuple[str, ...] = ()
     allowed_ranges: tuple[str, ...] = ()
+    external_denied_ranges: tuple[str, ...] = ()
     credentials_ttl: float = 60.0
     default_url: str = DEFAULT_HEALTH_URL
 
@@ -91,20 +96,22 @@ class HealthSettings:
                                            minimum=1, integer=True)),
             denied_ranges=_ranges("PROBE_DENIED_RANGES"),
             allowed_ranges=_ranges("PROBE_ALLOWED_RANGES"),
+            external_denied_ranges=_ranges("PROBE_EXTERNAL_DENIED_RANGES"),
             credentials_ttl=env_number("HEALTH_CREDENTIALS_TTL", cls.credentials_ttl, minimum=1),
             default_url=_default_url(),
         )
 
     def destination_policy(self):
         """Return the process's shared :class:`app.health.destinations.DestinationPolicy` for
-        :attr:`denied_ranges` / :attr:`allowed_ranges`.
+        :attr:`denied_ranges` / :attr:`allowed_ranges` / :attr:`external_denied_ranges`.
 
         Raises:
             ValueError: a range that does not parse, naming its variable.
         """
         from app.health import destinations
 
-        return destinations.policy(tuple(self.denied_ranges), tuple(self.allowed_ranges))
+        return destinations.policy(tuple(self.denied_ranges), tuple(self.allowed_ranges),
+                                   tuple(self.external_denied_ranges))
 
 
 def _default_url() -> str:

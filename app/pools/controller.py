@@ -7,7 +7,14 @@ Redis lock it reads, through the :class:`app.kube.KubeGateway`,
   deletes its members, which carry a controller ownerReference with ``blockOwnerDeletion``);
 * its members: the Proxies of its namespace whose controller ownerReference names the pool's UID
   (and whose labels match ``spec.selector`` when one is given).  A Proxy without that reference is never adopted, whatever
-  its labels; a Proxy controlled by anything else is never touched;
+  its labels; a Proxy controlled by anything else is never touched.  A Proxy the pool controls
+  whose labels no longer match an explicit ``spec.selector`` is *released*, as a ReplicaSet
+  releases such a Pod (``PodControllerRefManager.ReleasePod``): its ownerReference to the pool
+  is removed (:meth:`app.kube.KubeGateway.release_proxy`, with a resourceVersion precondition),
+  along with the pool's draining mark, its serving record leaves the pool at once
+  (:func:`app.serving.leave_pool`), and it goes on as a standalone Proxy (never deleted by the
+  pool); the pool does not count it and replaces it like any missing member (``MemberReleased``
+  Event);
 
 and from Redis what the serving view says of each member (leasable, live leases), the provider
 health of the zones it may place members in (:mod:`app.provider_health`), the refused requests
@@ -38,7 +45,7 @@ from app.kube import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
-                             parse_time)
+                             parse_time, selector_string)
 from app.pools.plan import Plan, plan, stalled
 from app.provider_health import CHECK_PENDING, read_snapshot
 from app.resources import DRAINING_ANNOTATION, READY, Proxy
@@ -68,12 +75,16 @@ class Outcome:
             or being deleted), ``"stalled"`` (invalid spec, unknown provider: status says why).
         plan: the :class:`app.pools.plan.Plan` applied (``None`` unless ``done``).
         requeue_after: seconds after which the pool needs another pass by itself (a drain
-            deadline, an age limit; a retry when locked), ``None`` for none.
+            deadline, an age limit; a retry when locked or when a release was refused), ``None``
+            for none.
+        released: names of the Proxies this pass released from the pool (relabelled out of
+            its explicit selector).
     """
 
     state: str
     plan: Plan | None = None
     requeue_after: float | None = None
+    released: tuple[str, ...] = ()
 
 
 def member_name(pool: Pool, rand: Callable[[], float] = random.random) -> str:
@@ -107,6 +118,14 @@ def controlled_by(proxy: Proxy, pool: Pool) -> bool:
     return bool(ref) and ref.get("uid") == pool.uid and ref.get("kind") == POOL_KIND
 
 
+def strays_of(pool: Pool, proxies: list[Proxy]) -> list[Proxy]:
+    """The Proxies of ``proxies`` the pool controls whose labels do not match its explicit
+    ``spec.selector`` (none when the selector follows the template): to be released."""
+    if not pool.spec.explicit_selector:
+        return []
+    return [p for p in proxies if controlled_by(p, pool) and not selectors.matches(pool.spec.selector, p.labels)]
+
+
 def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mapping[str, str]],
                counts: Mapping[str, int], now: float) -> tuple[list[Member], dict[str, Proxy]]:
     """The pool's members as :func:`app.pools.plan.plan` takes them, and their Proxies by UID.
@@ -123,9 +142,7 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
         if not controlled_by(p, pool):
             continue
         if pool.spec.explicit_selector and not selectors.matches(pool.spec.selector, p.labels):
-            log.info("pool %s: %s is controlled by the pool but does not match its selector: left alone",
-                     pool.key, p.key)
-            continue
+            continue  # no member: released (strays_of)
         raw = records.get(p.uid)
         rec = ServingRecord.from_redis(raw) if raw else None
         draining = p.draining_until
@@ -218,6 +235,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
 
     proxies = kube.list_proxies_in(pool.namespace)
     candidates = [p for p in proxies if controlled_by(p, pool)]
+    released, refused = _release(kube, r, pool, strays_of(pool, candidates))
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
     members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
@@ -234,7 +252,52 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     if pool.spec.autoscale is not None:
         r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
               ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
-    return Outcome("done", result, result.requeue_after)
+    requeue = result.requeue_after
+    if refused:
+        requeue = RELEASE_RETRY if requeue is None else min(requeue, RELEASE_RETRY)
+    return Outcome("done", result, requeue, released=tuple(released))
+
+
+#: Seconds after which a pass whose release of a Proxy the API refused (409: it changed
+#: meanwhile) runs again by itself, besides the pass the change's own watch event queues.
+RELEASE_RETRY = 1.0
+
+
+def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[list[str], int]:
+    """Release ``strays`` (Proxies the pool controls that left its explicit selector) as a
+    ReplicaSet releases a Pod: remove the pool's ownerReference (other owners kept) and its
+    draining mark in one write conditional on the resourceVersion read, then take the serving
+    record out of the pool at once.  The Proxy itself is left running, standalone.
+
+    Whether or not a release succeeds, the Proxy is no member of this pass (it does not match
+    the selector), so the plan replaces it; a release refused with 409 (changed meanwhile) is
+    decided again by the next pass (within :data:`RELEASE_RETRY`), a 404 (gone) is let be.
+
+    Returns:
+        the names released, and how many releases were refused with 409.
+    """
+    released, refused = [], 0
+    for p in strays:
+        annotations = {DRAINING_ANNOTATION: None} if DRAINING_ANNOTATION in p.annotations else None
+        try:
+            kube.release_proxy(p, pool.uid, annotations=annotations)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            refused += exc.status == 409  # a 404: gone, nothing left to release
+            log.warning("pool %s: releasing %s refused by the API (HTTP %s %s); the next pass decides again",
+                        pool.key, p.key, exc.status, exc.reason)
+            continue
+        serving.leave_pool(r, p.uid)
+        released.append(p.name)
+    if released:
+        log.info("pool %s: released %s: controlled by the pool, its labels no longer match the selector %s",
+                 pool.key, ", ".join(released), selector_string(pool.spec.selector))
+        kube.record_pool_event(pool, "Normal", "MemberReleased",
+                               message=f"released {len(released)} Proxy(ies) whose labels no longer match "
+                                       f"spec.selector (they keep running, outside the pool): "
+                                       + ", ".join(released[:10]))
+    return released, refused
 
 
 def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str]]) -> None:
@@ -351,5 +414,5 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
             pass
 
 
-__all__ = ["Outcome", "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec", "members_of",
-           "owner_of", "reconcile", "run", "zones_ready"]
+__all__ = ["RELEASE_RETRY", "Outcome", "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec",
+           "members_of", "owner_of", "reconcile", "run", "strays_of", "zones_ready"]

@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
+from app.providers.gcp.startup import STARTUP_SCRIPT
 from tests.support.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
@@ -107,6 +108,9 @@ def test_gcp_proxy_goes_running_and_is_deleted(cluster, compute, operator):
     assert insert.body["labels"] == {"managed-by": "proxy-operator", "proxy-uid": uid}
     items = {i["key"]: i["value"] for i in insert.body["metadata"]["items"]}
     assert items["user-data"] == user_data  # byte for byte from the Secret
+    # The operator's squid.conf and the startup-script that installs it whatever the user-data does.
+    assert "http_access deny metadata_dst" in items["squid-conf"]
+    assert items["startup-script"] == STARTUP_SCRIPT
     assert insert.body["machineType"] == "zones/europe-west1-b/machineTypes/e2-micro"
     assert compute.calls("POST", r"/zones/europe-west1-b/operations/[^/]+-insert/wait$")  # waited at the fake
 

@@ -10,7 +10,7 @@ import pytest
 from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
 from app.providers.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
-from app.providers.gcp import ids
+from app.providers.gcp import ids, startup
 from tests.gcp.conftest import PROJECT, ZONES, gcp_config
 
 USER_DATA = b"#cloud-config\npackages: [squid]\nwrite_files:\n  - path: /etc/marker\n    content: user-data-marker-7f3a\n"
@@ -48,6 +48,8 @@ def test_create_inserts_labels_user_data_machine_type_and_waits(fake, make_provi
     assert _metadata(body)["user-data"] == USER_DATA.decode()
     assert _metadata(body)["squid-conf"] == "http_port 3128\n"
     assert _metadata(body)["squid-htpasswd"] == "crawler:$2b$10$hash"
+    # ... and the script that installs both at every boot (tests/gcp/test_startup_script.py runs it).
+    assert _metadata(body)["startup-script"] == startup.STARTUP_SCRIPT
     assert body["machineType"] == "zones/europe-west1-c/machineTypes/e2-small"
     assert body["disks"][0]["boot"] and body["disks"][0]["initializeParams"]["sourceImage"] == \
         "projects/debian-cloud/global/images/family/debian-12"

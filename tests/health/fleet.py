@@ -84,7 +84,7 @@ class Fleet:
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
     def _health(self, health: dict | None) -> dict:
-        hc = {"url": self.health_url, "intervalSeconds": 1, "timeoutSeconds": 2,
+        hc = {"url": self.health_url, "intervalSeconds": 3, "timeoutSeconds": 2,  # timeout below interval (CRD)
               "failureThreshold": 1, "successThreshold": 1}
         hc.update(health or {})
         return hc

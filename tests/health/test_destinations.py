@@ -106,6 +106,38 @@ def test_settings_read_the_ranges_from_the_environment(monkeypatch):
         HealthSettings.from_env()
 
 
+def test_external_denied_ranges_apply_to_what_authors_choose_only():
+    """PROBE_EXTERNAL_DENIED_RANGES: External endpoints and health URLs, never a Managed endpoint;
+    PROBE_ALLOWED_RANGES does not exempt from it."""
+    policy = DestinationPolicy(allowed=parse_ranges("10.0.0.0/8"), external_denied=parse_ranges("10.244.0.0/16"))
+    assert policy.endpoint_address("10.244.3.7", 3128, external=False) == "10.244.3.7"  # a Squid Pod
+    with pytest.raises(DestinationDenied, match=r"in the denied range 10\.244\.0\.0/16"):
+        policy.endpoint_address("10.244.3.7", 3128)  # an External endpoint (the default: the safe side)
+    with pytest.raises(DestinationDenied, match=r"10\.244\.0\.0/16"):
+        policy.endpoint_address("10.244.3.7", 3128, external=True)
+    with pytest.raises(DestinationDenied, match=r"health URL host 10\.244\.9\.9 is in the denied range"):
+        policy.check_url("http://10.244.9.9:6379/")  # any proxy's health URL
+    assert policy.endpoint_address("10.96.0.10", 3128) == "10.96.0.10"  # elsewhere allowed stays allowed
+    with pytest.raises(DestinationDenied, match=r"127\.0\.0\.0/8"):
+        policy.endpoint_address("127.0.0.1", 3128, external=False)  # the defaults still apply to Managed
+
+
+def test_settings_read_the_external_ranges_and_name_a_bad_one(monkeypatch):
+    monkeypatch.setenv("PROBE_EXTERNAL_DENIED_RANGES", "10.244.0.0/16, fd00:10:244::/56")
+    settings = HealthSettings.from_env()
+    assert settings.external_denied_ranges == ("10.244.0.0/16", "fd00:10:244::/56")
+    policy = settings.destination_policy()
+    assert policy.endpoint_address("10.244.1.1", 3128, external=False) == "10.244.1.1"
+    with pytest.raises(DestinationDenied):
+        policy.endpoint_address("10.244.1.1", 3128)
+    for bad in ("pods", "10.244.0.1/16", "10.244.0.0/33"):
+        monkeypatch.setenv("PROBE_EXTERNAL_DENIED_RANGES", f"10.0.0.0/8 {bad}")
+        with pytest.raises(ValueError) as info:
+            HealthSettings.from_env()
+        assert str(info.value) == (f"environment variable PROBE_EXTERNAL_DENIED_RANGES: "
+                                   f"not an IP address or CIDR range: {bad!r}")
+
+
 def test_one_denied_address_denies_the_name():
     answers = {"mixed.test": ["192.0.2.10", "169.254.169.254"]}
 
@@ -149,6 +181,48 @@ def test_an_endpoint_on_loopback_is_refused_without_a_connection(fleet):
         listener.stop()
 
 
+def test_an_external_endpoint_in_an_external_denied_range_is_refused_but_a_managed_one_is_probed(
+        fleet, origin, squids, next_address):
+    """The kubernetes provider's case: the Pod range holds the operator's own Squid Pods, so it can
+    only be denied to External endpoints (PROBE_EXTERNAL_DENIED_RANGES)."""
+    import ipaddress
+
+    sq = squids(start_squid(next_address()))
+    pods = str(ipaddress.ip_network(f"{sq.address}/30", strict=False))  # "the Pod range": not the origin
+    listener = Blackhole(sq.address)  # another service in the range
+    try:
+        own = fleet.managed("own", sq.address, sq.port, provider="k8s-local")
+        scan = fleet.external("scan", listener.address, listener.port, health={"timeoutSeconds": 1})
+        copy = fleet.external("copy", sq.address, sq.port)
+        settings = denied_settings(allowed_ranges=("127.0.0.0/8",), external_denied_ranges=(pods,))
+        report = fleet.probe([own, scan, copy], settings)
+        assert report.succeeded == 1 and report.reasons.get(p.DESTINATION_DENIED) == 2
+        assert fleet.read("default", "own").phase == "Ready"
+        for name in ("scan", "copy"):
+            healthy = conds(fleet.read("default", name))["Healthy"]
+            assert (healthy["status"], healthy["reason"]) == ("False", "DestinationDenied"), name
+            assert f"in the denied range {pods}" in healthy["message"]
+        assert untouched(listener)  # refused without a connection
+    finally:
+        listener.stop()
+
+
+def test_the_origin_control_request_honours_the_external_ranges():
+    """The worker's own direct GET of a health URL (app.health.origin) is author-chosen too."""
+    from app.health import origin as origin_mod
+
+    listener = Blackhole(NET.host(6))
+    try:
+        policy = DestinationPolicy(allowed=parse_ranges("127.0.0.0/8"),
+                                   external_denied=parse_ranges(f"{listener.address}/32"))
+        result = origin_mod.control(f"http://{listener.address}:{listener.port}/generate_204", 204, 1.0,
+                                    policy=policy)
+        assert (result.state, result.reason) == (origin_mod.UNKNOWN, p.DESTINATION_DENIED)
+        assert untouched(listener)
+    finally:
+        listener.stop()
+
+
 def test_a_health_url_in_a_denied_range_is_never_fetched(fleet, origin, squids, next_address):
     sq = squids(start_squid(next_address()))
     before = len(origin.requests)
@@ -177,10 +251,20 @@ def test_allowed_ranges_let_a_local_stack_probe_loopback(fleet, origin, squids, 
     assert report.succeeded == 1 and fleet.read("default", "local").phase == "Ready"
 
 
-def test_a_forged_timeout_is_capped():
-    record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps({"timeoutSeconds": 86400})}
+@pytest.mark.parametrize("hc,timeout", [
+    ({"timeoutSeconds": 86400, "intervalSeconds": 300}, 60),   # the CRD's maximum
+    ({"timeoutSeconds": 86400}, 29),                            # below the default interval (30 s)
+    ({"timeoutSeconds": 5, "intervalSeconds": 5}, 4),           # equal: below it (issue 10)
+    ({"timeoutSeconds": 10, "intervalSeconds": 2}, 1),
+    ({"timeoutSeconds": 2, "intervalSeconds": 1}, 0.5),         # 1 s (the CRD refuses it): half of it
+    ({"timeoutSeconds": 4, "intervalSeconds": 5}, 4),           # what the CRD admits is kept
+    ({}, 10),
+])
+def test_a_forged_timeout_is_capped_below_the_interval(hc, timeout):
+    record = {"address": "192.0.2.10", "port": "3128", "healthCheck": json.dumps(hc)}
     target = engine.target_of("u1", record, HealthSettings(echo_url=""), now=0.0)
-    assert target.timeout == engine.MAX_TIMEOUT_SECONDS == 60
+    assert target.timeout == timeout
+    assert engine.MAX_TIMEOUT_SECONDS == 60
 
 
 def test_health_default_url_replaces_only_the_crds_default(monkeypatch):

@@ -114,7 +114,7 @@ def test_rate_limited_proxies_stay_leasable_and_wait_for_retry_after(fleet, sett
         assert "Retry-After 120s" in c["Healthy"]["message"]
         rec = serving.get(fleet.r, px.uid)
         assert rec["healthy"] == "1"
-        # Retry-After (120 s) postpones the next probe beyond intervalSeconds (1 s).
+        # Retry-After (120 s) postpones the next probe beyond intervalSeconds (3 s).
         assert fleet.r.zscore(serving.DUE_KEY, px.uid) >= started + 119
     for px in fine:
         assert fleet.read("default", px.name).phase == "Ready"

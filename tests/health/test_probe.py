@@ -162,3 +162,57 @@ def test_parse_egress(body, expected):
 def test_parse_egress_rejects_non_addresses(body):
     with pytest.raises(ValueError):
         p.parse_egress(body)
+
+
+# -- Retry-After (RFC 9110 §10.2.3): delay-seconds or an HTTP-date, capped at an hour ----------
+NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("120", 120.0),
+    (" 7 ", 7.0),
+    ("0", 0.0),
+    ("3600", 3600.0),
+    ("3601", 3600.0),               # capped at MAX_RETRY_AFTER
+    ("999999999999", 3600.0),
+])
+def test_parse_retry_after_seconds_capped_at_an_hour(value, expected):
+    assert p.parse_retry_after(value, now=NOW) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("Tue, 14 Nov 2023 22:15:20 GMT", 120.0),      # IMF-fixdate, two minutes after NOW
+    ("Tuesday, 14-Nov-23 22:14:20 GMT", 60.0),     # obsolete RFC 850 form
+    ("Tue Nov 14 22:13:50 2023", 30.0),            # obsolete asctime form
+    ("Tue, 14 Nov 2023 22:13:20 GMT", 0.0),        # now
+    ("Tue, 14 Nov 2023 21:00:00 GMT", 0.0),        # in the past: no wait, never negative
+    ("Tue, 14 Nov 2023 23:13:21 GMT", 3600.0),     # an hour and a second ahead: capped
+    ("Wed, 15 Nov 2023 22:13:20 GMT", 3600.0),     # a day ahead: capped
+])
+def test_parse_retry_after_http_date(value, expected):
+    assert p.parse_retry_after(value, now=NOW) == pytest.approx(expected)
+
+
+def test_parse_retry_after_http_date_defaults_to_the_clock():
+    from email.utils import formatdate
+
+    got = p.parse_retry_after(formatdate(time.time() + 90, usegmt=True))
+    assert 85 <= got <= 90
+    assert p.MAX_RETRY_AFTER == 3600.0
+
+
+@pytest.mark.parametrize("value", [None, "", "   ", "-5", "1.5", "soon", "Tue, 99 Foo 2023 25:61:00 GMT"])
+def test_parse_retry_after_rejects_what_it_cannot_read(value):
+    assert p.parse_retry_after(value, now=NOW) is None
+
+
+def test_parse_retry_after_reads_every_http_date_as_utc_whatever_the_local_zone(monkeypatch):
+    """The asctime form has no zone of its own; it is GMT (RFC 9110 §5.6.7), not local time."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert p.parse_retry_after("Tue Nov 14 22:13:50 2023", now=NOW) == pytest.approx(30.0)
+        assert p.parse_retry_after("Tue, 14 Nov 2023 22:15:20 GMT", now=NOW) == pytest.approx(120.0)
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -7,7 +7,9 @@ What it reproduces from kube-apiserver (and where upstream defines it):
   changes nothing is a no-op: no new resourceVersion, no event (upstream skips the etcd
   write when the object is unchanged).
 * Optimistic concurrency: an update or patch whose object carries a resourceVersion other
-  than the stored one fails with 409 Conflict.  PUT without one is allowed only for types
+  than the stored one fails with 409 Conflict.  A ``metadata.uid`` other than the stored one
+  fails too: 409 for a PUT (a UID precondition), 422 for a patch (the field is immutable), as
+  upstream's release of an ownerReference relies on.  PUT without one is allowed only for types
   that allow unconditional update (not custom resources: 422, as upstream).
 * ``metadata.generation`` (custom resources): 1 on create, +1 when anything but
   ``metadata`` and ``status`` changes, +1 when deletion starts (``rest.BeforeDelete``).
@@ -463,6 +465,11 @@ class Store:
             if not new["metadata"].get("resourceVersion") and not rt.unconditional_update:
                 raise self._invalid(rt, name, [("metadata.resourceVersion",
                                                 "Invalid value: 0: must be specified for an update")])
+            uid = new["metadata"].get("uid")
+            if uid and uid != old.obj["metadata"].get("uid"):  # the body's UID is a precondition of a PUT
+                raise ApiError.conflict(rt.group, rt.plural, name,
+                                        f"Precondition failed: UID in precondition: {uid}, "
+                                        f"UID in object meta: {old.obj['metadata'].get('uid')}")
             return self._update_locked(rt, namespace, name, old, new, subresource, dry_run,
                                        field_validation, manager)
 
@@ -471,7 +478,9 @@ class Store:
               manager: str | None = None) -> bytes:
         """Patch an object or its status and return its JSON (server-side apply: :meth:`apply`).
 
-        A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
+        A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale); a
+        ``metadata.uid`` other than the object's is refused (422: the field is immutable).  A
+        merge patch of a list (``metadata.ownerReferences``) replaces it; ``null`` removes it.
         Raises:
             ApiError: 404, 409, 415 (patch type), 422.
         """
@@ -788,6 +797,9 @@ class Store:
         if want_rv and want_rv != old_meta["resourceVersion"]:
             raise ApiError.conflict(rt.group, rt.plural, name, "the object has been modified; please apply your "
                                     "changes to the latest version and try again")
+        want_uid = new["metadata"].get("uid")
+        if want_uid and want_uid != old_meta.get("uid"):  # a PATCH naming another UID (ValidateObjectMetaUpdate)
+            raise self._invalid(rt, name, [("metadata.uid", f'Invalid value: "{want_uid}": field is immutable')])
         managed = new["metadata"].get("managedFields") if manager == "\0apply" else None
         if subresource == "status":
             result = json.loads(old.raw)

@@ -1,4 +1,5 @@
-"""Fixtures for the kvm provider: one real libvirtd + sshd + image server per session.
+"""Fixtures for the kvm provider; the rig itself (one real libvirtd + sshd + image server per
+session: ``rig``, ``second_daemon``, ``image``) is tests/support/kvm_rig.py's.
 
 Tests reach the daemon only through the provider's SSH path; the harness's own direct socket
 is used for nothing but teardown (destroying what a failed test left behind).
@@ -10,8 +11,6 @@ one per worker.
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 
 import pytest
@@ -20,27 +19,8 @@ from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from tests.kvm import harness
 
-_NEEDED = ("libvirtd", "virtlogd", "qemu-system-x86_64", "qemu-img", "unshare", "nsenter", "ssh-keygen", "dnsmasq")
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (libvirtd in private namespaces)"
-    absent = [b for b in _NEEDED if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
-    if absent:
-        return f"missing binaries: {', '.join(absent)}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def rig(tmp_path_factory):
-    """The session's :class:`tests.kvm.harness.Rig` (libvirtd, sshd, images, keys)."""
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    r = harness.Rig(tmp_path_factory.mktemp("kvm-rig")).start()
-    yield r
-    r.stop()
+# ``rig``, ``second_daemon`` and ``image`` come from tests/support/kvm_rig.py (a plugin of
+# tests/conftest.py), shared with tests/pools/test_spread_providers.py: one rig per session.
 
 
 @pytest.fixture
@@ -58,17 +38,6 @@ def make_provider(rig):
     yield make
     for p in made:
         p.close()
-
-
-@pytest.fixture
-def image(rig, tmp_path):
-    """Factory: ``image(size="16M") -> (path, url, sha256, bytes)`` serving a fresh qcow2 at a unique path."""
-    def make(size: str = "16M"):
-        data = harness.qcow2(tmp_path / f"{uuid.uuid4().hex}.qcow2", size)
-        path = f"/images/{uuid.uuid4().hex}.qcow2"
-        url, sha = rig.images.put(path, data)
-        return path, url, sha, data
-    return make
 
 
 @pytest.fixture

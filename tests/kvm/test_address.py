@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import time
 from datetime import datetime, timezone
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 
-def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make_provider):
+def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make_provider, caplog):
     """libvirt's test driver, served by the real daemon over SSH, reports a guest-agent address
     and hands our metadata back with the namespace declaration stripped."""
     provider = make_provider(rig.entry(hosts=[rig.host("t1", libvirtURI="test:///default", pool="default-pool")]))
@@ -35,10 +36,15 @@ def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make
     reported = link.call("virDomainInterfaceAddresses", lambda c: c.lookupByName(name).interfaceAddresses(1, 0))
     expected = next(a["addr"] for i in reported.values() for a in i["addrs"] if a["type"] == 0)
 
-    inst = provider.get(f"hosts/t1/domains/{name}")
+    with caplog.at_level(logging.INFO, logger="proxy_operator.kvm"):
+        inst = provider.get(f"hosts/t1/domains/{name}")
+        provider.get(f"hosts/t1/domains/{name}")
 
     assert inst.state is InstanceState.RUNNING
     assert inst.address == expected and ipaddress.IPv4Address(inst.address)
+    # The source is named, once (the second poll found the same address from the same source).
+    assert [r.getMessage() for r in caplog.records if "from the guest agent" in r.getMessage()] == [
+        f"kvm host t1: domain {name}: address {expected} from the guest agent"]
     assert inst.tags == tags_for(uid) and inst.created == created
     assert [i.name for i in provider.list_by_tag(MANAGED_BY).instances] == [name]
     provider.delete(inst.provider_id)  # this driver refuses the NVRAM flag: plain undefine
@@ -46,7 +52,7 @@ def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make
         provider.get(inst.provider_id)
 
 
-def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider, image, request_for):
+def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider, image, request_for, caplog):
     """A guest without an agent that booted twice with different client-ids holds two leases
     from the real dnsmasq; the address is the newer one."""
     _, url, sha, _ = image()
@@ -71,11 +77,14 @@ def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider,
 
         deadline = time.monotonic() + 10
         got = None
-        while got is None and time.monotonic() < deadline:
-            got = address()
-            time.sleep(0.1)
+        with caplog.at_level(logging.INFO, logger="proxy_operator.kvm"):
+            while got is None and time.monotonic() < deadline:
+                got = address()
+                time.sleep(0.1)
         assert got is not None, "the newest lease was not reported"
         assert got.state is InstanceState.RUNNING
+        assert f"kvm host h1: domain {inst.name}: address {second} from a DHCP lease on network default" in [
+            r.getMessage() for r in caplog.records]
     provider.delete(inst.provider_id)
 
 

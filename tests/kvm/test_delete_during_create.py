@@ -1,8 +1,13 @@
-"""kvm: a Proxy deleted while its domain is being created, and a Proxy moved off a dead host.
+"""kvm: a Proxy deleted while its domain is being created, a Proxy moved off a dead host, a
+delete without a recorded provider ID, and where GC's tasks are sent.
 
-Real libvirtd over real sshd (the session's rig), the Kubernetes API fake for the Proxy.  The
-create is held in its image download (a slow image server) when the delete arrives, so the
-domain is defined and started only after the delete step has already run.
+Real libvirtd over real sshd (the session's rig; a second daemon where two hosts must hold
+separate domains), the Kubernetes API fake for the Proxy.  The create is held in its image
+download (a slow image server) when the delete arrives, so the domain is defined and started
+only after the delete step first looked: the delete keeps the finalizer (the create stamped
+``createStartedAt``) and finds the domain on a later pass.  GC runs its real path: each host
+listed (``gc.record_shard``), the sweep's verdict (``gc.sweep``), each deletion re-checked
+(``gc.verify_and_delete``, what a ``gc.delete`` task runs).
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from app import gc
+from app import gc, naming
 from app.config import ProvidersConfig
 from app.kube import KubernetesGateway
-from app.naming import instance_name
+from app.naming import instance_name, tags_for
+from app.providers.base import CreateRequest
 from app.providers.kvm.provider import KvmProvider
 from app.providers.registry import build
 from app.reconcile import DELETE, Context, Ref, create, delete
-from app.resources import GROUP, PLURAL, VERSION
+from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kvm import harness
 from tests.support.proxies import Background
@@ -50,6 +56,45 @@ def _domains(provider: KvmProvider, host: str = "h1") -> list[str]:
     return [d.name() for d in provider.link(host).call("virConnectListAllDomains", lambda c: c.listAllDomains(0))]
 
 
+def _gc(provider: KvmProvider, kube_client, redis_client) -> list[str]:
+    """One GC sweep of ``provider`` the way the tasks run it, grace 0; return what it deleted.
+
+    ``gc.collect_shard`` per host (each host listed, the last shard gets the merged listing
+    and the verdict: :func:`app.gc.sweep`), ``gc.delete`` per instance found
+    (:func:`app.gc.verify_and_delete`: judged again under the Proxy's lock, then deleted).
+    """
+    kube = KubernetesGateway(kube_client)
+    sweep_id, hosts, merged = f"{provider.name}:{uuid.uuid4().hex}", provider.hosts(), None
+    for host in hosts:
+        merged = gc.record_shard(redis_client, sweep_id, host, shards=len(hosts),
+                                 listing=provider.list_by_tag(naming.MANAGED_BY, host=host)) or merged
+    assert merged is not None and not merged.partial
+    live, current = gc.current_instances(kube.list_proxy_refs(), provider.name)
+    deleted: list[str] = []
+
+    def gc_delete(provider_id: str, uid: str | None = None) -> bool:
+        if gc.verify_and_delete(provider, provider.name, provider_id, redis=redis_client,
+                                list_proxies=kube.list_proxy_refs, grace_seconds=0):
+            deleted.append(provider_id)
+        return True
+
+    gc.sweep(provider.name, gc_delete, merged, live_uids=live, abandoned=set(), grace_seconds=0, current=current,
+             superseded=lambda uid, provider_id: gc_delete(provider_id, uid))
+    return deleted
+
+
+def _release(ctx: Context, ref: Ref) -> None:
+    """Run the delete step and its followups until the Proxy is released."""
+    followup = delete(ctx, ref)
+    for _ in range(40):
+        if followup is None:
+            return
+        assert followup.action == DELETE
+        time.sleep(followup.delay)
+        followup = delete(ctx, ref, followup.attempt)
+    raise AssertionError("the delete never finished")
+
+
 def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube_client, redis_client):
     path, url, sha, _ = image()
     key = "slow-" + uuid.uuid4().hex[:8]
@@ -64,7 +109,12 @@ def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube
         f"hosts/h1/domains/{instance_name(ref.uid)}"
     k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-slow-1")
     followup = delete(ctx, ref)
-    while followup is not None:
+    # No domain yet, but the create that stamped createStartedAt may still define it: kept.
+    assert followup is not None and followup.action == DELETE
+    proxy = KubernetesGateway(kube_client).get_proxy(NS, "kvm-slow-1")
+    assert FINALIZER in proxy.finalizers
+    assert any(c.get("reason") == "WaitingForCreate" for c in proxy.status["conditions"])
+    while followup is not None:   # until the domain the create defines is found and deleted
         assert followup.action == DELETE
         time.sleep(followup.delay)
         followup = delete(ctx, ref, followup.attempt)
@@ -79,45 +129,142 @@ def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube
     assert not [v for v in volumes if v.startswith(instance_name(ref.uid))]
 
 
-def test_moving_off_a_dead_host_creates_on_the_new_one_without_touching_the_old(
-        rig, image, kube_client, redis_client):
+def test_moving_off_a_dead_host_creates_on_the_new_one_and_gc_leaves_exactly_one(
+        rig, second_daemon, image, kube_client, redis_client):
+    """h1 (its own libvirtd) runs the Proxy's domain, then dies; the Proxy moves to h2.  The
+    replacing create never dials h1 and hands the old domain to h1's queue; that retire fails
+    while h1 is down (the task retries, then gives up).  When h1 is back, GC's real path
+    deletes the superseded domain: exactly one instance is left, on h2."""
+    from app.reconcile import retire_instance
+    from app.providers.errors import ProviderError
+    from app.wiring import router
+
     path, url, sha, _ = image()
     key = "move-" + uuid.uuid4().hex[:8]
-    dead = harness.free_port()  # nothing listens there: h1 is down
-    entry = rig.entry(hosts=[{**rig.host("h1"), "port": dead}, rig.host("h2")],
-                      images={key: {"url": url, "sha256": sha}})
+    images = {key: {"url": url, "sha256": sha}}
+    h1 = rig.host("h1", libvirtSocket=str(second_daemon.socket))
+    live = _ctx(kube_client, redis_client, rig.entry(hosts=[h1, rig.host("h2")], images=images))
     retired: list = []
-    ctx = _ctx(kube_client, redis_client, entry, retired)
-    provider = ctx.registry.get("kvm-test")
-    ref = _apply(kube_client, "kvm-move-1", {"provider": "kvm-test",
-                                                "placement": {"zone": "h1", "image": key, "machineType": "small"}})
-    proxy = KubernetesGateway(kube_client).add_finalizer(KubernetesGateway(kube_client).get_proxy(NS, "kvm-move-1"))
-    old_id = f"hosts/h1/domains/{instance_name(ref.uid)}"
-    # It ran on h1 before h1 died.
-    KubernetesGateway(kube_client).patch_status(proxy, {"phase": "Ready", "providerID": old_id, "provider": "kvm-test",
-                                           "specHash": proxy.spec_hash, "observedGeneration": proxy.generation})
-    k8s.CustomObjectsApi(kube_client).patch_namespaced_custom_object(
-        GROUP, VERSION, NS, PLURAL, "kvm-move-1", {"spec": {"placement": {"zone": "h2"}}})
+    dead = _ctx(kube_client, redis_client,
+                rig.entry(hosts=[{**h1, "port": harness.free_port()}, rig.host("h2")], images=images), retired)
+    provider = live.registry.unwrapped["kvm-test"]
+    try:
+        ref = _apply(kube_client, "kvm-move-1", {"provider": "kvm-test",
+                                                    "placement": {"zone": "h1", "image": key, "machineType": "small"}})
+        name = instance_name(ref.uid)
+        old_id, new_id = f"hosts/h1/domains/{name}", f"hosts/h2/domains/{name}"
+        create(live, ref)                                 # it ran on h1 before h1 died
+        assert name in _domains(provider, "h1") and name not in _domains(provider, "h2")
+        k8s.CustomObjectsApi(kube_client).patch_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, "kvm-move-1", {"spec": {"placement": {"zone": "h2"}}})
 
-    followup = create(ctx, ref)
+        followup = create(dead, ref)                      # h1 is unreachable now
 
-    assert followup is not None and followup.action != DELETE
-    status = KubernetesGateway(kube_client).get_proxy(NS, "kvm-move-1").status
-    assert status["providerID"] == f"hosts/h2/domains/{instance_name(ref.uid)}"
-    assert instance_name(ref.uid) in _domains(provider, "h2")
-    # The old instance is handed to its own host's queue, not deleted from here.
-    assert retired == [("kvm-test", old_id)]
-    from app.wiring import router
-    assert router(ctx.registry.configs.values()).queue_for_instance("kvm-test", old_id) == "kvm.kvm-test.h1"
-    # h1 never comes back in time: GC collects the instance it left as superseded.
-    proxies = KubernetesGateway(kube_client).list_proxies()
-    live, current = gc.current_instances(proxies, "kvm-test")
-    from datetime import datetime, timedelta, timezone
+        assert followup is not None and followup.action != DELETE
+        assert KubernetesGateway(kube_client).get_proxy(NS, "kvm-move-1").status["providerID"] == new_id
+        assert name in _domains(provider, "h2")
+        # The old instance is handed to its own host's queue, not deleted from here ...
+        assert retired == [("kvm-test", old_id)]
+        assert router(dead.registry.configs.values()).queue_for_instance("kvm-test", old_id) == "kvm.kvm-test.h1"
+        # ... where the retire fails while h1 is down (instance.retire retries, then gives up).
+        with pytest.raises(ProviderError):
+            retire_instance(dead, "kvm-test", old_id, ref=ref)
+        # h1 is back: GC collects the domain the Proxy no longer names (superseded).
+        assert _gc(provider, kube_client, redis_client).count(old_id) == 1
+        assert name not in _domains(provider, "h1")
+        assert [d for d in _domains(provider, "h1") + _domains(provider, "h2") if d == name] == [name]
+        assert _gc(provider, kube_client, redis_client).count(new_id) == 0   # the current one stays
+        assert name in _domains(provider, "h2")
+    finally:
+        for pid in (f"hosts/h1/domains/{instance_name(ref.uid)}", f"hosts/h2/domains/{instance_name(ref.uid)}"):
+            provider.delete(pid)
+        for ctx in (live, dead):
+            ctx.registry.unwrapped["kvm-test"].close()
 
-    from app.naming import tags_for
-    from app.providers.base import Instance, InstanceState
-    old = Instance(old_id, instance_name(ref.uid), InstanceState.RUNNING,
-                   created=datetime.now(timezone.utc) - timedelta(hours=1), tags=tags_for(ref.uid), zone="h1")
-    new = Instance(status["providerID"], instance_name(ref.uid), InstanceState.RUNNING,
-                   created=datetime.now(timezone.utc) - timedelta(hours=1), tags=tags_for(ref.uid), zone="h2")
-    assert gc.orphans([old, new], live_uids=live, abandoned=set(), now=datetime.now(timezone.utc), grace_seconds=600, current=current) == [old]
+
+# -- a delete that finds no recorded provider ID ------------------------------------------------------
+def test_a_delete_without_a_recorded_id_finds_the_domain_on_the_specs_host(rig, image, kube_client, redis_client):
+    """A domain made by a create that recorded nothing (a crash before any status write of an
+    older release, a status lost) is found by its name on the host the spec places it on."""
+    _, url, sha, _ = image()
+    key = "noid-" + uuid.uuid4().hex[:8]
+    ctx = _ctx(kube_client, redis_client, rig.entry(images={key: {"url": url, "sha256": sha}}))
+    provider = ctx.registry.unwrapped["kvm-test"]
+    try:
+        ref = _apply(kube_client, "kvm-noid-1", {"provider": "kvm-test",
+                                                    "placement": {"zone": "h1", "image": key, "machineType": "small"}})
+        gateway = KubernetesGateway(kube_client)
+        gateway.add_finalizer(gateway.get_proxy(NS, "kvm-noid-1"))
+        provider.create(CreateRequest(name=instance_name(ref.uid), tags=tags_for(ref.uid), namespace=NS, zone="h1",
+                                      image=key, machine_type="small"))
+        assert instance_name(ref.uid) in _domains(provider, "h1")
+        assert "providerID" not in (gateway.get_proxy(NS, "kvm-noid-1").status or {})
+        k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-noid-1")
+        _release(ctx, ref)
+        assert gateway.get_proxy(NS, "kvm-noid-1") is None
+        assert instance_name(ref.uid) not in _domains(provider, "h1")
+    finally:
+        provider.close()
+
+
+def test_a_domain_without_a_recorded_id_on_another_host_is_left_to_gc(
+        rig, second_daemon, image, kube_client, redis_client):
+    """Decision 16: a delete looks only on the spec's host (work for host H runs on H's queue).
+    A domain on another host that the status does not name is not found by the delete: the
+    Proxy is released, and GC deletes the domain as an orphan (its Proxy UID is gone) once it
+    is older than the grace period (GC_GRACE, 600 s, at a sweep every GC_INTERVAL, 600 s: up
+    to ~20 minutes with the defaults; grace 0 here)."""
+    _, url, sha, _ = image()
+    key = "elsewhere-" + uuid.uuid4().hex[:8]
+    h2 = rig.host("h2", libvirtSocket=str(second_daemon.socket))
+    ctx = _ctx(kube_client, redis_client, rig.entry(hosts=[rig.host("h1"), h2],
+                                                    images={key: {"url": url, "sha256": sha}}))
+    provider = ctx.registry.unwrapped["kvm-test"]
+    try:
+        ref = _apply(kube_client, "kvm-noid-2", {"provider": "kvm-test",
+                                                    "placement": {"zone": "h1", "image": key, "machineType": "small"}})
+        name, gateway = instance_name(ref.uid), KubernetesGateway(kube_client)
+        gateway.add_finalizer(gateway.get_proxy(NS, "kvm-noid-2"))
+        provider.create(CreateRequest(name=name, tags=tags_for(ref.uid), namespace=NS, zone="h2", image=key,
+                                      machine_type="small"))
+        assert name in _domains(provider, "h2") and name not in _domains(provider, "h1")
+        k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-noid-2")
+        _release(ctx, ref)                                # looked on h1 only: nothing there, released
+        assert gateway.get_proxy(NS, "kvm-noid-2") is None
+        assert name in _domains(provider, "h2")           # the documented exception ...
+        assert f"hosts/h2/domains/{name}" in _gc(provider, kube_client, redis_client)   # ... GC collects it
+        assert name not in _domains(provider, "h1") + _domains(provider, "h2")
+    finally:
+        provider.close()
+
+
+# -- where a sharded GC sends its deletions -------------------------------------------------------------
+def test_gc_collect_shard_sends_each_deletion_to_the_queue_of_the_host_it_found_it_on(
+        rig, image, tmp_path, kube, kubeconfig, redis_url):
+    """The ``gc.collect_shard`` task itself (a process configured as a worker is, the test's
+    Redis as the broker) lists host h1 on real libvirt and queues ``gc.delete`` of the orphan
+    domain it finds on ``kvm.<provider>.h1``."""
+    import yaml
+
+    from tests.test_task_queues import run_task
+
+    _, url, sha, _ = image()
+    key = "gcq-" + uuid.uuid4().hex[:8]
+    entry = rig.entry(name="kvm-gcq", hosts=[rig.host("h1")], images={key: {"url": url, "sha256": sha}})
+    providers = tmp_path / "providers.yaml"
+    providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}]}))
+    provider = KvmProvider(harness.provider_config(entry))
+    uid = str(uuid.uuid4())                               # no Proxy has it: an orphan
+    orphan = f"hosts/h1/domains/{instance_name(uid)}"
+    try:
+        provider.create(CreateRequest(name=instance_name(uid), tags=tags_for(uid), namespace=NS, zone="h1",
+                                      image=key, machine_type="small"))
+        sent = run_task("gc_collect_shard", ["kvm-gcq", "h1", f"kvm-gcq:{uuid.uuid4().hex}", 1],
+                        {"PROVIDERS_CONFIG": str(providers), "REDIS_URL": redis_url, "KUBECONFIG": kubeconfig,
+                         "GC_GRACE": "0"})
+        mine = [(task, queue, args) for task, queue, args, _ in sent if args and orphan in args]
+        assert mine == [("gc.delete", "kvm.kvm-gcq.h1", ["kvm-gcq", orphan])]
+        assert all(queue == "kvm.kvm-gcq.h1" for _, queue, _, _ in sent)
+    finally:
+        provider.delete(orphan)
+        provider.close()

@@ -9,11 +9,16 @@ of our configuration.  Everything else is the product:
   a local HTTP server with its sha256 into the pool, makes the overlay and our seed ISO, and
   starts the domain (``domainType: qemu``: TCG here);
 * in the guest, cloud-init applies *our* user-data and vendor-data: the squid.conf with its
-  ACLs and the htpasswd, the guest agent; the host worker learns the address from the agent;
+  ACLs and the htpasswd, the guest agent; the host worker learns the address (its log names
+  the source: under TCG the DHCP lease can come before the agent answers) and the provider
+  then takes the same address from the guest agent; the file the Proxy's user-data writes is
+  read back through the guest agent (``guest-file-open``/``guest-file-read``);
 * the general worker (``celery -A workers worker -Q proxies,health,gc``) probes the health URL
   through the guest's Squid with the Proxy's credentials and the Proxy goes Ready;
 * ``proxy-operator api`` leases it; a request through the leased proxy URL reaches the origin,
-  which sees it come from the guest's address;
+  which sees it come from the guest's address; without credentials the guest's Squid answers
+  407, and with them it refuses (403 from Squid) a destination in the provider's
+  ``deniedDestinations`` and loopback, while the exempted origin stays reachable;
 * deleting the Proxy destroys the domain and removes its overlay and seed volumes.
 
 The guest lives on the rig's libvirt network inside the rig's private network namespace.
@@ -30,7 +35,9 @@ Skips (with the reason) without root or the binaries, or when the image cannot b
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import os
 import select
 import shutil
@@ -45,6 +52,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import libvirt
+import libvirt_qemu
 import pytest
 import requests
 import yaml
@@ -62,6 +70,7 @@ libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 pytestmark = [pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 GATEWAY = "10.213.0.1"  # the rig's libvirt network (tests/kvm/harness.py NETWORK_XML)
+DENIED_RANGE = "10.213.0.0/24"  # squid.deniedDestinations: the guest's own network, bar the gateway
 TOKEN = "guest-test-token"
 NAME = "squid-guest-1"
 ORIGIN = Path(__file__).with_name("ns_origin.py")
@@ -200,7 +209,37 @@ def _status(cluster) -> dict:
     return (_proxy(cluster) or {}).get("status") or {}
 
 
-def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path, redis_server, redis_url):
+def _agent(dom, command: str, **arguments) -> dict:
+    """Run one QEMU guest agent command in the guest; return its ``return`` value."""
+    answer = libvirt_qemu.qemuAgentCommand(dom, json.dumps({"execute": command, "arguments": arguments}), 30, 0)
+    return json.loads(answer)["return"]
+
+
+def _guest_file(dom, path: str) -> bytes:
+    """Read a file inside the guest through its agent (``guest-file-open``/``-read``/``-close``)."""
+    handle = _agent(dom, "guest-file-open", path=path, mode="r")
+    try:
+        data, eof = b"", False
+        while not eof:
+            chunk = _agent(dom, "guest-file-read", handle=handle, count=65536)
+            data += base64.b64decode(chunk.get("buf-b64", ""))
+            eof = chunk.get("eof", True) or not chunk.get("count")
+        return data
+    finally:
+        _agent(dom, "guest-file-close", handle=handle)
+
+
+def _squid_answer(ns: Netns, proxy_url: str, url: str) -> tuple[str, str]:
+    """Return (status code, response headers) of a GET of ``url`` through ``proxy_url``, in the namespace."""
+    got = subprocess.run(ns.argv("curl", "-sS", "--noproxy", "", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}",
+                                 "--max-time", "30", "-x", proxy_url, url),
+                         capture_output=True, text=True, timeout=60)
+    headers, _, code = got.stdout.rpartition("\n\n")  # text mode: CRLFs are read as "\n"
+    return code.strip(), headers + got.stderr
+
+
+def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path, redis_server, redis_url,
+                                                     make_provider, caplog):
     t0 = time.monotonic()
     marks: dict[str, float] = {}
     ns = Netns(rig)
@@ -216,8 +255,9 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
         **entry, "checkInterval": 0,
         # The origin sits on the network's gateway at an ephemeral port: declared as an
         # operator would (the product's Squid refuses undeclared ports).
-        "squid": {"allowedDestinations": [f"{GATEWAY}/32"], "httpPorts": [80, 443, origin_port],
-                  "basicAuth": True}}]}))
+        # The rest of the network is denied (the origin on the gateway exempted from that).
+        "squid": {"allowedDestinations": [f"{GATEWAY}/32"], "deniedDestinations": [DENIED_RANGE],
+                  "httpPorts": [80, 443, origin_port], "basicAuth": True}}]}))
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     sockdir = tempfile.mkdtemp(prefix="po-guest-")
@@ -260,7 +300,7 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
                          "placement": {"zone": "h1", "image": "debian-12", "machineType": "small"},
                          "cloudInit": {"inline": user_data},
                          "healthCheck": {"url": f"http://{GATEWAY}:{origin_port}/generate_204",
-                                         "intervalSeconds": 5, "timeoutSeconds": 5}}})
+                                         "intervalSeconds": 5, "timeoutSeconds": 4}}})
             uid = created["metadata"]["uid"]
             applied = time.monotonic()
             console = ConsoleTap(rig.daemon.socket, lambda: _status(cluster).get("instanceName")).start()
@@ -283,10 +323,27 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
             assert st["providerID"] == f"hosts/h1/domains/{name}"
             assert address.startswith("10.213.0.") and address != GATEWAY
 
-            # The address came from the guest agent (libvirt asks it; dnsmasq's lease agrees).
+            # Where the address came from: the host worker logs the source of each address it
+            # finds.  Under TCG the guest's DHCP lease can come before its agent answers (measured:
+            # the first poll, ~90 s after apply, fell back to the lease); the provider, asked now
+            # that cloud-init has run, takes the same address from the guest agent.
+            sources = [line.split(": address ", 1)[1] for line in host_worker.log().splitlines()
+                       if f"kvm host h1: domain {name}: address " in line]
+            assert sources and sources[0].startswith(f"{address} from "), sources
+            provider = make_provider(entry)
+            from_agent = f"kvm host h1: domain {name}: address {address} from the guest agent"
+
+            def asked_the_agent() -> bool:
+                with caplog.at_level(logging.INFO, logger="proxy_operator.kvm"):
+                    assert provider.get(st["providerID"]).address == address
+                return from_agent in [r.getMessage() for r in caplog.records]
+            wait_for(asked_the_agent, 60, "the provider to take the address from the guest agent", interval=2)
+            print(f"\naddress sources (host worker): {sources}", file=sys.stderr)
             dom = conn.lookupByName(name)
             agent = dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0)
             assert any(a["addr"] == address for i in agent.values() for a in (i.get("addrs") or [])), agent
+            # cloud-init applied the Proxy's own user-data: the file it writes, read in the guest.
+            assert _guest_file(dom, "/etc/proxy-operator-test").rstrip(b"\n") == b"ours"
             assert uid in dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, "https://crawl.example.com/proxy-operator/kvm/v1", 0)
             xml = dom.XMLDesc(0)
             assert 'type="qemu"' in xml or "type='qemu'" in xml
@@ -313,6 +370,13 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
                                             "30", "-x", bare, f"http://{GATEWAY}:{origin_port}/no-auth"),
                                     capture_output=True, text=True, timeout=60)
             assert denied.stdout == "407", (denied.stdout, denied.stderr)
+            # With them, our squid.conf's destination ACLs: a host of deniedDestinations (not
+            # exempted by allowedDestinations) and loopback are refused by Squid itself.
+            for refused in (f"http://10.213.0.2:{origin_port}/denied-destination",
+                            f"http://127.0.0.1:{origin_port}/loopback"):
+                code, headers = _squid_answer(ns, proxy_url, refused)
+                assert code == "403" and "Server: squid" in headers, (refused, code, headers)
+            assert "/denied-destination" not in origin.log() and "/loopback" not in origin.log()
             requests.delete(f"{api_url}/v1/leases/{lease['leaseId']}?outcome=ok", headers=auth, timeout=15)
 
             pool = conn.storagePoolLookupByName("default")

@@ -272,15 +272,22 @@ def test_only_an_explicit_selector_filters_owned_members(api, redis_client):
     custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"template": template}})
     out = run(api, redis_client, ref)
     assert out.plan.outdated == (old.name,) and len(out.plan.creates) == 1
-    # explicit selector: an owned Proxy relabelled out of it is no member (left alone, not counted)
+    # explicit selector: an owned Proxy relabelled out of it is released (its ownerReference
+    # removed, as a ReplicaSet releases a Pod), not counted, and replaced; it is not deleted
     ref2 = make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}})
     run(api, redis_client, ref2)
     [mine] = [p for p in proxies(api) if p.labels.get("crawl.example.com/pool") == "sel"]
     custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, mine.name,
                                                {"metadata": {"labels": {"app": "elsewhere"}}})
     out = run(api, redis_client, ref2)
+    assert out.released == (mine.name,)
     assert len(out.plan.creates) == 1 and not out.plan.drains and not out.plan.deletes
-    assert gw.get_proxy(NS, mine.name) is not None
+    left = gw.get_proxy(NS, mine.name)
+    assert left is not None and left.uid == mine.uid and not left.deleting
+    assert left.controller is None and left.pool == ""
+    # no longer the pool's: the next pass neither releases nor counts it again
+    out = run(api, redis_client, ref2)
+    assert out.released == () and out.plan.actions == 0
 
 
 def test_a_draining_mark_lost_from_the_serving_view_is_written_again(api, redis_client):
@@ -297,3 +304,82 @@ def test_a_draining_mark_lost_from_the_serving_view_is_written_again(api, redis_
     assert not redis_client.sismember(redis_keys.DRAINING, m.uid)
     run(api, redis_client, ref)
     assert redis_client.sismember(redis_keys.DRAINING, m.uid)
+
+
+def _events(api, reason: str) -> list:
+    return [e for e in k8s.CoreV1Api(api).list_namespaced_event(NS).items if e.reason == reason]
+
+
+def test_a_released_proxy_loses_only_the_pools_owner_reference_and_keeps_running(api, cluster, redis_client):
+    gw = KubernetesGateway(api)
+    keeper = make_pool(api, "keeper", replicas=0)  # a second owner (not the controller) the release keeps
+    ref = make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}},
+                    drain={"drainTimeoutSeconds": 600})
+    run(api, redis_client, ref)
+    [mine] = proxies(api)
+    other = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "name": "keeper", "uid": keeper.uid,
+             "controller": False, "blockOwnerDeletion": False}
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, mine.name, {"metadata": {
+        "ownerReferences": [*mine.raw["metadata"]["ownerReferences"], other]}})
+    ready(api, redis_client, gw.get_proxy(NS, mine.name))
+    # it was leaving the pool (a scale-down) when it was relabelled: the pool's mark goes with it
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "sel", {"spec": {"replicas": 0}})
+    assert [d.uid for d in run(api, redis_client, ref).plan.drains] == [mine.uid]
+    assert redis_client.sismember(redis_keys.DRAINING, mine.uid)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "sel", {"spec": {"replicas": 1}})
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, mine.name,
+                                               {"metadata": {"labels": {"app": "elsewhere"}}})
+    out = run(api, redis_client, ref)
+    assert out.released == (mine.name,) and len(out.plan.creates) == 1
+    left = gw.get_proxy(NS, mine.name)
+    assert left.uid == mine.uid and not left.deleting
+    assert left.raw["metadata"]["ownerReferences"] == [other]  # only our reference went
+    assert DRAINING_ANNOTATION not in left.annotations and left.labels["app"] == "elsewhere"
+    [replacement] = [p for p in proxies(api) if p.uid != mine.uid]
+    assert replacement.pool == "sel" and replacement.controller["uid"] == ref.uid
+    [event] = _events(api, "MemberReleased")
+    assert event.involved_object.uid == ref.uid and mine.name in event.message
+    # the serving view: out of the pool at once, leasable as a standalone Proxy
+    assert redis_client.hget(serving.proxy_key(mine.uid), "pool") == ""
+    assert not redis_client.sismember(redis_keys.DRAINING, mine.uid)
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(redis_client, "crawler", leases.Filters(pool="sel", namespace=NS), ttl=60, settings=SETTINGS)
+    lease = leases.acquire(redis_client, "crawler", leases.Filters(namespace=NS), ttl=60, settings=SETTINGS)
+    assert lease.uid == mine.uid
+    # a re-publication from the (now ownerless) Proxy keeps it out of the pool
+    serving.publish(redis_client, left, address="203.0.113.9", port=3128, phase="Ready")
+    assert redis_client.hget(serving.proxy_key(mine.uid), "pool") == ""
+    # not the pool's dependent any more: deleting the pool deletes its member, not the released Proxy
+    custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "sel")
+    deadline = time.time() + 10
+    while gw.get_proxy(NS, replacement.name) is not None and time.time() < deadline:
+        time.sleep(0.05)
+    assert gw.get_proxy(NS, replacement.name) is None
+    cluster.fake.gc.collect()
+    assert gw.get_proxy(NS, mine.name).uid == mine.uid and not gw.get_proxy(NS, mine.name).deleting
+
+
+def test_a_release_refused_with_409_is_retried_by_the_next_pass(api, cluster, redis_client):
+    gw = KubernetesGateway(api)
+    ref = make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}})
+    run(api, redis_client, ref)
+    [mine] = proxies(api)
+    relabelled = Proxy.from_dict(custom(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, mine.name, {"metadata": {"labels": {"app": "elsewhere"}}}))
+    # the gateway's precondition: a release computed from a stale read is refused, nothing changes
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, mine.name,
+                                               {"metadata": {"annotations": {"note": "changed meanwhile"}}})
+    with pytest.raises(k8s.ApiException) as err:
+        gw.release_proxy(relabelled, ref.uid)
+    assert err.value.status == 409
+    assert gw.get_proxy(NS, mine.name).controller["uid"] == ref.uid
+    # a pass whose release is refused leaves the Proxy as it is and asks for another pass soon
+    cluster.fake.fail_next("patch", "proxies", code=409, reason="Conflict")
+    out = run(api, redis_client, ref)
+    assert out.released == () and out.requeue_after is not None and out.requeue_after <= controller.RELEASE_RETRY
+    assert gw.get_proxy(NS, mine.name).controller["uid"] == ref.uid
+    assert _events(api, "MemberReleased") == []
+    out = run(api, redis_client, ref)
+    assert out.released == (mine.name,)
+    assert gw.get_proxy(NS, mine.name).controller is None
+    assert len([p for p in proxies(api) if p.pool == "sel"]) == 1  # one replacement, whatever the retries

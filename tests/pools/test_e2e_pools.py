@@ -82,7 +82,7 @@ class _Stack:
     def create_pool(self, name: str, replicas: int, **spec) -> dict:
         template = {"metadata": {"labels": {"app": name}},
                     "spec": {"provider": "k8s-local", "maxLeases": 2,
-                             "healthCheck": {"url": f"{self.origin}/generate_204", "intervalSeconds": 1,
+                             "healthCheck": {"url": f"{self.origin}/generate_204", "intervalSeconds": 2,
                                              "timeoutSeconds": 1}}}
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": name, "namespace": NS},
                 "spec": {"replicas": replicas, "template": template, "drain": {"drainTimeoutSeconds": 120}, **spec}}
@@ -246,7 +246,7 @@ def test_deleting_the_pool_deletes_every_member_and_never_a_hand_made_proxy(stac
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
         "metadata": {"name": "hand-made", "namespace": NS, "labels": {"app": "doomed"}},
         "spec": {"provider": "k8s-local", "maxLeases": 2,
-                 "healthCheck": {"url": f"{stack.origin}/generate_204", "intervalSeconds": 1, "timeoutSeconds": 1}}})
+                 "healthCheck": {"url": f"{stack.origin}/generate_204", "intervalSeconds": 2, "timeoutSeconds": 1}}})
     stack.create_pool("doomed", 2)
     pool = wait_for(lambda: stack.settled("doomed", 2), 150, "2 members leasable")
     names = {m["metadata"]["name"] for m in stack.members(pool)}

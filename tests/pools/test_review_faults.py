@@ -65,14 +65,12 @@ def test_a_flushed_redis_mid_rollout_does_not_drain_every_serving_member(api, re
     assert out.plan.deletes == ()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an owned Proxy relabelled out of an explicit spec.selector is 'left alone, not counted' "
-    "(members_of), yet it keeps the pool's controller ownerReference, so Proxy.pool and its serving "
-    "record still say the pool: pool-filtered leases keep going to it, the autoscaler ignores them, "
-    "and maxAge never replaces it.  Fix (a design call, pinned otherwise by test_controller's "
-    "test_only_an_explicit_selector_filters_owned_members): release it like a ReplicaSet (remove the "
-    "ownerReference through the gateway), or roll it over as an outdated member"))
 def test_an_owned_proxy_relabelled_out_of_the_selector_no_longer_serves_the_pool(api, redis_client):
+    # an owned Proxy relabelled out of an explicit spec.selector used to be 'left alone, not
+    # counted' while keeping the pool's controller ownerReference, so Proxy.pool and its serving
+    # record still said the pool: pool-filtered leases kept going to it.  It is released now, as a
+    # ReplicaSet releases such a Pod (app.pools.controller._release; details pinned by
+    # test_controller's test_a_released_proxy_*).
     from app import leases
 
     ref = tc.make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}})

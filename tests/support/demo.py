@@ -16,9 +16,11 @@ Squid's ``allowedDestinations`` and ``httpPorts`` name the local origin's addres
 ``EGRESS_ECHO_URL`` point probes at the origin (the sample Proxy's default health URL is on
 the internet), so a Proxy goes Ready offline.
 
-It prints the ``KUBECONFIG`` to export, the API token and the URLs, then runs until SIGINT
-(Ctrl-C) or SIGTERM and stops everything it started.  Run it as
-``.venv/bin/python -m tests.support.demo`` (``make demo``); ``--help`` lists the ports.
+It prints the ``KUBECONFIG`` to export, the API token and the URLs as shell lines to paste
+(the same steps as README's), then runs until SIGINT (Ctrl-C) or SIGTERM and stops everything
+it started.  Run it as ``.venv/bin/python -m tests.support.demo`` (``make demo``); ``--help``
+lists the ports.  At start it warns (and carries on: the stack itself needs no kubectl) when
+``kubectl`` is missing or older than :data:`KUBECTL_MINIMUM`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import http.server
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -48,6 +52,51 @@ from tests.support.processes import BIN, Process, celery_beat, celery_worker
 from tests.support.redis_server import RedisServer, free_port
 
 PROVIDER = "k8s-local"
+
+#: The oldest kubectl that works against the API fake: it validates and explains with OpenAPI v3
+#: (kubectl 1.27: KEP-3515, kubernetes/kubernetes#117954).  The fake serves OpenAPI v2 as JSON
+#: only and answers 406 to the protobuf older kubectl asks for ("failed to download openapi").
+KUBECTL_MINIMUM = (1, 27)
+
+#: The steps after the variables, as the banner prints them and README shows them word for word
+#: (tests/test_demo_stack.py checks both and runs the lease lines as written, with bash).
+STEPS_LINES = (
+    "kubectl apply -f deploy/samples/proxy_kubernetes.yaml",
+    "kubectl get px -w                 # PHASE PROVIDER ADDRESS EGRESS IP HEALTHY; Ctrl-C once Ready",
+    "kubectl describe px squid-k8s-1   # conditions and Events",
+    "LEASE=$(curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\",
+    "        -d '{\"ttlSeconds\": 300}' \"$API/v1/leases\"); echo \"$LEASE\"",
+    "PROXY=$(printf '%s' \"$LEASE\" | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"proxyUrl\"])')",
+    "curl --noproxy '' -x \"$PROXY\" \"$ORIGIN\"   # the local origin, through the leased proxy",
+    "kubectl delete px squid-k8s-1",
+)
+
+
+def kubectl_warning(path: str | None = None) -> str | None:
+    """Return a warning when ``kubectl`` (looked up on ``path``, default ``$PATH``) is missing,
+    of unknown version or older than :data:`KUBECTL_MINIMUM`; ``None`` when it will do."""
+    minimum = "%d.%d" % KUBECTL_MINIMUM
+    get = "get one from https://kubernetes.io/docs/tasks/tools/ (the demo itself runs without it)"
+    binary = shutil.which("kubectl", path=path)
+    if binary is None:
+        return f"kubectl is not on PATH: the steps below need kubectl {minimum} or newer; {get}"
+    try:
+        res = subprocess.run([binary, "version", "--client", "-o", "json"], capture_output=True, text=True,
+                             timeout=20)
+        client = json.loads(res.stdout)["clientVersion"]
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return (f"could not tell the version of {binary} (`kubectl version --client -o json`); "
+                f"the steps below need kubectl {minimum} or newer")
+    found = client.get("gitVersion") or f"v{client.get('major')}.{client.get('minor')}"
+    m = re.match(r"v?(\d+)\.(\d+)", found) or re.match(
+        r"(\d+)\D*\.(\d+)", f"{client.get('major')}.{client.get('minor')}")
+    if m is None:
+        return f"could not tell the version of {binary} ({found!r}); the steps below need kubectl {minimum} or newer"
+    if (int(m.group(1)), int(m.group(2))) < KUBECTL_MINIMUM:
+        return (f"{binary} is kubectl {found}; the simulated API server needs kubectl {minimum} or newer "
+                f"(older kubectl asks for OpenAPI v2 as protobuf, which it does not serve: "
+                f"\"failed to download openapi\"); {get}")
+    return None
 
 
 class _OriginHandler(http.server.BaseHTTPRequestHandler):
@@ -206,22 +255,16 @@ class Demo:
     def banner(self) -> str:
         """The text printed once everything is up."""
         i = self.info()
+        STEPS = "".join(f"  {line}\n" for line in STEPS_LINES)  # noqa: N806 - a template part
         return f"""
 proxy-operator demo is up: a SIMULATED Kubernetes cluster (the test suite's API fake; each
 Squid "Pod" is a real Squid on {i['podCIDR']}), with the real watcher, worker, beat, API and Flower.
 
-In another shell:
+In another shell (bash), from this directory:
 
   export KUBECONFIG={i['kubeconfig']}
-  kubectl apply -f deploy/samples/proxy_kubernetes.yaml
-  kubectl get px -w                      # Pending -> Provisioning -> Running -> Ready
-  kubectl describe px squid-k8s-1
-  TOKEN={i['token']}
-  curl -s -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
-       -d '{{"ttlSeconds": 300}}' {i['api']}/v1/leases
-  curl -x http://ADDRESS:PORT {i['origin']}     # the proxyUrl of the lease; the local origin
-  kubectl delete px squid-k8s-1
-
+  TOKEN={i['token']} API={i['api']} ORIGIN={i['origin']}
+{STEPS}
 Discovery API  {i['api']}  (token above)
 Flower         {i['flower']}  (user operator, password {i['flowerPassword']})
 Local origin   {i['origin']}  (health URL {i['healthURL']}, IP echo {i['echoURL']})
@@ -280,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"make demo: {tool} is not installed (`make deps` installs it, or apt-get install "
                   f"{'redis-server' if tool == 'redis-server' else 'squid'})", file=sys.stderr)
             return 2
+    warning = kubectl_warning()
+    if warning:
+        print(f"make demo: warning: {warning}", file=sys.stderr, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

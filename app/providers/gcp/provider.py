@@ -4,7 +4,9 @@ Implements the contract of :mod:`app.providers.base`:
 
 * ``create`` inserts an instance named ``request.name`` in ``request.zone`` (else a zone of
   ``gcp.zones`` picked from the name), labelled with ``request.tags``, with the Proxy's
-  cloud-init as ``user-data`` metadata, waits for the zone operation and returns the
+  cloud-init as ``user-data`` metadata, the rendered squid.conf (``squid-conf``, with
+  ``squid-htpasswd``) and the ``startup-script`` that installs them at every boot
+  (:mod:`app.providers.gcp.startup`), waits for the zone operation and returns the
   instance; an instance that already exists (409) is fetched and returned (idempotent).
 * ``get`` maps the instance status and reads the external, else internal, IPv4.
 * ``delete`` reads the instance, refuses one without our ``managed-by``/``proxy-uid`` labels
@@ -54,7 +56,7 @@ from app.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
                                 TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
-from app.providers.gcp import ids, wire
+from app.providers.gcp import ids, startup, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
 from app.timefmt import parse_rfc3339
@@ -64,9 +66,10 @@ log = logging.getLogger("proxy_operator.gcp")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: Metadata key of the Proxy's cloud-init (read by cloud-init's GCE datasource).
 USER_DATA_KEY = "user-data"
-#: Metadata key carrying the rendered squid.conf (:mod:`app.squid`) for the user's cloud-init.
+#: Metadata key carrying the rendered squid.conf (:mod:`app.squid`); the ``startup-script``
+#: (:mod:`app.providers.gcp.startup`) installs it at every boot.
 SQUID_CONF_KEY = "squid-conf"
-#: Metadata key carrying the Proxy's htpasswd line (basic auth) for the user's cloud-init.
+#: Metadata key carrying the Proxy's htpasswd line (basic auth), installed by the same script.
 SQUID_HTPASSWD_KEY = "squid-htpasswd"
 #: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
 _MAX_WAIT_CALL = 120.0
@@ -414,6 +417,9 @@ class GcpProvider(Provider, CheckableProvider):
             items.append(compute_v1.Items(key=USER_DATA_KEY, value=text))
         if request.squid_config:
             items.append(compute_v1.Items(key=SQUID_CONF_KEY, value=request.squid_config))
+            # The guest environment runs it at every boot: the operator's squid.conf is installed
+            # whatever the user-data does (issue 10, item 2; app/providers/gcp/startup.py).
+            items.append(compute_v1.Items(key=startup.STARTUP_SCRIPT_KEY, value=startup.STARTUP_SCRIPT))
         if request.auth_htpasswd:
             items.append(compute_v1.Items(key=SQUID_HTPASSWD_KEY, value=request.auth_htpasswd))
         nic = compute_v1.NetworkInterface(network=ids.network_path(s.project, s.network))

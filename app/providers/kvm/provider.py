@@ -69,6 +69,8 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         self._links = {h.name: HostLink(pc.name, h, self.settings) for h in self.settings.hosts}
         self._image_locks: dict[tuple[str, str], threading.Lock] = {}
         self._image_locks_guard = threading.Lock()
+        #: (host, domain) -> (address, source) last logged, so the source is logged once per change.
+        self._address_sources: dict[tuple[str, str], tuple[str, str]] = {}
         problems = sshlink.material_problems(self.settings.ssh.key_file, self.settings.ssh.known_hosts_file)
         if problems:
             log.warning("kvm provider %s: %s; its hosts are unreachable until the files appear "
@@ -286,7 +288,9 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         """Return the domain's state and address.
 
         Address: the first routable IPv4 the guest agent reports, else the newest DHCP lease
-        for the NIC's MAC on its libvirt network, else the host's ARP table.
+        for the NIC's MAC on its libvirt network, else the host's ARP table.  Which source gave
+        it is logged (INFO, ``address ... from the guest agent|DHCP lease|ARP table``) when the
+        address or its source changes.
 
         Raises:
             NotFound: no such domain on that host.
@@ -322,7 +326,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
                                domain=name, source="agent")
             address = dom_xml.agent_address(ifaces)
             if address:
-                return address
+                return self._address_from(link, name, address, "the guest agent")
         except (DialError, BadSSHMaterial):
             raise
         except ProviderError:
@@ -342,16 +346,25 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
                 continue
             address = dom_xml.lease_address(leases, mac)
             if address:
-                return address
+                return self._address_from(link, name, address, f"a DHCP lease on network {network}")
         try:
             arp = link.call("virDomainInterfaceAddresses",
                             lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP, 0),
                             domain=name, source="arp")
-            return dom_xml.agent_address(arp)
+            address = dom_xml.agent_address(arp)
         except (DialError, BadSSHMaterial):
             raise
         except ProviderError:
             return None
+        return self._address_from(link, name, address, "the ARP table") if address else None
+
+    def _address_from(self, link: HostLink, name: str, address: str, source: str) -> str:
+        """Return ``address``; log where it came from when it or its source changed."""
+        key = (link.host.name, name)
+        if self._address_sources.get(key) != (address, source):
+            self._address_sources[key] = (address, source)
+            log.info("kvm host %s: domain %s: address %s from %s", link.host.name, name, address, source)
+        return address
 
     def delete(self, provider_id: str) -> None:
         """Destroy and undefine the domain (with its NVRAM) and remove its overlay and seed.
@@ -402,6 +415,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             return
         for vol in (overlay_name(name), seed_name(name)):
             images.delete_volume(link, pool, link.host.pool, name=vol)
+        self._address_sources.pop((host_name, name), None)
         log.info("kvm host %s: deleted domain %s", host_name, name)
 
     @staticmethod
