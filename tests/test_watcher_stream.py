@@ -289,9 +289,14 @@ def test_the_proxy_and_proxypool_streams_count_under_their_own_resource(fake, cu
         after = snapshot()
     fake.release_hung_watches()
     delta = {k: after[k] - before[k] for k in before}
-    assert delta[("events", "proxies", "SYNC")] == 1 and delta[("events", "proxies", "ADDED")] == 0
+    # The compaction is the fake's whole history: a Proxy watch that happens to restart in that
+    # window gets its own 410 and relists too (one SYNC of its one Proxy each time), but never
+    # counts the pools' traffic.
+    relisted = delta[("relists", "proxies")]
+    assert relisted >= 1 and delta[("events", "proxies", "SYNC")] == relisted
+    assert delta[("events", "proxies", "ADDED")] == 0
+    assert delta[("gone", "proxies")] == relisted - 1 == delta[("restarts-gone", "proxies")]
     assert delta[("events", "proxypools", "SYNC")] >= 2  # listed-pool at start, then the relist
     assert delta[("events", "proxypools", "ADDED")] == 1
-    assert delta[("relists", "proxies")] == 1 and delta[("relists", "proxypools")] == 2
+    assert delta[("relists", "proxypools")] == 2
     assert delta[("gone", "proxypools")] == 1 and delta[("restarts-gone", "proxypools")] == 1
-    assert delta[("gone", "proxies")] == 0 and delta[("restarts-gone", "proxies")] == 0
