@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import libvirt
 import pytest
-from kubernetes import client as k8s
 
 from app import serving
 from app.config import ProvidersConfig
@@ -37,28 +36,13 @@ from app.reconcile import Context, Ref, create
 from app.naming import instance_name
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.kvm import harness
-from tests.support.cluster import FakeCluster
 from tests.support.contexts import QUICK
 
 NS = "crawl"
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-@pytest.fixture()
-def cluster():
-    with FakeCluster(kubelet=False) as c:
-        yield c
-
-
-@pytest.fixture()
-def api(cluster):
-    client = cluster.fake.api_client()
-    yield client
-    client.close()
-
-
-def custom(api) -> k8s.CustomObjectsApi:
-    return k8s.CustomObjectsApi(api)
+from tests.pools.test_controller import api, cluster, custom  # noqa: E402,F401  (fixtures and helper)
 
 
 def context(api, r, pc, constructor) -> Context:
