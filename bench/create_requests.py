@@ -64,8 +64,8 @@ def main() -> None:
     from app.config import ProviderConfig, ProvidersConfig
     from app.dispatch import Dispatcher, Router
     from app.kube import KubernetesGateway
-    from app.providers.kubernetes.config import KubernetesSettings
-    from app.providers.kubernetes.provider import KubernetesProvider
+    from app.providers.pods.config import KubernetesSettings
+    from app.providers.pods.provider import KubernetesProvider
     from app.providers.registry import build
     from app.reconcile import CREATE, POLL, Context, Ref
     from app.settings import Settings

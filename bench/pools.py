@@ -109,7 +109,7 @@ def rollout(replicas: int, max_surge: int, max_unavailable: int, redis_url: str)
     from app.config import ProvidersConfig
     from app.kube import KubernetesGateway
     from app.pools.controller import PoolRef
-    from app.providers.kubernetes.provider import KubernetesProvider
+    from app.providers.pods.provider import KubernetesProvider
     from app.providers.registry import build
     from app.reconcile import Context
     from app.resources import GROUP, POOL_PLURAL, VERSION

@@ -26,7 +26,7 @@ the product's code:
   collector paused as ``collect`` does (:func:`app.gc.cyclic_gc_paused`); the orphans found are
   checked against the seeded ones.  Time spent in Python's cyclic GC is measured with ``gc.callbacks``;
 * **gc (full Pods)**: the same diff with the listing as it was before (one unpaged list of
-  full ``V1Pod`` objects, :func:`app.providers.kubernetes.provider.to_instance`), for
+  full ``V1Pod`` objects, :func:`app.providers.pods.provider.to_instance`), for
   comparison; only up to ``--legacy-max`` Proxies (default 10,000);
 * **health**: one beat health sweep's claim (:func:`app.health.schedule.sweep`) with every
   published Proxy due; the probes themselves are bench/probes.py's subject.
@@ -131,8 +131,8 @@ def pod_template() -> str:
     from app import squid as squid_conf
     from app.config import ProviderConfig
     from app.providers.base import CreateRequest
-    from app.providers.kubernetes.config import KubernetesSettings
-    from app.providers.kubernetes.provider import KubernetesProvider
+    from app.providers.pods.config import KubernetesSettings
+    from app.providers.pods.provider import KubernetesProvider
 
     prov = KubernetesProvider(ProviderConfig(PROVIDER, "kubernetes", 60, 15, KubernetesSettings()), client=object())
     uid = "00000000-0000-0000-0000-000000000000"
@@ -161,7 +161,7 @@ def seed(fake, n: int) -> dict:
     import uuid
 
     from app import naming
-    from app.providers.kubernetes.provider import LABEL_PROXY_UID
+    from app.providers.pods.provider import LABEL_PROXY_UID
     from tests.kubefake import PODS, PROXIES
     from tests.kubefake.store import now_rfc3339
 
@@ -354,7 +354,7 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
     from app import gc as gc_logic
     from app.naming import MANAGED_BY
     from app.providers.base import ListResult
-    from app.providers.kubernetes.provider import LABEL_MANAGED_BY, KubernetesProvider, to_instance
+    from app.providers.pods.provider import LABEL_MANAGED_BY, KubernetesProvider, to_instance
     from workers import runtime
 
     ctx = runtime.context()
@@ -417,7 +417,7 @@ def phase_health(n: int) -> dict:
 
 def _provider_config():
     from app.config import ProviderConfig
-    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.pods.config import KubernetesSettings
 
     return ProviderConfig(PROVIDER, "kubernetes", 60, 15, KubernetesSettings())
 

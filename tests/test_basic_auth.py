@@ -16,7 +16,7 @@ from app.health import engine
 from app.health.credentials import SecretCredentials
 from app.health.settings import HealthSettings
 from app.kube import KubernetesGateway
-from app.providers.kubernetes.provider import KubernetesProvider
+from app.providers.pods.provider import KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context, Ref, create, delete, poll
 from app.resources import GROUP, PLURAL, VERSION

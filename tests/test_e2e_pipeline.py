@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
+from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
 from tests.support.origin import origin_server

@@ -11,9 +11,9 @@ from app.config import ProviderConfig
 from app.naming import MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID
 from app.providers.base import InstanceState
 from app.providers.errors import Transient
-from app.providers.kubernetes import provider as kp
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import (LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID,
+from app.providers.pods import provider as kp
+from app.providers.pods.config import KubernetesSettings
+from app.providers.pods.provider import (LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID,
                                                KubernetesProvider, instance_from_metadata)
 from tests.kubefake import negotiation
 

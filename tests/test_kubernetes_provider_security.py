@@ -10,8 +10,8 @@ from app.config import ProviderConfig, ProvidersConfig
 from app.wiring import parse_config as parse
 from app.kube import KubernetesGateway
 from app.providers.errors import NotManaged, Permanent, SpecNotAllowed
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.providers.pods.config import KubernetesSettings
+from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context, Ref, create
 from app.resources import GROUP, PLURAL, VERSION

@@ -11,7 +11,7 @@
 
 Every ``import`` statement counts, function-level and ``TYPE_CHECKING`` ones included.  Imports
 are resolved as Python resolves them: ``from kubernetes import config`` is the ``kubernetes``
-client package, not ``app/providers/kubernetes``.
+client package, not ``app/providers/pods``.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _files(*patterns: str) -> list[Path]:
 def test_the_imports_are_resolved_as_python_resolves_them():
     sample = ROOT / "app" / "pools" / "sample.py"  # parsed as if it lived there; never written
     assert imports_of(sample, "from kubernetes import config\n") == [(1, "kubernetes"), (1, "kubernetes.config")]
-    assert (1, "app.providers.kubernetes") in imports_of(sample, "from ..providers import kubernetes\n")
+    assert (1, "app.providers.pods") in imports_of(sample, "from ..providers import pods\n")
     assert (2, "app.providers.base") in imports_of(sample, "def f():\n    import app.providers.base\n")
     assert (1, "app.providers") in imports_of(sample, "from app import providers\n")
 
@@ -134,8 +134,8 @@ def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(
     import app.kube
     from app import wiring
     from app.config import ProviderConfig
-    from app.providers.kubernetes.config import KubernetesSettings
-    from app.providers.kubernetes.provider import KubernetesProvider
+    from app.providers.pods.config import KubernetesSettings
+    from app.providers.pods.provider import KubernetesProvider
 
     client = object()
     monkeypatch.setattr(app.kube, "api_client", lambda: client)

@@ -9,8 +9,8 @@ from app.config import ProviderConfig
 from app.kube import KubernetesGateway
 from app.provider_health import PLURAL, ProviderHealthWriter, check, status_for
 from app.providers.base import TargetVerdict
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import KubernetesProvider
+from app.providers.pods.config import KubernetesSettings
+from app.providers.pods.provider import KubernetesProvider
 from app.resources import GROUP, VERSION
 
 

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 
 from app import serving
 from app.config import ProvidersConfig
-from app.providers.kubernetes.provider import LABEL_PROXY_UID
+from app.providers.pods.provider import LABEL_PROXY_UID
 from app.providers.registry import build
 from app.reconcile import (
     ABANDONED_KEY,

@@ -78,8 +78,8 @@ def test_the_built_provider_declares_its_capabilities_and_agrees_with_the_router
 
 def test_providers_without_hosts_use_the_shared_queues(tmp_path):
     from app.config import ProviderConfig
-    from app.providers.kubernetes.config import KubernetesSettings
-    from app.providers.kubernetes.provider import KubernetesProvider
+    from app.providers.pods.config import KubernetesSettings
+    from app.providers.pods.provider import KubernetesProvider
     from app.providers.metrics import wrap
 
     pc = ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings())

@@ -15,7 +15,7 @@ from app.config import ProviderConfig
 from app.gc import collect
 from app.kube import KubernetesGateway
 from app.providers.errors import NotFound
-from app.providers.kubernetes.provider import (
+from app.providers.pods.provider import (
     LABEL_ABANDONED,
     LABEL_MANAGED_BY,
     LABEL_PROXY_UID,

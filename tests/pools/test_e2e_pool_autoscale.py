@@ -20,7 +20,7 @@ import requests
 from kubernetes import client as k8s
 
 from app import redis_keys
-from app.providers.kubernetes.provider import LABEL_PROXY_UID
+from app.providers.pods.provider import LABEL_PROXY_UID
 from app.resources import GROUP, POOL_PLURAL, VERSION
 from tests.api.served import TOKEN
 from tests.pools.test_e2e_pools import NS, stack  # noqa: F401 - the module-scoped stack fixture

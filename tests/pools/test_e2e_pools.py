@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client as k8s
 
 from app.pools.model import LABEL_TEMPLATE_HASH
-from app.providers.kubernetes.provider import LABEL_PROXY_UID
+from app.providers.pods.provider import LABEL_PROXY_UID
 from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION
 from app.serving_record import ServingRecord, load_all
 from tests.api.served import TOKEN, start_api

@@ -15,8 +15,8 @@ import pytest
 
 from app.config import ProviderConfig, ProvidersConfig
 from app.kube import KubernetesGateway
-from app.providers.kubernetes.config import KubernetesSettings
-from app.providers.kubernetes.provider import KubernetesProvider
+from app.providers.pods.config import KubernetesSettings
+from app.providers.pods.provider import KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context
 from app.settings import Settings

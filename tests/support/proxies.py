@@ -13,7 +13,7 @@ import time
 from kubernetes import client as k8s
 
 from app.kube import KubernetesGateway
-from app.providers.kubernetes.provider import LABEL_MANAGED_BY
+from app.providers.pods.provider import LABEL_MANAGED_BY
 from app.reconcile import DELETE, Ref, delete
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 

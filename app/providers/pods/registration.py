@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from app.provider_types import ProviderType
-from app.providers.kubernetes import config
+from app.providers.pods import config
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -35,8 +35,8 @@ def provider_type(client_factory: Callable[[], "ApiClient"]) -> ProviderType:
     """
 
     def build(pc):
-        """Build a :class:`~app.providers.kubernetes.provider.KubernetesProvider` (its client is made on first use)."""
-        from app.providers.kubernetes.provider import KubernetesProvider
+        """Build a :class:`~app.providers.pods.provider.KubernetesProvider` (its client is made on first use)."""
+        from app.providers.pods.provider import KubernetesProvider
 
         return KubernetesProvider(pc, client_factory=client_factory)
 
