@@ -241,14 +241,28 @@ def _load(ctx: Context, ref: Ref) -> Proxy | None:
 
 
 def _fail(ctx: Context, proxy: Proxy, exc: ProviderError) -> None:
+    """Write phase Failed for a Permanent ``exc`` (withdrawn from serving, one Warning Event).
+
+    ``status.createStartedAt`` is cleared in the same write: a Permanent answer ends the
+    provider call for good (nothing is still being made server side, unlike a Transient
+    timeout), so a delete of the Failed Proxy that finds no instance releases it at once
+    instead of waiting out :func:`create_window`.  The write carries ``proxy``'s
+    resourceVersion, so a stamp from a later create is never cleared.
+
+    Raises:
+        kubernetes.client.ApiException: the status write failed (409 stale, 404 gone, others).
+    """
     reason = getattr(exc, "reason", "Permanent") or "Permanent"
     message = str(exc)
     log.warning("proxy %s failed (%s): %s", proxy.key, reason, describe(exc))
     serving.withdraw(ctx.redis, proxy.uid)
-    _write_status(ctx, proxy, {
+    changes = {
         "phase": FAILED, "observedGeneration": proxy.generation,
         "conditions": _provisioned(proxy, "False", reason, message, withdrawn=True),
-    }, event=("Warning", reason, message))
+    }
+    if proxy.status.get("createStartedAt"):
+        changes["createStartedAt"] = None
+    _write_status(ctx, proxy, changes, event=("Warning", reason, message))
 
 
 def _pending(proxy: Proxy) -> dict:
@@ -436,14 +450,27 @@ def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
 
 
 def _mark_running(ctx: Context, proxy: Proxy, inst: Instance, extra: dict | None = None) -> Proxy:
-    """Write Running with the instance's address (keeping Ready/Unhealthy set by probes) and publish."""
+    """Write Running with the instance's address (keeping Ready/Unhealthy set by probes) and publish.
+
+    ``Provisioned=True/InstanceRunning``; with an :class:`app.providers.base.InstanceNote` the
+    note's reason, its message appended, and for a degraded note one Warning Event of that
+    reason when the condition takes it (not on every poll that finds it unchanged).
+    """
     phase = proxy.phase if proxy.phase in (READY, UNHEALTHY) else RUNNING
+    note = inst.note
+    reason, message = "InstanceRunning", f"instance {inst.name} is running"
+    if note is not None:
+        reason, message = note.reason, f"{message}; {note.message}"
     changes = {
         "phase": phase, "address": inst.address, "port": proxy.spec.port, "observedGeneration": proxy.generation,
-        "conditions": _provisioned(proxy, "True", "InstanceRunning", f"instance {inst.name} is running"),
+        "conditions": _provisioned(proxy, "True", reason, message),
         **(extra or {}),
     }
+    before = conditions.find(proxy.status.get("conditions"), COND_PROVISIONED) or {}
     updated = _write_status(ctx, proxy, changes)
+    if note is not None and note.degraded and updated is not proxy and before.get("reason") != note.reason:
+        log.warning("proxy %s: %s", proxy.key, message)
+        ctx.kube.record_event(updated, "Warning", note.reason, message=message)
     policy = _policy(ctx, proxy)
     # With basic auth the probes read the credentials from the Proxy's Secret (named here,
     # never copied into Redis, which the API also reads).
@@ -505,6 +532,10 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             return Followup(POLL, 0)
         name = naming.instance_name(p.uid)
         new_id = provider.instance_ids(name, p.namespace, p.spec.zone)[0]
+        # Built before anything is written or torn down: a request that cannot be built yet (a
+        # missing cloud-init Secret: Transient) leaves no createStartedAt stamp for a delete to
+        # wait out, and a running instance is not replaced by nothing.
+        request = _request(ctx, p)
         retire_old = False
         if old_id and (old_id != new_id or old_provider != p.spec.provider or not same_spec):
             log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
@@ -537,7 +568,6 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         }))
         if retire_old:
             _retire(ctx, old_provider, old_id, Ref(p.namespace, p.name, p.uid))
-        request = _request(ctx, p)
         try:
             inst = provider.create(request)
         except BaseException:
@@ -696,6 +726,11 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, proxy, inst)
             return None
+        if inst.note is not None and proxy.phase in (PENDING, PROVISIONING):
+            # Why it is not Running yet (e.g. kvm waiting for the guest agent); written once per
+            # change of the note.  A live Proxy keeps serving its last address meanwhile.
+            latest(_write_status(ctx, proxy, {"conditions": _provisioned(
+                proxy, "False", inst.note.reason, inst.note.message)}))
         return Followup(POLL, poll_delay(ctx.settings, attempt + 1), attempt + 1)
 
     return _guard(ctx, latest, POLL, attempt, step)
@@ -722,8 +757,12 @@ def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = No
     """Seconds left during which a create of ``proxy`` may still make its instance; 0 when none can.
 
     Counted from ``status.createStartedAt``, stamped by every create's write-ahead just before
-    its provider call; :func:`create_window` bounds it (a stamp from a clock ahead of ours never
-    counts for more).  No stamp, or one that does not parse: 0.
+    its provider call; :func:`create_window` bounds it.  Once the Proxy is being deleted it is
+    also bounded by ``metadata.deletionTimestamp`` + the window: after the deletion no create
+    can pass its write-ahead (resourceVersion precondition), so a stamp in the future (a
+    worker's clock ahead, or one written by whoever may write the status) never holds a delete
+    longer than the window after the deletion (the API server's clock).  No stamp, or one that
+    does not parse: 0.
     """
     stamp = proxy.status.get("createStartedAt")
     if not stamp:
@@ -733,8 +772,14 @@ def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = No
     except ValueError:
         return 0.0
     window = create_window(settings)
-    left = started + window - (time.time() if now is None else now)
-    return max(0.0, min(window, left))
+    now = time.time() if now is None else now
+    left = min(window, started + window - now)
+    if proxy.deletion_timestamp:
+        try:
+            left = min(left, timefmt.parse_rfc3339(proxy.deletion_timestamp).timestamp() + window - now)
+        except ValueError:
+            pass  # the API server writes it: never malformed in practice; the stamp alone bounds
+    return max(0.0, left)
 
 
 def _instances_to_delete(ctx: Context, proxy: Proxy):

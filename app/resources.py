@@ -230,6 +230,11 @@ class Proxy:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def deletion_timestamp(self) -> str | None:
+        """``metadata.deletionTimestamp`` as the API server wrote it (RFC 3339), ``None`` when unset."""
+        return (self.raw.get("metadata") or {}).get("deletionTimestamp") or None
+
+    @property
     def phase(self) -> str:
         """``status.phase`` or ``"Pending"`` when unset."""
         return self.status.get("phase") or PENDING

@@ -122,6 +122,15 @@ def publish(r, proxy: Proxy, *, address: str, port: int, phase: str, auth_secret
 _REFRESH = Lua("now", "lease_index", "serving_refresh")
 
 
+def _write_if_published(r, uid: str, fields: dict[str, str]) -> bool:
+    """Write encoded ``fields`` (:func:`fields_of`) into ``uid``'s serving record and move it in
+    the lease index, atomically and only while the record exists; whether it did."""
+    args = [uid]
+    for name, value in fields.items():
+        args += [name, value]
+    return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
+
+
 def refresh(r, proxy: Proxy) -> bool:
     """Update the fields of a published Proxy that change without a new instance.
 
@@ -135,10 +144,7 @@ def refresh(r, proxy: Proxy) -> bool:
     fields = fields_of(labels=proxy.labels, max_leases=proxy.spec.max_leases,
                        health_check=_health_check(proxy.spec.health), generation=proxy.generation,
                        pool=proxy.pool, drain_until=_drain_ms(proxy))
-    args = [proxy.uid]
-    for name, value in fields.items():
-        args += [name, value]
-    return bool(_REFRESH(r, [redis_keys.proxy(proxy.uid)], args))
+    return _write_if_published(r, proxy.uid, fields)
 
 
 def set_draining(r, uid: str, until: float | None) -> bool:
@@ -155,10 +161,7 @@ def set_draining(r, uid: str, until: float | None) -> bool:
         whether the proxy was published (and marked).
     """
     fields = fields_of(drain_until=None if until is None else int(until * 1000))
-    args = [uid]
-    for name, value in fields.items():
-        args += [name, value]
-    return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
+    return _write_if_published(r, uid, fields)
 
 
 def leave_pool(r, uid: str) -> bool:
@@ -175,10 +178,7 @@ def leave_pool(r, uid: str) -> bool:
         whether the proxy was published (and updated).
     """
     fields = fields_of(pool="", drain_until=None)
-    args = [uid]
-    for name, value in fields.items():
-        args += [name, value]
-    return bool(_REFRESH(r, [redis_keys.proxy(uid)], args))
+    return _write_if_published(r, uid, fields)
 
 
 def withdraw(r, uid: str) -> None:

@@ -60,7 +60,7 @@ def parse_rfc3339(text: str) -> datetime:
         tz = timezone(-offset if sign == "-" else offset)
     try:
         return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz).astimezone(timezone.utc)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: an offset past year 1 or 9999
         raise ValueError(f"not an RFC 3339 timestamp: {text!r}: {exc}") from None
 
 

@@ -309,6 +309,78 @@ def test_a_delete_beside_a_create_that_never_makes_anything_releases_after_the_w
     assert read(api, ref) is None and pods(api) == []
 
 
+def test_deleting_a_proxy_whose_create_failed_for_good_is_not_held_for_the_window(api, ctx):
+    """The provider refused the create (an image the config does not allow: SpecNotAllowed,
+    Permanent): its call is over and made nothing, so the Failed Proxy's delete releases at once
+    instead of waiting ``create_window`` (160 s by default) for an instance that cannot come."""
+    ref = apply(api, "refused-1", {"provider": "k8s-local", "placement": {"image": "example/not-allowed:1"}})
+    assert create(ctx, ref) is None
+    assert read(api, ref).phase == "Failed"
+    kubectl_delete(api, ref)
+    assert delete(ctx, ref) is None
+    assert read(api, ref) is None and pods(api) == []
+
+
+def test_deleting_a_proxy_whose_create_waits_for_its_cloud_init_secret_is_not_held(api, ctx):
+    """The create stops before any provider call (the cloud-init Secret is missing: Transient,
+    retried): nothing can be in flight, so a delete meanwhile releases at once."""
+    ref = apply(api, "no-secret-1", {"provider": "k8s-local",
+                                     "cloudInit": {"secretRef": {"name": "missing", "key": "user-data"}}})
+    followup = create(ctx, ref)
+    assert followup is not None and followup.action == CREATE
+    assert read(api, ref).phase == "Pending" and pods(api) == []
+    kubectl_delete(api, ref)
+    assert delete(ctx, ref) is None
+    assert read(api, ref) is None
+
+
+def _stamped_and_deleted(api, ref, stamp: str):
+    """The Proxy as a create's write-ahead leaves it, but with ``stamp`` as createStartedAt (a
+    worker's clock far ahead, or a user with status access), then deleted."""
+    gateway = KubernetesGateway(api)
+    proxy = gateway.add_finalizer(read(api, ref))
+    name = instance_name(ref.uid)
+    gateway.patch_status(proxy, {"phase": "Provisioning", "providerID": f"{NS}/{name}", "provider": "k8s-local",
+                                 "instanceName": name, "createStartedAt": stamp})
+    kubectl_delete(api, ref)
+
+
+def test_a_create_stamp_from_the_future_holds_a_delete_no_longer_than_the_window_after_the_deletion(
+        api, make_context):
+    """``createStartedAt`` in the future (a worker clock ahead, or written by hand) was counted
+    as a full ``create_window`` from now on every pass: the delete waited forever.  After the
+    deletion no create can pass its write-ahead, so no instance can come later than
+    ``deletionTimestamp`` (the API server's clock) + the window: the delete releases then."""
+    import dataclasses
+
+    from app.reconcile import create_window
+
+    ctx = make_context(k8s_provider(), settings=dataclasses.replace(contexts.QUICK, task_time_limit=1.0))
+    window = create_window(ctx.settings)  # 11 s
+    ref = apply(api, "future-1", {"provider": "k8s-local"})
+    _stamped_and_deleted(api, ref, "2999-01-01T00:00:00.000Z")
+    deleted_at = time.time()
+    followup = delete(ctx, ref)
+    assert followup is not None and followup.action == DELETE   # a create may still be running
+    assert any(c.get("reason") == "WaitingForCreate" for c in read(api, ref).status["conditions"])
+    while followup is not None:
+        assert time.time() - deleted_at < window + 3, "the delete still waits for a create stamped in 2999"
+        time.sleep(followup.delay)
+        followup = delete(ctx, ref, followup.attempt)
+    assert read(api, ref) is None and pods(api) == []
+
+
+@pytest.mark.parametrize("stamp", ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59"])
+def test_a_create_stamp_out_of_the_calendar_does_not_wedge_the_delete(api, ctx, stamp):
+    """RFC 3339 stamps whose offset takes them past year 1 or 9999: parsing them raised
+    OverflowError (not the documented ValueError), so every delete pass failed and retried
+    for ever.  A stamp that does not parse counts as none: released at once."""
+    ref = apply(api, "overflow-1", {"provider": "k8s-local"})
+    _stamped_and_deleted(api, ref, stamp)
+    assert delete(ctx, ref) is None
+    assert read(api, ref) is None
+
+
 # -- GC of one provider against the instances of another in the same place ---------------------------
 def test_gc_of_one_kubernetes_provider_leaves_the_live_pods_of_another_alone(api, redis_client, make_context):
     """Two kubernetes providers on the one cluster (different namespaces): each one's GC lists

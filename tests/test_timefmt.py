@@ -35,7 +35,9 @@ def test_round_trip_and_fraction():
     assert parse_rfc3339("2026-01-02T03:04:05.5Z").microsecond == 500000
 
 
-@pytest.mark.parametrize("text", ["", "2026-01-02", "yesterday", "2026-13-02T03:04:05Z", "2026-01-02T03:04:05+0700"])
+@pytest.mark.parametrize("text", ["", "2026-01-02", "yesterday", "2026-13-02T03:04:05Z", "2026-01-02T03:04:05+0700",
+                                  # offsets past year 1 / 9999: OverflowError before
+                                  "0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59"])
 def test_refuses_anything_else(text):
     with pytest.raises(ValueError, match="not an RFC 3339 timestamp"):
         parse_rfc3339(text)

@@ -32,7 +32,8 @@ Two different checks:
   between check and connect (rebinding) cannot steer the connection;
 * the **health URL** is fetched by the proxy, which resolves its host itself, in its own
   network.  Here its host is checked as a literal or through this process's resolver
-  (:meth:`DestinationPolicy.check_url`); a name that does not resolve here is let through,
+  (:meth:`DestinationPolicy.check_url`), as urllib3 (which writes the probe's request) reads the
+  URL and as :func:`urllib.parse.urlsplit` does when that differs (:func:`url_hosts`); a name that does not resolve here is let through,
   since the proxy may well resolve it: what the proxy may reach is the job of Squid's own
   destination rules.
 """
@@ -46,6 +47,8 @@ import threading
 import time
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
+
+import urllib3
 
 #: Ranges no probe may connect to or fetch from unless ``PROBE_ALLOWED_RANGES`` allows them.
 DEFAULT_DENIED_RANGES = ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128")
@@ -79,10 +82,19 @@ def parse_ranges(text: str | Iterable[str], *, name: str = "ranges") -> tuple:
         if not item:
             continue
         try:
-            out.append(ipaddress.ip_network(item))
+            out.append(_plain_network(ipaddress.ip_network(item)))
         except ValueError:
             raise ValueError(f"{name}: not an IP address or CIDR range: {item!r}") from None
     return tuple(out)
+
+
+def _plain_network(net):
+    """The IPv4 network behind a range written in IPv4-mapped form (``::ffff:10.0.0.0/104`` is
+    ``10.0.0.0/8``), else ``net``: addresses are compared in their IPv4 form (:func:`_plain`),
+    so a mapped range kept as IPv6 would match nothing."""
+    if net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped is not None:
+        return ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
+    return net
 
 
 def _plain(ip):
@@ -141,7 +153,18 @@ class DestinationPolicy:
         return None
 
     def _addresses(self, host: str, port: int) -> list[str]:
-        infos = self.resolver(host, port, type=socket.SOCK_STREAM)
+        """The distinct addresses ``host`` resolves to, in the resolver's order.
+
+        Raises:
+            OSError: it does not resolve (``socket.gaierror``), also when it is no valid host
+                name: an empty label or one over 63 characters makes the IDNA encoding raise
+                UnicodeError, which would otherwise escape the probe and fail its whole batch.
+        """
+        try:
+            infos = self.resolver(host, port, type=socket.SOCK_STREAM)
+        except UnicodeError:
+            raise socket.gaierror(f"{host[:253]!r} is not a valid host name (empty label or one over "
+                                  "63 characters)") from None
         seen: list[str] = []
         for info in infos:
             addr = info[4][0]
@@ -188,14 +211,13 @@ class DestinationPolicy:
             DestinationDenied: the host is a denied name, a literal in a denied range, or a
                 name that resolves here to an address in a denied range.
         """
-        try:
-            parts = urlsplit(url)
-            host, port = parts.hostname or "", parts.port
-        except ValueError:
-            raise DestinationDenied(f"health URL {url[:200]!r} is malformed") from None
+        for host, port, scheme in url_hosts(url):
+            self._check_url_host(host, port, scheme)
+
+    def _check_url_host(self, host: str, port: int | None, scheme: str) -> None:
         name = self._name(host)
         if not name:
-            raise DestinationDenied(f"health URL {url[:200]!r} has no host")
+            raise DestinationDenied(f"health URL host {host!r} is no host name")
         if name in DENIED_NAMES:
             raise DestinationDenied(f"health URL host {host} is a denied destination (cloud metadata server)")
         now = time.monotonic()
@@ -204,7 +226,7 @@ class DestinationPolicy:
         if hit is not None and now - hit[0] < self.url_cache_seconds:
             verdict = hit[1]
         else:
-            verdict = self._url_verdict(name, host, port or (443 if parts.scheme == "https" else 80))
+            verdict = self._url_verdict(name, host, port or (443 if scheme == "https" else 80))
             with self._lock:
                 if len(self._url_cache) > 4096:
                     self._url_cache.clear()
@@ -229,6 +251,35 @@ class DestinationPolicy:
             if net is not None:
                 return f"health URL host {host} resolves to {addr}, which is in the denied range {net}"
         return None
+
+
+def url_hosts(url: str) -> list[tuple[str, int | None, str]]:
+    """Return the ``(host, port, scheme)`` a health URL names, as every parser that handles it reads it.
+
+    The probe's request line and CONNECT are written by urllib3, whose parser differs from
+    :func:`urllib.parse.urlsplit` on some URLs (``http://10.0.0.1\\@name/`` is host ``name``
+    to ``urlsplit`` and ``10.0.0.1`` to urllib3, which also decodes a percent-encoded host):
+    the host urllib3 sends comes first, ``urlsplit``'s follows when it reads another one, and
+    a check must pass all of them.  Hosts are lower-case, without IPv6 brackets.
+
+    Raises:
+        DestinationDenied: a parser refuses the URL, or it has no host.
+    """
+    where = f"health URL {url[:200]!r}"
+    try:
+        sent = urllib3.util.parse_url(url)
+        parts = urlsplit(url)
+        split_host, split_port = parts.hostname or "", parts.port
+    except (ValueError, urllib3.exceptions.LocationParseError):
+        raise DestinationDenied(f"{where} is malformed") from None
+    host = (sent.host or "").strip("[]").lower()
+    if not host or not split_host:
+        raise DestinationDenied(f"{where} has no host")
+    scheme = (sent.scheme or parts.scheme or "").lower()
+    out = [(host, sent.port, scheme)]
+    if split_host.strip("[]").lower() != host:
+        out.append((split_host, split_port, scheme))
+    return out
 
 
 @functools.lru_cache(maxsize=16)

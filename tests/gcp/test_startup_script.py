@@ -307,3 +307,98 @@ def test_an_existing_policy_rc_d_is_left_alone(make_provider, fake, metadata, tm
     result = box.run(items["startup-script"], md.url)
     assert result.returncode == 0, result.stderr
     assert box.policy_rc_d.read_text() == "#!/bin/sh\nexit 104\n"
+
+
+def test_basic_auth_without_its_htpasswd_attribute_stops_squid(make_provider, fake, metadata, tmp_path):
+    """The conf names the htpasswd file but the metadata has no ``squid-htpasswd`` (404) or an
+    empty one: the script used to delete the file, restart Squid on a conf whose password file
+    is gone and report success (every client then gets 407, or Squid dies when its auth helper
+    cannot read the file).  It stops Squid and says what is missing instead."""
+    items = _inserted_metadata(make_provider, fake, basic_auth=True)
+    real_squid = shutil.which("squid", path="/usr/sbin:/usr/bin")
+    env = {"REAL_SQUID": real_squid} if real_squid else {}
+    for name, attributes in (("missing", {k: v for k, v in items.items() if k != "squid-htpasswd"}),
+                             ("empty", {**items, "squid-htpasswd": ""})):
+        md = metadata(attributes)
+        (tmp_path / name).mkdir()
+        box = Box(tmp_path / name)
+        result = box.run(items["startup-script"], md.url, **env)
+        assert result.returncode == 1, (name, result.stderr)
+        assert "squid-htpasswd" in result.stderr and "basic auth" in result.stderr, name
+        assert "systemctl restart squid" not in box.calls(), name
+        assert box.calls()[-1] == "systemctl stop squid", name
+
+
+def test_an_empty_conf_stops_squid(metadata, tmp_path):
+    md = metadata({"squid-conf": ""})
+    box = Box(tmp_path)
+    result = box.run(startup.STARTUP_SCRIPT, md.url)
+    assert result.returncode == 1 and "squid-conf is empty" in result.stderr
+    assert box.calls() == ["systemctl stop squid"]
+    assert box.conf.read_text() == STOCK_CONF
+
+
+def test_a_metadata_server_answering_500_then_200_is_waited_for(make_provider, fake, tmp_path):
+    """A metadata server that errs (500, or garbage with another status) is retried, not taken
+    for "no such attribute"; once it answers, the conf is installed."""
+    items = _inserted_metadata(make_provider, fake, basic_auth=False)
+    md = Metadata(items)
+    answered = []
+    handler = md.server.RequestHandlerClass
+    serve = handler.do_GET
+
+    def flaky(self):  # the first two answers are errors
+        if len(answered) < 2:
+            answered.append(self.path)
+            body = b"<html>backend error</html>"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        serve(self)
+
+    handler.do_GET = flaky
+    try:
+        box = Box(tmp_path)
+        result = box.run(items["startup-script"], md.url)
+    finally:
+        md.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("metadata squid-conf: HTTP 500") == 2
+    assert box.conf.read_text() == items["squid-conf"]
+    assert box.conf_at_restarts() == [items["squid-conf"]]
+
+
+def test_the_metadata_values_are_never_run_by_the_shell(make_provider, fake, metadata, tmp_path):
+    """Attribute values land in files only: shell syntax in them is data."""
+    items = _inserted_metadata(make_provider, fake, basic_auth=True)
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}) `touch {marker}` ; touch {marker}\n"
+    md = metadata({**items, "squid-conf": items["squid-conf"] + "# " + evil,
+                   "squid-htpasswd": items["squid-htpasswd"].rstrip("\n") + evil})
+    (tmp_path / "box").mkdir()
+    box = Box(tmp_path / "box")
+    result = box.run(items["startup-script"], md.url)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    assert box.conf.read_text().endswith(evil)
+    assert evil not in result.stderr
+
+
+def test_a_reboot_installs_the_conf_the_metadata_holds_then(make_provider, fake, metadata, tmp_path):
+    """Every boot installs what the metadata holds at that boot (here: basic auth turned off
+    between two boots): the new conf, and the old htpasswd gone."""
+    with_auth = _inserted_metadata(make_provider, fake, basic_auth=True)
+    box = Box(tmp_path)
+    md = metadata(with_auth)
+    assert box.run(with_auth["startup-script"], md.url).returncode == 0
+    assert box.htpasswd.exists()
+    changed = {k: v for k, v in with_auth.items() if k != "squid-htpasswd"}
+    changed["squid-conf"] = squid.render(3128, squid.SquidPolicy(denied_destinations=("10.0.0.0/8",)))
+    md2 = metadata(changed)
+    result = box.run(with_auth["startup-script"], md2.url)
+    assert result.returncode == 0, result.stderr
+    assert box.conf.read_text() == changed["squid-conf"]
+    assert not box.htpasswd.exists()
+    assert box.conf_at_restarts() == [with_auth["squid-conf"], changed["squid-conf"]]

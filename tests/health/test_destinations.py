@@ -305,3 +305,62 @@ def test_one_slow_proxy_does_not_delay_the_others_status_writes(fleet, settings,
     batch.join(30)
     assert not batch.is_alive()
     assert serving.get(fleet.r, slow.uid)["lastReason"] in (p.CONNECTION_RESET, p.CONNECTION_FAILED, p.TIMEOUT)
+
+
+# -- the URL the check reads is the URL the probe sends ---------------------------------------
+# urllib.parse and urllib3 (which writes the probe's request line and CONNECT) disagree on some
+# URLs: "http://10.0.0.1\@name/" is host "name" to the one and 10.0.0.1 to the other, and a
+# percent-encoded host is decoded by urllib3 only.  A check of the wrong parser's host let a
+# health URL reach a denied address through the proxy.
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1\\@no-such-host.invalid/generate_204",
+    "http://127.0.0.1:8080\\@no-such-host.invalid/",
+    "https://169.254.169.254\\@no-such-host.invalid/",
+    "http://%31%32%37.0.0.1/generate_204",
+    "http://%6d%65%74%61%64%61%74%61.google.internal/computeMetadata/v1/",
+])
+def test_a_health_url_whose_parsers_disagree_is_denied(url):
+    with pytest.raises(DestinationDenied, match="health URL"):
+        DestinationPolicy().check_url(url)
+
+
+def test_a_backslash_in_the_authority_cannot_smuggle_a_denied_host_to_the_proxy(fleet, origin, squids, next_address):
+    sq = squids(start_squid(next_address()))
+    before = len(origin.requests)
+    host, port = ORIGIN_ADDRESS, int(origin.url("/").split(":")[2].split("/")[0])
+    url = f"http://{host}:{port}\\@no-such-host.invalid/generate_204"  # urllib.parse: host no-such-host.invalid
+    px = fleet.external("smuggle", sq.address, sq.port, health={"url": url, "timeoutSeconds": 2})
+    report = fleet.probe([px], denied_settings(allowed_ranges=(f"{sq.address}/32",)))
+    assert report.reasons == {p.DESTINATION_DENIED: 1}
+    assert len(origin.requests) == before  # the origin, in a denied range, was never asked
+
+
+def test_a_range_written_in_ipv4_mapped_form_denies_the_ipv4_addresses():
+    """``::ffff:10.0.0.0/104`` is 10.0.0.0/8: addresses are compared in their IPv4 form, so the
+    range must be too (it silently denied nothing)."""
+    (net,) = parse_ranges("::ffff:10.244.0.0/112", name="PROBE_EXTERNAL_DENIED_RANGES")
+    assert str(net) == "10.244.0.0/16"
+    policy = DestinationPolicy(external_denied=parse_ranges("::ffff:10.244.0.0/112"))
+    for host in ("10.244.3.7", "::ffff:10.244.3.7"):
+        with pytest.raises(DestinationDenied, match=r"10\.244\.0\.0/16"):
+            policy.endpoint_address(host, 3128)
+    with pytest.raises(DestinationDenied):
+        policy.check_url("http://[::ffff:10.244.3.7]/")
+
+
+def test_a_host_name_the_resolver_cannot_encode_fails_its_own_probe_only(fleet, origin, squids, next_address):
+    """``a..b`` (an empty label) or a label over 63 characters passes the CRD's character rule,
+    but Python's resolver raises UnicodeError (not OSError) encoding it: the exception left the
+    probe and failed the whole batch, so one Proxy author stopped every other Proxy's probes."""
+    sq = squids(start_squid(next_address()))
+    good = fleet.external("good", sq.address, sq.port)
+    bad_url = fleet.external("bad-url", sq.address, sq.port, health={"url": "http://a..b/generate_204"})
+    bad_host = fleet.external("bad-host", "x" * 64 + ".example", sq.port)
+    report = fleet.probe([good, bad_url, bad_host], denied_settings(allowed_ranges=("127.0.0.0/8",)))
+    assert report.succeeded == 1 and report.failed == 2
+    assert fleet.read("default", "good").phase == "Ready"
+    healthy = conds(fleet.read("default", "bad-host"))["Healthy"]
+    assert (healthy["status"], healthy["reason"]) == ("False", p.CONNECTION_FAILED)
+    assert "not a valid host name" in healthy["message"]
+    assert conds(fleet.read("default", "bad-url"))["Healthy"]["status"] == "False"

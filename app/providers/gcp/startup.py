@@ -19,9 +19,10 @@ every public image has the guest environment.  See docs/gcp-provider.md.
 What the script does, fail-closed (Squid is stopped whenever the operator's conf cannot be
 installed):
 
-1. fetch ``squid-conf`` (required) and ``squid-htpasswd`` (optional: a 404 means no basic
-   auth) from the metadata server with ``Metadata-Flavor: Google``, retrying while it is not
-   reachable yet;
+1. fetch ``squid-conf`` (required, not empty) and ``squid-htpasswd`` (optional: a 404 means
+   no basic auth; missing or empty while the conf turns basic auth on, it is a failure) from
+   the metadata server with ``Metadata-Flavor: Google``, retrying while it is not reachable
+   yet or answers anything but 200 or 404;
 2. install Squid when it is missing, with Debian's ``policy-rc.d`` answering 101 so the
    package's stock squid.conf never starts serving;
 3. write the conf (0644) and the htpasswd (0640, group ``proxy`` or ``squid``, never
@@ -129,6 +130,12 @@ case $? in
   1) AUTH=0 ;;
   *) fail "the metadata server did not answer for squid-htpasswd" ;;
 esac
+# A conf with basic auth needs its password file: without one every client would get 407 (or
+# Squid dies when its auth helper cannot read the file) while this script reported success.
+if grep -Eq '^[[:space:]]*auth_param[[:space:]]+basic[[:space:]]+program' "$TMP/squid.conf"; then
+  [ "$AUTH" = 1 ] || fail "squid-conf turns basic auth on but the instance metadata has no squid-htpasswd"
+  [ -s "$TMP/htpasswd" ] || fail "squid-conf turns basic auth on but squid-htpasswd is empty"
+fi
 
 if ! command -v squid >/dev/null 2>&1; then
   guard=0
