@@ -19,6 +19,8 @@ every public image has the guest environment.  See docs/gcp-provider.md.
 What the script does, fail-closed (Squid is stopped whenever the operator's conf cannot be
 installed):
 
+0. stop a Squid that is already running (the image's, or the last boot's), so that nothing
+   serves a conf other than the operator's while the script works;
 1. fetch ``squid-conf`` (required, not empty) and ``squid-htpasswd`` (optional: a 404 means
    no basic auth; missing or empty while the conf turns basic auth on, it is a failure) from
    the metadata server with ``Metadata-Flavor: Google``, retrying while it is not reachable
@@ -89,6 +91,13 @@ pkg_install() {
   else log "no known package manager to install $*"; return 1
   fi
 }
+
+# A Squid the image enables (or the last boot's user-data left) starts before this script and may
+# serve a conf that is not the operator's (a stock squid.conf reaches the metadata server): stop it
+# first, so nothing serves until the operator's conf is installed.
+if command -v squid >/dev/null 2>&1; then
+  squid_service stop >/dev/null 2>&1 || log "cannot stop squid before installing the conf"
+fi
 
 command -v curl >/dev/null 2>&1 || pkg_install curl || fail "curl is missing and cannot be installed"
 
