@@ -260,8 +260,12 @@ class OwnWrites:
 
 # -- the dispatcher ------------------------------------------------------------------------------
 def lock_timeout(settings) -> float:
-    """Seconds the per-Proxy lock is held at most: the task hard time limit + 10 s."""
-    return settings.task_time_limit + 10
+    """Seconds the per-Proxy lock is held at most: the task hard time limit + 10 s (float).
+
+    The same span as :func:`app.reconcile.create_window`, and taken from it: a step holds the
+    lock no longer than its provider call may still make an instance, so a delete that waits
+    out the window also outlives any lock a create held."""
+    return reconcile.create_window(settings)
 
 
 @dataclass(frozen=True)
