@@ -29,6 +29,18 @@ RECONCILES = Counter(
 GC_DELETED = Counter("proxy_operator_gc_deleted_total", "Orphans deleted by GC.", ["provider"])
 GC_PARTIAL = Counter("proxy_operator_gc_partial_sweeps_total", "GC sweeps skipped for a partial listing.",
                      ["provider"])
+POOL_MEMBERS_CREATED = Counter(
+    "proxy_operator_pool_members_created_total", "Members a ProxyPool's controller created, by pool.",
+    ["namespace", "pool"])
+POOL_MEMBERS_DRAINING = Counter(
+    "proxy_operator_pool_members_draining_total", "Members a ProxyPool's controller marked draining, by pool and "
+    "reason (Outdated: template change, age or zone rollover; ScaleDown).", ["namespace", "pool", "reason"])
+POOL_MEMBERS_DELETED = Counter(
+    "proxy_operator_pool_members_deleted_total", "Members a ProxyPool's controller deleted, by pool and reason "
+    "(Drained, DrainTimeout, Failed).", ["namespace", "pool", "reason"])
+POOL_RESCALES = Counter(
+    "proxy_operator_pool_rescales_total", "spec.replicas writes of a ProxyPool's autoscaler, by pool and "
+    "direction (up, down).", ["namespace", "pool", "direction"])
 PROXIES_BY_PHASE = Gauge("proxy_operator_proxies", "Proxies by phase and provider (set by resync).",
                          ["phase", "provider"], multiprocess_mode="mostrecent")
 

@@ -277,6 +277,15 @@ def pool_scale(uid: str) -> str:
     return PREFIX + "pool-scale:" + uid
 
 
+#: hash — the last pass's counts of every pool, for the pool gauges (:class:`app.pools.stats.PoolCollector`,
+#: read by beat's ``/metrics`` at scrape time): field ``<namespace>/<name>`` -> JSON ``{"uid", "desired",
+#: "replicas", "ready", "leasable", "updated", "draining", "skippedZones", "at"}``.  No TTL (bounded by the
+#: pools).  Written by :func:`app.pools.stats.record` (every pass that acted); fields removed by
+#: :func:`app.pools.stats.forget` (a deleted pool, or one whose spec the controller cannot act on) and
+#: :func:`app.pools.stats.prune` (``pool.resync``: pools no longer listed).
+POOL_STATS = PREFIX + "pool-stats"
+
+
 def pool_lock(uid: str) -> str:
     """string — the per-pool lock (a redis-py ``Lock`` token) held by one ``pool.reconcile`` at a
     time.  TTL: the task hard time limit + 10 s.  :mod:`app.pools.controller` only."""

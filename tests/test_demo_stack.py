@@ -5,7 +5,10 @@ Checks: the Proxy from ``deploy/samples/proxy_kubernetes.yaml`` (applied with va
 goes Ready offline (its default health URL is pointed at the demo's local origin),
 ``kubectl get px -w`` shows Phase/Provider/Address/Egress IP/Healthy, ``describe`` shows
 conditions and Events, a lease is taken with curl and a page fetched through the leased proxy,
-the Proxy is deleted, and after SIGINT every process the demo started is gone.
+the Proxy is deleted; then the ProxyPool sample (``deploy/samples/proxypool_kubernetes.yaml``,
+README's lines run as written) gets 3 leasable members, each a real Squid, ``kubectl scale``
+makes 5, a lease naming the pool is served through one of them, and deleting the pool deletes
+them all; after SIGINT every process the demo started is gone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tests.test_ci_commands import readme_demo_block
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(240),
     pytest.mark.skipif(shutil.which("kubectl") is None,
                        reason="kubectl is not installed (1.27 or newer, from "
                               "https://kubernetes.io/docs/tasks/tools/)"),
@@ -120,6 +123,33 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
 
         assert 'proxy.crawl.example.com "squid-k8s-1" deleted' in sh("kubectl", "delete", "px", "squid-k8s-1")
         assert sh("kubectl", "get", "px", "-o", "name").strip() == ""
+
+        # README's ProxyPool lines, run as written in bash: the sample pool's 3 members are real
+        # Squids, `kubectl scale` makes 5, a lease names the pool, deleting it deletes them all.
+        def step(*lines: str) -> str:
+            return sh("bash", "-euo", "pipefail", "-c", "\n".join([variables, *lines]))
+
+        apply_pool = steps.index(next(line for line in steps if "proxypool_kubernetes.yaml" in line))
+        get_pxp, scale, get_members, lease_1, lease_2, delete_pool = steps[apply_pool + 1:apply_pool + 7]
+        assert (get_pxp.split("#")[0].strip(), scale.split()[:3], delete_pool.split("#")[0].strip()) == (
+            "kubectl get pxp", ["kubectl", "scale", "pxp/squid-k8s-pool"], "kubectl delete pxp squid-k8s-pool")
+        assert "created" in step(steps[apply_pool])
+        sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=3", "pxp/squid-k8s-pool", "--timeout=60s")
+        rows = [line.split() for line in step(get_pxp).splitlines()]
+        assert rows[0] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "AGE"]
+        assert rows[1][:5] == ["squid-k8s-pool", "3", "3", "3", "3"]
+        assert "proxypool.crawl.example.com/squid-k8s-pool scaled" in step(scale)
+        sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=5", "pxp/squid-k8s-pool", "--timeout=60s")
+        members = [line.split() for line in step(get_members).splitlines()[1:]]
+        assert len(members) == 5, members
+        assert all(m[0].startswith("squid-k8s-pool-") and m[1:3] == ["Ready", "k8s-local"] for m in members), members
+        lease = json.loads(step(lease_1, lease_2))
+        assert lease["proxy"]["name"] in {m[0] for m in members}
+        page = sh("curl", "-s", "--noproxy", "", "-x", lease["proxyUrl"], info["origin"])
+        assert "Hello from the proxy-operator demo origin" in page  # a real Squid of the pool
+        assert 'proxypool.crawl.example.com "squid-k8s-pool" deleted' in step(delete_pool)
+        wait_for(lambda: sh("kubectl", "get", "px", "-o", "name").strip() == "", 30,
+                 "the pool's Proxies to be deleted with it")
         started = _descendants(demo.pid)
         assert started  # Redis, the operator's processes, the Squid
     finally:

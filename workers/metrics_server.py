@@ -19,8 +19,9 @@ What each process adds on top of the shared metrics (docs/observability.md lists
   shows the leader's runs too), the provider-health gauges
   (:class:`app.provider_health.ProviderHealthCollector`), exported here because beat is not
   the process that runs the checks: a dead checker shows as a stale target, not as silence;
-  and ``proxy_operator_serving_proxies{state}`` (:class:`ServingViewCollector`), the fleet as
-  the lease API sees it.
+  ``proxy_operator_serving_proxies{state}`` (:class:`ServingViewCollector`), the fleet as
+  the lease API sees it, and the ProxyPool gauges (``proxy_operator_pool_*_replicas{namespace,
+  pool}``, :class:`app.pools.stats.PoolCollector`), each pool as its last controller pass left it.
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ def _serve_beat(sender=None, **_) -> None:
     bind = os.environ.get("METRICS_BIND")
     if not bind:
         return
+    from app.pools.stats import PoolCollector
     from app.provider_health import ProviderHealthCollector
     from workers.beat import providers_config
     from workers.celery_app import celery_app
@@ -219,7 +221,7 @@ def _serve_beat(sender=None, **_) -> None:
     factory = _redis_factory()
     metrics.serve(bind, registry_for_scrape(BeatScheduleCollector(celery_app, factory),
                                             ProviderHealthCollector(factory, providers_config.providers),
-                                            ServingViewCollector(factory)))
+                                            ServingViewCollector(factory), PoolCollector(factory)))
     log.info("serving /metrics on %s", bind)
 
 

@@ -143,8 +143,15 @@ def pool_reconcile(self, namespace: str, name: str, uid: str, attempt: int = 0) 
 @celery_app.task(name="pool.resync")
 def pool_resync() -> int:
     """Queue a pass over every ProxyPool that has none queued (beat): age limits and the
-    autoscaler need passes no event asks for.  Returns how many were queued."""
-    return pool_dispatcher().resync(context().kube.list_pools())
+    autoscaler need passes no event asks for, and drop the gauges' counts of pools no longer
+    listed (:func:`app.pools.stats.prune`: a deletion whose pass was missed).  Returns how many
+    were queued."""
+    from app.pools import stats as pool_stats
+
+    ctx = context()
+    pools = ctx.kube.list_pools()
+    pool_stats.prune(ctx.redis, [(p.namespace, p.name) for p in pools])
+    return pool_dispatcher().resync(pools)
 
 
 @celery_app.task(name="gc.sweep")

@@ -23,7 +23,10 @@ counted for it (:mod:`app.pools.demand`) and the autoscaler's recent recommendat
 mark leaving members draining (the annotation on the Proxy, then the serving view at once),
 create new members, write ``spec.replicas`` through the scale subresource when the autoscaler
 moved it, write the status (:func:`app.status_writer.write_pool`).  One Event per kind of action
-and pass.
+and pass, and one when zones start being skipped for a provider target that is not Ready
+(``ZoneNotReady``) or recover (``ZoneReady``), told from ``status.skippedZones`` before and
+after the pass (:func:`app.pools.plan.skipped_zones`), so a zone that stays down is not
+repeated every pass.
 
 An action the API refuses (409: the member changed meanwhile; 404: it is gone; 422: the CRD
 refused the member) is logged and left to the next pass, which decides again from what it reads.
@@ -40,13 +43,14 @@ from typing import Any, Callable, Mapping
 
 from kubernetes.client import ApiException
 
-from app import leases, redis_keys, selectors, serving, status_writer
+from app import leases, metrics, redis_keys, selectors, serving, status_writer
 from app.kube import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
+from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
                              parse_time, selector_string)
-from app.pools.plan import Plan, plan, stalled
+from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
 from app.provider_health import CHECK_PENDING, read_snapshot
 from app.resources import DRAINING_ANNOTATION, READY, Proxy
 from app.serving_record import ServingRecord
@@ -158,30 +162,46 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
     return out, by_uid
 
 
-def zones_ready(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, bool]:
-    """Whether members may be placed in each of ``zones`` (``None``: the template's placement).
+def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, ZoneHealth | None]:
+    """Why members may not be placed in each of ``zones`` (``None``: the template's placement):
+    the :class:`app.pools.plan.ZoneHealth` of a zone that is not Ready, ``None`` for a Ready one.
 
     A zone is Ready when the provider's ProviderHealth target of that name is (a KVM host), or,
     for a zone that is no target of its own (a GCE zone, the kubernetes provider's placement),
-    when every target of the provider is (the project, ``cluster``).  A target with no verdict
-    yet (``CheckPending``) and a provider whose checks are off (``checkInterval: 0``) are not
-    held against a zone.
+    when every target of the provider is (the project, ``cluster``; the first target that is
+    not, by name, is the one named).  A target with no verdict yet (``CheckPending``) and a
+    provider whose checks are off (``checkInterval: 0``) are not held against a zone.
 
     Args:
         r: ``redis.Redis``.
         pc: the template's provider config (:class:`app.config.ProviderConfig`).
         zones: the zones to judge.
+        now: epoch seconds (staleness of the verdicts).
+    Returns:
+        ``{zone or "": ZoneHealth or None}``.
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    if not getattr(pc, "check_interval", 0):
+        return {z or "": None for z in zones}
+    verdicts = {s.verdict.name: s.verdict for s in read_snapshot(r, pc, now=now)}
+    down = {name: ZoneHealth(name, v.reason, v.message or "") for name, v in sorted(verdicts.items())
+            if not (v.ready or v.reason == CHECK_PENDING)}
+    whole = next(iter(down.values()), None)
+    return {z or "": (down.get(z) if z in verdicts else whole) if z else whole for z in zones}
+
+
+def zones_ready(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, bool]:
+    """Whether members may be placed in each of ``zones`` (``None``: the template's placement).
+
+    :func:`zone_health` without the why.
+
     Returns:
         ``{zone or "": ready}``.
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    if not getattr(pc, "check_interval", 0):
-        return {z or "": True for z in zones}
-    targets = {s.verdict.name: (s.verdict.ready or s.verdict.reason == CHECK_PENDING)
-               for s in read_snapshot(r, pc, now=now)}
-    whole = all(targets.values()) if targets else True
-    return {z or "": targets.get(z, whole) if z else whole for z in zones}
+    return {zone: why is None for zone, why in zone_health(r, pc, zones, now=now).items()}
 
 
 def _history(r, uid: str) -> list[dict]:
@@ -220,13 +240,16 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     if pool is None or pool.uid != ref.uid or pool.deleting:
         if pool is None or pool.uid == ref.uid:
             pool_demand.forget(r, ref.namespace, ref.name)
+        pool_stats.forget(r, ref.namespace, ref.name, uid=ref.uid)
         r.delete(redis_keys.pool_scale(ref.uid))
         return Outcome("gone")
     if pool.spec is None:
+        pool_stats.forget(r, pool.namespace, pool.name)
         status_writer.write_pool(kube, pool, stalled(pool, "InvalidSpec", pool.spec_error, now=now))
         return Outcome("stalled")
     pc = configs.get(pool.spec.provider)
     if pc is None:
+        pool_stats.forget(r, pool.namespace, pool.name)
         status_writer.write_pool(kube, pool, stalled(
             pool, "UnknownProvider", f"spec.template.spec.provider: no provider {pool.spec.provider!r} in the "
                                      "providers config: no member is created", now=now))
@@ -240,15 +263,21 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     records = serving.records(r, uids)
     members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
     zones = list(pool.spec.zones) or [pool.spec.template_zone]
-    ready = zones_ready(r, pc, zones, now=now)
+    health = zone_health(r, pc, zones, now=now)
+    ready = {zone: why is None for zone, why in health.items()}
     signal, history = None, None
     if pool.spec.autoscale is not None:
         taken = pool_demand.take(r, pool.namespace, pool.name)
         signal = Demand(refused=taken.refused, window=taken.window or 0.0)
         history = _history(r, pool.uid)
-    result = plan(pool, members, ready, now=now, demand=signal, history=history)
+    result = plan(pool, members, ready, now=now, demand=signal, history=history,
+                  zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records)
     _apply(kube, r, pool, result, by_uid, rand)
+    pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
+                      desired=result.desired, now=now,
+                      draining=len({m.uid for m in members if m.draining and not m.deleting}
+                                   - {d.uid for d in result.deletes}) + len(result.drains))
     if pool.spec.autoscale is not None:
         r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
               ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
@@ -325,6 +354,9 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
             if exc.status not in (404, 409):
                 raise
             refused(f"deleting {d.name}", exc)
+    labels = (pool.namespace, pool.name)
+    for d in deleted:
+        metrics.POOL_MEMBERS_DELETED.labels(*labels, d.reason).inc()
     if deleted:
         log.info("pool %s: deleted %s", pool.key, ", ".join(f"{d.name} ({d.reason})" for d in deleted))
         kube.record_pool_event(pool, "Normal", "MemberDeleted",
@@ -343,6 +375,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
             refused(f"marking {d.name} draining", exc)
             continue
         serving.set_draining(r, d.uid, d.until)
+        metrics.POOL_MEMBERS_DRAINING.labels(*labels, d.reason).inc()
         drained.append(d)
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
@@ -364,6 +397,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                     break
                 raise
             created.append((name, c.zone))
+            metrics.POOL_MEMBERS_CREATED.labels(*labels).inc()
             break
     if created:
         log.info("pool %s: created %s", pool.key, ", ".join(f"{n}{' in ' + z if z else ''}" for n, z in created))
@@ -378,6 +412,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                 raise
             refused("writing spec.replicas", exc)
         else:
+            metrics.POOL_RESCALES.labels(*labels, "up" if result.scale_to > pool.spec.replicas else "down").inc()
             util = "" if result.utilization is None else f" (lease utilization {result.utilization:.0%})"
             log.info("pool %s: autoscaler %d -> %d members%s", pool.key, pool.spec.replicas, result.scale_to, util)
             kube.record_pool_event(pool, "Normal", "Rescaled",
@@ -388,6 +423,31 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         if exc.status != 404:
             raise
         refused("writing the status", exc)
+        return
+    _zone_events(kube, pool, result.status.get("skippedZones") or [])
+
+
+def _zone_events(kube: KubeGateway, pool: Pool, skipped: list[Mapping[str, Any]]) -> None:
+    """One Event when zones start being skipped (``ZoneNotReady``, Warning) and one when zones
+    listed in the pool recover (``ZoneReady``), from the change between the status read and the
+    status written: a pass that finds the same zones skipped emits none.  A zone dropped from
+    ``spec.spread.zones`` while skipped is not said to recover."""
+    before = {z.get("zone") for z in pool.status.get("skippedZones") or () if isinstance(z, Mapping)}
+    now_skipped = {z["zone"] for z in skipped}
+    started = [z for z in skipped if z["zone"] not in before]
+    listed = set(pool.spec.zones) or {pool.spec.template_zone or ""}
+    recovered = sorted(z for z in before - now_skipped if isinstance(z, str) and z in listed)
+    if started:
+        log.warning("pool %s: no new member in %s", pool.key, describe_zones(started))
+        kube.record_pool_event(pool, "Warning", "ZoneNotReady",
+                               message=f"{len(started)} zone(s) get no new member until their provider target is "
+                                       f"Ready: {describe_zones(started)}")
+    if recovered:
+        names = ", ".join(z or "the template's placement" for z in recovered[:10]) + (
+            f" and {len(recovered) - 10} more" if len(recovered) > 10 else "")
+        log.info("pool %s: provider target Ready again for %s", pool.key, names)
+        kube.record_pool_event(pool, "Normal", "ZoneReady",
+                               message=f"the provider target of {names} is Ready again: new members may go there")
 
 
 def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_timeout: float,
@@ -415,4 +475,4 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
 
 
 __all__ = ["RELEASE_RETRY", "Outcome", "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec",
-           "members_of", "owner_of", "reconcile", "run", "strays_of", "zones_ready"]
+           "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health", "zones_ready"]

@@ -38,7 +38,10 @@ Rules, in the order they apply:
    ``spec.spread.zones`` whose provider target is Ready and that holds the fewest members
    (ties: the order of the list); no zone Ready: nothing is created and ``Progressing`` says so.
 6. **Status**: counts, ``observedGeneration``, ``selector``, conditions ``Available``,
-   ``Progressing``, ``ScalingLimited``, and the autoscaler's state.
+   ``Progressing``, ``ScalingLimited``, ``ZonesReady``, the autoscaler's state, and
+   ``skippedZones``: each zone of the pool (``spec.spread.zones``, or the template's placement)
+   whose provider target is not Ready, with that target's ProviderHealth reason and message and
+   since when it is skipped (:func:`skipped_zones`).
 """
 
 from __future__ import annotations
@@ -65,7 +68,28 @@ CREATE_BATCH_REQUEUE = 1.0
 COND_AVAILABLE = "Available"
 COND_PROGRESSING = "Progressing"
 COND_SCALING_LIMITED = "ScalingLimited"
-_ORDER = {COND_AVAILABLE: 0, COND_PROGRESSING: 1, COND_SCALING_LIMITED: 2}
+COND_ZONES_READY = "ZonesReady"
+_ORDER = {COND_AVAILABLE: 0, COND_PROGRESSING: 1, COND_SCALING_LIMITED: 2, COND_ZONES_READY: 3}
+#: Zones a condition message names at most (the rest are counted): messages stay bounded
+#: whatever ``spec.spread.zones`` holds (up to 64 zones).
+MAX_ZONES_NAMED = 10
+#: Characters of a provider target's message kept in ``status.skippedZones`` and in messages.
+MAX_ZONE_MESSAGE = 200
+
+
+@dataclass(frozen=True)
+class ZoneHealth:
+    """Why a zone's provider target is not Ready, as its ProviderHealth says.
+
+    Attributes:
+        target: the ProviderHealth target the zone follows (a KVM host, a GCP project, ``cluster``).
+        reason: the target's reason (CamelCase: ``HostUnreachable``, ``CheckStale``, ...).
+        message: the target's message (cut at :data:`MAX_ZONE_MESSAGE` characters where shown).
+    """
+
+    target: str
+    reason: str
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,8 +218,75 @@ def _zone_counts(pool: Pool, staying: list[Member]) -> dict[str, int]:
     return counts
 
 
+def _cut(text: str, limit: int = MAX_ZONE_MESSAGE) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _zone_label(zone: str) -> str:
+    return zone or "the template's placement"
+
+
+def skipped_zones(pool: Pool, zone_ready: Mapping[str, bool], zone_health: "Mapping[str, ZoneHealth] | None",
+                  *, now: float) -> list[dict]:
+    """The zones of ``pool`` that get no new member because their provider target is not Ready,
+    as ``status.skippedZones`` holds them.
+
+    The pool's zones are ``spec.spread.zones`` (in their order), or the template's
+    ``placement.zone`` (``""`` when it has none: the provider as a whole decides).
+
+    Args:
+        pool: the pool (valid spec); its current ``status.skippedZones`` keeps each zone's ``since``.
+        zone_ready: as :func:`plan` takes it.
+        zone_health: zone -> :class:`ZoneHealth` for the zones that are not Ready (a zone
+            missing here gets reason ``NotReady``, no target and no message).
+        now: epoch seconds (``since`` of a zone skipped from this pass on).
+    Returns:
+        ``[{"zone", "target", "reason", "message", "since"}]`` (``message`` at most
+        :data:`MAX_ZONE_MESSAGE` characters, ``since`` RFC 3339), ``[]`` when every zone is Ready.
+    """
+    spec = pool.spec
+    before = {}
+    for entry in pool.status.get("skippedZones") or ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("zone"), str) and parse_time(entry.get("since")):
+            before[entry["zone"]] = entry["since"]
+    out = []
+    for zone in (list(spec.zones) or [spec.template_zone or ""]):
+        if zone_is_ready(zone_ready, zone):
+            continue
+        why = (zone_health or {}).get(zone or "")
+        out.append({"zone": zone or "", "target": _cut(why.target, 253) if why else "",
+                    "reason": _cut(why.reason, 128) if why else "NotReady",
+                    "message": _cut(why.message) if why else "",
+                    "since": before.get(zone or "") or format_time(now)})
+    return out
+
+
+#: Characters :func:`describe_zones` spends on zones at most (a condition message is cut at 1024).
+ZONES_TEXT_BUDGET = 700
+
+
+def describe_zones(skipped: list[Mapping[str, Any]]) -> str:
+    """``skipped`` (:func:`skipped_zones`) as one bounded line: each zone with its target's
+    reason and message (cut at 80 characters), at most :data:`MAX_ZONES_NAMED` of them and
+    :data:`ZONES_TEXT_BUDGET` characters; the rest are counted (``and N more zone(s)``)."""
+    parts: list[str] = []
+    used = 0
+    for z in skipped[:MAX_ZONES_NAMED]:
+        target = f"target {_cut(z['target'], 80)}: " if z.get("target") and z["target"] != z["zone"] else ""
+        message = f": {_cut(z['message'], 80)}" if z.get("message") else ""
+        part = f"{_cut(_zone_label(z['zone']), 80)} ({target}{z['reason']}{message})"
+        if parts and used + len(part) > ZONES_TEXT_BUDGET:
+            break
+        parts.append(part)
+        used += len(part) + 2
+    more = len(skipped) - len(parts)
+    return "; ".join(parts) + (f"; and {more} more zone(s)" if more > 0 else "")
+
+
 def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, now: float,
-         demand: scaler.Demand | None = None, history: "list[Mapping[str, Any]] | None" = None) -> Plan:
+         demand: scaler.Demand | None = None, history: "list[Mapping[str, Any]] | None" = None,
+         zone_health: "Mapping[str, ZoneHealth] | None" = None) -> Plan:
     """Decide what ``pool`` needs now (the rules of the module docstring).
 
     Args:
@@ -210,6 +301,9 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             ``members``), ``None`` for none.
         history: the autoscaler's recommendations kept from the last pass (:attr:`Plan.history`),
             ``None`` when none are known.
+        zone_health: zone -> :class:`ZoneHealth` of the zones that are not Ready (their
+            ProviderHealth target's reason and message), for ``status.skippedZones`` and the
+            ``ZonesReady`` condition; ``None``: not known (the status says only "not Ready").
     Returns:
         the :class:`Plan`.
     Raises:
@@ -313,9 +407,11 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
         else:
             creates = [Create(spec.template_zone) for _ in range(want)]
 
+    skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
     status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-                     len(draining), now, failures=member_failures if backing_off else None)
+                     len(draining), now, failures=member_failures if backing_off else None, skipped=skipped)
     status["memberFailures"] = member_failures
+    status["skippedZones"] = skipped or None
     future = [t for t in timers if t > 0]
     scale_to = n if decision is not None and n != spec.replicas else None
     return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
@@ -332,7 +428,7 @@ def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, g
 
 
 def _status(pool: Pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-            draining_count, now, *, failures: dict | None = None) -> dict:
+            draining_count, now, *, failures: dict | None = None, skipped: list[dict] = ()) -> dict:
     spec = pool.spec
     stamp = format_time(now)
     leasable = sum(1 for m in active if m.leasable)
@@ -351,9 +447,9 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
                      f"members failed in {failures['count']} pass(es) in a row; no member is created before "
                      f"{failures['retryAfter']}", gen, stamp)
     elif no_zone:
-        where = ", ".join(spec.zones) if spec.zones else (spec.template_zone or "the template's placement")
         conds = _set(conds, COND_PROGRESSING, "False", "NoReadyZone",
-                     f"no member can be created: the provider target of every zone ({where}) is not Ready", gen, stamp)
+                     f"no member can be created: the provider target of every zone is not Ready: "
+                     f"{describe_zones(list(skipped))}", gen, stamp)
     elif creates or drains or deletes or pending_out or draining_count or len(updated) != n or \
             any(not m.leasable for m in updated):
         parts = []
@@ -387,6 +483,19 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         conds = _set(conds, COND_SCALING_LIMITED, "False", "DesiredWithinRange",
                      f"{decision.recommended} members recommended, within "
                      f"[{spec.autoscale.min_replicas}, {spec.autoscale.max_replicas}]", gen, stamp)
+    zones = list(spec.zones) or [spec.template_zone or ""]
+    if skipped:
+        conds = _set(conds, COND_ZONES_READY, "False", "ZonesNotReady",
+                     f"{len(skipped)} of {len(zones)} zone(s) get no new member until their provider target is "
+                     f"Ready: {describe_zones(list(skipped))}", gen, stamp)
+    elif spec.zones:
+        named = ", ".join(spec.zones[:MAX_ZONES_NAMED]) + (
+            f" and {len(spec.zones) - MAX_ZONES_NAMED} more" if len(spec.zones) > MAX_ZONES_NAMED else "")
+        conds = _set(conds, COND_ZONES_READY, "True", "AllZonesReady",
+                     f"the provider target of every zone is Ready: {named}", gen, stamp)
+    else:
+        conds = _set(conds, COND_ZONES_READY, "True", "AllZonesReady",
+                     f"the provider target of {_zone_label(zones[0])} is Ready", gen, stamp)
     return {
         "replicas": len(live),
         "readyReplicas": sum(1 for m in live if m.ready),
@@ -419,6 +528,7 @@ def invalid(pool: Pool, now: float) -> dict:
     return stalled(pool, "InvalidSpec", pool.spec_error, now=now)
 
 
-__all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "Create", "Delete", "Drain",
-           "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "MAX_CREATES_PER_PASS", "Plan", "failure_backoff", "invalid", "plan", "stalled",
-           "zone_is_ready"]
+__all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "COND_ZONES_READY", "Create", "Delete",
+           "Drain", "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "MAX_CREATES_PER_PASS", "MAX_ZONES_NAMED",
+           "MAX_ZONE_MESSAGE", "Plan", "ZoneHealth", "describe_zones", "failure_backoff", "invalid", "plan",
+           "skipped_zones", "stalled", "zone_is_ready"]

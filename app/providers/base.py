@@ -77,6 +77,28 @@ class InstanceState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class InstanceNote:
+    """What the user must know about an instance that its state alone does not say.
+
+    The reconciler's poll puts it in the Proxy's ``Provisioned`` condition: while the instance
+    is Provisioning as ``Provisioned=False/<reason>`` (why it is not Running yet, e.g. kvm's
+    ``WaitingForGuestAgent``); once it is Running as ``Provisioned=True/<reason>`` with the
+    message appended, plus one Warning Event ``<reason>`` when ``degraded`` (e.g. kvm's
+    ``GuestAgentUnavailable``: the address came from a fallback source).
+
+    Attributes:
+        reason: CamelCase condition (and Event) reason.
+        message: one human-readable sentence, stable from poll to poll (no counters or times,
+            so an unchanged note writes nothing); never secrets.
+        degraded: the instance works but is not as it should be (Warning Event once Running).
+    """
+
+    reason: str
+    message: str
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
 class Instance:
     """What a provider reports about one instance.
 
@@ -89,6 +111,8 @@ class Instance:
         created: creation time (timezone-aware UTC) or ``None`` when the provider cannot tell.
         tags: the tags the instance carries (keys of :mod:`app.naming`), ``{}`` for none.
         zone: where it runs (kvm host, gcp zone, kubernetes namespace), or ``None``.
+        note: an :class:`InstanceNote` for the Proxy's status (why it is still Provisioning,
+            or how a Running instance is degraded), or ``None``.
     """
 
     provider_id: str
@@ -98,6 +122,7 @@ class Instance:
     created: datetime | None = None
     tags: dict[str, str] = field(default_factory=dict)
     zone: str | None = None
+    note: InstanceNote | None = None
 
 
 @dataclass(frozen=True)

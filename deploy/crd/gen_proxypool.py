@@ -385,11 +385,40 @@ spec:
                       format: date-time
                     templateHash:
                       type: string
+                skippedZones:
+                  description: >-
+                    The pool's zones (spec.spread.zones, or the template's placement: zone "") whose
+                    provider target is not Ready (its ProviderHealth): they get no new Proxy until it is.
+                    Each with the target, its reason and message, and since when. Absent when every zone
+                    is Ready.
+                  type: array
+                  maxItems: 64
+                  x-kubernetes-list-type: atomic
+                  items:
+                    type: object
+                    required: [zone, reason, since]
+                    properties:
+                      zone:
+                        type: string
+                        maxLength: 253
+                      target:
+                        type: string
+                        maxLength: 253
+                      reason:
+                        type: string
+                        maxLength: 128
+                      message:
+                        type: string
+                        maxLength: 256
+                      since:
+                        type: string
+                        format: date-time
                 conditions:
                   description: >-
                     Available (enough Proxies leasable), Progressing (a rollout or scale in
                     progress), ScalingLimited (the autoscaler wants more or fewer than its
-                    bounds allow) (metav1.Condition).
+                    bounds allow), ZonesReady (whether every zone's provider target is Ready)
+                    (metav1.Condition).
                   type: array
                   x-kubernetes-list-type: map
                   x-kubernetes-list-map-keys: [type]

@@ -1,4 +1,11 @@
-"""Address discovery: guest agent first, else the newest DHCP lease for the domain's MAC."""
+"""Address discovery: the guest agent is the source of truth; the newest DHCP lease for the
+domain's MAC only after ``agentAddressTimeout``, reported as a degraded guest.
+
+The agent's answers come from libvirt's ``test:///default`` driver (served by the rig's daemon
+over SSH), which reports agent addresses for its domains.  A silent agent is the real thing:
+a QEMU domain whose disk holds no OS, so nothing opens its agent channel; its lease comes
+from the rig's real dnsmasq, taken by a DHCP client with the domain's MAC (``FakeGuest``).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,15 @@ from datetime import datetime, timezone
 
 import pytest
 
+from kubernetes import client as k8s
+
+from app.kube import KubernetesGateway
 from app.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import InstanceState
 from app.providers.errors import NotFound
 from app.providers.kvm import domain as dom_xml
+from app.reconcile import POLL, Ref, create, poll
+from app.resources import GROUP, PLURAL, VERSION
 from tests.kvm import harness
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,7 +52,7 @@ def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make
         inst = provider.get(f"hosts/t1/domains/{name}")
         provider.get(f"hosts/t1/domains/{name}")
 
-    assert inst.state is InstanceState.RUNNING
+    assert inst.state is InstanceState.RUNNING and inst.note is None, "the agent answered: nothing to report"
     assert inst.address == expected and ipaddress.IPv4Address(inst.address)
     # The source is named, once (the second poll found the same address from the same source).
     assert [r.getMessage() for r in caplog.records if "from the guest agent" in r.getMessage()] == [
@@ -52,40 +64,125 @@ def test_guest_agent_address_and_stripped_metadata_via_the_test_driver(rig, make
         provider.get(inst.provider_id)
 
 
-def test_newest_dhcp_lease_for_the_mac_when_no_agent_answers(rig, make_provider, image, request_for, caplog):
-    """A guest without an agent that booted twice with different client-ids holds two leases
-    from the real dnsmasq; the address is the newer one."""
+def _lease_guest_entry(rig, image, **block):
     _, url, sha, _ = image()
-    provider = make_provider(rig.entry(images={"tiny": {"url": url, "sha256": sha}}))
+    return rig.entry(images={"tiny": {"url": url, "sha256": sha}}, **block)
+
+
+def test_a_silent_agent_keeps_the_domain_provisioning_then_the_newest_lease_is_used_degraded(
+        rig, make_provider, image, request_for, caplog):
+    """A guest without an agent that booted twice with different client-ids holds two leases
+    from the real dnsmasq.  Until ``agentAddressTimeout`` has passed the domain stays
+    Provisioning (the lease is not the source of truth), saying why; then the newer lease is
+    the address, with a degraded note and a WARNING naming the source."""
+    wait = 4
+    provider = make_provider(_lease_guest_entry(rig, image, agentAddressTimeout=f"{wait}s"))
     inst = provider.create(request_for())
     xml = provider.link("h1").call("virDomainGetXMLDesc", lambda c: c.lookupByName(inst.name).XMLDesc(0))
     [(mac, network)] = dom_xml.nic_macs(xml)
     assert network == "default"
-    assert provider.get(inst.provider_id).address is None, "no agent and no lease yet"
 
     # The "guest" is a DHCP client in its own namespace on a veth plugged into the network's
     # bridge (a source address of its own would be a martian to the bridge's stack).
     with harness.FakeGuest(rig, inst.name) as guest:
-        first = guest.lease(mac, "boot-1")
-        time.sleep(1.1)  # leases are stamped in seconds
-        second = guest.lease(mac, "boot-2")
-        assert first != second
-
-        def address():
-            got = provider.get(inst.provider_id)
-            return got if got.address == second else None
-
-        deadline = time.monotonic() + 10
-        got = None
         with caplog.at_level(logging.INFO, logger="proxy_operator.kvm"):
-            while got is None and time.monotonic() < deadline:
-                got = address()
-                time.sleep(0.1)
-        assert got is not None, "the newest lease was not reported"
-        assert got.state is InstanceState.RUNNING
-        assert f"kvm host h1: domain {inst.name}: address {second} from a DHCP lease on network default" in [
-            r.getMessage() for r in caplog.records]
+            first_poll = time.monotonic()
+            waiting = provider.get(inst.provider_id)
+            first = guest.lease(mac, "boot-1")
+            time.sleep(1.1)  # leases are stamped in seconds
+            second = guest.lease(mac, "boot-2")
+            assert first != second
+            still = provider.get(inst.provider_id)
+            assert time.monotonic() - first_poll < wait, "the machine was too slow for this test's timing"
+
+            for got in (waiting, still):
+                assert got.state is InstanceState.PROVISIONING and got.address is None, \
+                    "a lease exists, but the agent is the source of truth until agentAddressTimeout"
+                assert got.note.reason == "WaitingForGuestAgent" and not got.note.degraded
+                assert "waiting for the QEMU guest agent" in got.note.message
+                assert "guest agent is not connected" in got.note.message, got.note.message
+                assert f"agentAddressTimeout ({wait}s)" in got.note.message
+
+            deadline = first_poll + wait + 10
+            got = still
+            while got.state is not InstanceState.RUNNING and time.monotonic() < deadline:
+                time.sleep(0.2)
+                got = provider.get(inst.provider_id)
+            ran_after = time.monotonic() - first_poll
+        assert got.state is InstanceState.RUNNING and got.address == second, "the newest lease is the address"
+        assert ran_after >= wait, "the lease was taken before agentAddressTimeout"
+        assert got.note.reason == "GuestAgentUnavailable" and got.note.degraded
+        assert f"address {second} from a DHCP lease on network default" in got.note.message
+        assert "no address within agentAddressTimeout (4s)" in got.note.message
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(m.startswith(f"kvm host h1: domain {inst.name}: address {second} from a DHCP lease on "
+                                f"network default because the QEMU guest agent reported no address") and
+                   m.endswith("the guest is degraded") for m in warnings), warnings
     provider.delete(inst.provider_id)
+
+
+def test_agent_address_timeout_zero_takes_the_lease_at_once_still_degraded(rig, make_provider, image, request_for):
+    provider = make_provider(_lease_guest_entry(rig, image, agentAddressTimeout="0"))
+    inst = provider.create(request_for())
+    xml = provider.link("h1").call("virDomainGetXMLDesc", lambda c: c.lookupByName(inst.name).XMLDesc(0))
+    [(mac, _)] = dom_xml.nic_macs(xml)
+    none_yet = provider.get(inst.provider_id)
+    assert none_yet.state is InstanceState.PROVISIONING and none_yet.address is None
+    assert "no DHCP lease or ARP entry names the guest either" in none_yet.note.message
+    with harness.FakeGuest(rig, inst.name) as guest:
+        address = guest.lease(mac, "boot-1")
+        deadline = time.monotonic() + 10  # dnsmasq's lease file is read back by libvirt
+        while (got := provider.get(inst.provider_id)).address is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert got.state is InstanceState.RUNNING and got.address == address
+    assert got.note.reason == "GuestAgentUnavailable" and "agentAddressTimeout is 0" in got.note.message
+    provider.delete(inst.provider_id)
+
+
+def test_the_proxy_says_it_waits_for_the_agent_then_warns_that_the_guest_is_degraded(
+        rig, make_provider, image, api, make_context):
+    """Through the reconciler: the Provisioned condition carries the provider's note while the
+    Proxy waits, and one Warning Event ``GuestAgentUnavailable`` marks the fallback."""
+    entry = _lease_guest_entry(rig, image, agentAddressTimeout="3s")
+    provider = make_provider(entry)
+    ctx = make_context(harness.provider_config(entry), factories={"kvm": lambda pc: provider})
+    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "squid-agentless"},
+        "spec": {"provider": provider.name, "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}})
+    ref = Ref("default", "squid-agentless", obj["metadata"]["uid"])
+    gateway = KubernetesGateway(api)
+
+    def provisioned() -> dict:
+        proxy = gateway.get_proxy("default", "squid-agentless")
+        return proxy, next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+
+    assert create(ctx, ref).action == POLL
+    name = instance_name(ref.uid)
+    xml = provider.link("h1").call("virDomainGetXMLDesc", lambda c: c.lookupByName(name).XMLDesc(0))
+    [(mac, _)] = dom_xml.nic_macs(xml)
+    with harness.FakeGuest(rig, name) as guest:
+        address = guest.lease(mac, "boot-1")
+        followup = poll(ctx, ref)
+        assert followup.action == POLL
+        proxy, cond = provisioned()
+        assert proxy.phase == "Provisioning" and proxy.status.get("address") is None
+        assert (cond["status"], cond["reason"]) == ("False", "WaitingForGuestAgent")
+        assert "waiting for the QEMU guest agent" in cond["message"]
+
+        deadline = time.monotonic() + 20
+        while (followup := poll(ctx, ref, followup.attempt)) is not None:
+            assert followup.action == POLL and time.monotonic() < deadline, "never fell back to the lease"
+            time.sleep(0.3)
+        proxy, cond = provisioned()
+        assert proxy.phase == "Running" and proxy.status["address"] == address
+        assert (cond["status"], cond["reason"]) == ("True", "GuestAgentUnavailable")
+        assert f"address {address} from a DHCP lease" in cond["message"] and "degraded" in cond["message"]
+        assert poll(ctx, ref) is None  # a resync finding the same: no new Event
+    events = [(e.type, e.reason) for e in k8s.CoreV1Api(api).list_namespaced_event("default").items
+              if e.involved_object.name == "squid-agentless"]
+    assert events.count(("Warning", "GuestAgentUnavailable")) == 1, events
+    assert ("Normal", "Running") in events, events
+    provider.delete(f"hosts/h1/domains/{name}")
 
 
 def test_address_rules():

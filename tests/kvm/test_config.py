@@ -44,6 +44,7 @@ def test_defaults():
     assert s.ssh_port(host) == 22
     assert (s.ssh.connect_timeout, s.ssh.handshake_timeout, s.ssh.keepalive_interval) == (10, 15, 30)
     assert (s.call_timeout, s.image_timeout, s.install_guest_agent, s.configure_squid) == (60, 1800, True, True)
+    assert s.agent_address_timeout == 300, "5 minutes for the guest agent before the DHCP lease is taken"
     img = s.images["debian-12"]
     assert (img.format, img.firmware, img.sha256) == ("qcow2", "uefi", SHA)
 
@@ -74,12 +75,21 @@ def test_host_overrides_and_bridge():
     ({"ssh.user": None}, "kvm.ssh.user", "required"),
     ({"callTimeout": "soon"}, "kvm.callTimeout", "not a duration"),
     ({"installGuestAgent": "yes"}, "kvm.installGuestAgent", "true or false"),
+    ({"agentAddressTimeout": "soon"}, "kvm.agentAddressTimeout", "not a duration"),
+    ({"agentAddressTimeout": -5}, "kvm.agentAddressTimeout", "negative duration"),
+    ({"agentAddressTimeout": "2h"}, "kvm.agentAddressTimeout", "at most 1h"),
 ])
 def test_rejections_name_the_field(changes, field, problem):
     with pytest.raises(ConfigError) as err:
         provider_config(entry(**changes))
     assert err.value.field == field and err.value.provider == "kvm-test"
     assert problem in str(err.value)
+
+
+def test_agent_address_timeout_accepts_zero_and_durations():
+    assert provider_config(entry(agentAddressTimeout="0")).settings.agent_address_timeout == 0
+    assert provider_config(entry(agentAddressTimeout="1m30s")).settings.agent_address_timeout == 90
+    assert provider_config(entry(agentAddressTimeout="1h")).settings.agent_address_timeout == 3600
 
 
 def test_duplicate_host_and_bad_image_key():

@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image, tmp_path, redis_url):
     _, url, sha, _ = image()
-    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s",
+    # agentAddressTimeout 0: a disk without an OS runs no guest agent; the fake guest's lease is
+    # taken at once (tests/kvm/test_address.py covers the wait for the agent).
+    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s", agentAddressTimeout="0",
                       images={"tiny": {"url": url, "sha256": sha, "format": "qcow2", "firmware": "bios"}})
     providers = tmp_path / "providers.yaml"
     providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}]}))

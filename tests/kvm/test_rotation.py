@@ -55,7 +55,8 @@ def test_a_rotated_secret_replaces_the_domain_with_the_new_htpasswd(rig, image, 
     from app.providers.kvm.provider import KvmProvider
 
     _, url, sha, _ = image()
-    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s",
+    # agentAddressTimeout 0: the fake guest (a lease, no agent) is Running at once.
+    entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s", agentAddressTimeout="0",
                       images={"tiny": {"url": url, "sha256": sha, "format": "qcow2", "firmware": "bios"}})
     ctx = make_context(harness.provider_config({**entry, "squid": {"basicAuth": True}}), factories={"kvm": KvmProvider})
     conn = libvirt.open(f"qemu+unix:///system?socket={rig.daemon.socket}")

@@ -37,9 +37,10 @@ def direct(rig):
 
 @pytest.fixture
 def entry(rig, image):
-    """A providers-config entry for the rig with one small BIOS image ``tiny``."""
+    """A providers-config entry for the rig with one small BIOS image ``tiny``; the fake guest's
+    lease is taken at once (``agentAddressTimeout: 0``: a disk without an OS runs no agent)."""
     _, url, sha, _ = image()
-    return rig.entry(images={"tiny": {"url": url, "sha256": sha, "firmware": "bios"}})
+    return rig.entry(images={"tiny": {"url": url, "sha256": sha, "firmware": "bios"}}, agentAddressTimeout="0")
 
 
 @pytest.fixture

@@ -97,7 +97,9 @@ def test_members_are_created_owned_labelled_and_reported(api, redis_client):
     assert status["observedGeneration"] == pool["metadata"]["generation"]
     assert status["selector"] == "app=web"
     assert {c["type"]: c["reason"] for c in status["conditions"]} == {
-        "Available": "TooFewLeasable", "Progressing": "WaitingForMembers", "ScalingLimited": "AutoscaleDisabled"}
+        "Available": "TooFewLeasable", "Progressing": "WaitingForMembers", "ScalingLimited": "AutoscaleDisabled",
+        "ZonesReady": "AllZonesReady"}
+    assert "skippedZones" not in status
     # the pool is registered for demand counting
     assert redis_client.hget(redis_keys.POOLS, "crawl/web") == "1"
     # a second pass with nothing new writes nothing and creates nothing
@@ -182,6 +184,80 @@ def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api
     record_target(redis_client, "k8s-local", TargetVerdict("z2", True, "Ready"), elapsed=0.1)
     assert controller.zones_ready(redis_client, configs["k8s-local"], ["z1", "z2", "z3"]) == {
         "z1": True, "z2": True, "z3": True}
+
+
+def test_a_skipped_zone_is_told_in_the_status_and_by_one_event_each_way(api, redis_client):
+    from app.provider_health import record_target
+    from app.providers.base import TargetVerdict
+
+    configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}
+    gw = KubernetesGateway(api)
+    ref = make_pool(api, replicas=2, spread={"zones": ["z1", "z2"]})
+    record_target(redis_client, "k8s-local", TargetVerdict("z1", True, "Ready"), elapsed=0.1)
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", False, "DialFailed", "ssh: connection refused"),
+                  elapsed=0.1)
+    for _ in range(3):  # a zone that stays down: one Event, not one per pass
+        controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30)
+    status = pool_obj(api)["status"]
+    [skipped] = status["skippedZones"]
+    assert {k: skipped[k] for k in ("zone", "target", "reason", "message")} == {
+        "zone": "z2", "target": "z2", "reason": "DialFailed", "message": "ssh: connection refused"}
+    zones = next(c for c in status["conditions"] if c["type"] == "ZonesReady")
+    assert (zones["status"], zones["reason"]) == ("False", "ZonesNotReady")
+    assert "z2 (DialFailed: ssh: connection refused)" in zones["message"]
+    [down] = _events(api, "ZoneNotReady")
+    assert down.type == "Warning" and "z2 (DialFailed: ssh: connection refused)" in down.message
+    assert down.involved_object.kind == "ProxyPool" and down.involved_object.uid == ref.uid
+    assert _events(api, "ZoneReady") == []
+    # back: one Normal Event, the entry goes, ZonesReady True; further passes add none
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", True, "Ready"), elapsed=0.1)
+    for _ in range(2):
+        controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30)
+    status = pool_obj(api)["status"]
+    assert "skippedZones" not in status
+    zones = next(c for c in status["conditions"] if c["type"] == "ZonesReady")
+    assert (zones["status"], zones["reason"]) == ("True", "AllZonesReady")
+    [up] = _events(api, "ZoneReady")
+    assert up.type == "Normal" and "z2" in up.message
+    assert len(_events(api, "ZoneNotReady")) == 1
+    # down again with another reason: a second ZoneNotReady
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", False, "LibvirtDown", "libvirtd not answering"),
+                  elapsed=0.1)
+    controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30)
+    again = _events(api, "ZoneNotReady")
+    assert len(again) == 2 and any(e.message.endswith("z2 (LibvirtDown: libvirtd not answering)") for e in again)
+
+
+def test_each_pass_leaves_the_pools_counts_for_the_gauges_and_a_deleted_pool_none(api, redis_client):
+    import json
+
+    from app.pools import stats
+    from app.pools.stats import PoolCollector
+
+    ref = make_pool(api, replicas=2)
+    run(api, redis_client, ref)  # creates the members
+    run(api, redis_client, ref)  # counts them
+    doc = json.loads(redis_client.hget(redis_keys.POOL_STATS, "crawl/web"))
+    assert {k: doc[k] for k in ("uid", "desired", "replicas", "ready", "leasable", "updated", "draining")} == {
+        "uid": ref.uid, "desired": 2, "replicas": 2, "ready": 0, "leasable": 0, "updated": 2, "draining": 0}
+    families = {f.name: f for f in PoolCollector(lambda: redis_client).collect()}
+    [sample] = families["proxy_operator_pool_desired_replicas"].samples
+    assert (sample.labels, sample.value) == ({"namespace": "crawl", "pool": "web"}, 2.0)
+    # a pool re-created under the same name keeps its own counts when the old one is forgotten
+    stats.forget(redis_client, "crawl", "web", uid="an-older-uid")
+    assert redis_client.hexists(redis_keys.POOL_STATS, "crawl/web")
+    # pool.resync drops what a missed deletion left
+    redis_client.hset(redis_keys.POOL_STATS, "crawl/gone", json.dumps(doc))
+    assert stats.prune(redis_client, [("crawl", "web")]) == 1
+    assert redis_client.hkeys(redis_keys.POOL_STATS) == ["crawl/web"]
+    custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
+    assert run(api, redis_client, ref).state == "gone"
+    assert not redis_client.exists(redis_keys.POOL_STATS)
+    # Redis unreachable: the scrape goes on without the pool gauges
+    import redis as redis_lib
+
+    dead = redis_lib.Redis(port=1, socket_connect_timeout=0.2)
+    assert list(PoolCollector(lambda: dead).collect()) == []
 
 
 def test_zone_readiness_of_providers_checked_as_a_whole(redis_client):

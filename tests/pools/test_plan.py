@@ -4,13 +4,15 @@ pass by pass (tests/pools/sim.py) with the invariants checked at every step."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from app.pools.autoscale import Demand
 from app.pools.model import age_limit
 from app.pools.model import parse_time
-from app.pools.plan import FAILURE_BACKOFF_BASE, Create, failure_backoff, plan
+from app.pools.model import format_time
+from app.pools.plan import FAILURE_BACKOFF_BASE, MAX_ZONE_MESSAGE, Create, ZoneHealth, failure_backoff, plan
 from tests.pools.sim import Sim, member, pool
 
 NOW = 1_000_000.0
@@ -190,7 +192,67 @@ def test_a_zone_whose_provider_target_is_not_ready_gets_no_member_until_it_recov
     none = plan(p, [], {"a": False, "b": False}, now=NOW)
     assert none.creates == ()
     c = cond(none.status, "Progressing")
-    assert (c["status"], c["reason"]) == ("False", "NoReadyZone") and "a, b" in c["message"]
+    assert (c["status"], c["reason"]) == ("False", "NoReadyZone") and "a (NotReady); b (NotReady)" in c["message"]
+
+
+def test_a_skipped_zone_is_named_with_its_provider_health_reason_and_keeps_its_since():
+    p = pool({"replicas": 4, "spread": {"zones": ["a", "b", "c"]}})
+    why = {"b": ZoneHealth("b", "HostUnreachable", "ssh: connect to 127.0.0.1:2222: connection refused")}
+    first = plan(p, [], {"b": False}, now=NOW, zone_health=why)
+    assert sorted(c.zone for c in first.creates) == ["a", "a", "c", "c"]
+    assert first.status["skippedZones"] == [{
+        "zone": "b", "target": "b", "reason": "HostUnreachable",
+        "message": "ssh: connect to 127.0.0.1:2222: connection refused", "since": format_time(NOW)}]
+    c = cond(first.status, "ZonesReady")
+    assert (c["status"], c["reason"]) == ("False", "ZonesNotReady")
+    assert c["message"] == ("1 of 3 zone(s) get no new member until their provider target is Ready: "
+                            "b (HostUnreachable: ssh: connect to 127.0.0.1:2222: connection refused)")
+    # still down a minute later: the same entry, the same since (the status is not rewritten)
+    later = plan(pool({"replicas": 4, "spread": {"zones": ["a", "b", "c"]}}, status=first.status), [],
+                 {"b": False}, now=NOW + 60, zone_health=why)
+    assert later.status["skippedZones"] == first.status["skippedZones"]
+    # recovered: no entry (the key is removed by the merge patch), ZonesReady True
+    back = plan(pool({"replicas": 4, "spread": {"zones": ["a", "b", "c"]}}, status=first.status), [],
+                {}, now=NOW + 120)
+    assert back.status["skippedZones"] is None
+    c = cond(back.status, "ZonesReady")
+    assert (c["status"], c["reason"]) == ("True", "AllZonesReady") and "a, b, c" in c["message"]
+
+
+def test_a_zone_following_the_provider_as_a_whole_names_the_target_that_is_down():
+    p = pool({"replicas": 2, "spread": {"zones": ["europe-west1-b", "europe-west1-c"]}})
+    why = ZoneHealth("my-project", "CheckFailed", "503 backendError")
+    none = plan(p, [], {"europe-west1-b": False, "europe-west1-c": False}, now=NOW,
+                zone_health={"europe-west1-b": why, "europe-west1-c": why})
+    assert [z["zone"] for z in none.status["skippedZones"]] == ["europe-west1-b", "europe-west1-c"]
+    c = cond(none.status, "Progressing")
+    assert (c["status"], c["reason"]) == ("False", "NoReadyZone")
+    assert "europe-west1-b (target my-project: CheckFailed: 503 backendError)" in c["message"]
+    # no spread and no placement zone: the template's placement, zone ""
+    bare = plan(pool({"replicas": 1}), [], {"": False}, now=NOW,
+                zone_health={"": ZoneHealth("cluster", "Unreachable", "")})
+    assert bare.status["skippedZones"][0] | {"since": None} == {
+        "zone": "", "target": "cluster", "reason": "Unreachable", "message": "", "since": None}
+    assert "the template's placement (target cluster: Unreachable)" in cond(bare.status, "ZonesReady")["message"]
+
+
+def test_zone_messages_stay_bounded_with_many_zones_down_and_long_messages():
+    zones = [f"host-{i:02d}" for i in range(64)]
+    p = pool({"replicas": 1, "spread": {"zones": zones}})
+    why = {z: ZoneHealth(z, "HostUnreachable", "x" * 5000) for z in zones}
+    result = plan(p, [], {z: False for z in zones}, now=NOW, zone_health=why)
+    assert len(result.status["skippedZones"]) == 64
+    assert all(len(z["message"]) <= MAX_ZONE_MESSAGE for z in result.status["skippedZones"])
+    for ctype in ("ZonesReady", "Progressing"):
+        message = cond(result.status, ctype)["message"]
+        assert len(message) < 1024, (ctype, len(message))  # never cut by the condition's own limit
+        named = re.findall(r"(host-\d\d) \(HostUnreachable: x+\.\.\.\)", message)
+        assert named and named == zones[:len(named)]
+        assert message.endswith(f"; and {64 - len(named)} more zone(s)")
+    # few zones, short messages: every zone named, nothing counted
+    few = plan(pool({"replicas": 1, "spread": {"zones": zones[:10]}}), [], {z: False for z in zones[:10]}, now=NOW,
+               zone_health={z: ZoneHealth(z, "HostUnreachable", "refused") for z in zones[:10]})
+    assert cond(few.status, "ZonesReady")["message"].endswith("host-09 (HostUnreachable: refused)")
 
 
 def test_a_member_that_is_not_leasable_in_a_dead_zone_is_replaced_elsewhere():
@@ -348,10 +410,10 @@ def test_status_counts_and_selector():
     assert status["updatedReplicas"] == 2
     assert status["observedGeneration"] == 4
     assert status["selector"] == "app=web,!tier"
-    assert [c["type"] for c in status["conditions"]] == ["Available", "Progressing", "ScalingLimited"]
+    assert [c["type"] for c in status["conditions"]] == ["Available", "Progressing", "ScalingLimited", "ZonesReady"]
     assert cond(status, "ScalingLimited")["reason"] == "AutoscaleDisabled"
     assert set(status) == {"replicas", "readyReplicas", "leasableReplicas", "updatedReplicas", "observedGeneration",
-                           "selector", "conditions", "memberFailures"}  # what the CRD's status schema keeps
+                           "selector", "conditions", "memberFailures", "skippedZones"}  # what the CRD's status schema keeps
     assert status["memberFailures"] is None  # no backoff: the key is removed (merge patch)
 
 

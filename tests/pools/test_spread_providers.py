@@ -201,14 +201,20 @@ def test_kvm_spread_skips_a_host_that_is_down_until_a_check_says_it_is_back(two_
         assert [c.zone for c in out.plan.creates] == ["h1"] * 4
         placed = zones_of(api)
         assert sorted(placed.values()) == ["h1"] * 4
-        # what the pool says: it is scaling up on the Ready zone; a zone is "not Ready" only
-        # as a whole (NoReadyZone) -- the skipped host is named by its ProviderHealth
+        # what the pool says: it is scaling up on the Ready zone, and h2 is skipped for the
+        # reason its ProviderHealth target gives (the real check's verdict)
         conds = conditions(api, ref)
         assert conds["Progressing"][:2] == ("True", "ScalingUp"), conds
         assert conds["Available"][:2] == ("False", "TooFewLeasable")
         health = ctx.kube.get_provider_health(pc.name)
         ready_cond = next(c for c in health.status["conditions"] if c["type"] == "Ready")
         assert ready_cond["status"] == "False" and "h2" in ready_cond["message"]
+        h2 = next(t for t in health.status["targets"] if t["name"] == "h2")
+        assert conds["ZonesReady"][:2] == ("False", "ZonesNotReady")
+        assert f"h2 ({h2['reason']}" in conds["ZonesReady"][2], conds
+        skipped = custom(api).get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, ref.name)["status"][
+            "skippedZones"]
+        assert [(z["zone"], z["reason"]) for z in skipped] == [("h2", "HostUnreachable")]
 
         # the members' creates, with the real provider: 4 domains on h1's daemon, none on h2's
         create_members(ctx, api, placed)
@@ -225,6 +231,8 @@ def test_kvm_spread_skips_a_host_that_is_down_until_a_check_says_it_is_back(two_
         assert [c.zone for c in out.plan.creates] == ["h1"]
         targets = check_round(ctx, pc.name)
         assert targets == {"h1": (True, "Ready"), "h2": (True, "Ready")}
+        pass_(ctx, ref)
+        assert conditions(api, ref)["ZonesReady"][:2] == ("True", "AllZonesReady")
 
         # the pool grows: the new members go to h2 (the emptiest Ready zone); none is moved
         scale(api, ref, 7)
@@ -287,7 +295,10 @@ def test_gcp_spread_puts_two_instances_in_each_zone_and_the_project_target_decid
     scale(api, ref, 6)
     out = pass_(ctx, ref)
     assert out.plan.creates == () and out.plan.drains == ()
-    assert conditions(api, ref)["Progressing"][:2] == ("False", "NoReadyZone")
+    conds = conditions(api, ref)
+    assert conds["Progressing"][:2] == ("False", "NoReadyZone")
+    for zone in ZONES:  # a GCE zone follows the project's target
+        assert f"{zone} (target {PROJECT}: {targets[PROJECT][1]}" in conds["Progressing"][2], conds
     compute.faults.clear()
 
     # back: the next members are spread again, one per zone

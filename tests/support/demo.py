@@ -69,6 +69,13 @@ STEPS_LINES = (
     "PROXY=$(printf '%s' \"$LEASE\" | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"proxyUrl\"])')",
     "curl --noproxy '' -x \"$PROXY\" \"$ORIGIN\"   # the local origin, through the leased proxy",
     "kubectl delete px squid-k8s-1",
+    "kubectl apply -f deploy/samples/proxypool_kubernetes.yaml   # a ProxyPool: 3 Proxies made from a template",
+    "kubectl get pxp                   # DESIRED READY LEASABLE UPDATED AGE; again until LEASABLE is 3",
+    "kubectl scale pxp/squid-k8s-pool --replicas=5",
+    "kubectl get px -l crawl.example.com/pool=squid-k8s-pool   # the pool's Proxies, owned by it",
+    "curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\",
+    "        -d '{\"pool\": \"squid-k8s-pool\", \"ttlSeconds\": 300}' \"$API/v1/leases\"; echo   # from the pool",
+    "kubectl delete pxp squid-k8s-pool # its Proxies go with it",
 )
 
 

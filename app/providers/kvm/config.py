@@ -15,6 +15,8 @@ Shape (docs/kvm-provider.md is the user reference; every key not marked required
       callTimeout: 60s            # one libvirt call; a call past it drops the link (Transient)
       imageTimeout: 30m           # one image download+upload into the pool
       installGuestAgent: true     # vendor-data installs and enables qemu-guest-agent
+      agentAddressTimeout: 5m     # wait this long for the guest agent's address, then take the
+                                  # DHCP lease / ARP entry and report the guest degraded (0: at once)
       configureSquid: true        # vendor-data writes the operator's squid.conf and (re)starts Squid
       images:
         debian-12: {url: "https://...", sha256: "<64 hex>", format: qcow2, firmware: uefi}
@@ -49,6 +51,12 @@ DEFAULT_LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
 DEFAULT_LIBVIRT_URI = "qemu:///system"
 #: Profile used when no ``machineTypes`` are configured at all.
 DEFAULT_MACHINE_TYPE = {"vcpus": 1, "memoryMiB": 512, "diskGiB": 8}
+#: Default ``agentAddressTimeout``: seconds a running domain may go without a guest-agent address
+#: before the DHCP lease (or ARP entry) is used.  Measured: the agent answers ~90 s after start
+#: under TCG with the agent preinstalled; cloud-init installing it from a mirror takes longer.
+DEFAULT_AGENT_ADDRESS_TIMEOUT = 300.0
+#: Largest ``agentAddressTimeout`` accepted: an agent silent for an hour will not answer.
+MAX_AGENT_ADDRESS_TIMEOUT = 3600.0
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 #: ``<driver>:///<path>`` — a local libvirt driver URI the remote daemon serves.
@@ -191,6 +199,10 @@ class KvmSettings:
         call_timeout: seconds one libvirt call may take before the link is dropped.
         image_timeout: seconds one image download and upload may take.
         install_guest_agent: vendor-data installs and enables qemu-guest-agent.
+        agent_address_timeout: seconds a running domain may go without a routable IPv4 from
+            the QEMU guest agent (the address source of truth) before the provider takes the
+            DHCP lease or ARP entry instead and reports the guest degraded; 0 = at once.
+            Counted from the first poll that found the domain running without one.
         configure_squid: vendor-data installs Squid if missing, writes the operator's
             squid.conf and restarts it.
     """
@@ -203,6 +215,7 @@ class KvmSettings:
     image_timeout: float = 1800.0
     install_guest_agent: bool = True
     configure_squid: bool = True
+    agent_address_timeout: float = DEFAULT_AGENT_ADDRESS_TIMEOUT
     image_urls: ImageURLSettings | None = None
 
     def host(self, name: str | None) -> KvmHost | None:
@@ -218,6 +231,15 @@ def _positive(reader: Reader, key: str, default: float, *, allow_zero: bool = Fa
     value = reader.duration(key, default)
     if value == 0 and not allow_zero:
         raise reader.error(key, "must be greater than 0")
+    return value
+
+
+def _agent_address_timeout(block: Reader) -> float:
+    value = block.duration("agentAddressTimeout", DEFAULT_AGENT_ADDRESS_TIMEOUT)
+    if value > MAX_AGENT_ADDRESS_TIMEOUT:
+        raise block.error("agentAddressTimeout", f"must be at most 1h (got {value:g}s): it bounds how long a "
+                                                 "guest without a working QEMU guest agent stays Provisioning; "
+                                                 "0 takes the DHCP lease at once")
     return value
 
 
@@ -343,5 +365,6 @@ def parse(block: Reader) -> KvmSettings:
         image_timeout=_positive(block, "imageTimeout", 1800.0),
         install_guest_agent=block.bool("installGuestAgent", True),
         configure_squid=block.bool("configureSquid", True),
+        agent_address_timeout=_agent_address_timeout(block),
         image_urls=_image_urls(block),
     )

@@ -11,14 +11,15 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 
 import libvirt
 
 from app.config import ProviderConfig
 from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
-from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
-                                ShardedProvider, TargetVerdict, require_managed)
+from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState, ListResult,
+                                Provider, ShardedProvider, TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.kvm import domain as dom_xml
 from app.providers.kvm import images, placement, seed, sshlink
@@ -32,6 +33,12 @@ _GIB = 1024 ** 3
 #: Seconds a guest-agent query may take before libvirt gives up on it.
 AGENT_TIMEOUT = 5
 _RUNNING_STATES = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)
+#: :class:`InstanceNote` reasons (the Proxy's ``Provisioned`` condition; the second is also a
+#: Warning Event).
+WAITING_FOR_AGENT = "WaitingForGuestAgent"
+AGENT_UNAVAILABLE = "GuestAgentUnavailable"
+#: Source names in the address log line (``address A from <source>``).
+SOURCE_AGENT = "the guest agent"
 _UNDEFINE_FLAGS = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
                    | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
 
@@ -71,6 +78,9 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         self._image_locks_guard = threading.Lock()
         #: (host, domain) -> (address, source) last logged, so the source is logged once per change.
         self._address_sources: dict[tuple[str, str], tuple[str, str]] = {}
+        #: (host, domain) -> monotonic time of the first poll that found it running without an
+        #: agent address (cleared when the agent answers or the domain stops): the fallback clock.
+        self._agent_waits: dict[tuple[str, str], float] = {}
         problems = sshlink.material_problems(self.settings.ssh.key_file, self.settings.ssh.known_hosts_file)
         if problems:
             log.warning("kvm provider %s: %s; its hosts are unreachable until the files appear "
@@ -287,10 +297,17 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
     def get(self, provider_id: str) -> Instance:
         """Return the domain's state and address.
 
-        Address: the first routable IPv4 the guest agent reports, else the newest DHCP lease
-        for the NIC's MAC on its libvirt network, else the host's ARP table.  Which source gave
-        it is logged (INFO, ``address ... from the guest agent|DHCP lease|ARP table``) when the
-        address or its source changes.
+        Address: the QEMU guest agent is the source of truth (the first routable IPv4 it reports,
+        ``virDomainInterfaceAddresses`` with ``VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT``).  While
+        it reports none, a running domain stays Provisioning with the note
+        ``WaitingForGuestAgent`` (:class:`InstanceNote`, the Proxy's ``Provisioned`` condition).
+        Only once ``agentAddressTimeout`` has passed since the first poll that found the domain
+        running without an agent address (in this process: a worker restart starts the count
+        again, a shut-off domain or an agent answer resets it) does it take the newest DHCP lease
+        for the NIC's MAC on its libvirt network, else the host's ARP table, and report the
+        instance Running with the note ``GuestAgentUnavailable`` (degraded: a Warning Event) and a
+        WARNING log line.  Which source gave the address is logged (``address ... from the guest
+        agent|a DHCP lease on network N|the ARP table``) when the address or its source changes.
 
         Raises:
             NotFound: no such domain on that host.
@@ -306,11 +323,16 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
         meta = self._metadata(link, dom, name)
         state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
-        address = self._address(link, dom, name) if state in _RUNNING_STATES else None
+        address, note = None, None
+        if state in _RUNNING_STATES:
+            address, note = self._address(link, dom, name)
+        else:
+            self._agent_waits.pop((host_name, name), None)  # the next run waits for its agent afresh
         return Instance(provider_id, name, dom_xml.map_state(state, address), address,
-                        meta.created if meta else None, dict(meta.tags) if meta else {}, host_name)
+                        meta.created if meta else None, dict(meta.tags) if meta else {}, host_name, note)
 
-    def _address(self, link: HostLink, dom: libvirt.virDomain, name: str) -> str | None:
+    def _agent_address(self, link: HostLink, dom: libvirt.virDomain, name: str) -> tuple[str | None, str]:
+        """Ask the guest agent; return ``(routable IPv4 or None, why there is none)``."""
         try:
             # Agent commands block forever by default; a hung agent must not hang (and so drop)
             # the link.  The setting is per running domain, so it is renewed on every poll.
@@ -324,13 +346,46 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             ifaces = link.call("virDomainInterfaceAddresses",
                                lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0),
                                domain=name, source="agent")
-            address = dom_xml.agent_address(ifaces)
-            if address:
-                return self._address_from(link, name, address, "the guest agent")
         except (DialError, BadSSHMaterial):
             raise
-        except ProviderError:
-            pass  # no agent (yet): fall back to leases
+        except ProviderError as exc:
+            cause = exc.__cause__
+            detail = cause.get_error_message() if isinstance(cause, libvirt.libvirtError) else None
+            return None, f"it does not answer: {detail or exc}"
+        address = dom_xml.agent_address(ifaces)
+        return address, "" if address else "it answers but reports no routable IPv4 address yet"
+
+    def _address(self, link: HostLink, dom: libvirt.virDomain,
+                 name: str) -> tuple[str | None, InstanceNote | None]:
+        """Return ``(address or None, note or None)`` for a running domain (see :meth:`get`)."""
+        key = (link.host.name, name)
+        address, silence = self._agent_address(link, dom, name)
+        if address:
+            self._agent_waits.pop(key, None)
+            return self._address_from(link, name, address, SOURCE_AGENT), None
+        limit = self.settings.agent_address_timeout
+        now = time.monotonic()
+        since = self._agent_waits.setdefault(key, now)
+        if now - since < limit:
+            if since == now:
+                log.info("kvm host %s: domain %s runs; waiting up to %gs for the guest agent to report its "
+                         "address (%s)", link.host.name, name, limit, silence)
+            return None, InstanceNote(WAITING_FOR_AGENT, (
+                f"domain {name} runs; waiting for the QEMU guest agent to report its address ({silence}); "
+                f"if it has not within agentAddressTimeout ({limit:g}s), the DHCP lease is used"))
+        why = (f"the QEMU guest agent reported no address within agentAddressTimeout ({limit:g}s): {silence}"
+               if limit else f"agentAddressTimeout is 0 and the QEMU guest agent reports no address: {silence}")
+        fallback, source = self._fallback_address(link, dom, name)
+        if fallback is None:
+            return None, InstanceNote(WAITING_FOR_AGENT, f"{why}; no DHCP lease or ARP entry names the guest either")
+        self._address_from(link, name, fallback, source, degraded=why)
+        return fallback, InstanceNote(AGENT_UNAVAILABLE, (
+            f"address {fallback} from {source} because {why}; the guest is degraded "
+            f"(check qemu-guest-agent in the guest)"), degraded=True)
+
+    def _fallback_address(self, link: HostLink, dom: libvirt.virDomain,
+                          name: str) -> tuple[str | None, str]:
+        """The newest DHCP lease of the NIC's MAC, else the ARP table: ``(address or None, source)``."""
         xml = link.call("virDomainGetXMLDesc", lambda c: dom.XMLDesc(0), domain=name, trace_result=True)
         for mac, network in dom_xml.nic_macs(xml):
             if not network:
@@ -346,24 +401,32 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
                 continue
             address = dom_xml.lease_address(leases, mac)
             if address:
-                return self._address_from(link, name, address, f"a DHCP lease on network {network}")
+                return address, f"a DHCP lease on network {network}"
         try:
             arp = link.call("virDomainInterfaceAddresses",
                             lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP, 0),
                             domain=name, source="arp")
-            address = dom_xml.agent_address(arp)
         except (DialError, BadSSHMaterial):
             raise
         except ProviderError:
-            return None
-        return self._address_from(link, name, address, "the ARP table") if address else None
+            return None, ""
+        address = dom_xml.agent_address(arp)
+        return (address, "the ARP table") if address else (None, "")
 
-    def _address_from(self, link: HostLink, name: str, address: str, source: str) -> str:
-        """Return ``address``; log where it came from when it or its source changed."""
+    def _address_from(self, link: HostLink, name: str, address: str, source: str, *,
+                      degraded: str | None = None) -> str:
+        """Return ``address``; log where it came from when it or its source changed.
+
+        ``degraded`` (why the agent's address was not used) makes the line a WARNING.
+        """
         key = (link.host.name, name)
         if self._address_sources.get(key) != (address, source):
             self._address_sources[key] = (address, source)
-            log.info("kvm host %s: domain %s: address %s from %s", link.host.name, name, address, source)
+            if degraded:
+                log.warning("kvm host %s: domain %s: address %s from %s because %s; the guest is degraded",
+                            link.host.name, name, address, source, degraded)
+            else:
+                log.info("kvm host %s: domain %s: address %s from %s", link.host.name, name, address, source)
         return address
 
     def delete(self, provider_id: str) -> None:
@@ -416,6 +479,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         for vol in (overlay_name(name), seed_name(name)):
             images.delete_volume(link, pool, link.host.pool, name=vol)
         self._address_sources.pop((host_name, name), None)
+        self._agent_waits.pop((host_name, name), None)
         log.info("kvm host %s: deleted domain %s", host_name, name)
 
     @staticmethod
