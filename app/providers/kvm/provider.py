@@ -320,6 +320,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         link = self.link(host_name)
         dom = self._lookup(link, name)
         if dom is None:
+            self._forget(host_name, name)
             raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
         meta = self._metadata(link, dom, name)
         state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
@@ -449,6 +450,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             log.info("kvm provider %s: delete %s: host %s is not configured; nothing to do",
                      self.name, provider_id, host_name)
             return
+        self._forget(host_name, name)
         link = self.link(host_name)
         dom = self._lookup(link, name)
         if dom is not None:
@@ -478,9 +480,14 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             return
         for vol in (overlay_name(name), seed_name(name)):
             images.delete_volume(link, pool, link.host.pool, name=vol)
+        log.info("kvm host %s: deleted domain %s", host_name, name)
+
+    def _forget(self, host_name: str, name: str) -> None:
+        """Drop what this process remembers of domain ``name`` on ``host_name`` (its last address
+        source, its guest-agent wait): on a delete, and when the domain is found gone, whoever
+        removed it, so that neither map outlives its domain."""
         self._address_sources.pop((host_name, name), None)
         self._agent_waits.pop((host_name, name), None)
-        log.info("kvm host %s: deleted domain %s", host_name, name)
 
     @staticmethod
     def _undefine(link: HostLink, dom: libvirt.virDomain, name: str) -> None:
