@@ -5,18 +5,38 @@ BIN := $(VENV)/bin
 # pytest-xdist worker processes for test / test-fast (docs/testing.md); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 
-.PHONY: deps venv test test-fast demo lint bench check-config crds kvm-ssh-secret clean
+.PHONY: deps demo-deps venv venv-demo test test-fast demo lint bench check-config crds kvm-ssh-secret clean
 
 ## deps: the Debian packages of .ci/apt-packages.txt (installs the missing ones; needs root then)
 deps:
 	bash .ci/install-deps
 
-venv: $(BIN)/proxy-operator
+## demo-deps: only what `make demo` runs, .ci/apt-packages-demo.txt (redis-server, squid); as a
+## user without root it names what is missing and the command to run
+demo-deps:
+	bash .ci/install-deps demo
 
-$(BIN)/proxy-operator: pyproject.toml clients/python/pyproject.toml
+## venv: .venv with the project, the test and kvm extras (libvirt-python: compiled) and the client
+venv: $(VENV)/.installed-test
+
+$(VENV)/.installed-test: pyproject.toml clients/python/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,kvm]' -e ./clients/python
+	touch $@
+
+## venv-demo: .venv with what `make demo` imports only: the project and its demo extra (no
+## libvirt-python, no test tools); nothing to do when `make venv` already made it
+venv-demo: $(VENV)/.installed-demo
+
+$(VENV)/.installed-demo: pyproject.toml
+	@if [ $(VENV)/.installed-test -nt pyproject.toml ]; then \
+	  echo "$(VENV) has the test dependencies, which include the demo's"; \
+	else \
+	  set -e; test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+	  echo "$(BIN)/pip install -e '.[demo]'"; \
+	  $(BIN)/pip install -q --upgrade pip; $(BIN)/pip install -q -e '.[demo]'; \
+	fi
 	touch $@
 
 ## test: the whole suite in TEST_WORKERS processes (installs missing Debian packages first; starts its own
@@ -34,7 +54,8 @@ test-fast: venv
 ## demo: the whole operator on loopback without Docker, on a SIMULATED cluster (the test suite's API
 ## fake + kubelet stand-in running real Squids); prints KUBECONFIG, token and URLs; Ctrl-C stops it.
 ## DEMO_API_PORT / DEMO_FLOWER_PORT change the ports (8080, 5555). See tests/support/demo.py.
-demo: deps venv
+## Installs only what it runs (demo-deps, venv-demo), not the test suite's packages.
+demo: demo-deps venv-demo
 	$(BIN)/python -m tests.support.demo
 
 bench: venv

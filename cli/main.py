@@ -36,8 +36,8 @@ def _positive_int(raw: str) -> int:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--providers-config", default=os.environ.get("PROVIDERS_CONFIG"),
-                   help="providers config file (env PROVIDERS_CONFIG)")
+    p.add_argument("--providers-config", metavar="FILE", default=os.environ.get("PROVIDERS_CONFIG"),
+                   help="the providers config file, YAML (env PROVIDERS_CONFIG)")
 
 
 def _validated(path: str | None):
@@ -204,60 +204,106 @@ def cmd_worker(args) -> int:
     return 0  # not reached
 
 
+#: ``proxy-operator --help``: what the command is (plain text, argparse wraps it).
+DESCRIPTION = ("proxy-operator keeps a fleet of Squid forward proxies alive on Kubernetes, GCP and KVM, and "
+               "leases them to crawlers. This one command runs each of its processes (watch, worker, api) "
+               "and a few helpers. The processes read the providers config (--providers-config or "
+               "PROVIDERS_CONFIG) and check it before anything else: a bad file stops them with one message "
+               "naming the file, the provider and the field.")
+
+EPILOG = ("Run 'proxy-operator COMMAND --help' for a command's options. The processes find Redis through "
+          "REDIS_URL (default redis://127.0.0.1:6379/0) and REDIS_PASSWORD, and the Kubernetes API through "
+          "KUBECONFIG (default ~/.kube/config), else the Pod's service account.")
+
+
 def parser() -> argparse.ArgumentParser:
     """Build the argument parser (one subparser per subcommand)."""
-    p = argparse.ArgumentParser(prog="proxy-operator", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="proxy-operator", description=DESCRIPTION, epilog=EPILOG)
+    sub = p.add_subparsers(dest="cmd", title="commands", metavar="COMMAND")
 
-    s = sub.add_parser("check-config", help="validate a providers config file")
-    s.add_argument("file")
-    s.set_defaults(fn=cmd_check_config)
-
-    s = sub.add_parser("version", help="print release and commit")
-    s.set_defaults(fn=cmd_version)
-
-    s = sub.add_parser("crds", help="print the CRD manifests")
-    s.set_defaults(fn=cmd_crds)
-
-    s = sub.add_parser("watch", help="run the watcher (leader-elected)")
+    s = sub.add_parser("watch", help="run the watcher: follows Proxy and ProxyPool objects "
+                       "and queues the work for the workers (one leader at a time)",
+                       description="Run the watcher. Several replicas may run: they elect one leader through a "
+                                   "Kubernetes Lease, and only the leader watches Proxies and ProxyPools and "
+                                   "queues tasks for the workers.")
     _config_arg(s)
-    s.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "proxy-operator"))
-    s.add_argument("--lease-name", default="proxy-operator-watcher")
-    s.add_argument("--identity", default=os.environ.get("HOSTNAME") or socket.gethostname())
-    s.add_argument("--health-bind", default=os.environ.get("WATCHER_HEALTH_BIND"),
-                   help="host:port serving /healthz (liveness)")
-    s.add_argument("--metrics-bind", default=os.environ.get("METRICS_BIND"),
-                   help="host:port serving /metrics (env METRICS_BIND)")
+    s.add_argument("--lease-namespace", metavar="NAMESPACE", default=os.environ.get("POD_NAMESPACE", "proxy-operator"),
+                   help="namespace of the leader-election Lease (env POD_NAMESPACE; default proxy-operator)")
+    s.add_argument("--lease-name", metavar="NAME", default="proxy-operator-watcher",
+                   help="name of the leader-election Lease; watchers sharing it elect one leader "
+                        "(default proxy-operator-watcher)")
+    s.add_argument("--identity", default=os.environ.get("HOSTNAME") or socket.gethostname(),
+                   help="this watcher's name in the Lease; must differ between replicas "
+                        "(env HOSTNAME, which is the Pod's name in Kubernetes; default this machine's host name)")
+    s.add_argument("--health-bind", metavar="HOST:PORT", default=os.environ.get("WATCHER_HEALTH_BIND"),
+                   help="serve /healthz (liveness) here (env WATCHER_HEALTH_BIND; default: not served)")
+    s.add_argument("--metrics-bind", metavar="HOST:PORT", default=os.environ.get("METRICS_BIND"),
+                   help="serve Prometheus /metrics here (env METRICS_BIND; default: not served)")
     s.set_defaults(fn=cmd_watch)
 
-    s = sub.add_parser("api", help="run the discovery/lease API (granian, see api/server.py)")
-    s.add_argument("--bind", default=None, help="host:port (env API_BIND, default 127.0.0.1:8080)")
+    s = sub.add_parser("worker", help="run a Celery worker: creates, checks and deletes "
+                       "the proxies",
+                       description="Run a Celery worker on the task queues: proxies (create, poll, delete, "
+                                   "pools, resync), health (health probes, provider checks) and gc (garbage "
+                                   "collection of leftover instances). Arguments after the options go to "
+                                   "'celery worker' unchanged.")
+    _config_arg(s)
+    s.add_argument("--queues", "-Q", metavar="QUEUES", default="proxies,health,gc",
+                   help="comma-separated queues to take tasks from (default proxies,health,gc; the deployment "
+                        "runs -Q proxies,gc and a separate -Q health worker)")
+    s.add_argument("--kvm-host", metavar="PROVIDER/HOST",
+                   help="be the dedicated worker of one KVM host: take only that host's queue "
+                        "(a kvm provider and one of its hosts in the providers config)")
+    s.add_argument("--concurrency", type=_positive_int, default=None,
+                   help="worker processes (default 2; 1 with --kvm-host: one process owns the host's "
+                        "connection and image cache)")
+    s.add_argument("extra", nargs=argparse.REMAINDER, metavar="CELERY_ARGS",
+                   help="more 'celery worker' arguments, e.g. --loglevel INFO")
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("api", help="run the discovery and lease API (HTTP) that crawlers use",
+                       description="Run the discovery and lease API: crawlers list the healthy proxies and "
+                                   "lease one (bearer tokens from the tokens file). Needs Redis (REDIS_URL).")
+    s.add_argument("--bind", metavar="HOST:PORT", default=None,
+                   help="where to listen (env API_BIND; default 127.0.0.1:8080; [::1]:8080 for IPv6)")
     s.add_argument("--workers", type=_positive_int, default=None,
-                   help="worker processes (env API_WORKERS, default 2)")
-    s.add_argument("--tokens-file", default=os.environ.get("API_TOKENS_FILE"),
-                   help="API tokens file (env API_TOKENS_FILE)")
+                   help="worker processes (env API_WORKERS; default 2)")
+    s.add_argument("--tokens-file", metavar="FILE", default=os.environ.get("API_TOKENS_FILE"),
+                   help="YAML file of the clients and their bearer tokens (env API_TOKENS_FILE; required; "
+                        "see deploy/samples/tokens.yaml)")
     s.set_defaults(fn=cmd_api)
 
-    s = sub.add_parser("kvm-ssh-secret", help="print the kvm-ssh Secret from a private key and known_hosts")
+    s = sub.add_parser("check-config", help="validate a providers config file and exit",
+                       description="Validate a providers config file, as every process does at start; print "
+                                   "its providers, or one message naming the provider and the field that is "
+                                   "wrong (exit status 2).")
+    s.add_argument("file", metavar="FILE", help="the providers config file (YAML), e.g. "
+                                                "deploy/samples/providers.yaml")
+    s.set_defaults(fn=cmd_check_config)
+
+    s = sub.add_parser("crds", help="print the CustomResourceDefinitions (Proxy, ProxyPool, ProviderHealth) as "
+                                    "YAML, for 'kubectl apply -f -'")
+    s.set_defaults(fn=cmd_crds)
+
+    s = sub.add_parser("kvm-ssh-secret", help="print the kvm-ssh Secret (YAML) the KVM provider logs in with, "
+                                              "from a private key and a known_hosts file")
     from app.providers.kvm import secret_helper
     secret_helper.add_arguments(s)
     s.set_defaults(fn=cmd_kvm_ssh_secret)
 
-    s = sub.add_parser("worker", help="run a Celery worker")
-    _config_arg(s)
-    s.add_argument("--queues", "-Q", default="proxies,health,gc")
-    s.add_argument("--kvm-host", help="PROVIDER/HOST: a dedicated worker for one KVM host's queue")
-    s.add_argument("--concurrency", type=int, default=None,
-                   help="worker processes (default 2; 1 with --kvm-host: one process owns the host's "
-                        "connection and image cache)")
-    s.add_argument("extra", nargs=argparse.REMAINDER, help="extra celery worker arguments")
-    s.set_defaults(fn=cmd_worker)
+    s = sub.add_parser("version", help="print the release and the git commit")
+    s.set_defaults(fn=cmd_version)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``proxy-operator``; returns the exit status."""
-    args = parser().parse_args(argv)
+    """Entry point of ``proxy-operator``; returns the exit status (2 and the help on stderr
+    when no command is given)."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help(sys.stderr)
+        return 2
     return args.fn(args) or 0
 
 

@@ -51,6 +51,111 @@ def test_a_missing_package_is_named_with_the_command_that_installs_it():
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
+def test_the_demo_package_set_names_what_is_missing_and_how_to_install_it():
+    """`bash .ci/install-deps demo` checks only the demo's list; as a non-root user it names the
+    missing packages and the commands to run as root; a package whose program is on PATH counts."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="po-ci-"))
+    try:
+        (tmp_path / ".ci").mkdir()
+        shutil.copy(ROOT / ".ci" / "install-deps", tmp_path / ".ci" / "install-deps")
+        (tmp_path / ".ci" / "apt-packages.txt").write_text("no-such-test-package-po\n")
+        os.chmod(tmp_path, 0o755)
+        os.chmod(tmp_path / ".ci", 0o755)
+
+        def install_deps(demo_packages: str, *args: str) -> subprocess.CompletedProcess:
+            (tmp_path / ".ci" / "apt-packages-demo.txt").write_text(demo_packages)
+            return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "bash",
+                                   str(tmp_path / ".ci" / "install-deps"), *args], capture_output=True, text=True,
+                                  timeout=60)
+
+        out = install_deps("# comment\nno-such-demo-package-po no-such-command-po\nbash\n", "demo")
+        assert out.returncode == 1
+        assert "missing Debian packages: no-such-demo-package-po" in out.stderr
+        assert "no-such-test-package-po" not in out.stderr  # the test suite's list is not read
+        assert "sudo bash .ci/install-deps demo" in out.stderr
+        assert "sudo apt-get install no-such-demo-package-po" in out.stderr
+        # installed some other way (here: a package name dpkg does not know, its program on PATH)
+        ok = install_deps("no-such-demo-package-po bash\n", "demo")
+        assert ok.returncode == 0, ok.stderr
+        wrong = install_deps("bash\n", "dmeo")
+        assert wrong.returncode == 2 and "unknown package set 'dmeo'" in wrong.stderr
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_make_demo_installs_only_what_the_demo_runs():
+    """`make demo` checks the demo's packages (redis-server, squid) and installs the demo extra,
+    not the test suite's packages (qemu, libvirt, ...) nor libvirt-python; `make test` is unchanged."""
+    demo_packages = [line.split()[0] for line in (ROOT / ".ci" / "apt-packages-demo.txt").read_text().splitlines()
+                     if line.strip() and not line.startswith("#")]
+    assert demo_packages == ["redis-server", "squid"]
+    test_packages = {line.strip() for line in (ROOT / ".ci" / "apt-packages.txt").read_text().splitlines()}
+    assert set(demo_packages) <= test_packages  # `make test` still installs them
+    dry = subprocess.run(["make", "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert dry.returncode == 0, dry.stderr
+    assert "bash .ci/install-deps demo" in dry.stdout.splitlines()
+    assert "'.[demo]'" in dry.stdout and "kvm" not in dry.stdout and "test," not in dry.stdout
+    full = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert "bash .ci/install-deps" in full.stdout.splitlines()
+    assert "-e '.[test,kvm]' -e ./clients/python" in full.stdout
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["demo"]) <= set(extras["test"])  # the test venv runs the demo too
+
+
+def _busy_port():
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    return busy, busy.getsockname()[1]
+
+
+def test_make_demo_names_the_setting_of_a_busy_port_and_starts_nothing():
+    """Through make, the port comes from DEMO_API_PORT and the message says so; run directly,
+    the flag; a busy default names the default and how to change it.  Nothing had started, so
+    no "stopped." line."""
+    busy, port = _busy_port()
+    with busy:
+        res = subprocess.run(["make", "-o", "demo-deps", "-o", "venv-demo", "demo"], cwd=ROOT,
+                             env={**os.environ, "DEMO_API_PORT": str(port)}, capture_output=True, text=True,
+                             timeout=60)
+        assert f"make demo: DEMO_API_PORT={port}: something already listens on 127.0.0.1:{port}" in res.stderr
+        assert "--api-port" not in res.stderr and "stopped." not in res.stdout and res.returncode != 0
+        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port",
+                              str(port)], cwd=ROOT, env={**os.environ, "DEMO_FLOWER_PORT": "1"},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1
+        assert f"make demo: --flower-port {port}: something already listens on 127.0.0.1:{port}" in res.stderr
+        assert "stopped." not in res.stdout
+        res = subprocess.run([sys.executable, "-m", "tests.support.demo"], cwd=ROOT, capture_output=True, text=True,
+                             env={**os.environ, "DEMO_API_PORT": "80a"}, timeout=60)
+        assert res.returncode == 2 and "DEMO_API_PORT='80a': not a port number" in res.stderr
+
+
+def test_demo_port_settings_as_the_user_wrote_them():
+    from tests.support import demo
+
+    got = demo.resolve_ports({"--api-port": None, "--flower-port": 7000, "--kube-port": None},
+                             {"DEMO_API_PORT": "9000", "DEMO_FLOWER_PORT": "7001"})
+    assert got["--api-port"] == (9000, "DEMO_API_PORT=9000")
+    assert got["--flower-port"] == (7000, "--flower-port 7000")  # the flag wins over the variable
+    assert got["--kube-port"][0] == 0
+    default = demo.resolve_ports({}, {})["--api-port"]
+    assert default == (8080, "the API port 8080 (the default; DEMO_API_PORT or --api-port changes it)")
+    busy, port = _busy_port()
+    with busy:
+        problems = demo.port_problems({"--api-port": (port, f"DEMO_API_PORT={port}"),
+                                       "--flower-port": (port, f"--flower-port {port}"),
+                                       "--kube-port": (0, "free")})
+    assert problems == [f"DEMO_API_PORT={port}: something already listens on 127.0.0.1:{port}",
+                        f"--flower-port {port}: the same port as DEMO_API_PORT={port}"]
+    with pytest.raises(ValueError, match=r"--api-port 70000: not a port number"):
+        demo.resolve_ports({"--api-port": 70000}, {})
+
+
 def readme_demo_block() -> list[str]:
     """The lines of README's ``sh`` block under "Without Docker: `make demo`"."""
     section = (ROOT / "README.md").read_text().split("### Without Docker: `make demo`", 1)[1]
@@ -68,7 +173,7 @@ def test_readme_demo_command_is_the_make_target_and_its_steps_are_the_banners():
     assert commands[0] == "make demo"
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^\.PHONY:.*\bdemo\b", makefile, re.M)
-    assert re.search(r"^demo: deps venv\n\t\$\(BIN\)/python -m tests\.support\.demo$", makefile, re.M)
+    assert re.search(r"^demo: demo-deps venv-demo\n\t\$\(BIN\)/python -m tests\.support\.demo$", makefile, re.M)
     dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert dry.returncode == 0, dry.stderr
     assert ".venv/bin/python -m tests.support.demo" in dry.stdout.splitlines()

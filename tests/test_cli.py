@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import time
 
@@ -93,3 +94,49 @@ def test_kvm_worker_checks_its_host_and_its_time_limits(tmp_path):
     out = run("worker", "--providers-config", str(cfg), "--kvm-host", "kvm-lab/lab1", env=env)
     assert out.returncode == 2 and "environment variable BROKER_VISIBILITY_TIMEOUT: not a number: '1h'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+COMMANDS = ("watch", "worker", "api", "check-config", "crds", "kvm-ssh-secret", "version")
+
+
+def test_no_command_prints_the_usage_with_the_commands():
+    out = run()
+    assert out.returncode == 2
+    assert "required: cmd" not in out.stderr and out.stderr.startswith("usage: proxy-operator")
+    for name in COMMANDS:
+        assert f"\n    {name} " in out.stderr or f"\n    {name}\n" in out.stderr, name
+    assert "COMMAND --help" in out.stderr
+
+
+def test_help_is_plain_text_for_a_user():
+    """No reST markup or source file paths; the commands say what they do."""
+    out = run("--help")
+    assert out.returncode == 0
+    assert "``" not in out.stdout and ".py" not in out.stdout
+    assert "leases them to crawlers" in out.stdout and "REDIS_URL" in out.stdout
+    for name in COMMANDS:
+        sub = run(name, "--help")
+        assert sub.returncode == 0 and "``" not in sub.stdout and ".py" not in sub.stdout, sub.stdout
+
+
+def test_every_option_has_help_naming_its_default_or_environment_variable():
+    from cli.main import parser
+
+    [subparsers] = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subparsers.choices) == set(COMMANDS)
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"proxy-operator {name} {action.option_strings or action.dest}: no help text"
+    watch = run("watch", "--help").stdout
+    for words in ("POD_NAMESPACE", "default proxy-operator-watcher", "HOSTNAME", "WATCHER_HEALTH_BIND",
+                  "METRICS_BIND", "PROVIDERS_CONFIG"):
+        assert words in " ".join(watch.split()), words
+    worker = " ".join(run("worker", "--help").stdout.split())
+    assert "default proxies,health,gc" in worker
+    api = " ".join(run("api", "--help").stdout.split())
+    for words in ("API_BIND", "default 127.0.0.1:8080", "API_WORKERS", "default 2", "API_TOKENS_FILE"):
+        assert words in api, words
+    check = " ".join(run("check-config", "--help").stdout.split())
+    assert "FILE the providers config file" in check

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import http.server
 import ipaddress
+import os
+import signal
 import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -118,15 +121,89 @@ def test_without_squid_processes_pods_run_with_an_address_only(kube, kube_client
         assert not port_open(pod.status.pod_ip, 3128)
 
 
-def test_a_squid_that_cannot_start_leaves_the_pod_pending(kube, kube_client):
+def test_a_squid_that_cannot_start_crash_loops_with_a_doubling_back_off(kube, kube_client):
     core = k8s.CoreV1Api(kube_client)
-    with Kubelet(kube, startup_timeout=5) as kubelet:
+    mark = core.list_pod_for_all_namespaces().metadata.resource_version
+    with Kubelet(kube, startup_timeout=5, restart_backoff=0.2, max_restart_backoff=0.8) as kubelet:
         core.create_namespaced_pod("a", squid_pod("broken", conf="this_is_not_a_directive yes\n"))
         status = wait_for(lambda: (s := core.read_namespaced_pod("broken", "a").status).container_statuses
-                          and s.container_statuses[0].state.waiting.reason == "CrashLoopBackOff" and s,
-                          what="CrashLoopBackOff")
-        assert status.phase == "Pending" and status.pod_ip is None
-        assert kubelet.errors and kubelet.errors[0].startswith("a/broken:")
+                          and s.container_statuses[0].restart_count >= 4
+                          and s.container_statuses[0].state.waiting is not None and s,
+                          what="four restarts")
+        # the kubelet's phase rule: a container that terminated and will restart counts as running
+        assert status.phase == "Running" and status.pod_ip == kubelet.address_of("a", "broken")
+        cs = status.container_statuses[0]
+        assert cs.state.waiting.reason == "CrashLoopBackOff" and not cs.ready
+        assert cs.last_state.terminated.exit_code == 1 and "this_is_not_a_directive" in cs.last_state.terminated.message
+        assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
+        assert len(kubelet.errors) >= 4 and all(e.startswith("a/broken: ") for e in kubelet.errors)
+        # each failure's back-off doubles from 0.2 s and stops at 0.8 s; the restarts are counted
+        seen = {}
+        for e in watch.Watch().stream(core.list_namespaced_pod, "a", resource_version=mark, timeout_seconds=1):
+            cs = (e["object"].status.container_statuses or [None])[0]
+            if cs is not None and cs.state.waiting is not None and cs.state.waiting.reason == "CrashLoopBackOff":
+                seen[cs.restart_count] = cs.state.waiting.message.split(" restarting")[0]
+        assert [seen.get(n) for n in range(5)] == [
+            "back-off 0.2s", "back-off 0.4s", "back-off 0.8s", "back-off 0.8s", "back-off 0.8s"]
+
+
+def proxied_status(address: str, port: int, url: str) -> int:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{address}:{port}"}))
+    with opener.open(url, timeout=10) as resp:
+        return resp.status
+
+
+def test_a_squid_whose_port_is_taken_is_restarted_until_it_runs(kube, kube_client, origin):
+    """A transient start failure never wedges a Pod: the kubelet retries on the Pod's own address."""
+    core = k8s.CoreV1Api(kube_client)
+    # The Pod's port is taken on every address (a listener on the wildcard address, the kernel's
+    # pick of a free port), so its first start exits with "Address already in use".
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    busy = holder.getsockname()[1]
+    try:
+        with Kubelet(kube, restart_backoff=0.5, max_restart_backoff=1.0) as kubelet:
+            core.create_namespaced_pod("a", squid_pod("unlucky", port=busy))
+            failed = wait_for(lambda: (s := core.read_namespaced_pod("unlucky", "a").status).container_statuses
+                              and s.container_statuses[0].last_state.terminated is not None and s,
+                              what="a failed first start")
+            holder.close()
+            cs = failed.container_statuses[0]
+            assert cs.last_state.terminated.exit_code == 1
+            assert "Unable to open HTTP Socket" in cs.last_state.terminated.message
+            assert kubelet.errors and f":{busy}" in kubelet.errors[0]
+            address = failed.pod_ip
+            pod = wait_for(lambda: (p := core.read_namespaced_pod("unlucky", "a")).status.container_statuses[0].ready
+                           and p, timeout=20, what="pod Ready after the restart")
+            cs = pod.status.container_statuses[0]
+            assert pod.status.phase == "Running" and pod.status.pod_ip == address  # the Pod keeps its IP
+            assert cs.state.running is not None and cs.restart_count >= 1 and cs.last_state.terminated.exit_code == 1
+            assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "True"
+            assert proxied_status(address, busy, origin) == 204
+    finally:
+        holder.close()
+
+
+def test_a_squid_that_dies_is_restarted_but_one_stopped_on_purpose_is_not(kube, kube_client, origin):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube, restart_backoff=0.5, max_restart_backoff=1.0) as kubelet:
+        core.create_namespaced_pod("a", squid_pod("crashy"))
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("crashy", "a")).status.phase == "Running" and p,
+                       what="pod Running")
+        address, first = pod.status.pod_ip, kubelet.squid_of("a", "crashy")
+        os.kill(first.proc.pid, signal.SIGKILL)  # dies from outside, as an OOM kill would
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("crashy", "a")).status.container_statuses[0].ready
+                       and p.status.container_statuses[0].restart_count == 1 and p, timeout=20, what="restarted")
+        cs = pod.status.container_statuses[0]
+        assert cs.last_state.terminated.exit_code == 137 and pod.status.pod_ip == address
+        again = kubelet.squid_of("a", "crashy")
+        assert again is not first and again.running() and proxied_status(address, 3128, origin) == 204
+        # a test that takes the endpoint down on purpose keeps it down
+        again.stop()
+        time.sleep(2)
+        assert kubelet.running() == 0 and not port_open(address, 3128)
+        assert core.read_namespaced_pod("crashy", "a").status.container_statuses[0].restart_count == 1
 
 
 def test_pods_that_existed_before_the_kubelet_are_started(kube, kube_client):

@@ -25,8 +25,7 @@ from app.providers.registry import build
 from app.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
 from app.settings import Settings
-from tests.health.servers import free_port
-from tests.support.squid import SquidProcess, loopback_policy
+from tests.support.squid import SquidProcess, loopback_policy, start_on_free_port
 
 
 def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
@@ -34,14 +33,15 @@ def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
     """Start a real Squid on ``address`` with the product policy; ``egress`` pins its outgoing
     address to ``address`` so an IP-echo origin sees a per-proxy egress IP;
     ``loopback_origins`` exempts the loopback test origins from the product's destination
-    denial (:func:`tests.support.squid.loopback_policy`)."""
+    denial (:func:`tests.support.squid.loopback_policy`).  The port is the kernel's pick; a start
+    that loses it to another process is tried again on a fresh one
+    (:func:`tests.support.squid.start_on_free_port`, which also names the error raised)."""
     policy = policy or squid_conf.SquidPolicy()
     if loopback_origins:
         policy = loopback_policy(policy)
     if egress:
         policy = dataclasses.replace(policy, extra=(*policy.extra, f"tcp_outgoing_address {address}"))
-    port = free_port(address)
-    return SquidProcess(address, port, squid_conf.render(port, policy)).start()
+    return start_on_free_port(address, lambda port: squid_conf.render(port, policy))
 
 
 def htpasswd_file(user: str, password: str) -> str:

@@ -28,9 +28,8 @@ from app import squid as squid_conf
 from app.health.credentials import SecretCredentials
 from app.kube import KubernetesGateway
 from app.resources import API_VERSION, KIND
-from tests.health.servers import free_port
 from tests.support.kubelet import write_atomic
-from tests.support.squid import SquidProcess, loopback_policy
+from tests.support.squid import loopback_policy, start_on_free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -65,11 +64,10 @@ def authed_squid(next_address):
 
     update(OLD)
     address = next_address()
-    port = free_port(address)
     policy = loopback_policy(squid_conf.SquidPolicy(basic_auth_file=squid_conf.DEFAULT_HTPASSWD_PATH,
                                                     credentials_ttl=1))
-    squid = SquidProcess(address, port, squid_conf.render(port, policy),
-                         htpasswd_file=os.path.join(volume, "htpasswd")).start()
+    squid = start_on_free_port(address, lambda port: squid_conf.render(port, policy),
+                               htpasswd_file=os.path.join(volume, "htpasswd"))
     yield squid, update
     squid.stop()
 

@@ -566,7 +566,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not tables.wants_table(self.headers.get("Accept", "")):
             return raw
         doc = json.loads(raw)
-        columns = tables.columns_of(self.fake.crds.get((rt.group, rt.version, rt.plural)))
+        columns = tables.columns_for(rt.group, rt.plural, self.fake.crds.get((rt.group, rt.version, rt.plural)))
         include = query.get("includeObject") or "Metadata"
         if is_list:
             meta = doc.get("metadata") or {}
@@ -667,7 +667,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         stream = _WatchStream(rt.plural)
         if tables.wants_table(self.headers.get("Accept", "")):  # kubectl get -w: one-row Tables
-            stream.columns = tables.columns_of(fake.crds.get((rt.group, rt.version, rt.plural)))
+            stream.columns = tables.columns_for(rt.group, rt.plural, fake.crds.get((rt.group, rt.version, rt.plural)))
             stream.include = query.get("includeObject") or "Metadata"
         stream.partial = form == negotiation.PARTIAL
         with fake._lock:

@@ -176,7 +176,7 @@ class Demo:
     # -- start -------------------------------------------------------------------------------
     def start(self) -> "Demo":
         """Start every part and wait until the worker, the API and Flower answer."""
-        for port, what in ((self.api_port, "--api-port"), (self.flower_port, "--flower-port")):
+        for port, what in ((self.api_port, "the API port"), (self.flower_port, "the Flower port")):
             if port != free_port_probe(port):
                 raise RuntimeError(f"{what} {port}: something already listens on 127.0.0.1:{port}")
         self.redis = RedisServer(password=secrets.token_hex(16))
@@ -314,12 +314,67 @@ def free_port_probe(port: int) -> int | None:
     return port
 
 
+#: The demo's ports: (what, flag, environment variable or None, default; 0 is a free port).
+PORTS = (("API", "--api-port", "DEMO_API_PORT", 8080), ("Flower", "--flower-port", "DEMO_FLOWER_PORT", 5555),
+         ("Kubernetes API fake", "--kube-port", None, 0))
+
+
+def resolve_ports(flags: dict[str, int | None], environ: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """Each port of :data:`PORTS` (keyed by its flag) and the setting it came from, as the user wrote it.
+
+    A flag given (``flags[flag]`` not ``None``) wins, then the environment variable (how ``make
+    demo`` passes a port), then the default.  The setting reads ``--api-port 9000``,
+    ``DEMO_API_PORT=9000``, or ``the API port 8080 (the default; DEMO_API_PORT or --api-port
+    changes it)``.
+
+    Raises:
+        ValueError: a flag or variable that is not a port number (0-65535), naming it.
+    """
+    out = {}
+    for what, flag, var, default in PORTS:
+        raw, setting = flags.get(flag), None
+        if raw is not None:
+            port, setting = raw, f"{flag} {raw}"
+        elif var and (environ.get(var) or "").strip():
+            text = environ[var].strip()
+            if not (text.isascii() and text.isdigit()):
+                raise ValueError(f"{var}={environ[var]!r}: not a port number (0-65535)")
+            port, setting = int(text), f"{var}={text}"
+        else:
+            how = f"{var} or {flag}" if var else flag
+            port, setting = default, f"the {what} port {default} (the default; {how} changes it)"
+        if not 0 <= port <= 65535:
+            raise ValueError(f"{setting}: not a port number (0-65535)")
+        out[flag] = (port, setting)
+    return out
+
+
+def port_problems(ports: dict[str, tuple[int, str]]) -> list[str]:
+    """What stops the demo from listening on ``ports`` (from :func:`resolve_ports`): a port
+    something already listens on, or one port given twice; each names the user's setting.
+    Port 0 (a free one) is never a problem."""
+    problems, seen = [], {}
+    for port, setting in ports.values():
+        if not port:
+            continue
+        if port in seen:
+            problems.append(f"{setting}: the same port as {seen[port]}")
+        elif free_port_probe(port) is None:
+            problems.append(f"{setting}: something already listens on 127.0.0.1:{port}")
+        seen.setdefault(port, setting)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the local stack until SIGINT/SIGTERM; return the exit status."""
+    """Run the local stack until SIGINT/SIGTERM; return the exit status (2: bad settings or a
+    missing program, 1: a port taken or the stack failed).  Nothing starts, and no "stopped."
+    is printed, when a check fails."""
     ap = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--api-port", type=int, default=int(os.environ.get("DEMO_API_PORT") or 8080))
-    ap.add_argument("--flower-port", type=int, default=int(os.environ.get("DEMO_FLOWER_PORT") or 5555))
-    ap.add_argument("--kube-port", type=int, default=0, help="the API fake's port (default: a free one)")
+    ap.add_argument("--api-port", type=int, default=None,
+                    help="the discovery API's port (env DEMO_API_PORT; default 8080; 0: a free one)")
+    ap.add_argument("--flower-port", type=int, default=None,
+                    help="Flower's port (env DEMO_FLOWER_PORT; default 5555; 0: a free one)")
+    ap.add_argument("--kube-port", type=int, default=None, help="the API fake's port (default: a free one)")
     ap.add_argument("--pod-cidr", default=None,
                     help="loopback range of the Squid Pods (default: a free 127.A.B.0/24)")
     ap.add_argument("--workdir", help="keep kubeconfig, configs and logs here (default: a temp dir, removed)")
@@ -327,17 +382,38 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for tool in ("redis-server", "squid"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
-            print(f"make demo: {tool} is not installed (`make deps` installs it, or apt-get install "
-                  f"{'redis-server' if tool == 'redis-server' else 'squid'})", file=sys.stderr)
+            print(f"make demo: {tool} is not installed; install it as root with `sudo bash .ci/install-deps demo` "
+                  f"(or `sudo apt-get install {tool}`)", file=sys.stderr)
             return 2
+    try:
+        ports = resolve_ports({"--api-port": args.api_port, "--flower-port": args.flower_port,
+                               "--kube-port": args.kube_port}, dict(os.environ))
+    except ValueError as exc:
+        print(f"make demo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.pod_cidr is not None:
+            ipaddress.ip_network(args.pod_cidr)
+    except ValueError as exc:
+        print(f"make demo: --pod-cidr {args.pod_cidr}: {exc}", file=sys.stderr)
+        return 2
     warning = kubectl_warning()
     if warning:
         print(f"make demo: warning: {warning}", file=sys.stderr, flush=True)
+    problems = port_problems(ports)
+    if problems:
+        for problem in problems:
+            print(f"make demo: {problem}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    demo = Demo(api_port=args.api_port, flower_port=args.flower_port, kube_port=args.kube_port,
-                pod_cidr=args.pod_cidr, workdir=args.workdir)
+    try:
+        demo = Demo(api_port=ports["--api-port"][0], flower_port=ports["--flower-port"][0],
+                    kube_port=ports["--kube-port"][0], pod_cidr=args.pod_cidr, workdir=args.workdir)
+    except ValueError as exc:  # --pod-cidr outside 127.0.0.0/8
+        print(f"make demo: {exc}", file=sys.stderr)
+        return 2
     try:
         try:
             demo.start()
@@ -355,8 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         print("stopping...", flush=True)
         return 0
     finally:
+        started = bool(demo.processes) or demo.redis is not None
         demo.stop()
-        print("stopped.", flush=True)
+        if started:
+            print("stopped.", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,29 @@ squid.conf the kubernetes provider renders with :func:`app.squid.render`), the k
 
 1. reports the Pod ``Pending`` with the container waiting in ``ContainerCreating`` (the API
    server already made it ``Pending`` without a ``podIP``);
-2. starts a real Squid (:class:`tests.support.squid.SquidProcess`) on a loopback address of
-   its own (from loopback blocks this process claims, :class:`tests.support.loopback.AddressPool`,
-   never reused within the process, so other test runs and xdist workers sharing the loopback
-   never get it; or upward from ``first_address`` when given), at the container's first
+2. gives the Pod a loopback address of its own, kept for the Pod's life as a Pod IP is (from
+   loopback blocks this process claims, :class:`tests.support.loopback.AddressPool`, never
+   reused within the process, so other test runs and xdist workers sharing the loopback never
+   get it; or upward from ``first_address`` when given), and starts a real Squid
+   (:class:`tests.support.squid.SquidProcess`) there at the container's first
    ``containerPort`` (else 3128);
 3. reports ``Running`` with ``podIP`` = that address, Ready conditions and a running
    container status.
+
+The container runs with ``restartPolicy: Always`` as the real kubelet runs it (Kubernetes docs,
+"Container restarts": https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts):
+a Squid that fails to start (exits, or does not listen within ``startup_timeout``) or that
+exits by itself later is started again on the same address after a back-off that doubles from
+``restart_backoff`` up to ``max_restart_backoff`` (the real kubelet: 10 s doubling up to 5 min,
+reset after the container ran for 10 minutes, here after twice the cap).  Between attempts the
+Pod is ``Running`` with its ``podIP`` but not Ready, its container ``waiting`` with reason
+``CrashLoopBackOff`` (``back-off <s>s restarting failed container=...``), ``lastState.terminated``
+holding the exit code (``128 + N`` for signal ``N``, 137 for a Squid stopped because it did not
+listen in time) and ``restartCount`` counting the restarts; this is the kubelet's phase rule
+(a container that terminated and will restart counts as running).  Each failure is also a line
+of :attr:`Kubelet.errors`.  A Squid stopped through its own
+:meth:`~tests.support.squid.SquidProcess.stop` (a test taking the endpoint down on purpose) is
+left stopped.
 
 All status writes go through the Pod's status subresource, so watchers see each step as a
 MODIFIED event.  When the Pod is deleted (or its deletion starts) the Squid is stopped.
@@ -25,8 +41,8 @@ the new content (Kubernetes docs, "Mounted Secrets are updated automatically":
 https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod;
 kubernetes/pkg/volume/util/atomic_writer.go).  A ``subPath`` mount is a copy made at start
 and never updated (the real kubelet bind-mounts the file, which the swap never touches).
-If Squid fails to start the Pod stays ``Pending`` with the container waiting in
-``CrashLoopBackOff`` and the failure is recorded in :attr:`Kubelet.errors`.
+A Secret missing at start leaves the Pod ``Pending`` with the container waiting in
+``CreateContainerConfigError``.
 
 ``start_squid=False`` (benchmarks with hundreds of Pods) skips the processes: Squid Pods go
 straight to ``Running`` with an allocated ``podIP`` that nothing listens on.  Without a
@@ -35,6 +51,7 @@ kubelet at all, Pods simply stay ``Pending``.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -52,7 +69,7 @@ from tests.kubefake.errors import ApiError
 from tests.kubefake.store import DELETED, Closed, Store, now_rfc3339
 from app.squid import DEFAULT_HTPASSWD_PATH
 from tests.support.loopback import AddressPool
-from tests.support.squid import SquidProcess
+from tests.support.squid import SquidProcess, SquidStartError
 
 log = logging.getLogger("kubelet")
 
@@ -78,16 +95,26 @@ class Kubelet:
         host_ip: reported as ``status.hostIP``.
         secret_sync_delay: seconds between a Secret change and its volumes' update (the real
             kubelet's sync period plus its cache delay: up to a minute or two).
+        restart_backoff: seconds before the first restart of a Squid that failed or exited (> 0).
+        max_restart_backoff: the cap of the doubling back-off, seconds (>= ``restart_backoff``).
 
     Attributes:
-        errors: one line per Squid that failed to start (``"<ns>/<pod>: <reason>"``).
+        errors: one line per Squid start that failed or Squid that exited (``"<ns>/<pod>: <reason>"``).
+
+    Raises:
+        ValueError: a back-off out of range.
     """
 
     def __init__(self, fake, *, start_squid: bool = True, first_address: str | None = None,
-                 startup_timeout: float = 20.0, host_ip: str = "127.0.0.1", secret_sync_delay: float = 1.0) -> None:
+                 startup_timeout: float = 20.0, host_ip: str = "127.0.0.1", secret_sync_delay: float = 1.0,
+                 restart_backoff: float = 0.5, max_restart_backoff: float = 8.0) -> None:
+        if not 0 < restart_backoff <= max_restart_backoff:
+            raise ValueError(f"Kubelet back-off: want 0 < restart_backoff <= max_restart_backoff, "
+                             f"got {restart_backoff} and {max_restart_backoff}")
         self.store: Store = getattr(fake, "store", fake)
         self.start_squid = start_squid
         self.startup_timeout = startup_timeout
+        self.restart_backoff, self.max_restart_backoff = restart_backoff, max_restart_backoff
         self.host_ip = host_ip
         self.secret_sync_delay = secret_sync_delay
         # (namespace, secret) -> {pod key: (volume directory, {key: file name})}
@@ -96,10 +123,12 @@ class Kubelet:
         self._next = int(ipaddress.IPv4Address(first_address)) if first_address else None
         self._squids: dict[tuple[str, str, str], SquidProcess] = {}
         self._addresses: dict[tuple[str, str, str], str] = {}
+        self._containers: dict[tuple[str, str, str], _Container] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
         self._thread: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "Kubelet":
@@ -111,14 +140,21 @@ class Kubelet:
         self._secret_thread = threading.Thread(target=self._run_secrets, args=(secrets,), name="kubelet-secrets",
                                                daemon=True)
         self._secret_thread.start()
+        self._watcher = threading.Thread(target=self._watch_squids, name="kubelet-squids", daemon=True)
+        self._watcher.start()
         return self
 
     def close(self) -> None:
-        """Stop following events and stop every Squid."""
+        """Stop following events, cancel pending restarts and stop every Squid."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._secret_thread.join(timeout=5)
+            self._watcher.join(timeout=5)
+        with self._lock:
+            timers = [c.timer for c in self._containers.values() if c.timer is not None]
+        for timer in timers:
+            timer.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             squids, self._squids = list(self._squids.values()), {}
@@ -195,8 +231,21 @@ class Kubelet:
             self._next += 1
         return str(ipaddress.IPv4Address(n))
 
-    def _free_address(self, port: int) -> str:
-        """Allocate an address where nothing listens on ``port`` yet (other test runs may share lo)."""
+    def _pod_address(self, port: int) -> str:
+        """Allocate a Pod IP for a Squid listening on ``port``.
+
+        From claimed loopback blocks (the default) the next address is this process's alone, so
+        it is taken as it is: a port someone holds there anyway (a listener on the wildcard
+        address holds it on every address) makes the Squid fail and crash-loop until it is
+        free, as a ``hostNetwork`` Pod's container does on a real node.  Upward from
+        ``first_address`` (not claimed, other runs may share it) the first address where
+        nothing listens on ``port`` yet.
+
+        Raises:
+            RuntimeError: upward from ``first_address``, no such address among the next 1000.
+        """
+        if self._next is None:
+            return self._allocate()
         for _ in range(1000):
             address = self._allocate()
             probe = socket.socket()
@@ -289,7 +338,8 @@ class Kubelet:
                 if key not in self._addresses:
                     return
                 self._addresses[key] = address
-            self._set_status(key, _running_status(pod, address, self.host_ip))
+            self._set_status(key, _running_status(_Container(pod=pod, spec=container, port=port, address=address,
+                                                             start_time=now_rfc3339()), self.host_ip))
             return
         self._set_status(key, {"phase": "Pending", "hostIP": self.host_ip, "conditions": [
             _condition("PodScheduled", "True")], "containerStatuses": [
@@ -302,42 +352,112 @@ class Kubelet:
                 container, waiting={"reason": "CreateContainerConfigError",
                                     "message": "secret for the htpasswd mount not found"})]})
             return
-        squid, failure = None, ""
-        for _ in range(3):  # another process may grab the address between probe and bind
-            address = self._free_address(port)
-            squid = SquidProcess(address, port, conf, htpasswd=htpasswd, htpasswd_file=htpasswd_file)
-            try:
-                squid.start(timeout=self.startup_timeout)
-            except RuntimeError as exc:
-                failure = str(exc).splitlines()[0] if str(exc) else "squid did not start"
-                log.error("kubelet: squid for pod %s/%s failed: %s", ns, name, exc)
-                squid = None
-                break
-            time.sleep(0.2)  # a Squid that lost the bind race exits right after start
-            if squid.running():
-                break
-            failure = f"squid on {address}:{port} exited after start: {squid.log()[-300:]}"
-            squid.stop()
-            squid = None
-        if squid is None:
-            self.errors.append(f"{ns}/{name}: {failure}")
-            self._set_status(key, {"phase": "Pending", "containerStatuses": [_container_status(
-                container, waiting={"reason": "CrashLoopBackOff", "message": failure[:200]})]})
+        try:
+            address = self._pod_address(port)  # the Pod IP: the sandbox's, kept across container restarts
+        except RuntimeError as exc:
+            log.error("kubelet: no address for pod %s/%s: %s", ns, name, exc)
+            self.errors.append(f"{ns}/{name}: {exc}")
             return
         with self._lock:
-            wanted = key in self._addresses
+            if key not in self._addresses:
+                return  # deleted meanwhile
+            self._addresses[key] = address
+            self._containers[key] = _Container(pod=pod, spec=container, port=port, conf=conf, htpasswd=htpasswd,
+                                               htpasswd_file=htpasswd_file, address=address,
+                                               start_time=now_rfc3339())
+        self._run_container(key)
+
+    def _run_container(self, key) -> None:
+        """Start the Squid of Pod ``key`` once; on failure, schedule the next start after the back-off."""
+        with self._lock:
+            c = self._containers.get(key)
+            if c is None or self._stop.is_set():
+                return
+            c.timer = None
+        squid = SquidProcess(c.address, c.port, c.conf, htpasswd=c.htpasswd, htpasswd_file=c.htpasswd_file)
+        started_at = now_rfc3339()
+        try:
+            squid.start(timeout=self.startup_timeout)
+        except SquidStartError as exc:
+            log.error("kubelet: squid for pod %s/%s failed: %s", key[0], key[1], exc)
+            code = exc.returncode if exc.returncode is not None else 137  # stopped: it never listened
+            self._container_ended(key, c, _exit_code(code), _failure_summary(exc), started_at)
+            return
+        with self._lock:
+            wanted = self._containers.get(key) is c and not self._stop.is_set()
             if wanted:
-                self._addresses[key] = address
                 self._squids[key] = squid
-        if not wanted or not self._set_status(key, _running_status(pod, address, self.host_ip)):
+                c.running_since, c.started_at = time.monotonic(), started_at
+        if not wanted or not self._set_status(key, _running_status(c, self.host_ip)):
             self._stop_pod(key)
             squid.stop()
+
+    def _container_ended(self, key, c: "_Container", exit_code: int, message: str, started_at: str) -> None:
+        """Record that Pod ``key``'s Squid ended (``exit_code``), report CrashLoopBackOff, schedule a restart."""
+        ns, name, uid = key
+        with self._lock:
+            if self._containers.get(key) is not c or self._stop.is_set():
+                return
+            ran = time.monotonic() - c.running_since if c.running_since is not None else 0.0
+            if ran >= 2 * self.max_restart_backoff:
+                c.backoff = 0.0  # ran long enough: the back-off starts over
+            c.backoff = min(c.backoff * 2, self.max_restart_backoff) if c.backoff else self.restart_backoff
+            c.running_since = None
+            c.last_terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+                                 "message": message[:1000], "startedAt": started_at, "finishedAt": now_rfc3339(),
+                                 "containerID": f"kubefake://{uuid.uuid4().hex}"}
+            delay = c.backoff
+            self.errors.append(f"{ns}/{name}: {message}")
+        waiting = {"reason": "CrashLoopBackOff",
+                   "message": f"back-off {delay:g}s restarting failed container={c.spec.get('name')} "
+                              f"pod={name}_{ns}({uid})"}
+        self._set_status(key, _crash_loop_status(c, self.host_ip, waiting))
+        timer = threading.Timer(delay, self._restart, args=(key, c))
+        timer.daemon = True
+        with self._lock:
+            if self._containers.get(key) is not c or self._stop.is_set():
+                return
+            c.timer = timer
+            timer.start()
+
+    def _restart(self, key, c: "_Container") -> None:
+        with self._lock:
+            if self._containers.get(key) is not c or self._stop.is_set():
+                return
+            c.restart_count += 1
+        try:
+            self._pool.submit(self._run_container, key)
+        except RuntimeError:  # closing: the pool takes no more work
+            pass
+
+    def _watch_squids(self) -> None:
+        """Notice Squids that exited by themselves (not through their ``stop()``) and restart them."""
+        while not self._stop.wait(0.2):
+            with self._lock:
+                ended = [(key, squid, code) for key, squid in self._squids.items()
+                         if (code := squid.exited()) is not None]
+                for key, _, _ in ended:
+                    del self._squids[key]
+                containers = {key: self._containers.get(key) for key, _, _ in ended}
+            for key, squid, code in ended:
+                text = squid.log()
+                squid.stop()
+                c = containers[key]
+                if c is None:
+                    continue
+                fatal = [line for line in text.splitlines() if "FATAL" in line]
+                message = f"squid exited with code {code}" + (f": {fatal[-1]}" if fatal else "")
+                log.error("kubelet: squid for pod %s/%s exited: %s", key[0], key[1], message)
+                self._container_ended(key, c, _exit_code(code), message, c.started_at or now_rfc3339())
 
     def _stop_pod(self, key) -> None:
         with self._lock:
             squid = self._squids.pop(key, None)
             self._addresses.pop(key, None)
+            c = self._containers.pop(key, None)
             gone = [vols.pop(key) for vols in self._secret_volumes.values() if key in vols]
+        if c is not None and c.timer is not None:
+            c.timer.cancel()
         if squid is not None:
             squid.stop()
         for volume_dir, _ in gone:
@@ -359,6 +479,45 @@ class Kubelet:
 
 
 # -- helpers -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Container:
+    """One Pod's Squid container as the kubelet keeps it between starts.
+
+    ``backoff`` is the delay before the next restart, seconds (0: none yet); ``running_since``
+    the monotonic time its Squid became ready (``None`` while not running); ``started_at`` and
+    ``start_time`` RFC 3339 times of the container's last start and of the Pod's.
+    """
+
+    pod: dict
+    spec: dict
+    port: int
+    address: str
+    start_time: str
+    conf: str = ""
+    htpasswd: str | None = None
+    htpasswd_file: str | None = None
+    restart_count: int = 0
+    backoff: float = 0.0
+    last_terminated: dict | None = None
+    running_since: float | None = None
+    started_at: str | None = None
+    timer: threading.Timer | None = None
+
+
+def _exit_code(returncode: int) -> int:
+    """A container runtime's exit code for ``Popen.returncode`` (``-N``, signal ``N``: ``128 + N``)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _failure_summary(exc: SquidStartError) -> str:
+    """One line on why a Squid did not start: how it ended and its last FATAL line (else its last line)."""
+    lines = [line for line in exc.log.splitlines() if line.strip()]
+    fatal = [line for line in lines if "FATAL" in line] or lines[-1:]
+    how = (f"exited with code {exc.returncode}" if exc.returncode is not None
+           else f"not listening after {exc.elapsed:.1f} s")
+    return f"squid on {exc.address}:{exc.port} {how}" + (f": {fatal[-1]}" if fatal else "")
+
+
 def _squid_container(pod: dict) -> dict | None:
     for c in (pod.get("spec") or {}).get("containers") or []:
         if any(isinstance(e, dict) and e.get("name") == SQUID_CONF_ENV for e in c.get("env") or []):
@@ -443,20 +602,46 @@ def _condition(ctype: str, status: str) -> dict:
     return {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
 
 
-def _container_status(container: dict, *, waiting: dict | None = None, running: bool = False) -> dict:
-    state = {"running": {"startedAt": now_rfc3339()}} if running else {"waiting": waiting or {}}
+def _container_status(container: dict, *, waiting: dict | None = None, running: bool = False,
+                      restart_count: int = 0, last_terminated: dict | None = None,
+                      started_at: str | None = None) -> dict:
+    state = {"running": {"startedAt": started_at or now_rfc3339()}} if running else {"waiting": waiting or {}}
     status = {"name": container.get("name"), "image": container.get("image"), "imageID": "",
-              "ready": running, "started": running, "restartCount": 0, "state": state}
+              "ready": running, "started": running, "restartCount": restart_count, "state": state,
+              "lastState": {"terminated": last_terminated} if last_terminated else {}}
     if running:
         status["containerID"] = f"kubefake://{uuid.uuid4().hex}"
     return status
 
 
-def _running_status(pod: dict, address: str, host_ip: str) -> dict:
-    containers = (pod.get("spec") or {}).get("containers") or []
+def _pod_network(c: _Container, host_ip: str) -> dict:
+    return {"podIP": c.address, "podIPs": [{"ip": c.address}], "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
+            "startTime": c.start_time}
+
+
+def _running_status(c: _Container, host_ip: str) -> dict:
+    """Status of a Pod whose Squid runs and is ready."""
+    containers = (c.pod.get("spec") or {}).get("containers") or []
     return {
-        "phase": "Running", "podIP": address, "podIPs": [{"ip": address}],
-        "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "startTime": now_rfc3339(),
+        "phase": "Running", **_pod_network(c, host_ip),
         "conditions": [_condition(t, "True") for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-        "containerStatuses": [_container_status(c, running=True) for c in containers],
+        "containerStatuses": [
+            _container_status(x, running=True, restart_count=c.restart_count, last_terminated=c.last_terminated,
+                              started_at=c.started_at) if x.get("name") == c.spec.get("name")
+            else _container_status(x, running=True) for x in containers],
+    }
+
+
+def _crash_loop_status(c: _Container, host_ip: str, waiting: dict) -> dict:
+    """Status of a Pod whose Squid ended and waits for its restart: ``Running`` (restartPolicy
+    Always: a container that terminated and will restart counts as running, kubelet's getPhase),
+    not Ready."""
+    name = c.spec.get("name")
+    unready = {"reason": "ContainersNotReady", "message": f"containers with unready status: [{name}]"}
+    return {
+        "phase": "Running", **_pod_network(c, host_ip),
+        "conditions": [_condition("PodScheduled", "True"), _condition("Initialized", "True"),
+                       {**_condition("ContainersReady", "False"), **unready}, {**_condition("Ready", "False"), **unready}],
+        "containerStatuses": [_container_status(c.spec, waiting=waiting, restart_count=c.restart_count,
+                                                last_terminated=c.last_terminated)],
     }
