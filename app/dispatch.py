@@ -401,7 +401,7 @@ class Dispatcher:
         self._send(RETIRE_TASK, [provider_name, provider_id, ref.namespace, ref.name, ref.uid],
                    self.router.queue_for_instance(provider_name, provider_id), None)
 
-    def run_step(self, ctx: reconcile.Context, action: str, ref: Ref, attempt: int = 0, *,
+    def run_step(self, ctx: reconcile.Context, action: str, ref: Ref, *, attempt: int = 0,
                  queue: str = PROXIES) -> str:
         """Run one reconcile step under the per-Proxy lock and queue its followup.
 

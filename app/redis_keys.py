@@ -270,17 +270,22 @@ def pool_demand_read(namespace: str, name: str) -> str:
 
 
 def pool_scale(uid: str) -> str:
-    """string (JSON ``[{"time", "replicas"}]``) — the autoscaler's recent recommendations for the
-    pool ``uid`` (its scale-down window, :func:`app.pools.autoscale.stabilize`).  TTL: the pool's
-    ``scaleDownDelaySeconds`` + 1 hour, renewed by every write.  Written and read by
-    :mod:`app.pools.controller`; a lost value only restarts the window (delays a scale-down)."""
+    """string (JSON ``{"history": [{"time", "replicas"}], "replicas", "warnedAt"}``; a bare
+    ``[{"time", "replicas"}]`` from earlier releases is read as the history) — the autoscaler's
+    recent recommendations for the pool ``uid`` (its scale-down window,
+    :func:`app.pools.autoscale.stabilize`), the count it last settled on (a different
+    ``spec.replicas`` at the next pass means another writer: a ``ReplicasOverridden`` Event) and
+    when that Event was last recorded.  TTL: the pool's ``scaleDownDelaySeconds`` + 1 hour,
+    renewed by every write; deleted by a pass of a pool without ``spec.autoscale``.  Written and
+    read by :mod:`app.pools.controller`; a lost value only restarts the window (delays a
+    scale-down) and misses one override."""
     return PREFIX + "pool-scale:" + uid
 
 
 #: hash — the last pass's counts of every pool, for the pool gauges (:class:`app.pools.stats.PoolCollector`,
 #: read by beat's ``/metrics`` at scrape time): field ``<namespace>/<name>`` -> JSON ``{"uid", "desired",
-#: "replicas", "ready", "leasable", "updated", "draining", "skippedZones", "at"}``.  No TTL (bounded by the
-#: pools).  Written by :func:`app.pools.stats.record` (every pass that acted); fields removed by
+#: "replicas", "ready", "leasable", "updated", "draining", "skippedZones", "leases", "leaseCapacity", "at"}``.
+#: No TTL (bounded by the pools).  Written by :func:`app.pools.stats.record` (every pass that acted); fields removed by
 #: :func:`app.pools.stats.forget` (a deleted pool, or one whose spec the controller cannot act on) and
 #: :func:`app.pools.stats.prune` (``pool.resync``: pools no longer listed).
 POOL_STATS = PREFIX + "pool-stats"

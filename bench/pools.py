@@ -29,9 +29,19 @@ until the pool is complete again (``Progressing`` ``PoolComplete``, 200 updated 
 left).  The minimum leasable count is the lowest ``status.leasableReplicas`` the controller wrote
 during the rollout (each pass counts what it reads, before acting).
 
-Prints, per rollout setting: wall seconds, controller passes, minimum leasable observed and the
-floor it must not go below (``replicas - maxUnavailable``).  No assertions on time (the machine
-is shared: see docs/performance.md).
+A second figure samples what the API could actually lease during the rollout, independently of
+the controller: a thread with its own Redis connection reads, every
+:data:`SAMPLE_INTERVAL` seconds while the rollout runs, the lease index the lease script reads
+and its 503 counts come from (:data:`app.redis_keys.LOAD`: leasable with room,
+:data:`app.redis_keys.FULL`: leasable at ``maxLeases``; a draining, unhealthy or unpublished
+proxy is in neither) and counts the uids whose serving record names the pool
+(:func:`leasable_in_index`).  It sees the moments between a pass's writes that the status,
+computed before the pass acts, does not.
+
+Prints, per rollout setting: wall seconds, controller passes, the minimum leasable from the
+status and from the lease index (with the samples taken), and the floor neither must go below
+(``replicas - maxUnavailable``).  No assertions on time (the machine is shared: see
+docs/performance.md).
 
 Usage: ``python bench/pools.py [--replicas 200] [--surges 1,10]``.
 """
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,6 +60,65 @@ sys.path.insert(0, str(ROOT))
 
 NS = "crawl"
 PROVIDER = "k8s-local"
+#: Seconds between two samples of the lease index during a rollout.
+SAMPLE_INTERVAL = 0.02
+
+
+def leasable_in_index(r, pool: str) -> int:
+    """Members of ``pool`` a lease request could get now, as the lease script sees them: uids in
+    the lease index's :data:`~app.redis_keys.LOAD` or :data:`~app.redis_keys.FULL` (healthy,
+    ``maxLeases`` > 0, not draining; the sets the 503 counts are read from) whose serving record's
+    ``pool`` is ``pool``.  Two round trips; a uid withdrawn between them is not counted.
+
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    from app import redis_keys, serving
+
+    pipe = r.pipeline(transaction=False)
+    pipe.zrange(redis_keys.LOAD, 0, -1)
+    pipe.smembers(redis_keys.FULL)
+    load, full = pipe.execute()
+    uids = sorted(set(load) | set(full))
+    pipe = r.pipeline(transaction=False)
+    for uid in uids:
+        pipe.hget(serving.proxy_key(uid), "pool")
+    return sum(1 for name in pipe.execute() if name == pool)
+
+
+class IndexSampler:
+    """Samples :func:`leasable_in_index` in a thread until stopped; keeps the minimum.
+
+    Args:
+        redis_url: the Redis to read (a connection of its own).
+        pool: the pool's name.
+    """
+
+    def __init__(self, redis_url: str, pool: str) -> None:
+        import threading
+
+        import redis as redis_lib
+
+        self.r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
+        self.pool, self.low, self.samples = pool, None, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="index-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            n = leasable_in_index(self.r, self.pool)
+            self.low = n if self.low is None else min(self.low, n)
+            self.samples += 1
+            self._stop.wait(SAMPLE_INTERVAL)
+
+    def __enter__(self) -> "IndexSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.r.close()
 
 
 def _ready(custom, r, proxy) -> None:
@@ -144,23 +214,24 @@ def rollout(replicas: int, max_surge: int, max_unavailable: int, redis_url: str)
         template = {"metadata": {"labels": {"app": "web"}}, "spec": {"provider": PROVIDER, "maxLeases": 3}}
         custom.patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"template": template}})
         passes, low, t0 = 0, replicas, time.monotonic()
-        while True:
-            out, status, steps = _round(api, ctx, custom, r, ref, configs)
-            passes += 1
-            low = min(low, status.get("leasableReplicas", 0))
-            if _complete(status, replicas):
-                pool = custom.get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
-                if pool["status"].get("observedGeneration") == pool["metadata"]["generation"]:
-                    break
-            if not steps and not out.plan.actions:
-                time.sleep(0.05)
-        wall = time.monotonic() - t0
+        with IndexSampler(redis_url, "web") as sampler:
+            while True:
+                out, status, steps = _round(api, ctx, custom, r, ref, configs)
+                passes += 1
+                low = min(low, status.get("leasableReplicas", 0))
+                if _complete(status, replicas):
+                    pool = custom.get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
+                    if pool["status"].get("observedGeneration") == pool["metadata"]["generation"]:
+                        break
+                if not steps and not out.plan.actions:
+                    time.sleep(0.05)
+            wall = time.monotonic() - t0
         left = len(ctx.kube.list_proxies_in(NS))
         api.close()
     r.close()
     return {"replicas": replicas, "maxSurge": max_surge, "maxUnavailable": max_unavailable, "fill_s": fill,
-            "rollout_s": wall, "passes": passes, "min_leasable": low, "floor": replicas - max_unavailable,
-            "proxies_after": left}
+            "rollout_s": wall, "passes": passes, "min_leasable": low, "min_index": sampler.low,
+            "samples": sampler.samples, "floor": replicas - max_unavailable, "proxies_after": left}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     server = RedisServer()
     try:
         print(f"{'replicas':>8} {'surge':>5} {'unavail':>7} {'fill s':>7} {'rollout s':>9} {'passes':>6} "
-              f"{'min leasable':>12} {'floor':>5} {'left':>5}")
+              f"{'min leasable (status)':>21} {'min leasable (index)':>20} {'samples':>7} {'floor':>5} {'left':>5}")
         for surge in (int(s) for s in args.surges.split(",")):
             f = rollout(args.replicas, surge, 0, server.url)
             print(f"{f['replicas']:>8} {f['maxSurge']:>5} {f['maxUnavailable']:>7} {f['fill_s']:>7.1f} "
-                  f"{f['rollout_s']:>9.1f} {f['passes']:>6} {f['min_leasable']:>12} {f['floor']:>5} "
-                  f"{f['proxies_after']:>5}", flush=True)
+                  f"{f['rollout_s']:>9.1f} {f['passes']:>6} {f['min_leasable']:>21} {f['min_index']!s:>20} "
+                  f"{f['samples']:>7} {f['floor']:>5} {f['proxies_after']:>5}", flush=True)
+        print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         server.stop()
     return 0

@@ -43,7 +43,7 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
     The followup of the same step goes back on the queue ``task`` was delivered from.
     """
     queue = (task.request.delivery_info or {}).get("routing_key") or PROXIES
-    dispatcher().run_step(context(), action, Ref(namespace, name, uid), attempt, queue=queue)
+    dispatcher().run_step(context(), action, Ref(namespace, name, uid), attempt=attempt, queue=queue)
 
 
 @celery_app.task(name="proxy.create", bind=True)

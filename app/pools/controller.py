@@ -26,7 +26,10 @@ moved it, write the status (:func:`app.status_writer.write_pool`).  One Event pe
 and pass, and one when zones start being skipped for a provider target that is not Ready
 (``ZoneNotReady``) or recover (``ZoneReady``), told from ``status.skippedZones`` before and
 after the pass (:func:`app.pools.plan.skipped_zones`), so a zone that stays down is not
-repeated every pass.
+repeated every pass.  An autoscaled pool whose ``spec.replicas`` is not the count its autoscaler
+settled on at the last pass has another writer (``kubectl scale``, a HorizontalPodAutoscaler):
+a ``ReplicasOverridden`` Warning Event says so, at most once per
+:data:`OVERRIDE_EVENT_INTERVAL`.
 
 An action the API refuses (409: the member changed meanwhile; 404: it is gone; 422: the CRD
 refused the member) is logged and left to the next pass, which decides again from what it reads.
@@ -204,13 +207,45 @@ def zones_ready(r, pc, zones: list[str | None], *, now: float | None = None) -> 
     return {zone: why is None for zone, why in zone_health(r, pc, zones, now=now).items()}
 
 
-def _history(r, uid: str) -> list[dict]:
+#: Seconds between two ``ReplicasOverridden`` Events of one pool (another writer of ``spec.replicas``
+#: keeps writing: an HPA every 15 s; one Event every 5 minutes says it well enough).
+OVERRIDE_EVENT_INTERVAL = 300.0
+
+
+def _scale_state(r, uid: str) -> tuple[list[dict], dict]:
+    """The autoscaler's state kept in :func:`app.redis_keys.pool_scale`: its recommendations
+    (the scale-down window) and the document (``replicas``: the count it last settled on,
+    ``warnedAt``: epoch seconds of the last ``ReplicasOverridden`` Event).  A plain list (what
+    earlier releases wrote) is the recommendations alone."""
     raw = r.get(redis_keys.pool_scale(uid))
     try:
         doc = json.loads(raw) if raw else []
     except ValueError:
-        return []
-    return doc if isinstance(doc, list) else []
+        return [], {}
+    if isinstance(doc, list):
+        return doc, {}
+    if isinstance(doc, dict) and isinstance(doc.get("history"), list):
+        return doc["history"], doc
+    return [], {}
+
+
+def _overridden(pool: Pool, state: Mapping[str, Any]) -> int | None:
+    """The count the autoscaler settled on last pass when ``spec.replicas`` now says something
+    else: another writer changed it meanwhile (``kubectl scale``, a HorizontalPodAutoscaler on the
+    scale subresource, an apply of a manifest carrying ``spec.replicas``); ``None`` otherwise."""
+    last = state.get("replicas")
+    if isinstance(last, int) and not isinstance(last, bool) and last != pool.spec.replicas:
+        return last
+    return None
+
+
+def _warn_overridden(kube: KubeGateway, pool: Pool, last: int, result: Plan) -> None:
+    message = (f"spec.replicas was changed from {last} to {pool.spec.replicas} by another writer (kubectl scale, "
+               f"a HorizontalPodAutoscaler on this pool's scale subresource, an apply that sets spec.replicas) "
+               f"while spec.autoscale sizes the pool; the autoscaler keeps {result.desired}. Use one of them: "
+               f"remove spec.autoscale, or the other writer")
+    log.warning("pool %s: %s", pool.key, message)
+    kube.record_pool_event(pool, "Warning", "ReplicasOverridden", message=message)
 
 
 def _names(items) -> str:
@@ -265,11 +300,12 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     zones = list(pool.spec.zones) or [pool.spec.template_zone]
     health = zone_health(r, pc, zones, now=now)
     ready = {zone: why is None for zone, why in health.items()}
-    signal, history = None, None
+    signal, history, state, overridden = None, None, {}, None
     if pool.spec.autoscale is not None:
         taken = pool_demand.take(r, pool.namespace, pool.name)
         signal = Demand(refused=taken.refused, window=taken.window or 0.0)
-        history = _history(r, pool.uid)
+        history, state = _scale_state(r, pool.uid)
+        overridden = _overridden(pool, state)
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records)
@@ -277,10 +313,20 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
-                                   - {d.uid for d in result.deletes}) + len(result.drains))
+                                   - {d.uid for d in result.deletes}) + len(result.drains),
+                      leases=sum(m.leases for m in members if m.leasable),
+                      capacity=pool.spec.max_leases * int(result.status.get("leasableReplicas") or 0))
     if pool.spec.autoscale is not None:
-        r.set(redis_keys.pool_scale(pool.uid), json.dumps(list(result.history)),
-              ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
+        warned = state.get("warnedAt") if isinstance(state.get("warnedAt"), (int, float)) else None
+        if overridden is not None and (warned is None or now - warned >= OVERRIDE_EVENT_INTERVAL):
+            _warn_overridden(kube, pool, overridden, result)
+            warned = now
+        doc = {"history": list(result.history), "replicas": result.desired}
+        if warned is not None:
+            doc["warnedAt"] = warned
+        r.set(redis_keys.pool_scale(pool.uid), json.dumps(doc), ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
+    else:
+        r.delete(redis_keys.pool_scale(pool.uid))  # no stale count if spec.autoscale comes back
     requeue = result.requeue_after
     if refused:
         requeue = RELEASE_RETRY if requeue is None else min(requeue, RELEASE_RETRY)
@@ -474,5 +520,6 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
             pass
 
 
-__all__ = ["RELEASE_RETRY", "Outcome", "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec",
-           "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health", "zones_ready"]
+__all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "Outcome", "PoolRef", "controlled_by", "member_labels",
+           "member_name", "member_spec", "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health",
+           "zones_ready"]

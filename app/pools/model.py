@@ -142,6 +142,30 @@ def selector_string(reqs: tuple[selectors.Requirement, ...]) -> str:
     return ",".join(parts)
 
 
+def status_selector(pool_name: str, spec: "PoolSpec") -> str:
+    """``status.selector`` of a pool (what the scale subresource reports, for ``kubectl get px -l``
+    and autoscalers): the label the controller puts on every member it makes,
+    ``crawl.example.com/pool=<pool_name>`` (:data:`LABEL_POOL`), after the requirements of an
+    explicit ``spec.selector``.
+
+    It never follows the template: an omitted ``spec.selector`` stands for the template's current
+    labels, but members made from an older template carry the older labels and stay the pool's
+    until they are rolled over, so the template's labels would miss them (and would list a
+    hand-made Proxy with those labels, which is never a member).  The pool label is on every
+    member from its creation and on no other Proxy unless someone puts it there.  The string is
+    fixed for the pool's life (its name and an explicit selector are immutable).
+
+    Args:
+        pool_name: ``metadata.name`` of the pool.
+        spec: the pool's :class:`PoolSpec`.
+    Returns:
+        e.g. ``crawl.example.com/pool=web`` or ``app=web,!tier,crawl.example.com/pool=web``.
+    """
+    own = selectors.Requirement(LABEL_POOL, selectors.EQ, (pool_name,))
+    reqs = tuple(r for r in spec.selector if r != own) if spec.explicit_selector else ()
+    return selector_string(reqs + (own,))
+
+
 def template_hash(labels: Mapping[str, str], spec: Mapping[str, Any]) -> str:
     """10 hex digits naming a template (its labels and Proxy spec, canonical JSON).
 
@@ -410,4 +434,4 @@ class Member:
 
 __all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "Member", "POOL_API_VERSION",
            "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit", "format_time", "parse_time",
-           "selector_requirements", "selector_string", "template_hash", "uid_fraction"]
+           "selector_requirements", "selector_string", "status_selector", "template_hash", "uid_fraction"]

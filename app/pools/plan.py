@@ -33,11 +33,16 @@ Rules, in the order they apply:
    no serving record (a flushed Redis: :attr:`~app.pools.model.Member.unknown`) leaves only
    while that count is already reached, so a lost serving view does not drain the pool.
 5. **Creating, bounded**: new members (current template) while fewer than ``N`` are updated,
-   at most ``N + maxSurge`` members not draining in all, and at most
+   at most ``N + maxSurge`` members in all, counting the members not draining *and* the
+   draining members that still hold live leases (their instances run until the leases end, at
+   the latest at their drain deadline, so a rollout waits for them and never stalls longer
+   than ``drainTimeoutSeconds`` per step; a draining member without leases is deleted by this
+   pass or the next and is not counted, nor is a member whose deletion has begun), and at most
    :data:`MAX_CREATES_PER_PASS` in one pass (the next pass follows a second later).  Each goes to the zone of
    ``spec.spread.zones`` whose provider target is Ready and that holds the fewest members
    (ties: the order of the list); no zone Ready: nothing is created and ``Progressing`` says so.
-6. **Status**: counts, ``observedGeneration``, ``selector``, conditions ``Available``,
+6. **Status**: counts, ``observedGeneration``, ``selector`` (:func:`~app.pools.model.status_selector`:
+   the pool label every member carries, after an explicit ``spec.selector``), conditions ``Available``,
    ``Progressing``, ``ScalingLimited``, ``ZonesReady``, the autoscaler's state, and
    ``skippedZones``: each zone of the pool (``spec.spread.zones``, or the template's placement)
    whose provider target is not Ready, with that target's ProviderHealth reason and message and
@@ -51,7 +56,7 @@ from typing import Any, Mapping
 
 from app import conditions
 from app.pools import autoscale as scaler
-from app.pools.model import Member, Pool, age_limit, format_time, parse_time, selector_string
+from app.pools.model import Member, Pool, age_limit, format_time, parse_time, status_selector
 from app.resources import FAILED
 
 #: First delay of the failure backoff (seconds), doubled by each further pass with failures.
@@ -380,10 +385,15 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     drains = tuple(Drain(m.uid, m.name, until, "Outdated" if m in outdated else "ScaleDown") for m in leaving)
     staying = [m for m in active if m not in leaving]
 
-    # 5. creating, bounded by the surge
+    # 5. creating, bounded by the surge: draining members that still hold leases keep their
+    # instance until the leases end (at the latest their deadline), so they count against it
     staying_updated = [m for m in staying if m in updated]
-    room = n + spec.max_surge - len(staying)
+    gone = {d.uid for d in deletes}
+    holding = sum(1 for m in draining if m.uid not in gone) + sum(1 for m in leaving if m.leases > 0)
+    room = n + spec.max_surge - len(staying) - holding
     want = max(0, min(n - len(staying_updated), room))
+    # members not made this pass only because draining members still hold leases (for the status)
+    held_back = max(0, min(n - len(staying_updated), room + holding) - want) if holding else 0
     creates: list[Create] = []
     no_zone = False
     if backing_off:
@@ -409,7 +419,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
     skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
     status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-                     len(draining), now, failures=member_failures if backing_off else None, skipped=skipped)
+                     len(draining), now, failures=member_failures if backing_off else None, skipped=skipped,
+                     held_back=(held_back, holding))
     status["memberFailures"] = member_failures
     status["skippedZones"] = skipped or None
     future = [t for t in timers if t > 0]
@@ -428,7 +439,8 @@ def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, g
 
 
 def _status(pool: Pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-            draining_count, now, *, failures: dict | None = None, skipped: list[dict] = ()) -> dict:
+            draining_count, now, *, failures: dict | None = None, skipped: list[dict] = (),
+            held_back: tuple[int, int] = (0, 0)) -> dict:
     spec = pool.spec
     stamp = format_time(now)
     leasable = sum(1 for m in active if m.leasable)
@@ -459,6 +471,9 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
             parts.append(f"{pending_out} outdated")
         if draining_count or drains:
             parts.append(f"{draining_count + len(drains)} draining")
+        if held_back[0]:
+            parts.append(f"{held_back[0]} member(s) wait for {held_back[1]} draining member(s) still holding "
+                         f"leases (maxSurge {spec.max_surge})")
         if len(updated) > n:
             parts.append(f"{len(updated) - n} more than wanted")
         unready = sum(1 for m in updated if not m.leasable)
@@ -502,7 +517,7 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         "leasableReplicas": leasable,
         "updatedReplicas": len(updated),
         "observedGeneration": gen,
-        "selector": selector_string(spec.selector),
+        "selector": status_selector(pool.name, spec),
         "conditions": conds,
     }
 

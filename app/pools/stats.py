@@ -46,7 +46,13 @@ GAUGES = (
     ("proxy_operator_pool_skipped_zones", "skippedZones",
      "Zones of the pool that get no new member because their provider target is not Ready."),
     ("proxy_operator_pool_last_pass_timestamp_seconds", "at", "Unix time of the pool's last controller pass."),
+    ("proxy_operator_pool_leases", "leases",
+     "Live leases on the pool's members that take new leases (the autoscaler's load, crawlers waiting aside)."),
+    ("proxy_operator_pool_lease_capacity", "leaseCapacity",
+     "Leases the pool's leasable members take at once (maxLeases x leasable members)."),
 )
+#: Fields added after the first release: an entry written before has none (read as 0).
+_LATER = {"leases", "leaseCapacity"}
 
 
 def _field(namespace: str, name: str) -> str:
@@ -54,7 +60,7 @@ def _field(namespace: str, name: str) -> str:
 
 
 def record(r, *, namespace: str, name: str, uid: str, status: Mapping, desired: int, draining: int,
-           now: float | None = None) -> None:
+           leases: int = 0, capacity: int = 0, now: float | None = None) -> None:
     """Write the pool's counts as its pass computed them.
 
     Args:
@@ -65,6 +71,9 @@ def record(r, *, namespace: str, name: str, uid: str, status: Mapping, desired: 
             ``skippedZones``.
         desired: the members wanted (:attr:`app.pools.plan.Plan.desired`).
         draining: members draining after the pass (already draining + marked by it).
+        leases: live leases on the members that take new leases, as the pass read them.
+        capacity: ``maxLeases`` x the leasable members (``status.leasableReplicas``): with
+            ``leases``, the lease utilization an HPA on an External metric can target.
         now: epoch seconds of the pass (default: now).
     Raises:
         redis.RedisError: Redis unreachable.
@@ -72,7 +81,8 @@ def record(r, *, namespace: str, name: str, uid: str, status: Mapping, desired: 
     doc = {"uid": uid, "desired": int(desired), "replicas": int(status.get("replicas") or 0),
            "ready": int(status.get("readyReplicas") or 0), "leasable": int(status.get("leasableReplicas") or 0),
            "updated": int(status.get("updatedReplicas") or 0), "draining": int(draining),
-           "skippedZones": len(status.get("skippedZones") or ()), "at": time.time() if now is None else now}
+           "skippedZones": len(status.get("skippedZones") or ()), "leases": int(leases),
+           "leaseCapacity": int(capacity), "at": time.time() if now is None else now}
     r.hset(redis_keys.POOL_STATS, _field(namespace, name), json.dumps(doc, separators=(",", ":")))
 
 
@@ -142,7 +152,7 @@ class PoolCollector:
             namespace, _, name = field_name.partition("/")
             try:
                 doc = json.loads(raw)
-                values = [float(doc[key]) for _, key in families]
+                values = [float(doc.get(key, 0) if key in _LATER else doc[key]) for _, key in families]
             except (ValueError, TypeError, KeyError):
                 continue
             for (family, _), value in zip(families, values):

@@ -136,8 +136,10 @@ spec:
                 selector:
                   description: >-
                     Label selector of the pool's Proxies (metav1.LabelSelector). Optional: when
-                    omitted, the template's labels are the selector. It must match the
-                    template's labels, and cannot change once set.
+                    omitted, membership is the controller ownerReference alone and the
+                    template's labels may change freely. When given, it must match the
+                    template's labels, and cannot change once set. status.selector is the pool
+                    label after these requirements.
                   type: object
                   x-kubernetes-map-type: atomic
                   properties:
@@ -224,8 +226,9 @@ spec:
                   properties:
                     maxSurge:
                       description: >-
-                        Proxies made above the wanted count during a rollout: a number or a
-                        percentage of spec.replicas (rounded up), e.g. 1 or "25%".
+                        Proxies above the wanted count during a rollout or scale-up, counting the
+                        draining Proxies that still hold leases: a number or a percentage of
+                        spec.replicas (rounded up), e.g. 1 or "25%".
                       x-kubernetes-int-or-string: true
                       default: 1
                       x-kubernetes-validations:
@@ -364,8 +367,10 @@ spec:
                   minimum: 0
                 selector:
                   description: >-
-                    The pool's selector as a label-selector string (the scale subresource's
-                    status.selector, for kubectl and autoscalers).
+                    The label selector of the pool's members as a string (the scale
+                    subresource's status.selector, for kubectl get -l and autoscalers):
+                    crawl.example.com/pool=NAME after an explicit spec.selector's requirements.
+                    Never changes; it does not follow the template.
                   type: string
                 memberFailures:
                   description: >-

@@ -95,7 +95,7 @@ def test_members_are_created_owned_labelled_and_reported(api, redis_client):
     assert (status["replicas"], status["readyReplicas"], status["leasableReplicas"], status["updatedReplicas"]) == (
         3, 0, 0, 3)
     assert status["observedGeneration"] == pool["metadata"]["generation"]
-    assert status["selector"] == "app=web"
+    assert status["selector"] == "crawl.example.com/pool=web"
     assert {c["type"]: c["reason"] for c in status["conditions"]} == {
         "Available": "TooFewLeasable", "Progressing": "WaitingForMembers", "ScalingLimited": "AutoscaleDisabled",
         "ZonesReady": "AllZonesReady"}
@@ -243,6 +243,20 @@ def test_each_pass_leaves_the_pools_counts_for_the_gauges_and_a_deleted_pool_non
     families = {f.name: f for f in PoolCollector(lambda: redis_client).collect()}
     [sample] = families["proxy_operator_pool_desired_replicas"].samples
     assert (sample.labels, sample.value) == ({"namespace": "crawl", "pool": "web"}, 2.0)
+    # the lease utilization an HPA can target: live leases / capacity of the leasable members
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    run(api, redis_client, ref)
+    families = {f.name: f for f in PoolCollector(lambda: redis_client).collect()}
+    assert [s.value for s in families["proxy_operator_pool_leases"].samples] == [1.0]
+    assert [s.value for s in families["proxy_operator_pool_lease_capacity"].samples] == [4.0]  # 2 x maxLeases 2
+    doc = json.loads(redis_client.hget(redis_keys.POOL_STATS, "crawl/web"))
+    del doc["leases"], doc["leaseCapacity"]  # an entry an earlier release wrote: read, the new gauges at 0
+    redis_client.hset(redis_keys.POOL_STATS, "crawl/web", json.dumps(doc))
+    families = {f.name: f for f in PoolCollector(lambda: redis_client).collect()}
+    assert [s.value for s in families["proxy_operator_pool_leases"].samples] == [0.0]
+    assert [s.value for s in families["proxy_operator_pool_replicas"].samples] == [2.0]
     # a pool re-created under the same name keeps its own counts when the old one is forgotten
     stats.forget(redis_client, "crawl", "web", uid="an-older-uid")
     assert redis_client.hexists(redis_keys.POOL_STATS, "crawl/web")
@@ -302,6 +316,32 @@ def test_autoscaler_writes_spec_replicas_through_the_scale_subresource(api, redi
     assert redis_client.get(redis_keys.pool_demand(NS, "web")) is None  # read and reset
     assert len(proxies(api)) == out.plan.scale_to
     assert redis_client.get(redis_keys.pool_scale(ref.uid))  # the window's history
+
+
+def test_another_writer_of_spec_replicas_on_an_autoscaled_pool_is_told_by_a_warning(api, redis_client):
+    """An HPA (or kubectl scale) and spec.autoscale both writing spec.replicas: the pass that sees
+    the other write records a ReplicasOverridden Warning, at most once per interval."""
+    ref = make_pool(api, replicas=1, autoscale={"minReplicas": 1, "maxReplicas": 4, "scaleDownDelaySeconds": 0})
+    now = time.time()
+    run(api, redis_client, ref, now=now)
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    run(api, redis_client, ref, now=now + 1)
+    assert _events(api, "ReplicasOverridden") == []  # its own writes are not another writer's
+    scale = {"spec": {"replicas": 3}}  # what an HPA writes, through the scale subresource
+    custom(api).patch_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, "web", scale)
+    out = run(api, redis_client, ref, now=now + 2)
+    [event] = _events(api, "ReplicasOverridden")
+    assert event.type == "Warning"
+    assert "spec.replicas was changed from 1 to 3 by another writer" in event.message
+    assert "HorizontalPodAutoscaler" in event.message and "Use one of them" in event.message
+    assert out.plan.scale_to == 1 and pool_obj(api)["spec"]["replicas"] == 1  # no load: back to 1
+    custom(api).patch_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, "web", scale)
+    run(api, redis_client, ref, now=now + 3)
+    assert len(_events(api, "ReplicasOverridden")) == 1  # the same fight: not one Event per pass
+    custom(api).patch_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, "web", scale)
+    run(api, redis_client, ref, now=now + 3 + controller.OVERRIDE_EVENT_INTERVAL)
+    assert len(_events(api, "ReplicasOverridden")) == 2
 
 
 def test_a_failed_member_is_replaced_after_a_backoff_kept_in_the_status(api, redis_client):
@@ -364,6 +404,40 @@ def test_only_an_explicit_selector_filters_owned_members(api, redis_client):
     # no longer the pool's: the next pass neither releases nor counts it again
     out = run(api, redis_client, ref2)
     assert out.released == () and out.plan.actions == 0
+
+
+def test_status_selector_lists_exactly_the_members_across_a_template_label_change(api, redis_client):
+    """``kubectl get px -l "$(kubectl get pxp web -o jsonpath='{.status.selector}')"``: the pool's
+    members, old template and new, and no hand-made Proxy with the template's labels."""
+    def listed(selector: str) -> set[str]:
+        items = custom(api).list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, label_selector=selector)
+        return {i["metadata"]["name"] for i in items["items"]}
+
+    custom(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+        "metadata": {"name": "look-alike", "namespace": NS, "labels": {"app": "web", "rev": "2"}},
+        "spec": TEMPLATE["spec"]})
+    ref = make_pool(api, replicas=2)
+    run(api, redis_client, ref)
+    old = [p for p in proxies(api) if p.controller]
+    for p in old:
+        ready(api, redis_client, p)
+    run(api, redis_client, ref)
+    before = pool_obj(api)["status"]["selector"]
+    assert listed(before) == {p.name for p in old}
+    template = {"metadata": {"labels": {"app": "web", "rev": "2"}}, "spec": TEMPLATE["spec"]}
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"template": template}})
+    out = run(api, redis_client, ref)
+    assert len(out.plan.creates) == 1 and set(out.plan.outdated) == {p.name for p in old}
+    run(api, redis_client, ref)  # counts the new member (not leasable yet: nothing drains)
+    status = pool_obj(api)["status"]
+    members = {p.name for p in proxies(api) if p.controller and p.controller.get("uid") == ref.uid}
+    assert len(members) == 3 and status["replicas"] == 3
+    assert status["selector"] == before  # it does not follow the template's labels
+    assert listed(status["selector"]) == members  # old and new members; not the look-alike
+    # the scale subresource reports the same string (what an HPA reads)
+    scale = custom(api).get_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, "web")
+    assert scale["status"]["selector"] == before
 
 
 def test_a_draining_mark_lost_from_the_serving_view_is_written_again(api, redis_client):

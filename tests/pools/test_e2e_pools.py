@@ -2,8 +2,9 @@
 their commands), the API fake admitting pools and Proxies through the real CRDs, its garbage
 collector and its kubelet stand-in running a real Squid per member, a private Redis.
 
-What a user sees: ``kubectl scale pxp/NAME`` from 0 to 5 to 2, a template change that never
-leaves fewer than ``replicas`` members leasable, age rotation that keeps a live lease usable
+What a user sees: ``kubectl scale pxp/NAME`` from 0 to 5 to 2 (the scale-down keeping the two
+members crawlers hold leases on), a template change of 5 members that never leaves fewer than 5
+leasable, age rotation that keeps a live lease usable
 until it is released, a deleted pool taking every member with it, and a hand-made Proxy with
 the pool's labels left alone.
 """
@@ -164,7 +165,7 @@ def test_scale_from_0_to_5_to_2(stack):
     conds = {c["type"]: (c["status"], c["reason"]) for c in pool["status"]["conditions"]}
     assert conds["Available"] == ("True", "MinimumLeasable")
     assert conds["Progressing"] == ("True", "PoolComplete")
-    assert pool["status"]["selector"] == "app=scaled"
+    assert pool["status"]["selector"] == "crawl.example.com/pool=scaled"
     if KUBECTL:
         [header, row] = [line.split() for line in stack.kubectl_get_pxp().splitlines() if
                          line.startswith(("NAME", "scaled"))]
@@ -174,16 +175,31 @@ def test_scale_from_0_to_5_to_2(stack):
     listed = stack.http.get(f"{stack.api_url}/v1/proxies", params={"pool": "scaled"}, timeout=10).json()["items"]
     assert len(listed) == 5 and {i["pool"] for i in listed} == {"scaled"}
 
+    # crawlers hold leases on two members: scaling down to 2 drains the three others and keeps these
+    held = []
+    for _ in range(2):
+        got = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "scaled", "ttlSeconds": 300}, timeout=10)
+        assert got.status_code == 201, got.text
+        held.append(got.json())
+    leased = {lease["proxy"]["name"] for lease in held}
+    assert len(leased) == 2  # the least-loaded member first: two different members
+    names = {m["metadata"]["name"] for m in members}
     stack.scale("scaled", 2)
     wait_for(lambda: stack.settled("scaled", 2), 90, "2 members left")
     wait_for(lambda: len([p for p in stack.proxies() if p["metadata"]["labels"].get("app") == "scaled"]) == 2,
              60, "the three drained members deleted")
+    kept = {m["metadata"]["name"] for m in stack.members(stack.pool("scaled"))}
+    assert kept == leased, f"kept {sorted(kept)}, the leased ones were {sorted(leased)}"
+    assert not (names - leased) & {p["metadata"]["name"] for p in stack.proxies()}  # the unleased ones are gone
+    for lease in held:  # the leases were never cut: still live, released by their crawlers
+        released = stack.http.delete(f"{stack.api_url}/v1/leases/{lease['leaseId']}", timeout=10)
+        assert released.status_code == 200 and released.json()["wasLive"] is True
 
 
 def test_a_template_change_keeps_replicas_members_leasable(stack):
-    replicas = 3
-    stack.create_pool("rolled", replicas)
-    before = wait_for(lambda: stack.settled("rolled", replicas), 150, "3 members leasable")
+    replicas = 5  # the issue's case: 5 replicas, maxSurge 1, maxUnavailable 0 (the defaults)
+    stack.create_pool("rolled", replicas, rollout={"maxSurge": 1, "maxUnavailable": 0})
+    before = wait_for(lambda: stack.settled("rolled", replicas), 150, f"{replicas} members leasable")
     old_hash = stack.members(before)[0]["metadata"]["labels"][LABEL_TEMPLATE_HASH]
     lowest, stop = [replicas], threading.Event()
 

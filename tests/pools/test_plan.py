@@ -313,19 +313,60 @@ def test_template_change_with_5_replicas_surge_1_unavailable_0_keeps_5_leasable_
     assert steps > 5  # one member at a time
 
 
+def _instances(sim) -> int:
+    """Members whose instance runs: not draining, or draining with live leases (the others are
+    deleted by the next pass)."""
+    return sum(1 for m in sim.members if not m.draining or m.leases)
+
+
 def test_rollout_with_live_leases_drains_the_least_leased_first_and_waits_for_their_release():
     drained_leases = []
-    held_at_end = None
     leases = [3, 0, 2, 1, 4]
+    waited = 0
     for sim, result in _rollout({"replicas": 5, "drain": {"drainTimeoutSeconds": 10_000}}, leases=leases):
         drained_leases += [next(m.leases for m in sim.members if m.uid == d.uid) for d in result.drains]
         assert sim.leasable() >= 5
-        drained_with_leases = [m for m in sim.members if m.draining and m.leases]
-        if len(drained_leases) == 5 and drained_with_leases:
-            held_at_end = len(drained_with_leases)
-            sim.release_all()  # crawlers release: the drained members go
+        # a draining member holding leases counts against maxSurge: never more than 6 instances
+        assert _instances(sim) <= 6, sim.members
+        holding = [m for m in sim.members if m.draining and m.leases]
+        if holding and result.actions == 0:
+            waited += 1
+            if any(not m.draining and m.template_hash != sim.pool.spec.hash for m in sim.members):
+                assert "1 member(s) wait for 1 draining member(s) still holding leases" in \
+                    cond(result.status, "Progressing")["message"]
+            sim.members = [dataclasses.replace(m, leases=0) if m.draining else m for m in sim.members]  # released
     assert drained_leases == sorted(leases)  # least leased first
-    assert held_at_end == 4  # the four old members with leases waited for them
+    assert waited == 4  # the four old members with leases were waited for, one at a time
+
+
+def test_a_rollout_waiting_for_held_leases_moves_on_at_the_drain_deadline():
+    """Leases nobody releases hold a rollout back for drainTimeoutSeconds per step, never longer."""
+    p = pool({"replicas": 2, "drain": {"drainTimeoutSeconds": 30}})
+    old = [member(p, template_hash="0ld0ld0ld0", leases=5, created=float(i)) for i in range(2)]
+    sim = Sim(p, old, ready_after=1)
+    sim.set_spec(template={"metadata": {"labels": {"app": "web"}}, "spec": {"provider": "k8s", "maxLeases": 5,
+                                                                             "placement": {"image": "squid:6"}}})
+    for step in range(200):
+        result = sim.step(dt=5.0)
+        assert sim.leasable() >= 2 and _instances(sim) <= 3
+        if all(m.template_hash == sim.pool.spec.hash for m in sim.members) and len(sim.members) == 2 \
+                and result.actions == 0:
+            break
+    else:
+        raise AssertionError(f"the rollout stalled: {sim.members}")
+    reasons = [d.reason for r in sim.plans for d in r.deletes]
+    assert reasons == ["DrainTimeout", "DrainTimeout"]
+    assert step * 5.0 <= 2 * 30 + 30  # about one drainTimeoutSeconds per old member
+
+
+def test_in_place_replacement_with_no_surge_never_runs_more_than_replicas_instances():
+    """The kvm sample's shape (a host with room for two): maxSurge 0, maxUnavailable 1, leases held."""
+    for sim, result in _rollout({"replicas": 2, "rollout": {"maxSurge": 0, "maxUnavailable": 1}},
+                                leases=[1, 2]):
+        assert _instances(sim) <= 2, sim.members
+        assert sim.leasable() >= 1
+        if result.actions == 0:  # waiting for the draining member's leases: the crawlers release them
+            sim.members = [dataclasses.replace(m, leases=0) if m.draining else m for m in sim.members]
 
 
 def test_rollout_with_max_unavailable_1_and_no_surge():
@@ -409,7 +450,7 @@ def test_status_counts_and_selector():
     assert status["leasableReplicas"] == 2
     assert status["updatedReplicas"] == 2
     assert status["observedGeneration"] == 4
-    assert status["selector"] == "app=web,!tier"
+    assert status["selector"] == "app=web,!tier,crawl.example.com/pool=web"
     assert [c["type"] for c in status["conditions"]] == ["Available", "Progressing", "ScalingLimited", "ZonesReady"]
     assert cond(status, "ScalingLimited")["reason"] == "AutoscaleDisabled"
     assert set(status) == {"replicas", "readyReplicas", "leasableReplicas", "updatedReplicas", "observedGeneration",
