@@ -222,6 +222,42 @@ def test_demo_warns_when_kubectl_is_missing(tmp_path):
     assert "kubectl is not on PATH" in got and "1.27 or newer" in got
 
 
+@pytest.mark.parametrize("package_set, answer, note", [
+    ("test", None, "kubectl is not installed: the tests that run the real kubectl"),
+    ("demo", None, "kubectl is not installed: the demo runs without it, but its kubectl steps"),
+    ("test", '{"clientVersion": {"major": "1", "minor": "20", "gitVersion": "v1.20.0"}}', "is kubectl 1.20: "),
+    ("test", '{"clientVersion": {"major": "1", "minor": "26+"}}', "is kubectl 1.26: "),
+    ("test", "error: unknown flag: --output", "could not tell the version of"),
+    ("test", '{"clientVersion": {"major": "1", "minor": "27", "gitVersion": "v1.27.0"}}', None),
+    ("demo", '{"clientVersion": {"major": "1", "minor": "32+", "gitVersion": "v1.32.4-dispatcher"}}', None),
+])
+def test_install_deps_says_when_kubectl_is_missing_or_too_old(tmp_path, package_set, answer, note):
+    """No package set installs kubectl (no Debian release has 1.27 or newer): `.ci/install-deps`
+    says when it is missing or too old, what that skips, and where to get one; it is no failure."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "install-deps", tmp_path / ".ci" / "install-deps")
+    for name in ("apt-packages.txt", "apt-packages-demo.txt"):
+        (tmp_path / ".ci" / name).write_text("bash bash\n")  # nothing missing: apt-get is never run
+    bin_dir = tmp_path / "bin"  # the tools the script uses, and kubectl only when the case has one
+    bin_dir.mkdir()
+    for tool in ("bash", "cat", "dirname", "dpkg-query", "grep", "id", "mkdir"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    if answer is not None:
+        (bin_dir / "kubectl").write_text(FAKE_KUBECTL % answer)
+        (bin_dir / "kubectl").chmod(0o755)
+    res = subprocess.run([str(bin_dir / "bash"), str(tmp_path / ".ci" / "install-deps"), package_set],
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    if note is None:
+        assert "kubectl" not in res.stderr
+    else:
+        assert note in res.stderr
+        if answer is not None:
+            assert f"{bin_dir / 'kubectl'}" in res.stderr
+        if "could not tell" not in note:
+            assert "1.27 or newer" in res.stderr and "https://kubernetes.io/docs/tasks/tools/" in res.stderr
+
+
 def test_make_demo_prints_the_kubectl_warning_at_start_and_carries_on(tmp_path):
     """The check runs before anything starts, and is no failure: here the demo then stops only
     because its API port is taken."""

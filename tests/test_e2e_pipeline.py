@@ -3,7 +3,13 @@
 The processes are started through their real commands (``proxy-operator watch``,
 ``celery -A workers worker``, ``celery -A workers beat``) with a private Redis; the fake
 admits Proxies through the real CRD and its kubelet stand-in runs a real Squid per Pod on a
-loopback address of its own.  This is what a user sees after ``kubectl apply -f deploy/samples/...``.
+loopback address of its own.  The pipeline tests (the sample from apply to Running to delete,
+skip-cleanup, delete during a slow create) apply, read and delete Proxies with the real
+``kubectl`` (:class:`tests.support.kubectl.Kubectl`; skipped with the reason when it is not
+installed), as a user does after ``kubectl apply -f deploy/samples/...``; there the Python client
+only looks behind the scenes (the Pods the operator made, the fake's request counts).  The
+robustness tests (a worker killed mid-create, no secrets in logs) create Proxies with the Python
+client, so they run without kubectl too.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import redis as redis_lib
 import requests
 import yaml
 from kubernetes import client as k8s
-from kubernetes import watch as k8s_watch
 
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
+from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.support.origin import origin_server
 from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
@@ -48,6 +54,12 @@ def origin():
     """A local origin (see :func:`tests.support.origin.origin_server`)."""
     with origin_server() as url:
         yield url
+
+
+@pytest.fixture()
+def kubectl(cluster, tmp_path) -> Kubectl:
+    """The user's kubectl against the fake, run from the repository root (``-f deploy/samples/...``)."""
+    return Kubectl(cluster.fake, tmp_path / "user", cwd=ROOT)
 
 
 @pytest.fixture()
@@ -93,21 +105,39 @@ def custom(cluster) -> k8s.CustomObjectsApi:
     return k8s.CustomObjectsApi(cluster.fake.api_client())
 
 
-def apply_file(cluster, path: Path, **overrides) -> dict:
-    """``kubectl apply -f`` of a Proxy manifest (create)."""
-    body = yaml.safe_load(path.read_text())
-    body["metadata"].update(overrides)
-    ns = body["metadata"].get("namespace", "default")
-    return custom(cluster).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+def sample_manifest(name: str, annotations: dict | None = None, **spec) -> str:
+    """The sample Proxy manifest as YAML for ``kubectl apply -f -``, renamed, with ``annotations``
+    and ``spec`` fields added."""
+    body = yaml.safe_load(SAMPLE.read_text())
+    body["metadata"]["name"] = name
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    body["spec"].update(spec)
+    return yaml.safe_dump(body)
 
 
-def get_proxy(cluster, name: str, ns: str = "default") -> dict | None:
+def create(cluster, name: str, **spec) -> None:
+    """Create the sample Proxy renamed to ``name`` (``spec`` fields added) with the Python client,
+    for the tests that must run without kubectl (a worker killed mid-create, secrets in logs)."""
+    body = yaml.safe_load(sample_manifest(name, **spec))
+    custom(cluster).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+
+def phase(cluster, name: str) -> str | None:
+    """The Proxy's ``status.phase`` read with the Python client (``None``: no phase, or no Proxy)."""
     try:
-        return custom(cluster).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        obj = custom(cluster).get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
     except k8s.ApiException as exc:
         if exc.status == 404:
             return None
         raise
+    return (obj.get("status") or {}).get("phase")
+
+
+def wait_running(kubectl: Kubectl, name: str, timeout: int = 60) -> None:
+    """``kubectl wait --for=jsonpath={.status.phase}=Running px/NAME`` (``timeout`` seconds)."""
+    kubectl("wait", "--for=jsonpath={.status.phase}=Running", f"px/{name}", f"--timeout={timeout}s",
+            timeout=timeout + 15)
 
 
 def managed_pods(cluster) -> list:
@@ -115,83 +145,105 @@ def managed_pods(cluster) -> list:
         label_selector=f"{LABEL_MANAGED_BY}=proxy-operator").items
 
 
-class PhaseRecorder(threading.Thread):
-    """Watches one Proxy and records every distinct phase it shows, in order."""
+class PhaseWatch(threading.Thread):
+    """``kubectl get px --watch`` (custom columns NAME, PHASE): every distinct phase the Proxy
+    ``name`` shows, in order, in :attr:`phases` (rows without a phase, ``<none>``, left out).
 
-    def __init__(self, cluster, name: str) -> None:
+    :attr:`watching` is set once kubectl's watch request was answered (its ``-v=6`` request log;
+    the watch starts at the resourceVersion of its list, so nothing after that is missed)."""
+
+    def __init__(self, kubectl: Kubectl, name: str) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.name, self.phases = cluster, name, []
-        self.watch = k8s_watch.Watch()
+        self.name, self.phases, self.watching = name, [], threading.Event()
+        self.proc = kubectl.popen("get", "px", "--watch", "-v=6", "--no-headers",
+                                  "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase")
 
     def run(self) -> None:
-        try:
-            for ev in self.watch.stream(custom(self.cluster).list_namespaced_custom_object, GROUP, VERSION,
-                                        "default", PLURAL, field_selector=f"metadata.name={self.name}",
-                                        timeout_seconds=120):
-                phase = (ev["object"].get("status") or {}).get("phase")
-                if phase and (not self.phases or self.phases[-1] != phase):
-                    self.phases.append(phase)
-        except Exception:  # noqa: BLE001 - the fake closing under the stream at teardown
-            pass
+        for line in self.proc.stdout:
+            if "watch=true" in line and " 200 OK " in line:
+                self.watching.set()
+            cells = line.split()
+            if len(cells) == 2 and cells[0] == self.name and cells[1] != "<none>" and \
+                    (not self.phases or self.phases[-1] != cells[1]):
+                self.phases.append(cells[1])
+
+    def stop(self) -> None:
+        """End the kubectl process and the reading thread."""
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.join(timeout=5)
 
 
-def test_sample_proxy_goes_running_serves_traffic_and_is_deleted(cluster, operator, origin):
-    recorder = PhaseRecorder(cluster, "squid-k8s-1")
-    recorder.start()
-    time.sleep(0.3)
-    created = apply_file(cluster, SAMPLE)
-    uid = created["metadata"]["uid"]
+@needs_kubectl
+def test_sample_proxy_goes_running_serves_traffic_and_is_deleted(cluster, operator, origin, kubectl):
+    """As a user: ``kubectl apply`` the sample, ``get px -w`` and ``wait`` until Running, read it
+    (``get -o json``, the printer columns, ``describe`` with Events), use its Squid, ``kubectl delete``
+    (which returns once the operator removed the Pod and released the finalizer)."""
+    watch = PhaseWatch(kubectl, "squid-k8s-1")
+    watch.start()
+    try:
+        assert watch.watching.wait(20), "kubectl get px -w did not start watching within 20 s"
+        assert kubectl("apply", "-f", "deploy/samples/proxy_kubernetes.yaml").stdout.strip() == \
+            "proxy.crawl.example.com/squid-k8s-1 created"
+        wait_running(kubectl, "squid-k8s-1")
+        proxy = json.loads(kubectl("get", "px", "squid-k8s-1", "-o", "json").stdout)
 
-    proxy = wait_for(lambda: (p := get_proxy(cluster, "squid-k8s-1")) and
-                     (p.get("status") or {}).get("phase") == "Running" and p, 60, "Proxy Running")
-    [pod] = managed_pods(cluster)
-    assert pod.metadata.labels[LABEL_PROXY_UID] == uid
-    assert pod.metadata.labels[LABEL_MANAGED_BY] == "proxy-operator"
-    container = pod.spec.containers[0]
-    assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3128
-    squid_address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
-    assert squid_address and squid_address.startswith("127.")
-    assert proxy["status"]["address"] == squid_address
-    assert proxy["status"]["providerID"] == f"default/{pod.metadata.name}"
-    assert "crawl.example.com/cleanup" in proxy["metadata"]["finalizers"]
-    wait_for(lambda: recorder.phases[-1:] == ["Running"], 5, "recorder to see Running")
-    # A new Proxy has no phase (it reads Pending) until the create's write-ahead makes it
-    # Provisioning; Pending is written only when a create stops before that (docs/observability.md).
-    assert recorder.phases[:2] == ["Provisioning", "Running"]
+        [pod] = managed_pods(cluster)
+        assert pod.metadata.labels[LABEL_PROXY_UID] == proxy["metadata"]["uid"]
+        assert pod.metadata.labels[LABEL_MANAGED_BY] == "proxy-operator"
+        container = pod.spec.containers[0]
+        assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3128
+        squid_address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
+        assert squid_address and squid_address.startswith("127.")
+        assert proxy["status"]["address"] == squid_address
+        assert proxy["status"]["providerID"] == f"default/{pod.metadata.name}"
+        assert "crawl.example.com/cleanup" in proxy["metadata"]["finalizers"]
+        wait_for(lambda: watch.phases[-1:] == ["Running"], 5, "kubectl get px -w to show Running")
+        # A new Proxy has no phase (it reads Pending) until the create's write-ahead makes it
+        # Provisioning; Pending is written only when a create stops before that (docs/observability.md).
+        assert watch.phases[:2] == ["Provisioning", "Running"]
 
-    response = requests.get(f"{origin}/through-the-proxy", proxies={"http": f"http://{squid_address}:3128"}, timeout=10)
-    assert response.status_code == 200 and response.json()["path"] == "/through-the-proxy"
+        [header, row] = kubectl("get", "px").stdout.splitlines()
+        assert header.split()[:4] == ["NAME", "PHASE", "PROVIDER", "ADDRESS"]
+        assert row.split()[:4] == ["squid-k8s-1", "Running", "k8s-local", squid_address]
+        assert "Provisioning" in kubectl("describe", "px", "squid-k8s-1").stdout.split("Events:", 1)[1]
 
-    # Provider requests are counted by the metrics decorator, aggregated across prefork children.
-    scrape = requests.get(operator["worker"].metrics_url, timeout=5).text
-    assert ('proxy_operator_provider_requests_total{operation="create",outcome="ok",'
-            'provider="k8s-local",type="kubernetes"} 1.0') in scrape
+        response = requests.get(f"{origin}/through-the-proxy", proxies={"http": f"http://{squid_address}:3128"},
+                                timeout=10)
+        assert response.status_code == 200 and response.json()["path"] == "/through-the-proxy"
 
-    # kubectl delete: the Pod goes first, then the Proxy (finalizer released).
-    custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-k8s-1")
-    wait_for(lambda: get_proxy(cluster, "squid-k8s-1") is None, 30, "Proxy deleted")
-    assert managed_pods(cluster) == []
-    assert cluster.kubelet.squid_of("default", pod.metadata.name) is None
-    recorder.watch.stop()
+        # Provider requests are counted by the metrics decorator, aggregated across prefork children.
+        scrape = requests.get(operator["worker"].metrics_url, timeout=5).text
+        assert ('proxy_operator_provider_requests_total{operation="create",outcome="ok",'
+                'provider="k8s-local",type="kubernetes"} 1.0') in scrape
+
+        # kubectl delete: the Pod goes first, then the Proxy (finalizer released); kubectl waits for both.
+        assert kubectl("delete", "px", "squid-k8s-1", "--timeout=30s", timeout=45).stdout.strip() == \
+            'proxy.crawl.example.com "squid-k8s-1" deleted'
+        gone = kubectl("get", "px", "squid-k8s-1", check=False)
+        assert gone.returncode == 1 and 'proxies.crawl.example.com "squid-k8s-1" not found' in gone.stderr
+        assert managed_pods(cluster) == []
+        assert cluster.kubelet.squid_of("default", pod.metadata.name) is None
+    finally:
+        watch.stop()
 
 
-def test_skip_cleanup_deletes_the_proxy_and_keeps_the_pod(cluster, operator):
-    apply_file(cluster, SAMPLE, name="squid-keep", annotations={"crawl.example.com/skip-cleanup": "true"})
-    wait_for(lambda: (p := get_proxy(cluster, "squid-keep")) and (p.get("status") or {}).get("phase") == "Running",
-             60, "Proxy Running")
-    custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-keep")
-    wait_for(lambda: get_proxy(cluster, "squid-keep") is None, 30, "Proxy deleted")
+@needs_kubectl
+def test_skip_cleanup_deletes_the_proxy_and_keeps_the_pod(cluster, operator, kubectl):
+    kubectl("apply", "-f", "-", input=sample_manifest("squid-keep", {"crawl.example.com/skip-cleanup": "true"}))
+    wait_running(kubectl, "squid-keep")
+    kubectl("delete", "px", "squid-keep", "--timeout=30s", timeout=45)  # returns once the Proxy is gone
     time.sleep(1)
     assert len(managed_pods(cluster)) == 1
 
 
-def test_delete_during_a_slow_pod_create_leaks_nothing(cluster, operator):
+@needs_kubectl
+def test_delete_during_a_slow_pod_create_leaks_nothing(cluster, operator, kubectl):
     """kubectl delete while the Pod create is still in flight: the finalizer waits, no Pod leaks."""
     cluster.fake.delay_next("create", "pods", seconds=5)
-    apply_file(cluster, SAMPLE, name="squid-slow")
+    kubectl("apply", "-f", "-", input=sample_manifest("squid-slow"))
     wait_for(lambda: cluster.fake.request_count("create", "pods") >= 1, 30, "the Pod create to be sent")
-    custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-slow")
-    wait_for(lambda: get_proxy(cluster, "squid-slow") is None, 60, "Proxy deleted")
+    kubectl("delete", "px", "squid-slow", "--timeout=60s", timeout=75)  # returns once the Proxy is gone
     # The create landed (the request was in flight), and nothing of it is left.
     wait_for(lambda: managed_pods(cluster) == [], 15, "no Pod left")
     time.sleep(3)  # a resync period: nothing comes back either
@@ -217,14 +269,13 @@ def test_worker_killed_mid_create_leaves_one_pod_and_a_running_proxy(cluster, op
     watch = watcher(operator_env).start()
     try:
         worker.wait_for_log("ready", timeout=60)
-        apply_file(cluster, SAMPLE, name="squid-kill")
+        create(cluster, "squid-kill")
         wait_for(lambda: cluster.fake.request_count("create", "pods") >= 1, 30, "the Pod create to be sent")
         worker.kill()
         wait_for(lambda: len(managed_pods(cluster)) == 1, 10, "the in-flight Pod create to land")
         replacement = celery_worker(operator_env, name="replacement").start()
         try:
-            wait_for(lambda: (p := get_proxy(cluster, "squid-kill")) and
-                     (p.get("status") or {}).get("phase") == "Running", 90, "Proxy Running after restart")
+            wait_for(lambda: phase(cluster, "squid-kill") == "Running", 90, "Proxy Running after restart")
             assert len(managed_pods(cluster)) == 1
         finally:
             replacement.stop()
@@ -245,15 +296,11 @@ def test_no_user_data_or_credentials_in_logs_task_messages_or_flower(cluster, op
         core = k8s.CoreV1Api(cluster.fake.api_client())
         core.create_namespaced_secret("default", k8s.V1Secret(
             metadata=k8s.V1ObjectMeta(name="ci-secret"), string_data={"user-data": SECRET_USER_DATA}))
-        body = yaml.safe_load(SAMPLE.read_text())
         for name, cloud_init in (("squid-inline", {"inline": SECRET_USER_DATA}),
                                  ("squid-secret", {"secretRef": {"name": "ci-secret", "key": "user-data"}})):
-            body["metadata"]["name"] = name
-            body["spec"]["cloudInit"] = cloud_init
-            custom(cluster).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+            create(cluster, name, cloudInit=cloud_init)
         for name in ("squid-inline", "squid-secret"):
-            wait_for(lambda: (p := get_proxy(cluster, name)) and (p.get("status") or {}).get("phase") == "Running",
-                     60, f"{name} Running")
+            wait_for(lambda: phase(cluster, name) == "Running", 60, f"{name} Running")
         tasks = wait_for(lambda: (t := _flower_tasks(port)) and any(v.get("name") == "proxy.create"
                                                                   for v in t.values()) and t,
                          30, "Flower to list the create tasks")
@@ -304,32 +351,3 @@ def _dump(r, key: bytes) -> str:
     if kind == "zset":
         return " ".join(v.decode(errors="replace") for v in r.zrange(key, 0, -1))
     return ""
-
-
-@pytest.mark.skipif(__import__("shutil").which("kubectl") is None,
-                    reason="kubectl is not installed (1.27 or newer, from "
-                           "https://kubernetes.io/docs/tasks/tools/)")
-def test_kubectl_apply_get_and_delete_as_a_user_would(cluster, operator, tmp_path):
-    """The real kubectl: apply with validation, wait, get with printer columns, delete (finalizer honoured)."""
-    import subprocess
-
-    env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "user-kubeconfig"), token="a-user"),
-           "KUBECACHEDIR": str(tmp_path / "kcache"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
-
-    def kubectl(*args: str) -> str:
-        res = subprocess.run(["kubectl", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stdout}\n{res.stderr}"
-        return res.stdout
-
-    assert kubectl("apply", "-f", "deploy/samples/proxy_kubernetes.yaml").strip() == \
-        "proxy.crawl.example.com/squid-k8s-1 created"
-    kubectl("wait", "--for=jsonpath={.status.phase}=Running", "px/squid-k8s-1", "--timeout=50s")
-    [header, row] = kubectl("get", "px").splitlines()
-    assert header.split()[:4] == ["NAME", "PHASE", "PROVIDER", "ADDRESS"]
-    [pod] = managed_pods(cluster)
-    address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
-    assert row.split()[:4] == ["squid-k8s-1", "Running", "k8s-local", address]
-    assert "Provisioning" in kubectl("describe", "px", "squid-k8s-1").split("Events:", 1)[1]
-    # kubectl delete waits until the operator removed the Pod and released its finalizer
-    assert 'proxy.crawl.example.com "squid-k8s-1" deleted' in kubectl("delete", "px", "squid-k8s-1", "--timeout=30s")
-    assert get_proxy(cluster, "squid-k8s-1") is None and managed_pods(cluster) == []

@@ -11,8 +11,6 @@ deletion, ``describe`` with Events, ``delete``.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,13 +19,9 @@ from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
+from tests.support.kubectl import Kubectl, needs_kubectl
 
-pytestmark = [
-    pytest.mark.timeout(60),
-    pytest.mark.skipif(shutil.which("kubectl") is None,
-                       reason="kubectl is not installed (1.27 or newer, from "
-                              "https://kubernetes.io/docs/tasks/tools/)"),
-]
+pytestmark = [pytest.mark.timeout(60), needs_kubectl]
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"
 
@@ -40,21 +34,9 @@ def cluster():
 
 
 @pytest.fixture()
-def kubectl(cluster, tmp_path):
+def kubectl(cluster, tmp_path) -> Kubectl:
     """``kubectl(*args, check=True, input=None) -> CompletedProcess`` against the fake."""
-    kubeconfig = cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig"))
-    env = {"KUBECONFIG": kubeconfig, "KUBECACHEDIR": str(tmp_path / "kube-cache"), "HOME": str(tmp_path),
-           "PATH": "/usr/bin:/bin:/usr/local/bin"}
-
-    def run(*args: str, check: bool = True, input: str | None = None, timeout: float = 30):
-        res = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, input=input,
-                             timeout=timeout, cwd=tmp_path)
-        if check and res.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-        return res
-
-    run.env = env
-    return run
+    return Kubectl(cluster.fake, tmp_path)
 
 
 def _custom(cluster) -> k8s.CustomObjectsApi:
@@ -108,8 +90,7 @@ def test_explain_reads_the_crd_schema(kubectl):
 
 
 def test_get_watch_prints_rows_as_they_change(cluster, kubectl):
-    proc = subprocess.Popen(["kubectl", "get", "px", "-w"], env=kubectl.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = kubectl.popen("get", "px", "-w")
     try:
         time.sleep(1.0)
         kubectl("apply", "-f", str(SAMPLE))
@@ -155,8 +136,7 @@ def test_server_side_apply_managers_and_conflicts(cluster, kubectl, tmp_path):
 
 def test_wait_for_condition_and_for_delete(cluster, kubectl):
     kubectl("apply", "-f", str(SAMPLE))
-    waiter = subprocess.Popen(["kubectl", "wait", "--for=condition=Ready", "px/squid-k8s-1", "--timeout=20s"],
-                              env=kubectl.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    waiter = kubectl.popen("wait", "--for=condition=Ready", "px/squid-k8s-1", "--timeout=20s")
     time.sleep(1.0)
     assert waiter.poll() is None  # not Ready yet
     _set_status(cluster, "squid-k8s-1", _ready_status())
@@ -171,8 +151,7 @@ def test_wait_for_condition_and_for_delete(cluster, kubectl):
     _custom(cluster).patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-k8s-1",
                                                     {"metadata": {"finalizers": ["crawl.example.com/cleanup"]}})
     kubectl("delete", "px", "squid-k8s-1", "--wait=false")
-    waiter = subprocess.Popen(["kubectl", "wait", "--for=delete", "px/squid-k8s-1", "--timeout=20s"],
-                              env=kubectl.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    waiter = kubectl.popen("wait", "--for=delete", "px/squid-k8s-1", "--timeout=20s")
     time.sleep(1.0)
     assert waiter.poll() is None
     _custom(cluster).patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "squid-k8s-1",
