@@ -42,6 +42,7 @@ from prometheus_client.core import GaugeMetricFamily
 from app import conditions, redis_keys
 from app.providers.base import CheckableProvider, TargetVerdict
 from app.kube import KubeGateway, ProviderHealthObject
+from app.provider_types import CheckTargets
 from app.resources import PROVIDER_HEALTH_KIND, PROVIDER_HEALTH_PLURAL
 from app.timefmt import rfc3339
 
@@ -75,18 +76,13 @@ def stale_after(pc) -> float:
 def expected_targets(pc) -> list[str]:
     """The targets a provider's checks report on, known from its config before any check.
 
-    kvm: every configured host (``providers.check_host`` per host); kubernetes: ``"cluster"``;
-    gcp: the project (the names the providers' ``check()`` use).  Knowing them up front lets
-    a round that timed out as a whole, or a provider that never reported, show under the real
-    target names.  An unknown type: none (whatever it reports).
+    Each type's settings declare them (:class:`app.provider_types.CheckTargets`): kvm every
+    configured host (``providers.check_host`` per host), kubernetes ``"cluster"``, gcp the
+    project (the names the providers' ``check()`` use).  Knowing them up front lets a round
+    that timed out as a whole, or a provider that never reported, show under the real target
+    names.  Settings that declare none: none (whatever the check reports).
     """
-    if pc.type == "kvm":
-        return [h.name for h in getattr(pc.settings, "hosts", ()) or () if getattr(h, "name", None)]
-    if pc.type == "kubernetes":
-        return ["cluster"]
-    if pc.type == "gcp" and getattr(pc.settings, "project", None):
-        return [pc.settings.project]
-    return []
+    return list(pc.settings.check_targets()) if isinstance(pc.settings, CheckTargets) else []
 
 
 @dataclass(frozen=True)

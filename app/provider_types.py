@@ -10,7 +10,7 @@ the registrations.  This module imports nothing from :mod:`app.providers` (``tes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from app.config import ProviderConfig
@@ -35,6 +35,22 @@ class HostPlacement(Protocol):
     def host_for(self, settings: Any, zone: str | None) -> str | None: ...
 
     def host_of(self, provider_id: str) -> str | None: ...
+
+
+@runtime_checkable
+class CheckTargets(Protocol):
+    """Settings of a provider type (what its ``parse_settings`` returns) that name, from the
+    config alone, the targets the provider's ``check()`` reports on.
+
+    A settings class declares it by subclassing; :func:`app.provider_health.expected_targets`
+    tests ``isinstance(settings, CheckTargets)`` (a type whose settings do not declare it has
+    no targets known up front: whatever its check reports).
+
+    * ``check_targets() -> list[str]`` — the target names, in config order (kvm: each host;
+      kubernetes: ``"cluster"``; gcp: the project).
+    """
+
+    def check_targets(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)

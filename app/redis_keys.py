@@ -282,6 +282,17 @@ def pool_scale(uid: str) -> str:
     return PREFIX + "pool-scale:" + uid
 
 
+def pool_zone_events(uid: str) -> str:
+    """string (JSON ``{zone: {"down": bool, "times": [epoch s]}}``) — for the pool ``uid``, the
+    state last told of each zone by a ``ZoneNotReady`` / ``ZoneReady`` Event and when its Events
+    of the last ``ZONE_EVENT_WINDOW`` were recorded (their rate bound,
+    :func:`app.pools.controller._zone_events`).  TTL: the window + 1 day, renewed by every
+    write; deleted when no zone needs it and by the pass that finds the pool gone.  Written and
+    read by :mod:`app.pools.controller`; a lost value: the pool's ``status.skippedZones`` stands
+    for what was told."""
+    return PREFIX + "pool-zone-events:" + uid
+
+
 #: hash — the last pass's counts of every pool, for the pool gauges (:class:`app.pools.stats.PoolCollector`,
 #: read by beat's ``/metrics`` at scrape time): field ``<namespace>/<name>`` -> JSON ``{"uid", "desired",
 #: "replicas", "ready", "leasable", "updated", "draining", "skippedZones", "leases", "leaseCapacity", "at"}``.

@@ -68,3 +68,23 @@ def test_synchronous_calls_share_one_client_until_the_pool_changes(redis_url):
         again = channel._create_client()
         assert again is not first and again.connection_pool is channel.pool
         assert again.ping()
+
+
+def test_closing_a_channel_after_the_transport_dropped_its_client_is_a_connection_error(redis_url, redis_client):
+    """A worker that lost Redis closes its connection; the channel's close restores the unacked
+    messages after the transport has dropped its client.  kombu's own channel then raised
+    ``AttributeError`` (celery/kombu#582), which escaped celery's ``ignore_errors`` and the
+    worker process exited (seen in tests/test_redis_loss.py).  It must be a connection error,
+    which ``Connection.maybe_close_channel`` (and celery) ignore; the message stays unacked in
+    Redis, restored once its visibility timeout passes."""
+    broker.install()
+    redis_client.flushdb()
+    queue = _queue("proxies")
+    conn = Connection(redis_url)
+    channel = conn.default_channel
+    conn.Producer().publish({"n": 1}, exchange=queue.exchange, routing_key="proxies", declare=[queue])
+    assert channel.basic_get("proxies", no_ack=False) is not None
+    conn.transport.client = None  # what kombu's Connection._do_close_transport does
+    conn.maybe_close_channel(channel)  # raised AttributeError before
+    assert redis_client.hlen("unacked") == 1  # not lost: kombu restores it after the visibility timeout
+    redis_client.flushdb()

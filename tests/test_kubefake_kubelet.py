@@ -212,3 +212,34 @@ def test_pods_that_existed_before_the_kubelet_are_started(kube, kube_client):
     with Kubelet(kube, start_squid=False):
         wait_for(lambda: core.read_namespaced_pod("early", "a").status.phase == "Running", timeout=5,
                  what="pod Running")
+
+
+def _my_squids() -> list[int]:
+    """PIDs of the Squid processes this test process started (its children running squid)."""
+    me = str(os.getpid())
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if fields[1] == me and cmd and cmd[0].endswith(b"squid"):
+            out.append(int(pid))
+    return out
+
+
+def test_a_pod_deleted_during_its_back_off_is_not_restarted(kube, kube_client):
+    core = k8s.CoreV1Api(kube_client)
+    with Kubelet(kube, startup_timeout=5, restart_backoff=1.5, max_restart_backoff=1.5) as kubelet:
+        core.create_namespaced_pod("a", squid_pod("doomed", conf="this_is_not_a_directive yes\n"))
+        wait_for(lambda: (s := core.read_namespaced_pod("doomed", "a").status).container_statuses
+                 and s.container_statuses[0].state.waiting is not None
+                 and s.container_statuses[0].state.waiting.reason == "CrashLoopBackOff", what="a back-off")
+        failures = len(kubelet.errors)
+        core.delete_namespaced_pod("doomed", "a")
+        time.sleep(3)  # twice the back-off: a restart would have failed (and been counted) by now
+        assert len(kubelet.errors) == failures, kubelet.errors
+        assert kubelet.running() == 0 and kubelet.address_of("a", "doomed") is None and _my_squids() == []

@@ -12,6 +12,9 @@
 Every ``import`` statement counts, function-level and ``TYPE_CHECKING`` ones included.  Imports
 are resolved as Python resolves them: ``from kubernetes import config`` is the ``kubernetes``
 client package, not ``app/providers/pods``.
+
+The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/`` and
+``cli/``, and every repository path the page names exists.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +148,61 @@ def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(
     assert provider.core.api_client is client  # looked up on use, not at construction
     with pytest.raises(TypeError, match="client"):
         KubernetesProvider(ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings()))
+
+
+# -- docs/architecture.md's module map matches the tree ------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGES = ("app", "workers", "watchers", "api", "cli")
+#: A repository path as the page writes it: ``app/kube.py``, ``app/providers/<type>/registration.py``,
+#: ``app/lua/*.lua``, ``app/providers/{pods,gcp,kvm}/``, ``tests/x.py::test_y`` (the test id is not part of it).
+_PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|tests|deploy|docs|bench)/[\w./<>*{},-]*")
+
+
+def _section(text: str, title: str) -> str:
+    """The body of the ``## title`` section of a markdown page (up to the next ``## ``)."""
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def _expand(path: str) -> list[str]:
+    """``a/{b,c}/d`` -> ``[a/b/d, a/c/d]``; ``<name>`` placeholders become ``*`` (a glob)."""
+    path = re.sub(r"<[^>]*>", "*", path.rstrip(".,"))
+    m = re.search(r"\{([^{}]*)\}", path)
+    if m is None:
+        return [path]
+    return [out for alt in m.group(1).split(",") for out in _expand(path[:m.start()] + alt + path[m.end():])]
+
+
+def named_paths(text: str) -> set[str]:
+    """Every repository path ``text`` names (braces expanded, placeholders as globs)."""
+    return {p for found in _PATH.findall(text) for p in _expand(found)}
+
+
+def missing_paths(text: str) -> list[str]:
+    """The paths ``text`` names that match nothing in the repository."""
+    return sorted(p for p in named_paths(text)
+                  if not (any(ROOT.glob(p.rstrip("/"))) if "*" in p else (ROOT / p).exists()))
+
+
+def test_the_path_reader_sees_what_the_page_writes():
+    text = ("`app/kube.py`, app/providers/{pods,gcp}/ and `app/providers/<type>/registration.py`, "
+            "`tests/test_layout.py::test_x`; see docs/redis.md. Not https://kubernetes.io/docs/concepts/x "
+            "nor no/such/app/thing.")
+    assert named_paths(text) == {"app/kube.py", "app/providers/pods/", "app/providers/gcp/",
+                                 "app/providers/*/registration.py", "tests/test_layout.py", "docs/redis.md"}
+    assert missing_paths(text + " app/no_such_module.py, app/providers/{pods,nope}/") == [
+        "app/no_such_module.py", "app/providers/nope/"]
+
+
+def test_every_module_is_in_the_module_map():
+    """docs/architecture.md's "Module map" names every module of the product's packages, so it
+    cannot drift from the tree (a new module fails here until it has its line)."""
+    mapped = named_paths(_section(ARCHITECTURE.read_text(), "Module map"))
+    modules = sorted(str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+    assert len(modules) > 50
+    assert [m for m in modules if m not in mapped] == []
+
+
+def test_every_path_the_architecture_page_names_exists():
+    assert missing_paths(ARCHITECTURE.read_text()) == []

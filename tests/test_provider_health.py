@@ -82,18 +82,21 @@ def test_a_check_that_hangs_or_raises_becomes_one_not_ready_verdict():
 # -- issue 12, items 1 and 2: one snapshot, staleness, reason changes ---------------------------
 import logging  # noqa: E402
 import threading  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
+import dataclasses  # noqa: E402
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from app import provider_health as ph  # noqa: E402
+from app.wiring import parse_config  # noqa: E402
 
 
 def kvm_config(name="kvm-lab", hosts=("lab1", "lab2"), interval=60.0, timeout=15.0):
-    """A kvm provider's config entry as far as provider health reads it (type, interval, hosts)."""
-    return SimpleNamespace(name=name, type="kvm", check_interval=interval, check_timeout=timeout,
-                           settings=SimpleNamespace(hosts=tuple(SimpleNamespace(name=h) for h in hosts)))
+    """A kvm provider's config entry, parsed as the operator parses it (nothing is dialled)."""
+    [pc] = parse_config({"providers": [{"name": name, "type": "kvm", "kvm": {
+        "ssh": {"user": "u", "keyFile": "/nonexistent/key", "knownHostsFile": "/nonexistent/known_hosts"},
+        "hosts": [{"name": h, "address": "127.0.0.1"} for h in hosts]}}]}, "<provider-health-test>").providers
+    return dataclasses.replace(pc, check_interval=interval, check_timeout=timeout)
 
 
 def scrape(collector) -> dict[tuple, float]:
@@ -128,7 +131,9 @@ def test_a_host_check_that_times_out_reads_zero_under_the_hosts_own_name(redis_c
 
 
 def test_a_whole_round_that_times_out_marks_every_target_of_the_provider(redis_client):
-    pc = SimpleNamespace(name="k8s", type="kubernetes", check_interval=60.0, check_timeout=1.0, settings=None)
+    [pc] = parse_config({"providers": [{"name": "k8s", "type": "kubernetes", "checkTimeout": "1s"}]},
+                        "<provider-health-test>").providers
+    assert ph.expected_targets(pc) == ["cluster"]
 
     class Hanging:
         def check(self):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
@@ -66,6 +67,22 @@ class Channel(kombu_redis.Channel):
         # the member a consumer's declaration writes: routing key, no pattern (direct), queue
         self._queue_bind(exchange, exchange, "", exchange)
         return [(exchange, "", exchange)]
+
+    def _connparams(self, asynchronous=False):
+        """Return kombu's connection parameters; raise ``redis.ConnectionError`` once closed.
+
+        A worker that loses Redis closes its connection (celery's
+        ``on_connection_error_after_connected``); closing the channel restores the unacked
+        messages, which builds a new pool after the transport has already dropped its client
+        (``transport.client`` is ``None``), and kombu then fails with ``AttributeError:
+        'NoneType' object has no attribute 'hostname'`` (celery/kombu#582, #970).  That error is
+        not among the transport's connection errors, so it escaped celery's ``ignore_errors``
+        and the worker process exited.  A ``redis.ConnectionError`` is one of them: the close
+        goes on, and the worker reconnects as it does for any other loss of Redis.
+        """
+        if self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous=asynchronous)
 
     def _create_client(self, asynchronous=False):
         """Return a Redis client on the channel's pool: one reused client for synchronous calls.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 from app import credentials
 from app.kube import KubeGateway
@@ -21,7 +21,22 @@ from app.serving_record import ServingRecord
 log = logging.getLogger(__name__)
 
 
-class SecretCredentials:
+@runtime_checkable
+class RefreshableCredentials(Protocol):
+    """Probe credentials that keep a cache and can read past it.
+
+    ``credentials(record) -> (username, password) | None`` as :func:`app.health.engine.probe_batch`
+    takes them, plus ``fresh(record)``: the same answer read again whatever the cache holds.
+    After a 407 the engine asks ``fresh`` only of credentials that declare this (a class
+    subclasses it; a plain callable has no cache to go past).
+    """
+
+    def __call__(self, record: ServingRecord | dict[str, str]) -> tuple[str, str] | None: ...
+
+    def fresh(self, record: ServingRecord | dict[str, str]) -> tuple[str, str] | None: ...
+
+
+class SecretCredentials(RefreshableCredentials):
     """``credentials(record) -> (username, password) | None`` for :func:`app.health.engine.probe_batch`.
 
     A serving-view record is a claim, not a fact: anything that can write to Redis can forge

@@ -27,6 +27,7 @@ from typing import Callable, Mapping
 from app import redis_keys, serving
 from app.health import metrics
 from app.health import probe as p
+from app.health.credentials import RefreshableCredentials
 from app.health.origin import DOWN, OriginControl
 from app.health.settings import HealthSettings
 from app.health.state import HEALTHY, HealthState, Thresholds, Verdict, advance, verdict
@@ -453,9 +454,8 @@ def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentia
         return target, res
     tried = {target.credentials}
     candidates: list[tuple[tuple[str, str] | None, str]] = []
-    fresh = getattr(credentials, "fresh", None)
-    if fresh is not None:
-        candidates.append((fresh(rec), ""))
+    if isinstance(credentials, RefreshableCredentials):
+        candidates.append((credentials.fresh(rec), ""))
     try:
         last = r.hgetall(redis_keys.auth(target.uid))
     except Exception:  # noqa: BLE001 - the first answer stands

@@ -185,7 +185,7 @@ def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> 
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    if not getattr(pc, "check_interval", 0):
+    if not pc.check_interval:
         return {z or "": None for z in zones}
     verdicts = {s.verdict.name: s.verdict for s in read_snapshot(r, pc, now=now)}
     down = {name: ZoneHealth(name, v.reason, v.message or "") for name, v in sorted(verdicts.items())
@@ -276,7 +276,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         if pool is None or pool.uid == ref.uid:
             pool_demand.forget(r, ref.namespace, ref.name)
         pool_stats.forget(r, ref.namespace, ref.name, uid=ref.uid)
-        r.delete(redis_keys.pool_scale(ref.uid))
+        r.delete(redis_keys.pool_scale(ref.uid), redis_keys.pool_zone_events(ref.uid))
         return Outcome("gone")
     if pool.spec is None:
         pool_stats.forget(r, pool.namespace, pool.name)
@@ -309,7 +309,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records)
-    _apply(kube, r, pool, result, by_uid, rand)
+    _apply(kube, r, pool, result, by_uid, rand, now=now)
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
@@ -386,7 +386,7 @@ def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str
             serving.set_draining(r, m.uid, m.draining_until)
 
 
-def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand) -> None:
+def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
     def refused(what: str, exc: ApiException) -> None:
         log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
                     pool.key, what, exc.status, exc.reason)
@@ -470,19 +470,56 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
             raise
         refused("writing the status", exc)
         return
-    _zone_events(kube, pool, result.status.get("skippedZones") or [])
+    _zone_events(kube, r, pool, result.status.get("skippedZones") or [], now=now)
 
 
-def _zone_events(kube: KubeGateway, pool: Pool, skipped: list[Mapping[str, Any]]) -> None:
+#: Seconds over which :data:`ZONE_EVENTS_PER_WINDOW` bounds the zone Events of one zone of a pool.
+ZONE_EVENT_WINDOW = 600.0
+#: ``ZoneNotReady`` / ``ZoneReady`` Events one zone of a pool gets at most per :data:`ZONE_EVENT_WINDOW`
+#: (a provider target flipping at every check round would otherwise make two per pass).
+ZONE_EVENTS_PER_WINDOW = 3
+
+
+def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, Any]], *, now: float) -> None:
     """One Event when zones start being skipped (``ZoneNotReady``, Warning) and one when zones
-    listed in the pool recover (``ZoneReady``), from the change between the status read and the
-    status written: a pass that finds the same zones skipped emits none.  A zone dropped from
-    ``spec.spread.zones`` while skipped is not said to recover."""
+    listed in the pool recover (``ZoneReady``): a pass that finds the same zones skipped emits none.
+    A zone dropped from ``spec.spread.zones`` while skipped is not said to recover.
+
+    What was last told of each zone, and when, is kept in :func:`app.redis_keys.pool_zone_events`
+    (lost, e.g. a flushed Redis: the status read stands for it).  A zone gets at most
+    :data:`ZONE_EVENTS_PER_WINDOW` Events per :data:`ZONE_EVENT_WINDOW`: a zone flapping faster is
+    told by the ``ZonesReady`` condition at every pass, and by an Event of the state it is in once
+    the window allows one (the next pass after that)."""
+    key = redis_keys.pool_zone_events(pool.uid)
+    try:
+        doc = json.loads(r.get(key) or "{}")
+    except ValueError:
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
     before = {z.get("zone") for z in pool.status.get("skippedZones") or () if isinstance(z, Mapping)}
-    now_skipped = {z["zone"] for z in skipped}
-    started = [z for z in skipped if z["zone"] not in before]
+    by_zone = {z["zone"]: z for z in skipped}
     listed = set(pool.spec.zones) or {pool.spec.template_zone or ""}
-    recovered = sorted(z for z in before - now_skipped if isinstance(z, str) and z in listed)
+    started, recovered, state = [], [], {}
+    for zone in sorted(listed | set(by_zone) | {z for z in before if isinstance(z, str)} | set(doc)):
+        entry = doc.get(zone) if isinstance(doc.get(zone), dict) else {}
+        told_down = entry["down"] if isinstance(entry.get("down"), bool) else zone in before
+        times = [t for t in entry.get("times") or () if isinstance(t, (int, float)) and 0 <= now - t < ZONE_EVENT_WINDOW]
+        down = zone in by_zone
+        if zone not in listed and not down:
+            continue  # no longer the pool's: forgotten, not said to recover
+        if down != told_down and len(times) < ZONE_EVENTS_PER_WINDOW:
+            if down:
+                started.append(by_zone[zone])
+            else:
+                recovered.append(zone)
+            times.append(now)
+            told_down = down
+        if told_down or times:
+            state[zone] = {"down": told_down, "times": times}
+    if state:
+        r.set(key, json.dumps(state), ex=int(ZONE_EVENT_WINDOW) + 86400)
+    elif doc:
+        r.delete(key)
     if started:
         log.warning("pool %s: no new member in %s", pool.key, describe_zones(started))
         kube.record_pool_event(pool, "Warning", "ZoneNotReady",
@@ -520,6 +557,6 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
             pass
 
 
-__all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "Outcome", "PoolRef", "controlled_by", "member_labels",
+__all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "ZONE_EVENTS_PER_WINDOW", "ZONE_EVENT_WINDOW", "Outcome", "PoolRef", "controlled_by", "member_labels",
            "member_name", "member_spec", "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health",
            "zones_ready"]

@@ -34,6 +34,11 @@ POOL_API_VERSION = f"{GROUP}/{VERSION}"
 LABEL_TEMPLATE_HASH = "crawl.example.com/pool-template-hash"
 LABEL_POOL = "crawl.example.com/pool"
 ANNOTATION_DRAINING = DRAINING_ANNOTATION
+#: Longest pool name: the name is the value of :data:`LABEL_POOL` on every member, and the API
+#: server refuses label values longer than 63 characters (k8s.io/apimachinery ``ValidateLabels``;
+#: Kubernetes docs, "Labels and Selectors": "Syntax and character set").  A ProxyPool's own name
+#: may be up to 253 characters (a DNS subdomain), so the controller checks it.
+MAX_POOL_NAME = 63
 
 #: Share of ``maxAge`` a member's own age limit may be shortened by: each member is replaced
 #: between ``(1 - AGE_JITTER) * maxAge`` and ``maxAge`` after its creation, at a point fixed by
@@ -367,7 +372,8 @@ class Pool:
 
     @classmethod
     def from_dict(cls, obj: Mapping) -> "Pool":
-        """Build from an API object dict; an invalid spec is kept as :attr:`spec_error`.
+        """Build from an API object dict; an invalid spec is kept as :attr:`spec_error`, and so is
+        a name longer than :data:`MAX_POOL_NAME` (no member could carry it as a label).
 
         Raises:
             ValueError: ``metadata.name``/``namespace``/``uid`` missing.
@@ -378,6 +384,11 @@ class Pool:
                 raise ValueError(f"ProxyPool object without metadata.{key}")
         try:
             spec, error = PoolSpec.from_dict(obj.get("spec")), ""
+            if len(meta["name"]) > MAX_POOL_NAME:
+                raise PoolSpecError("metadata.name", (
+                    f"{len(meta['name'])} characters, at most {MAX_POOL_NAME}: the name is the value of the "
+                    f"{LABEL_POOL} label on every member, and label values are limited to {MAX_POOL_NAME} "
+                    f"characters; no member is created: re-create the pool under a shorter name"))
         except PoolSpecError as exc:
             spec, error = None, str(exc)
         return cls(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
@@ -432,6 +443,6 @@ class Member:
         return self.draining_until is not None
 
 
-__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "Member", "POOL_API_VERSION",
-           "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit", "format_time", "parse_time",
+__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "MAX_POOL_NAME", "Member",
+           "POOL_API_VERSION", "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit", "format_time", "parse_time",
            "selector_requirements", "selector_string", "status_selector", "template_hash", "uid_fraction"]

@@ -86,7 +86,7 @@ def record(r, *, namespace: str, name: str, uid: str, status: Mapping, desired: 
     r.hset(redis_keys.POOL_STATS, _field(namespace, name), json.dumps(doc, separators=(",", ":")))
 
 
-def forget(r, namespace: str, name: str, uid: str | None = None) -> None:
+def forget(r, namespace: str, name: str, *, uid: str | None = None) -> None:
     """Remove the pool's counts (its gauges disappear from the next scrape).  With ``uid``, only
     when the counts are that pool's (a pool re-created under the same name keeps its own).
 

@@ -58,6 +58,8 @@ from tests.kubefake import resources as R
 from tests.kubefake.errors import ApiError, Invalid
 from tests.kubefake.patch import apply_patch
 from tests.kubefake.resources import ResourceType
+from tests.kubefake.selectors import _KEY as _LABEL_KEY
+from tests.kubefake.selectors import _VALUE as _LABEL_VALUE
 from tests.kubefake.selectors import field_matcher, label_matcher
 
 Admit = Callable[[dict, "dict | None"], dict]
@@ -739,6 +741,9 @@ class Store:
                                       or not all(isinstance(v, str) for v in value.values())):
                 raise self._invalid(rt, meta.get("name", ""), [(f"metadata.{key}",
                                                                 "Invalid value: values must be strings")])
+        causes = label_errors(meta.get("labels"))
+        if causes:
+            raise self._invalid(rt, meta.get("name", ""), causes)
         if meta.get("finalizers") is not None and not (isinstance(meta["finalizers"], list)
                                                        and all(isinstance(f, str) for f in meta["finalizers"])):
             raise self._invalid(rt, meta.get("name", ""),
@@ -866,6 +871,27 @@ class Store:
             self._compacted += drop
         self.cond.notify_all()
         return entry
+
+
+def label_errors(labels) -> list[tuple[str, str]]:
+    """What the API server refuses in ``metadata.labels`` (k8s.io/apimachinery
+    ``ValidateLabels``): a key that is no qualified name (an optional DNS-subdomain prefix of at
+    most 253 characters and ``/``, then at most 63 alphanumerics, ``-``, ``_``, ``.``), a value
+    longer than 63 characters or not of that alphabet; ``[(field, message)]``, ``[]`` when fine."""
+    causes = []
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if not _LABEL_KEY.match(key) or len(name) > 63 or len(prefix) > 253:
+            causes.append(("metadata.labels", f'Invalid value: "{key}": name part must consist of alphanumeric '
+                                              "characters, '-', '_' or '.', and must start and end with an "
+                                              "alphanumeric character, at most 63 characters"))
+        if len(value) > 63:
+            causes.append(("metadata.labels", f'Invalid value: "{value}": must be no more than 63 characters'))
+        elif not _LABEL_VALUE.match(value):
+            causes.append(("metadata.labels", f'Invalid value: "{value}": a valid label must be an empty string '
+                                              "or consist of alphanumeric characters, '-', '_' or '.', and must "
+                                              "start and end with an alphanumeric character"))
+    return causes
 
 
 def _owner_reference_errors(refs) -> list[tuple[str, str]]:

@@ -163,11 +163,16 @@ def test_scale_down_drains_then_deletes_only_when_the_lease_is_released(api, red
 
 
 def _kvm_like(name: str, hosts: list[str]):
-    """A provider config whose targets are hosts (as a kvm provider's are), for zones_ready."""
-    from types import SimpleNamespace
+    """A provider config whose targets are hosts (a kvm provider's config, parsed as the operator
+    parses it; nothing is dialled), for zones_ready."""
+    import dataclasses
 
-    return SimpleNamespace(name=name, type="kvm", check_interval=10, check_timeout=5,
-                           settings=SimpleNamespace(hosts=[SimpleNamespace(name=h) for h in hosts]))
+    from app.wiring import parse_config
+
+    [pc] = parse_config({"providers": [{"name": name, "type": "kvm", "kvm": {
+        "ssh": {"user": "u", "keyFile": "/nonexistent/key", "knownHostsFile": "/nonexistent/known_hosts"},
+        "hosts": [{"name": h, "address": "127.0.0.1"} for h in hosts]}}]}, "<pool-controller-test>").providers
+    return dataclasses.replace(pc, check_interval=10, check_timeout=5)
 
 
 def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api, redis_client):
@@ -533,3 +538,62 @@ def test_a_release_refused_with_409_is_retried_by_the_next_pass(api, cluster, re
     assert out.released == (mine.name,)
     assert gw.get_proxy(NS, mine.name).controller is None
     assert len([p for p in proxies(api) if p.pool == "sel"]) == 1  # one replacement, whatever the retries
+
+
+def test_a_pool_name_longer_than_a_label_value_is_refused_with_the_reason(api, redis_client):
+    """A ProxyPool's name may have 253 characters, but it is the crawl.example.com/pool label of
+    every member, and the API server refuses label values over 63: the pool says so instead of
+    failing every create quietly."""
+    gw = KubernetesGateway(api)
+    with pytest.raises(k8s.ApiException) as refused:  # what the API server does with such a member
+        gw.create_proxy(NS, "long-label", spec={"provider": "k8s-local"}, labels={LABEL_POOL: "p" * 64})
+    assert refused.value.status == 422 and "must be no more than 63 characters" in refused.value.body
+    longest = "p" * 63
+    ok = make_pool(api, longest, replicas=1)
+    assert run(api, redis_client, ok).state == "done"
+    [member] = proxies(api)
+    assert member.labels[LABEL_POOL] == longest
+    too_long = "q" * 64
+    ref = make_pool(api, too_long, replicas=2)
+    out = run(api, redis_client, ref)
+    assert out.state == "stalled" and [p.name for p in proxies(api)] == [member.name]
+    [progressing] = [c for c in pool_obj(api, too_long)["status"]["conditions"] if c["type"] == "Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("False", "InvalidSpec")
+    assert progressing["message"].startswith("metadata.name: 64 characters, at most 63")
+    assert LABEL_POOL in progressing["message"]
+
+
+def test_a_zone_flapping_every_pass_is_told_by_a_bounded_number_of_events(api, redis_client):
+    """A provider target that flips Ready / not Ready at every check round (an SSH dial that
+    fails one time in two) must not make two Events per pass; the condition follows every flip,
+    the Events are bounded per zone, and the state the zone settles in is told at the end."""
+    from app.pools.controller import ZONE_EVENTS_PER_WINDOW, ZONE_EVENT_WINDOW
+    from app.provider_health import record_target
+    from app.providers.base import TargetVerdict
+
+    configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}
+    gw = KubernetesGateway(api)
+    ref = make_pool(api, replicas=0, spread={"zones": ["z1", "z2"]})
+    t0 = time.time()
+    passes = 40  # every 15 s: 10 minutes of flapping
+    for i in range(passes):
+        down = i % 2 == 0
+        record_target(redis_client, "k8s-local", TargetVerdict("z1", True, "Ready"), elapsed=0.1, now=t0 + 15 * i)
+        record_target(redis_client, "k8s-local", TargetVerdict("z2", not down, "DialFailed" if down else "Ready",
+                                                                "ssh: connection refused" if down else ""),
+                      elapsed=0.1, now=t0 + 15 * i)
+        controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30, now=t0 + 15 * i)
+        zones = next(c for c in pool_obj(api)["status"]["conditions"] if c["type"] == "ZonesReady")
+        assert zones["status"] == ("False" if down else "True")  # the condition follows every flip
+    told = _events(api, "ZoneNotReady") + _events(api, "ZoneReady")
+    assert (ZONE_EVENTS_PER_WINDOW, ZONE_EVENT_WINDOW) == (3, 600.0)
+    assert 2 <= len(told) <= 6, [e.reason for e in told]  # 40 flips in 10 minutes: at most 3 Events per 10 minutes
+    # it settles down: once the window allows, the last state is told (a ZoneNotReady)
+    settled = t0 + 15 * passes + ZONE_EVENT_WINDOW
+    record_target(redis_client, "k8s-local", TargetVerdict("z1", True, "Ready"), elapsed=0.1, now=settled)
+    record_target(redis_client, "k8s-local", TargetVerdict("z2", False, "DialFailed", "ssh: connection refused"),
+                  elapsed=0.1, now=settled)
+    controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30, now=settled)
+    newest = max(_events(api, "ZoneNotReady") + _events(api, "ZoneReady"),
+                 key=lambda e: int(e.metadata.resource_version))
+    assert newest.reason == "ZoneNotReady" and "z2 (DialFailed" in newest.message

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from app.provider_types import CheckTargets
 from app.validation import Reader
 
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
@@ -91,7 +92,7 @@ class WireLogSettings:
 
 
 @dataclass(frozen=True)
-class GcpSettings:
+class GcpSettings(CheckTargets):
     """Settings of a gcp provider.
 
     Attributes:
@@ -141,6 +142,11 @@ class GcpSettings:
     wire_logging: WireLogSettings = field(default_factory=WireLogSettings)
     images: tuple[str, ...] = ()
     machine_types: tuple[str, ...] = ()
+
+    def check_targets(self) -> list[str]:
+        """The one check target, the project (what ``GcpProvider.check()`` names its verdict);
+        none when no project is set."""
+        return [self.project] if self.project else []
 
     def allowed_images(self) -> tuple[str, ...]:
         """Return every image a Proxy may name: ``image`` first, then ``images``."""

@@ -253,6 +253,7 @@ class WireBridge(logging.Handler, logging.Filter):
         return None
 
 
+# Not app.lazy.per_process: a forked child inherits this bridge on the `google` logger tree (one per PID would add a second).
 _lock = threading.Lock()
 _bridge: WireBridge | None = None
 _warned = False

@@ -45,6 +45,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from app.provider_types import CheckTargets
 from app.validation import IDENTIFIER, Reader
 
 DEFAULT_LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
@@ -186,7 +187,7 @@ class KvmHost:
 
 
 @dataclass(frozen=True)
-class KvmSettings:
+class KvmSettings(CheckTargets):
     """Settings of a kvm provider.
 
     Attributes:
@@ -217,6 +218,11 @@ class KvmSettings:
     configure_squid: bool = True
     agent_address_timeout: float = DEFAULT_AGENT_ADDRESS_TIMEOUT
     image_urls: ImageURLSettings | None = None
+
+    def check_targets(self) -> list[str]:
+        """The check targets: every configured host, in file order (each is checked on its own
+        queue, ``providers.check_host``)."""
+        return [h.name for h in self.hosts if h.name]
 
     def host(self, name: str | None) -> KvmHost | None:
         """Return the host called ``name`` or ``None``."""

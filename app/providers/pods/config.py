@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.provider_types import CheckTargets
 from app.validation import Reader
 
 DEFAULT_IMAGE = "ubuntu/squid:latest"
+#: The one target the kubernetes provider's ``check()`` reports on.
+CHECK_TARGET = "cluster"
 
 
 @dataclass(frozen=True)
-class KubernetesSettings:
+class KubernetesSettings(CheckTargets):
     """Settings of a kubernetes provider.
 
     Attributes:
@@ -37,6 +40,10 @@ class KubernetesSettings:
     image: str = DEFAULT_IMAGE
     port: int = 3128
     images: tuple[str, ...] = ()
+
+    def check_targets(self) -> list[str]:
+        """The one check target, :data:`CHECK_TARGET` (the cluster the Pods run in)."""
+        return [CHECK_TARGET]
 
     def allowed_images(self) -> tuple[str, ...]:
         """Return every image a Proxy may name: ``image`` first, then ``images``."""

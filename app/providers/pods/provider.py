@@ -43,6 +43,7 @@ from app.config import ProviderConfig
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
                                 TargetVerdict, require_managed)
 from app.providers.errors import NotFound, Permanent, QuotaExceeded, SpecNotAllowed, Transient
+from app.providers.pods.config import CHECK_TARGET
 from app.squid import DEFAULT_HTPASSWD_PATH, SECRET_HTPASSWD_KEY
 from app.timefmt import parse_rfc3339
 
@@ -413,7 +414,7 @@ class KubernetesProvider(Provider, CheckableProvider):
                                                   limit=1, _request_timeout=10)
         except k8s.ApiException as exc:
             reason = "Forbidden" if exc.status == 403 else "APIError"
-            return [TargetVerdict("cluster", False, reason, f"listing pods answered {exc.status} {exc.reason}")]
+            return [TargetVerdict(CHECK_TARGET, False, reason, f"listing pods answered {exc.status} {exc.reason}")]
         except Exception as exc:  # noqa: BLE001
-            return [TargetVerdict("cluster", False, "Unreachable", f"{type(exc).__name__}: {exc}")]
-        return [TargetVerdict("cluster", True, "Ready", "API server answers; pods listable cluster-wide")]
+            return [TargetVerdict(CHECK_TARGET, False, "Unreachable", f"{type(exc).__name__}: {exc}")]
+        return [TargetVerdict(CHECK_TARGET, True, "Ready", "API server answers; pods listable cluster-wide")]
