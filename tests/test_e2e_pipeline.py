@@ -275,7 +275,15 @@ def test_worker_killed_mid_create_leaves_one_pod_and_a_running_proxy(cluster, op
         wait_for(lambda: len(managed_pods(cluster)) == 1, 10, "the in-flight Pod create to land")
         replacement = celery_worker(operator_env, name="replacement").start()
         try:
-            wait_for(lambda: phase(cluster, "squid-kill") == "Running", 90, "Proxy Running after restart")
+            # Provisioned: Running, or already judged by the health worker (Ready / Unhealthy).
+            provisioned = {"Running", "Ready", "Unhealthy"}
+            try:
+                wait_for(lambda: phase(cluster, "squid-kill") in provisioned, 120, "Proxy Running after restart")
+            except AssertionError as exc:
+                status = custom(cluster).get_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL, "squid-kill").get("status")
+                raise AssertionError(f"{exc}; status: {status}; replacement worker log:\n"
+                                     f"{replacement.log()[-4000:]}") from None
             assert len(managed_pods(cluster)) == 1
         finally:
             replacement.stop()
