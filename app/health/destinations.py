@@ -226,7 +226,9 @@ class DestinationPolicy:
         if hit is not None and now - hit[0] < self.url_cache_seconds:
             verdict = hit[1]
         else:
-            verdict = self._url_verdict(name, host, port or (443 if scheme == "https" else 80))
+            # Worded with the name the verdict is cached under, not this URL's spelling of it
+            # (``Host.``, ``HOST``): a later URL answered from the cache names the same host.
+            verdict = self._url_verdict(name, name, port or (443 if scheme == "https" else 80))
             with self._lock:
                 if len(self._url_cache) > 4096:
                     self._url_cache.clear()

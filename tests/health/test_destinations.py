@@ -364,3 +364,16 @@ def test_a_host_name_the_resolver_cannot_encode_fails_its_own_probe_only(fleet, 
     assert (healthy["status"], healthy["reason"]) == ("False", p.CONNECTION_FAILED)
     assert "not a valid host name" in healthy["message"]
     assert conds(fleet.read("default", "bad-url"))["Healthy"]["status"] == "False"
+
+
+def test_a_cached_url_verdict_names_the_host_not_an_earlier_urls_spelling():
+    """The verdict of a health URL host is cached by its normalized name (lower case, no trailing
+    dot) for url_cache_seconds; the message a Proxy's status shows names that normalized host,
+    never how an earlier Proxy's URL happened to spell it."""
+    policy = DestinationPolicy(external_denied=parse_ranges("10.244.0.0/16"))
+    with pytest.raises(DestinationDenied, match=r"health URL host 10\.244\.9\.9 is in the denied range"):
+        policy.check_url("http://10.244.9.9./")  # trailing dot: the same host
+    with pytest.raises(DestinationDenied) as caught:
+        policy.check_url("http://10.244.9.9/")  # answered from the cache
+    assert "host 10.244.9.9 is in the denied range 10.244.0.0/16" in str(caught.value)
+    assert "10.244.9.9." not in str(caught.value)
