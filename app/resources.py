@@ -26,6 +26,10 @@ SKIP_CLEANUP_ANNOTATION = "crawl.example.com/skip-cleanup"
 #: live ones run out); written by the pool controller (:mod:`app.pools`), copied into the serving
 #: record (``drainUntil``) by :func:`app.serving.publish` / :func:`app.serving.refresh`.
 DRAINING_ANNOTATION = "crawl.example.com/draining-until"
+#: On a draining ProxyPool member: why it drains (``ScaleDown`` or ``Outdated``), written with
+#: :data:`DRAINING_ANNOTATION`; only a ``ScaleDown`` member may be reclaimed by a later scale-up
+#: (:func:`app.pools.plan.plan`, rule 5).
+DRAINING_REASON_ANNOTATION = "crawl.example.com/draining-reason"
 #: The ``ProxyPool`` resource of the same group (:mod:`app.pools`): members carry a controller
 #: ownerReference to it.
 POOL_PLURAL = "proxypools"

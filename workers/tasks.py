@@ -10,6 +10,7 @@ host's queue.  Deciding, routing and sending live in :mod:`app.dispatch`
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 from celery.signals import worker_init
@@ -149,8 +150,9 @@ def pool_resync() -> int:
     from app.pools import stats as pool_stats
 
     ctx = context()
+    listed_at = time.time()
     pools = ctx.kube.list_pools()
-    pool_stats.prune(ctx.redis, [(p.namespace, p.name) for p in pools])
+    pool_stats.prune(ctx.redis, [(p.namespace, p.name) for p in pools], listed_at=listed_at)
     return pool_dispatcher().resync(pools)
 
 

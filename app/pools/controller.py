@@ -20,7 +20,9 @@ and from Redis what the serving view says of each member (leasable, live leases)
 health of the zones it may place members in (:mod:`app.provider_health`), the refused requests
 counted for it (:mod:`app.pools.demand`) and the autoscaler's recent recommendations.  Then
 :func:`app.pools.plan.plan` decides and the pass applies, in this order: delete drained members,
-mark leaving members draining (the annotation on the Proxy, then the serving view at once),
+reclaim members drained for ``ScaleDown`` that a scale-up wants back (their draining mark taken
+off the Proxy, then off the serving view at once: ``MemberReclaimed`` Event), mark leaving
+members draining (the annotation on the Proxy, with the reason, then the serving view at once),
 create new members, write ``spec.replicas`` through the scale subresource when the autoscaler
 moved it, write the status (:func:`app.status_writer.write_pool`).  One Event per kind of action
 and pass, and one when zones start being skipped for a provider target that is not Ready
@@ -55,7 +57,7 @@ from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, 
                              parse_time, selector_string)
 from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
 from app.provider_health import CHECK_PENDING, read_snapshot
-from app.resources import DRAINING_ANNOTATION, READY, Proxy
+from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
 from app.serving_record import ServingRecord
 
 log = logging.getLogger(__name__)
@@ -153,13 +155,15 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
         raw = records.get(p.uid)
         rec = ServingRecord.from_redis(raw) if raw else None
         draining = p.draining_until
-        leasable = bool(rec is not None and rec.healthy and rec.max_leases > 0 and rec.drain_until is None
-                        and draining is None and not p.deleting)
+        serves = bool(rec is not None and rec.healthy and rec.max_leases > 0 and not p.deleting)
+        leasable = serves and rec.drain_until is None and draining is None
         created = parse_time((p.raw.get("metadata") or {}).get("creationTimestamp")) or now
         out.append(Member(uid=p.uid, name=p.name, phase=p.phase, ready=p.phase == READY, leasable=leasable,
                           leases=int(counts.get(p.uid, 0)), created=created,
                           template_hash=p.labels.get(LABEL_TEMPLATE_HASH, ""), zone=p.spec.zone,
-                          draining_until=draining, deleting=p.deleting,
+                          draining_until=draining, deleting=p.deleting, serves=serves,
+                          drain_reason=(p.annotations.get(DRAINING_REASON_ANNOTATION, "")
+                                        if draining is not None else ""),
                           unknown=rec is None and p.phase == READY and draining is None and not p.deleting))
         by_uid[p.uid] = p
     return out, by_uid
@@ -308,12 +312,13 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         overridden = _overridden(pool, state)
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
-    _heal_marks(r, members, records)
+    _heal_marks(r, members, records, {c.uid for c in result.reclaims})
     _apply(kube, r, pool, result, by_uid, rand, now=now)
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
-                                   - {d.uid for d in result.deletes}) + len(result.drains),
+                                   - {d.uid for d in result.deletes} - {c.uid for c in result.reclaims})
+                      + len(result.drains),
                       leases=sum(m.leases for m in members if m.leasable),
                       capacity=pool.spec.max_leases * int(result.status.get("leasableReplicas") or 0))
     if pool.spec.autoscale is not None:
@@ -353,7 +358,7 @@ def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[lis
     """
     released, refused = [], 0
     for p in strays:
-        annotations = {DRAINING_ANNOTATION: None} if DRAINING_ANNOTATION in p.annotations else None
+        annotations = {k: None for k in (DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION) if k in p.annotations} or None
         try:
             kube.release_proxy(p, pool.uid, annotations=annotations)
         except ApiException as exc:
@@ -375,11 +380,14 @@ def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[lis
     return released, refused
 
 
-def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str]]) -> None:
+def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str]],
+                skip: "set[str] | frozenset[str]" = frozenset()) -> None:
     """Put the draining mark back into the serving record of a draining member that lost it (a
     re-publication computed from a read older than the mark): the Proxy's annotation is what
     counts."""
     for m in members:
+        if m.uid in skip:
+            continue  # reclaimed by this pass: its mark comes off
         raw = records.get(m.uid)
         if m.draining and raw is not None and not raw.get("drainUntil"):
             log.info("member %s: draining mark missing from the serving view; written again", m.name)
@@ -408,13 +416,34 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         kube.record_pool_event(pool, "Normal", "MemberDeleted",
                                message=f"deleted {len(deleted)} member(s): " + ", ".join(
                                    f"{d.name} ({d.reason})" for d in deleted[:10]))
+    reclaimed = []
+    for c in result.reclaims:
+        proxy = by_uid.get(c.uid)
+        if proxy is None:
+            continue
+        try:
+            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None})
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            refused(f"reclaiming {c.name}", exc)
+            continue
+        serving.set_draining(r, c.uid, None)
+        reclaimed.append(c)
+    if reclaimed:
+        log.info("pool %s: reclaimed %s (draining for ScaleDown, still updated): they take leases again",
+                 pool.key, _names(reclaimed))
+        kube.record_pool_event(pool, "Normal", "MemberReclaimed",
+                               message=f"reclaimed {len(reclaimed)} draining member(s) for the scale-up (drained for "
+                                       f"ScaleDown, still updated; they take leases again): {_names(reclaimed)}")
     drained = []
     for d in result.drains:
         proxy = by_uid.get(d.uid)
         if proxy is None:
             continue
         try:
-            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: format_time(d.until)})
+            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: format_time(d.until),
+                                        DRAINING_REASON_ANNOTATION: d.reason})
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise

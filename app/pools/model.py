@@ -419,6 +419,10 @@ class Member:
         draining_until: epoch seconds of its :data:`ANNOTATION_DRAINING`, ``None`` when it is
             not draining.
         deleting: its deletion has begun (``metadata.deletionTimestamp``).
+        drain_reason: its :data:`app.resources.DRAINING_REASON_ANNOTATION` (``ScaleDown``,
+            ``Outdated``; ``""`` when missing or not draining).
+        serves: the serving view would lease it now but for its draining mark: published,
+            healthy, ``maxLeases`` > 0, not being deleted (``leasable`` is this and not draining).
         unknown: its phase is ``Ready`` but it has no serving record (a flushed Redis, before the
             reconciler publishes it again): not leasable as far as the pass can tell, yet it may
             serve, so it does not leave freely (:func:`app.pools.plan.plan`, rule 4).
@@ -436,6 +440,8 @@ class Member:
     draining_until: float | None = None
     deleting: bool = False
     unknown: bool = False
+    drain_reason: str = ""
+    serves: bool = False
 
     @property
     def draining(self) -> bool:

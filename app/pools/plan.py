@@ -32,7 +32,12 @@ Rules, in the order they apply:
    an outdated member starts draining only once a new one is leasable.  A ``Ready`` member with
    no serving record (a flushed Redis: :attr:`~app.pools.model.Member.unknown`) leaves only
    while that count is already reached, so a lost serving view does not drain the pool.
-5. **Creating, bounded**: new members (current template) while fewer than ``N`` are updated,
+5. **Reclaiming, then creating, bounded**: while fewer than ``N`` are updated, members draining
+   for ``ScaleDown`` (:attr:`~app.pools.model.Member.drain_reason`) that are still updated
+   (current template, within their age limit, in a Ready zone of ``spec.spread.zones``), serve
+   but for the mark and have not reached their deadline are reclaimed first (:class:`Reclaim`:
+   the mark comes off, they take leases again), the most leased first, then the newest; members
+   draining as ``Outdated`` never are.  Then new members (current template) while fewer than ``N`` are updated,
    at most ``N + maxSurge`` members in all, counting the members not draining *and* the
    draining members that still hold live leases (their instances run until the leases end, at
    the latest at their drain deadline, so a rollout waits for them and never stalls longer
@@ -115,6 +120,15 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class Reclaim:
+    """Take the draining mark off member ``uid``/``name`` (drained for ``ScaleDown``, still
+    updated) so it takes leases again, instead of creating a member in its place."""
+
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Delete:
     """Delete member ``uid``/``name``; ``reason``: ``Drained``, ``DrainTimeout`` or ``Failed``."""
 
@@ -129,8 +143,8 @@ class Plan:
 
     Attributes:
         desired: ``N``, the members wanted.
-        creates / drains / deletes: the actions, in the order they should be applied
-            (deletes, drains, creates).
+        creates / drains / deletes / reclaims: the actions, in the order they should be applied
+            (deletes, reclaims, drains, creates).
         status: the pool's ``status`` to write (every key the controller owns).
         outdated: names of outdated members not yet draining (for logs).
         requeue_after: seconds until something in this plan changes by itself (a drain deadline,
@@ -152,11 +166,12 @@ class Plan:
     scale_to: int | None = None
     history: tuple = ()
     utilization: float | None = None
+    reclaims: tuple[Reclaim, ...] = ()
 
     @property
     def actions(self) -> int:
         """How many writes the plan asks for besides the status."""
-        return len(self.creates) + len(self.drains) + len(self.deletes)
+        return len(self.creates) + len(self.drains) + len(self.deletes) + len(self.reclaims)
 
 
 def zone_is_ready(zone_ready: Mapping[str, bool], zone: str | None) -> bool:
@@ -205,6 +220,20 @@ def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float)
     if spec.zones and (m.zone or "") not in spec.zones:
         return True
     return not m.leasable and not zone_is_ready(zone_ready, m.zone)
+
+
+def _reclaimable(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float) -> bool:
+    """Whether draining member ``m`` may take leases again on a scale-up: drained for
+    ``ScaleDown`` (never ``Outdated``), before its deadline, serving but for the mark, and
+    still updated (current template, within its age limit, in a Ready zone of ``spread.zones``)."""
+    spec = pool.spec
+    if m.drain_reason != "ScaleDown" or m.deleting or not m.serves or now >= (m.draining_until or 0):
+        return False
+    if m.template_hash != spec.hash or _expired(pool, m, now):
+        return False
+    if spec.zones and (m.zone or "") not in spec.zones:
+        return False
+    return zone_is_ready(zone_ready, m.zone)
 
 
 def _desired(pool: Pool, demand: scaler.Demand, history, now: float):
@@ -388,12 +417,23 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     # 5. creating, bounded by the surge: draining members that still hold leases keep their
     # instance until the leases end (at the latest their deadline), so they count against it
     staying_updated = [m for m in staying if m in updated]
+    # a scale-up first takes back members drained for ScaleDown that are still updated (their
+    # instances run anyway): the most leased first (they would count against the surge), then
+    # the newest; only the remainder is created
+    short = n - len(staying_updated)
+    reclaimed: list[Member] = []
+    if short > 0:
+        candidates = [m for m in draining if _reclaimable(pool, m, zone_ready, now)]
+        reclaimed = sorted(candidates, key=lambda m: (-m.leases, -m.created, m.name))[:short]
+    back = {m.uid for m in reclaimed}
+    deletes = [d for d in deletes if d.uid not in back]
     gone = {d.uid for d in deletes}
-    holding = sum(1 for m in draining if m.uid not in gone) + sum(1 for m in leaving if m.leases > 0)
-    room = n + spec.max_surge - len(staying) - holding
-    want = max(0, min(n - len(staying_updated), room))
+    holding = sum(1 for m in draining if m.uid not in gone and m.uid not in back) + \
+        sum(1 for m in leaving if m.leases > 0)
+    room = n + spec.max_surge - len(staying) - len(reclaimed) - holding
+    want = max(0, min(short - len(reclaimed), room))
     # members not made this pass only because draining members still hold leases (for the status)
-    held_back = max(0, min(n - len(staying_updated), room + holding) - want) if holding else 0
+    held_back = max(0, min(short - len(reclaimed), room + holding) - want) if holding else 0
     creates: list[Create] = []
     no_zone = False
     if backing_off:
@@ -407,7 +447,7 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             if not ready_zones:
                 no_zone = True
             else:
-                counts = _zone_counts(pool, staying)
+                counts = _zone_counts(pool, staying + reclaimed)
                 for _ in range(want):
                     zone = min(ready_zones, key=lambda z: (counts.get(z, 0), spec.zones.index(z)))
                     counts[zone] = counts.get(zone, 0) + 1
@@ -418,14 +458,16 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             creates = [Create(spec.template_zone) for _ in range(want)]
 
     skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
-    status = _status(pool, live, active, updated, n, decision, creates, drains, deletes, outdated, no_zone,
-                     len(draining), now, failures=member_failures if backing_off else None, skipped=skipped,
+    status = _status(pool, live, active + reclaimed, updated + reclaimed, n, decision, creates, drains, deletes,
+                     outdated, no_zone, len(draining) - len(reclaimed), now,
+                     failures=member_failures if backing_off else None, skipped=skipped,
                      held_back=(held_back, holding))
     status["memberFailures"] = member_failures
     status["skippedZones"] = skipped or None
     future = [t for t in timers if t > 0]
     scale_to = n if decision is not None and n != spec.replicas else None
     return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
+                reclaims=tuple(Reclaim(m.uid, m.name) for m in sorted(reclaimed, key=lambda m: m.name)),
                 outdated=tuple(sorted(m.name for m in outdated if m not in leaving)),
                 requeue_after=min(future) if future else None, scale_to=scale_to,
                 history=tuple(decision.history) if decision is not None else (),
@@ -545,5 +587,5 @@ def invalid(pool: Pool, now: float) -> dict:
 
 __all__ = ["COND_AVAILABLE", "COND_PROGRESSING", "COND_SCALING_LIMITED", "COND_ZONES_READY", "Create", "Delete",
            "Drain", "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX", "MAX_CREATES_PER_PASS", "MAX_ZONES_NAMED",
-           "MAX_ZONE_MESSAGE", "Plan", "ZoneHealth", "describe_zones", "failure_backoff", "invalid", "plan",
+           "MAX_ZONE_MESSAGE", "Plan", "Reclaim", "ZoneHealth", "describe_zones", "failure_backoff", "invalid", "plan",
            "skipped_zones", "stalled", "zone_is_ready"]

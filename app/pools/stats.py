@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Callable, Iterable, Mapping
 
+import redis
 from prometheus_client.core import GaugeMetricFamily
 
 from app import redis_keys
@@ -104,18 +105,41 @@ def forget(r, namespace: str, name: str, *, uid: str | None = None) -> None:
     r.hdel(redis_keys.POOL_STATS, key)
 
 
-def prune(r, pools: Iterable[tuple[str, str]]) -> int:
+def prune(r, pools: Iterable[tuple[str, str]], *, listed_at: float | None = None) -> int:
     """Remove the counts of every pool not in ``pools`` (``(namespace, name)`` of the pools that
     exist, from a complete list); return how many were removed.
 
+    Args:
+        listed_at: epoch seconds at which the list was started; counts a pass recorded at or
+            after it are kept, whatever the list says (a pool created after the list was read,
+            whose first pass already ran, keeps its gauges).  ``None``: no such guard.
     Raises:
         redis.RedisError: Redis unreachable.
     """
     keep = {_field(ns, name) for ns, name in pools}
-    gone = [k for k in r.hkeys(redis_keys.POOL_STATS) if k not in keep]
-    if gone:
-        r.hdel(redis_keys.POOL_STATS, *gone)
-    return len(gone)
+    with r.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(redis_keys.POOL_STATS)  # a pass recording meanwhile: read again
+                entries = pipe.hgetall(redis_keys.POOL_STATS)
+                gone = [k for k, raw in entries.items() if k not in keep and not _recorded_since(raw, listed_at)]
+                pipe.multi()
+                if gone:
+                    pipe.hdel(redis_keys.POOL_STATS, *gone)
+                pipe.execute()
+                return len(gone)
+            except redis.WatchError:
+                continue
+
+
+def _recorded_since(raw, since: float | None) -> bool:
+    """Whether the snapshot ``raw`` (JSON) was recorded at or after ``since``."""
+    if since is None:
+        return False
+    try:
+        return float(json.loads(raw).get("at", 0)) >= since
+    except (ValueError, TypeError, AttributeError):
+        return False
 
 
 class PoolCollector:

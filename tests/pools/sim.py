@@ -2,7 +2,7 @@
 
 No API, no Redis: a created member is Pending, becomes leasable after ``ready_after`` passes;
 a drain mark stops nothing here but the decisions (leases on a draining member stay until
-the test releases them); a delete removes the member.
+the test releases them); a reclaim takes the mark off; a delete removes the member.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ def pool(spec: dict, *, status: dict | None = None, generation: int = 1, name: s
 
 def member(p: Pool, *, leasable: bool = True, leases: int = 0, created: float = 0.0, zone: str | None = None,
            template_hash: str | None = None, draining_until: float | None = None, phase: str | None = None,
-           uid: str | None = None, name: str | None = None) -> Member:
-    """A member of ``p`` (current template unless ``template_hash`` is given)."""
+           uid: str | None = None, name: str | None = None, drain_reason: str = "") -> Member:
+    """A member of ``p`` (current template unless ``template_hash`` is given); ``leasable`` also
+    says whether it serves (healthy) apart from a draining mark."""
     n = next(_ids)
     return Member(uid=uid or f"uid-{n}", name=name or f"{p.name}-{n}",
                   phase=phase or ("Ready" if leasable else "Provisioning"), ready=leasable, leasable=leasable,
                   leases=leases, created=created, template_hash=p.spec.hash if template_hash is None else template_hash,
-                  zone=zone, draining_until=draining_until)
+                  zone=zone, draining_until=draining_until, serves=leasable,
+                  drain_reason=drain_reason if draining_until is not None else "")
 
 
 class Sim:
@@ -65,8 +67,11 @@ class Sim:
         gone = {d.uid for d in result.deletes}
         self.members = [m for m in self.members if m.uid not in gone]
         for d in result.drains:
-            self.members = [dataclasses.replace(m, draining_until=d.until, leasable=False) if m.uid == d.uid else m
-                            for m in self.members]
+            self.members = [dataclasses.replace(m, draining_until=d.until, drain_reason=d.reason, leasable=False)
+                            if m.uid == d.uid else m for m in self.members]
+        back = {c.uid for c in result.reclaims}
+        self.members = [dataclasses.replace(m, draining_until=None, drain_reason="", leasable=m.serves)
+                        if m.uid in back else m for m in self.members]
         for c in result.creates:
             m = member(self.pool, leasable=False, created=self.now, zone=c.zone)
             self.age[m.uid] = 0
@@ -78,7 +83,7 @@ class Sim:
             if m.uid in self.age and not m.leasable and not m.draining:
                 self.age[m.uid] += 1
                 if self.age[m.uid] >= self.ready_after:
-                    m = dataclasses.replace(m, leasable=True, ready=True, phase="Ready")
+                    m = dataclasses.replace(m, leasable=True, serves=True, ready=True, phase="Ready")
             out.append(m)
         self.members = out
         if result.status:

@@ -17,7 +17,7 @@ from app.kube import KubernetesGateway
 from app.pools import controller
 from app.pools.controller import PoolRef
 from app.pools.model import LABEL_POOL, LABEL_TEMPLATE_HASH
-from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
+from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.support.cluster import FakeCluster
 from tests.support.contexts import k8s_provider
 
@@ -269,6 +269,13 @@ def test_each_pass_leaves_the_pools_counts_for_the_gauges_and_a_deleted_pool_non
     redis_client.hset(redis_keys.POOL_STATS, "crawl/gone", json.dumps(doc))
     assert stats.prune(redis_client, [("crawl", "web")]) == 1
     assert redis_client.hkeys(redis_keys.POOL_STATS) == ["crawl/web"]
+    # ...but keeps a pool created after its list was read, whose first pass already recorded
+    listed_at = time.time()
+    redis_client.hset(redis_keys.POOL_STATS, "crawl/newer", json.dumps(dict(doc, at=listed_at + 1)))
+    redis_client.hset(redis_keys.POOL_STATS, "crawl/gone", json.dumps(dict(doc, at=listed_at - 1)))
+    assert stats.prune(redis_client, [("crawl", "web")], listed_at=listed_at) == 1
+    assert sorted(redis_client.hkeys(redis_keys.POOL_STATS)) == ["crawl/newer", "crawl/web"]
+    redis_client.hdel(redis_keys.POOL_STATS, "crawl/newer")
     custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web")
     assert run(api, redis_client, ref).state == "gone"
     assert not redis_client.exists(redis_keys.POOL_STATS)
@@ -443,6 +450,44 @@ def test_status_selector_lists_exactly_the_members_across_a_template_label_chang
     # the scale subresource reports the same string (what an HPA reads)
     scale = custom(api).get_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, "web")
     assert scale["status"]["selector"] == before
+
+
+def test_a_scale_up_reclaims_a_member_drained_for_scale_down_and_it_takes_leases_again(api, redis_client):
+    ref = make_pool(api, replicas=2, drain={"drainTimeoutSeconds": 600}, rollout={"maxSurge": 0, "maxUnavailable": 1})
+    run(api, redis_client, ref)
+    for m in proxies(api):
+        ready(api, redis_client, m)
+    held = [leases.acquire(redis_client, f"crawler-{i}", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+            for i in range(2)]
+    assert {h.uid for h in held} == {m.uid for m in proxies(api)}  # one lease on each
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 1}})
+    [drain] = run(api, redis_client, ref).plan.drains
+    gw = KubernetesGateway(api)
+    marked = gw.get_proxy(NS, drain.name)
+    assert marked.draining_until and marked.annotations[DRAINING_REASON_ANNOTATION] == "ScaleDown"
+    other = next(m for m in proxies(api) if m.uid != drain.uid)
+    assert leases.acquire(redis_client, "crawler-2", leases.Filters(pool="web"), ttl=300,
+                          settings=SETTINGS).uid == other.uid
+    with pytest.raises(leases.LeaseError):  # the other is full, the drained one takes none
+        leases.acquire(redis_client, "crawler-3", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    # demand rises again before the drained member's lease ends
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 2}})
+    out = run(api, redis_client, ref)
+    assert [c.uid for c in out.plan.reclaims] == [drain.uid]
+    assert out.plan.creates == () and out.plan.deletes == ()
+    back = gw.get_proxy(NS, drain.name)
+    assert back.uid == drain.uid and back.draining_until is None
+    assert DRAINING_ANNOTATION not in back.annotations and DRAINING_REASON_ANNOTATION not in back.annotations
+    assert not redis_client.sismember(redis_keys.DRAINING, drain.uid)
+    assert leases.acquire(redis_client, "crawler-3", leases.Filters(pool="web"), ttl=300,
+                          settings=SETTINGS).uid == drain.uid
+    [event] = _events(api, "MemberReclaimed")
+    assert event.type == "Normal" and drain.name in event.message
+    assert len(proxies(api)) == 2
+    status = pool_obj(api)["status"]
+    assert (status["replicas"], status["updatedReplicas"]) == (2, 2)
+    assert run(api, redis_client, ref).plan.actions == 0
+    assert pool_obj(api)["status"]["leasableReplicas"] == 2
 
 
 def test_a_draining_mark_lost_from_the_serving_view_is_written_again(api, redis_client):

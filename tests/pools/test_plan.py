@@ -91,6 +91,76 @@ def test_drained_members_are_deleted_when_their_leases_end_or_their_deadline_pas
     assert result.requeue_after == pytest.approx(500)
 
 
+def test_a_scale_up_reclaims_members_draining_for_scale_down_before_creating():
+    # replicas 5 -> 10 shortly after a scale-down: 5 staying, 5 drained for ScaleDown still
+    # holding leases (maxSurge 1): the drained ones take leases again, nothing is created
+    p = pool({"replicas": 10, "rollout": {"maxSurge": 1}})
+    staying = [member(p, leases=1) for _ in range(5)]
+    drained = [member(p, leases=2, draining_until=NOW + 300, drain_reason="ScaleDown") for _ in range(5)]
+    result = plan(p, staying + drained, {}, now=NOW)
+    assert {c.uid for c in result.reclaims} == {m.uid for m in drained}
+    assert not result.creates and not result.deletes and not result.drains
+    assert result.status["updatedReplicas"] == 10
+    assert "wait for" not in cond(result.status, "Progressing")["message"]
+
+
+def test_a_scale_up_reclaims_only_updated_scale_down_members_and_creates_the_rest_within_the_surge():
+    p = pool({"replicas": 10, "rollout": {"maxSurge": 1}, "maxAge": "720h",
+              "spread": {"zones": ["a", "b"]}})
+    staying = [member(p, leases=1, zone="a") for _ in range(5)]
+    back = [member(p, leases=2, zone="b", draining_until=NOW + 300, drain_reason="ScaleDown") for _ in range(3)]
+    # not reclaimed: drained as Outdated (even with the current template), an old template,
+    # a zone whose target is down, a zone no longer in the spread, unhealthy, past its deadline
+    outdated = member(p, leases=2, zone="a", draining_until=NOW + 300, drain_reason="Outdated")
+    old = member(p, leases=2, zone="a", template_hash="old", draining_until=NOW + 300, drain_reason="ScaleDown")
+    down = member(p, leases=2, zone="c", draining_until=NOW + 300, drain_reason="ScaleDown")
+    unhealthy = member(p, leasable=False, leases=1, zone="a", draining_until=NOW + 300, drain_reason="ScaleDown")
+    late = member(p, leases=1, zone="a", draining_until=NOW - 1, drain_reason="ScaleDown")
+    expired = member(p, leases=1, zone="b", created=NOW - 3_000_000, draining_until=NOW + 300,
+                     drain_reason="ScaleDown")
+    p2 = pool({"replicas": 10, "rollout": {"maxSurge": 1}, "maxAge": "720h",
+               "spread": {"zones": ["a", "b", "c"]}})
+    members = staying + back + [outdated, old, unhealthy, late, expired]
+    result = plan(p, members + [down], {"b": True}, now=NOW)
+    assert {c.uid for c in result.reclaims} == {m.uid for m in back}
+    # 5 + 3 updated, 2 short; 6 draining still hold leases (late is deleted): the surge leaves
+    # room for 10 + 1 - 8 - 6 < 0, so nothing is created yet
+    assert not result.creates
+    assert late.uid in {d.uid for d in result.deletes}
+    # a zone not Ready keeps its drained member draining
+    result = plan(p2, members + [down], {"c": False}, now=NOW)
+    assert down.uid not in {c.uid for c in result.reclaims}
+    result = plan(p2, members + [down], {}, now=NOW)
+    assert down.uid in {c.uid for c in result.reclaims}
+    # fewer draining with leases: the remainder is created, bounded by maxSurge
+    result = plan(p, staying + back + [outdated, old], {}, now=NOW)
+    assert len(result.reclaims) == 3 and len(result.creates) == 1  # 10 + 1 - (5 + 3) - 2 holding
+    assert "1 member(s) wait for 2 draining member(s)" in cond(result.status, "Progressing")["message"]
+
+
+def test_a_member_drained_with_no_leases_is_reclaimed_rather_than_deleted_and_replaced():
+    p = pool({"replicas": 3})
+    staying = [member(p) for _ in range(2)]
+    idle = member(p, draining_until=NOW + 300, drain_reason="ScaleDown")
+    result = plan(p, staying + [idle], {}, now=NOW)
+    assert [c.uid for c in result.reclaims] == [idle.uid]
+    assert not result.deletes and not result.creates
+
+
+def test_scale_down_then_up_simulated_takes_the_drained_members_back():
+    sim = Sim(pool({"replicas": 4, "rollout": {"maxSurge": 1}}), [])
+    for _ in range(3):
+        sim.step()
+    sim.members = [dataclasses.replace(m, leases=1) for m in sim.members]
+    sim.set_spec(replicas=2)
+    sim.step()
+    assert len(sim.active()) == 2 and len(sim.members) == 4
+    sim.set_spec(replicas=4)
+    result = sim.step()
+    assert len(result.reclaims) == 2 and not result.creates
+    assert sim.leasable() == 4 and len(sim.members) == 4 and not sim.created[4:]
+
+
 def test_failed_members_are_deleted_and_replaced_after_a_backoff():
     p = pool({"replicas": 2})
     ok = member(p)
