@@ -125,10 +125,10 @@ def parse(text: str | None) -> tuple[Requirement, ...]:
             :data:`MAX_LENGTH` characters, :data:`MAX_REQUIREMENTS` requirements or
             :data:`MAX_VALUES` values in a list; a key or value over its length).
     """
+    if text is not None and len(text) > MAX_LENGTH:  # before the blank check: blanks count too
+        raise SelectorError(f"the selector is {len(text)} characters long, at most {MAX_LENGTH}")
     if text is None or not text.strip():
         return ()
-    if len(text) > MAX_LENGTH:
-        raise SelectorError(f"the selector is {len(text)} characters long, at most {MAX_LENGTH}")
     parts = _split(text)
     if len(parts) > MAX_REQUIREMENTS:
         raise SelectorError(f"the selector has {len(parts)} requirements, at most {MAX_REQUIREMENTS}")

@@ -307,6 +307,9 @@ OVER_CAPS = [
     ("k=" + "v" * 64, "a value is 64 characters long, at most 63"),
     ("k in (" + "v" * 64 + ")", "a value is 64 characters long, at most 63"),
     ("k=" + "v" * 4096, "the selector is 4098 characters long, at most 4096"),
+    # blanks count: an over-long selector of (Unicode) spaces is not "no selector"
+    ("\u00a0" * 4097, "the selector is 4097 characters long, at most 4096"),
+    (" " * 4097, "the selector is 4097 characters long, at most 4096"),
 ]
 
 
