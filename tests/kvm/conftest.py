@@ -18,6 +18,7 @@ import pytest
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from tests.kvm import harness
+from tests.support.kvm_rig import wipe_domains
 
 # ``rig``, ``second_daemon`` and ``image`` come from tests/support/kvm_rig.py (a plugin of
 # tests/conftest.py), shared with tests/pools/test_spread_providers.py: one rig per session.
@@ -55,26 +56,4 @@ def _cleanup_domains(request):
     yield
     if "rig" not in request.fixturenames:
         return
-    r = request.getfixturevalue("rig")
-    import libvirt
-    try:
-        conn = libvirt.open(f"qemu+unix:///system?socket={r.daemon.socket}")
-    except libvirt.libvirtError:
-        return
-    try:
-        for dom in conn.listAllDomains(0):
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            except libvirt.libvirtError:
-                pass
-        pool = conn.storagePoolLookupByName("default")
-        for vol in pool.listAllVolumes(0):
-            if not vol.name().startswith("base-"):
-                try:
-                    vol.delete(0)
-                except libvirt.libvirtError:
-                    pass
-    finally:
-        conn.close()
+    wipe_domains(request.getfixturevalue("rig").daemon.socket)

@@ -19,7 +19,6 @@ import time
 import pytest
 import redis as redis_lib
 import requests
-import yaml
 from kubernetes import client as k8s
 
 from app.pools.model import LABEL_TEMPLATE_HASH
@@ -28,10 +27,10 @@ from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSI
 from app.serving_record import ServingRecord, load_all
 from tests.api.served import TOKEN, start_api
 from tests.support.cluster import FakeCluster
+from tests.pools.env import pool_operator_env
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.redis_server import RedisServer
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -45,17 +44,7 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pools-e2e")
     redis = RedisServer()
     with FakeCluster(bookmark_interval=1.0) as cluster, origin_server() as origin:
-        providers = tmp / "providers.yaml"
-        providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
-                                                            "checkInterval": "10s", "squid": LOOPBACK_SQUID_BLOCK}]}))
-        env = {
-            "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp / "kubeconfig")), "REDIS_URL": redis.url,
-            "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600",
-            "POOL_RESYNC_INTERVAL": "2", "POLL_INITIAL": "0.5", "POLL_MAX": "2", "RETRY_INITIAL": "0.5",
-            "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "20", "TASK_TIME_LIMIT": "25",
-            "BROKER_VISIBILITY_TIMEOUT": "120", "HEALTH_SWEEP_INTERVAL": "1", "EGRESS_ECHO_URL": "",
-            "PROBE_ALLOWED_RANGES": "127.0.0.0/8", "LOG_LEVEL": "INFO",
-        }
+        env = pool_operator_env(tmp, cluster, redis.url)
         procs = [celery_worker(env, concurrency=3).start(), celery_beat(env, str(tmp)).start(), watcher(env).start()]
         api_proc = None
         try:

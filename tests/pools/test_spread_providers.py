@@ -37,6 +37,7 @@ from app.naming import instance_name
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.kvm import harness
 from tests.support.contexts import QUICK
+from tests.support.kvm_rig import wipe_domains
 
 NS = "crawl"
 
@@ -129,30 +130,6 @@ def _domains(socket_path) -> set[str]:
         conn.close()
 
 
-def _wipe(socket_path) -> None:
-    """Destroy and undefine every domain of a daemon, delete its non-base volumes."""
-    try:
-        conn = libvirt.open(f"qemu+unix:///system?socket={socket_path}")
-    except libvirt.libvirtError:
-        return
-    try:
-        for dom in conn.listAllDomains(0):
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            except libvirt.libvirtError:
-                pass
-        for vol in conn.storagePoolLookupByName("default").listAllVolumes(0):
-            if not vol.name().startswith("base-"):
-                try:
-                    vol.delete(0)
-                except libvirt.libvirtError:
-                    pass
-    finally:
-        conn.close()
-
-
 @pytest.fixture()
 def two_hosts(rig, second_daemon, image, tmp_path):
     """A kvm provider entry with ``h1`` (the rig: its sshd, its daemon) and ``h2`` (the second
@@ -176,7 +153,7 @@ def two_hosts(rig, second_daemon, image, tmp_path):
     for s in started:
         s.stop()
     for socket_path in (rig.daemon.socket, second_daemon.socket):
-        _wipe(socket_path)
+        wipe_domains(socket_path)
 
 
 @pytest.mark.slow

@@ -64,3 +64,30 @@ def image(rig, tmp_path):
         url, sha = rig.images.put(path, data)
         return path, url, sha, data
     return make
+
+
+def wipe_domains(socket_path) -> None:
+    """Destroy and undefine every domain of the libvirtd at ``socket_path`` and delete the
+    volumes of its ``default`` pool other than the base images (``base-*``); a daemon that
+    cannot be reached is left alone.  Imports libvirt on call (the rig may be skipped)."""
+    import libvirt
+    try:
+        conn = libvirt.open(f"qemu+unix:///system?socket={socket_path}")
+    except libvirt.libvirtError:
+        return
+    try:
+        for dom in conn.listAllDomains(0):
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+            except libvirt.libvirtError:
+                pass
+        for vol in conn.storagePoolLookupByName("default").listAllVolumes(0):
+            if not vol.name().startswith("base-"):
+                try:
+                    vol.delete(0)
+                except libvirt.libvirtError:
+                    pass
+    finally:
+        conn.close()
