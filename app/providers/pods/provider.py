@@ -90,6 +90,11 @@ def security_contexts(port: int) -> tuple[k8s.V1PodSecurityContext, k8s.V1Securi
     return pod, container
 
 
+def _gone(exc: Exception) -> bool:
+    """Whether ``exc`` is the API's 404: the object is already gone (success for a delete)."""
+    return isinstance(exc, k8s.ApiException) and exc.status == 404
+
+
 def _classify(exc: Exception, what: str) -> Exception:
     """Map a kubernetes client error onto the taxonomy (the caller raises it ``from exc``)."""
     if isinstance(exc, k8s.ApiException):
@@ -302,11 +307,9 @@ class KubernetesProvider(Provider, CheckableProvider):
         ns, name = split_provider_id(provider_id)
         try:
             pod = self.core.read_namespaced_pod(name, ns)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if _gone(exc):
                 return
-            raise _classify(exc, f"read pod {provider_id} before deleting it") from exc
-        except Exception as exc:  # noqa: BLE001
             raise _classify(exc, f"read pod {provider_id} before deleting it") from exc
         require_managed(to_instance(pod).tags, self.name, provider_id)
         options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=pod.metadata.uid))
@@ -336,11 +339,9 @@ class KubernetesProvider(Provider, CheckableProvider):
         try:
             self.core.patch_namespaced_pod(name, ns, body)
             log.info("marked pod %s abandoned", provider_id)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if _gone(exc):
                 return
-            raise _classify(exc, f"label pod {provider_id} abandoned") from exc
-        except Exception as exc:  # noqa: BLE001
             raise _classify(exc, f"label pod {provider_id} abandoned") from exc
 
     def start(self, provider_id: str) -> None:
