@@ -71,15 +71,20 @@ def test_a_killed_squid_leaves_no_shared_memory_behind():
     assert squid.exited() is None and not glob.glob(f"/dev/shm/{squid.service_name}-*")
 
 
+def _hold(address: str, port: int) -> socket.socket:
+    """A listening socket on ``address:port``: the port taken by someone else."""
+    holder = socket.socket()
+    holder.bind((address, port))
+    holder.listen()
+    return holder
+
+
 def test_a_squid_that_loses_its_port_is_started_again_on_a_fresh_one():
     address, holders = NET.host(4), []
 
     def conf(port: int) -> str:
         if not holders:  # another process takes the port between the pick and Squid's bind
-            holder = socket.socket()
-            holder.bind((address, port))
-            holder.listen()
-            holders.append(holder)
+            holders.append(_hold(address, port))
         return squid_conf.render(port, loopback_policy())
 
     try:
@@ -97,10 +102,7 @@ def test_a_squid_that_finds_every_port_taken_says_so():
     address, holders = NET.host(5), []
 
     def conf(port: int) -> str:
-        holder = socket.socket()
-        holder.bind((address, port))
-        holder.listen()
-        holders.append(holder)
+        holders.append(_hold(address, port))
         return squid_conf.render(port, loopback_policy())
 
     try:
