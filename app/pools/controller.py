@@ -198,19 +198,6 @@ def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> 
     return {z or "": (down.get(z) if z in verdicts else whole) if z else whole for z in zones}
 
 
-def zones_ready(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, bool]:
-    """Whether members may be placed in each of ``zones`` (``None``: the template's placement).
-
-    :func:`zone_health` without the why.
-
-    Returns:
-        ``{zone or "": ready}``.
-    Raises:
-        redis.RedisError: Redis unreachable.
-    """
-    return {zone: why is None for zone, why in zone_health(r, pc, zones, now=now).items()}
-
-
 #: Seconds between two ``ReplicasOverridden`` Events of one pool (another writer of ``spec.replicas``
 #: keeps writing: an HPA every 15 s; one Event every 5 minutes says it well enough).
 OVERRIDE_EVENT_INTERVAL = 300.0
@@ -587,5 +574,4 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
 
 
 __all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "ZONE_EVENTS_PER_WINDOW", "ZONE_EVENT_WINDOW", "Outcome", "PoolRef", "controlled_by", "member_labels",
-           "member_name", "member_spec", "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health",
-           "zones_ready"]
+           "member_name", "member_spec", "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health"]
