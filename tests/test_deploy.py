@@ -533,6 +533,7 @@ def test_compose_protects_redis_and_flower(compose):
     assert "requirepass $$REDIS_PASSWORD" in redis["command"][2]
     assert redis["environment"]["REDISCLI_AUTH"] == redis["environment"]["REDIS_PASSWORD"]
     assert "CHANGE-ME" in redis["environment"]["REDIS_PASSWORD"]  # a marked development default
+    assert "ports" not in redis, "Redis is reached on the compose network only, never published on the host"
     for name in COMMANDS:
         assert services[name]["environment"]["REDIS_PASSWORD"] == redis["environment"]["REDIS_PASSWORD"], name
     flower = services["flower"]

@@ -169,6 +169,52 @@ def test_every_proxypool_event_reason_is_documented():
     assert emitted <= documented, f"not documented: {sorted(emitted - documented)}"
 
 
+def _permanent_reasons() -> set[str]:
+    """``reason`` of :class:`Permanent` and every subclass any provider module defines (the
+    reconciler's Failed Event takes the error's reason)."""
+    import importlib
+    import pkgutil
+
+    import app.providers
+    from app.providers.errors import Permanent
+
+    for mod in pkgutil.walk_packages(app.providers.__path__, "app.providers."):
+        importlib.import_module(mod.name)
+    found, todo = set(), [Permanent]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.reason)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_proxy_event_reason_is_documented():
+    """Every reason a Proxy's Events can carry is in docs/observability.md's "Events" table:
+    literal reasons passed to ``record_event`` / ``event=``, the health engine's, the phases
+    the status writer names by default (Pending has no Event; Failed always carries its own
+    reason), the Permanent errors' reasons (Failed by a provider error) and degraded instance
+    notes (kvm's GuestAgentUnavailable)."""
+    import app.providers.kvm.provider as kvm_provider
+    from app.health import status as health_status
+    from app.resources import FAILED, PENDING, PHASES
+
+    files = sorted((ROOT / "app").rglob("*.py"))
+    source = "\n".join(f.read_text() for f in files if "pools" not in f.parts)
+    emitted = set(re.findall(r'event=\(\s*"(?:Normal|Warning)",\s*"(\w+)"', source))
+    emitted |= set(re.findall(r'record_event\(\s*[\w.]+,\s*"(?:Normal|Warning)",\s*"(\w+)"', source))
+    assert {"QuotaExceeded", "Replacing", "InstanceLost", "InstanceStarted", "CredentialsRotated"} <= emitted
+    emitted |= {health_status.EVENT_READY, health_status.EVENT_UNHEALTHY, health_status.EVENT_DEADLINE}
+    emitted |= set(PHASES) - {PENDING, FAILED}
+    emitted |= _permanent_reasons()
+    notes = re.findall(r"InstanceNote\((\w+),(?:(?!InstanceNote\().)*?degraded=True\)", source, re.S)
+    assert notes, "the degraded-note pattern finds kvm's GuestAgentUnavailable"
+    emitted |= {getattr(kvm_provider, n, n) for n in notes}
+    section = DOC.read_text().split("\n## Events", 1)[1].split("### ProxyPool Events", 1)[0]
+    documented = {name for cell in re.findall(r"^\| ([^|]+) \|", section, re.M)
+                  for name in re.findall(r"`(\w+)`", cell)}
+    assert emitted <= documented, f"not documented: {sorted(emitted - documented)}"
+
+
 # -- the real processes -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
@@ -273,6 +319,15 @@ def test_every_process_exports_its_metrics(stack):
     # scrapes of beat and a prefork worker in tests/pools/test_pool_metrics.py
     missing = {n for n in missing if not n.startswith("proxy_operator_pool_")}
     assert missing <= {"proxy_operator_gc_partial_sweeps_total"}, sorted(missing)
+    # ... and every proxy_operator_* family a process exports is documented (name and type)
+    doc_types = dict(re.findall(r"^\| `(proxy_operator_[a-z0-9_]+)` \| (\w+) \|", DOC.read_text(), re.M))
+    for url in stack["urls"].values():
+        for family in text_string_to_metric_families(requests.get(url, timeout=5).text):
+            if not family.name.startswith("proxy_operator_") or family.name.endswith("_created"):
+                continue  # (prometheus-client exports a counter's or histogram's _created as a gauge)
+            name = family.name + "_total" if family.type == "counter" else family.name
+            assert doc_types.get(name) == family.type, f"{name} ({family.type}) from {url}: documented as " \
+                                                       f"{doc_types.get(name)}"
     queues = _labels(stack["urls"]["worker"], "proxy_operator_queue_depth", "queue")
     assert {"proxies", "health", "gc"} <= queues
     entries = _labels(stack["urls"]["beat"], "proxy_operator_beat_last_run_timestamp_seconds", "entry")

@@ -3,7 +3,7 @@
 Pages ``/page/<n>`` and ``/s/<session>/<n>`` answer 200 with a small HTML page.  Each client
 address (a Squid's outgoing address) gets ``limit`` answers; after that the address is banned:
 a ``403``, or, for addresses whose last octet is odd, a ``200`` captcha page (which only a
-ban-detection callable recognises).  Every request is recorded.
+ban-detection callable recognises); or always the status ``ban_status`` when one is given.  Every request is recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             banned = site.counts[client] > site.limit
         if not banned:
             status, body = 200, f"<html><body>{self.path}</body></html>".encode()
+        elif site.ban_status is not None:
+            status, body = site.ban_status, b"banned\n"
         elif int(client.rsplit(".", 1)[1]) % 2:
             status, body = 200, CAPTCHA
         else:
@@ -45,15 +47,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class BanSite:
     """The site on ``address`` (a free port), banning each client address after ``limit``
-    requests.
+    requests (with ``ban_status`` when given, else a 403 or a captcha page).
 
     Attributes:
         records: every request: ``{"client", "path", "status", "banned", "proxy_auth"}``.
         counts: requests per client address.
     """
 
-    def __init__(self, address: str, limit: int) -> None:
+    def __init__(self, address: str, limit: int, ban_status: int | None = None) -> None:
         self.limit = limit
+        self.ban_status = ban_status
         self.lock = threading.Lock()
         self.records: list[dict] = []
         self.counts: collections.Counter = collections.Counter()

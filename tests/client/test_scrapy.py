@@ -191,6 +191,33 @@ def test_a_ban_is_retried_only_as_often_as_the_retry_times_say(api, proxies, red
     assert_no_secret(api, log, json.dumps(stats))
 
 
+def test_a_429_is_a_ban_by_default(api, proxies, redis_client, tmp_path):
+    """``PROXY_OPERATOR_BAN_CODES`` left at its default: a ``429`` is a ban, like a ``403``.  A
+    site answering 429 to everything and ``RETRY_TIMES`` 1: each page is tried through two
+    proxies (the ban's retry, never ``RetryMiddleware``'s own retry of a 429 through the banned
+    proxy), and every lease taken is released ``blocked``."""
+    pages = 2
+    site = BanSite(SITE_ADDRESS, 0, ban_status=429)
+    try:
+        stats, log = crawl(api, tmp_path, site, pages=pages, settings={"RETRY_TIMES": 1})
+    finally:
+        site.stop()
+    assert len(site.records) == 2 * pages and {r["status"] for r in site.records} == {429}
+    assert {r["client"] for r in site.records} <= set(proxies.values())
+    by_path = defaultdict(list)
+    for r in site.records:
+        by_path[r["path"]].append(r["client"])
+    assert all(len(set(clients)) == 2 for clients in by_path.values()), by_path
+    assert stats["proxy_operator/banned_responses"] == 2 * pages
+    assert stats["retry/reason_count/proxy_operator_ban"] == stats["proxy_operator/retries"] == pages
+    assert not [k for k in stats if k.startswith("retry/reason_count/429")], stats
+    taken = stats["proxy_operator/leases/taken"]
+    assert 2 <= taken <= pages + 1
+    assert stats["proxy_operator/leases/released/blocked"] == stats["proxy_operator/bans"] == taken
+    assert redis_client.zcard("po:lease-expiry") == 0
+    assert_no_secret(api, log, json.dumps(stats))
+
+
 def test_each_download_slot_has_its_own_lease(api, proxies, redis_client, tmp_path):
     """Two host names of the site are two download slots: each crawls through its own lease
     (its own proxy), and both are released when the spider closes."""

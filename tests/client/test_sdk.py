@@ -207,6 +207,23 @@ def test_every_api_error_is_one_typed_exception_with_the_api_code(api, fleet, cl
         closed.lease()
 
 
+def test_the_filters_choose_the_proxy(api, fleet, client_squids, health_settings):
+    """``provider=``, ``zone=`` and ``labels=`` (a dict or a selector string) reach the API: only
+    a matching proxy is leased, and the lease says which."""
+    healthy(fleet, client_squids, health_settings, count=4, max_leases=4, provider="gcp-eu", zones=["z1", "z2"],
+            labels=lambda i: {"tier": "gold" if i == 3 else "silver"})
+    with Client(api.url, api.token, wait=0) as client:
+        for _ in range(3):
+            with client.lease(provider="gcp-eu", zone="z2", labels={"tier": "gold"}, ttl=30) as lease:
+                assert (lease.proxy.provider, lease.proxy.zone, lease.proxy.name) == ("gcp-eu", "z2", "px3")
+        with client.lease(zone="z1", labels="tier!=gold", ttl=30) as lease:
+            assert lease.proxy.zone == "z1" and lease.proxy.name in ("px0", "px2")
+        with pytest.raises(ApiError) as info:
+            client.lease(provider="other")
+        assert info.value.code == "no_proxy_available" and "4 filtered out" in info.value.message
+        assert {p["name"] for p in client.proxies(provider="gcp-eu", zone="z2")} == {"px1", "px3"}
+
+
 def test_sticky_sessions(api, fleet, client_squids, health_settings):
     healthy(fleet, client_squids, health_settings, count=3, max_leases=3)
     with Client(api.url, api.token) as client:

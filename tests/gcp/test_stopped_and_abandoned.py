@@ -189,6 +189,28 @@ def test_poll_starts_a_stopped_instance_instead_of_recreating_it(ctx, api, fake,
     assert len(fake.instances) == 1 and count(fake, name) == 1
 
 
+def test_poll_starts_an_instance_in_status_stopped_instead_of_recreating_it(ctx, api, fake):
+    """GCE's ``STOPPED`` status (beside ``TERMINATED``, the one a stop leaves) is started the
+    same way: no verb of the API leads there, so the fake's record is set to it."""
+    ref, proxy = running_proxy(ctx, api, "squid-status-stopped")
+    name = proxy.status["instanceName"]
+    record = fake.instances[(PROJECT, ZONE, name)]
+    original_id = record["id"]
+    record["status"] = "STOPPED"
+
+    followup = poll(ctx, ref)
+
+    assert followup.action == POLL
+    assert len(fake.calls("POST", rf"/instances/{name}/start$")) == 1
+    assert provisioned(KubernetesGateway(api).get_proxy(NS, ref.name))["reason"] == "InstanceStopped"
+    assert poll(ctx, ref, followup.attempt) is None
+    assert KubernetesGateway(api).get_proxy(NS, ref.name).phase == "Running"
+    assert "InstanceLost" not in reasons(api)
+    # The same instance: no delete, one insert, nothing leaked or duplicated.
+    assert not fake.calls("DELETE") and len(fake.calls("POST", r"/instances$")) == 1
+    assert len(fake.instances) == 1 and fake.instances[(PROJECT, ZONE, name)]["id"] == original_id
+
+
 def test_a_failing_start_is_retried_with_backoff(ctx, api, fake):
     ref, proxy = running_proxy(ctx, api, "squid-flaky")
     name = proxy.status["instanceName"]
