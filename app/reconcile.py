@@ -232,6 +232,18 @@ def _provisioned(proxy: Proxy, status: str, reason: str, message: str, *, withdr
     return conds
 
 
+def _replacement_cause(proxy: Proxy) -> str:
+    """Why create is replacing ``proxy``'s instance, for the ``Replacing`` Event and condition.
+
+    ``"the basic-auth credentials changed"`` when poll handed the Proxy over for a rotation (it
+    clears ``specHash`` and sets Provisioned to ``CredentialsRotated``), else ``"spec changed"``.
+    """
+    cond = conditions.find(proxy.status.get("conditions"), COND_PROVISIONED)
+    if not proxy.status.get("specHash") and cond is not None and cond.get("reason") == "CredentialsRotated":
+        return "the basic-auth credentials changed"
+    return "spec changed"
+
+
 def _load(ctx: Context, ref: Ref) -> Proxy | None:
     """Re-read the Proxy; ``None`` when it is gone or was replaced by another object of that name."""
     proxy = ctx.kube.get_proxy(ref.namespace, ref.name)
@@ -538,11 +550,11 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         request = _request(ctx, p)
         retire_old = False
         if old_id and (old_id != new_id or old_provider != p.spec.provider or not same_spec):
-            log.info("proxy %s: spec changed, replacing instance %s", p.key, old_id)
+            message = f"{_replacement_cause(p)}: replacing instance {old_id}"
+            log.info("proxy %s: %s", p.key, message)
             serving.withdraw(ctx.redis, p.uid)
             p = latest(_write_status(ctx, p, {"phase": PROVISIONING, "address": None, "conditions": _provisioned(
-                p, "False", "Replacing", f"spec changed: replacing instance {old_id}", withdrawn=True)},
-                event=("Normal", "Replacing", f"spec changed: replacing instance {old_id}")))
+                p, "False", "Replacing", message, withdrawn=True)}, event=("Normal", "Replacing", message)))
             if old_id == new_id and old_provider == p.spec.provider:
                 provider.delete(old_id)  # same place and name: the old one must go first (same queue)
             else:

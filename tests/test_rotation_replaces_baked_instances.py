@@ -72,5 +72,9 @@ def test_a_rotated_secret_replaces_the_gce_instance_and_nothing_else_does(kube_c
     assert proxy.phase == "Running" and proxy.status["credentialsHash"] == credentials_hash(line)
     assert [x.strip() for x in _htpasswd_on_instances(compute)] == [line]   # one instance, the new line
     assert len(compute.calls("DELETE")) == 1
-    events = [e.reason for e in k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items]
+    listed = k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items
+    events = [e.reason for e in listed]
     assert "CredentialsRotated" in events
+    # the replacement says why: the rotation, not a spec change the user never made
+    [replacing] = [e.message for e in listed if e.reason == "Replacing"]
+    assert replacing.startswith("the basic-auth credentials changed: replacing instance"), replacing

@@ -98,9 +98,11 @@ def test_a_rotated_secret_replaces_the_domain_with_the_new_htpasswd(rig, image, 
             proxy = _running(ctx, kube_client, ref)
         assert proxy.status["credentialsHash"] == credentials_hash(new_line)
         assert [d.name() for d in conn.listAllDomains(0)] == [name], "one domain left"
-        events = [e.reason for e in k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items
+        listed = [e for e in k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items
                   if e.involved_object.name == "rot-kvm"]
-        assert "CredentialsRotated" in events
+        assert "CredentialsRotated" in [e.reason for e in listed]
+        [replacing] = [e.message for e in listed if e.reason == "Replacing"]
+        assert replacing.startswith("the basic-auth credentials changed: replacing instance"), replacing
         assert not drifted(ctx, read(kube_client, ref))
     finally:
         conn.close()
