@@ -815,6 +815,31 @@ def _instances_to_delete(ctx: Context, proxy: Proxy):
     return provider, ids
 
 
+def _retire_on_other_hosts(ctx: Context, proxy: Proxy, provider, looked: list[str]) -> None:
+    """With no recorded ID, hand the instance name on every *other* host of a sharded provider
+    (kvm) to :func:`retire_instance`, each on that host's own queue; never waits for them.
+
+    A delete runs on the spec host's queue, so it only looks there itself (work for host H
+    runs on H's queue: a dead host never stalls another's worker).  A domain of this Proxy
+    on another host (its status lost, e.g. a restore without status) is deleted by its own
+    host's worker once that host answers; the retire reads it first and deletes only an
+    instance tagged with this Proxy's UID (the Proxy is gone by then, so nothing names it).
+    If the host stays unreachable, GC collects it as an orphan.  Non-sharded providers list
+    every place in :meth:`instance_ids` already (gcp: every zone).
+    """
+    if not isinstance(provider, ShardedProvider):
+        return
+    name, provider_name = naming.instance_name(proxy.uid), proxy.status.get("provider") or proxy.spec.provider
+    ref = Ref(proxy.namespace, proxy.name, proxy.uid)
+    for host in provider.hosts():
+        try:
+            provider_id = provider.instance_ids(name, proxy.namespace, host)[0]
+        except Permanent:
+            continue
+        if provider_id not in looked:
+            _retire(ctx, provider_name, provider_id, ref)
+
+
 def _skip_cleanup(ctx: Context, latest: _Latest, proxy: Proxy, attempt: int) -> Followup | None:
     """Release a Proxy annotated skip-cleanup: mark its instance abandoned, then drop the finalizer.
 
@@ -926,6 +951,8 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                     return Followup(DELETE, min(poll_delay(ctx.settings, attempt), in_flight + 0.1), attempt + 1)
                 if p.status.get("providerID"):
                     ctx.kube.record_event(p, "Normal", "InstanceDeleted", message=f"instance {ids[0]} deleted")
+                else:
+                    _retire_on_other_hosts(ctx, p, provider, ids)
         credentials.delete(ctx.kube, p)
         ctx.kube.remove_finalizer(p)
         return None

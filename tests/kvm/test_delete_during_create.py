@@ -207,18 +207,22 @@ def test_a_delete_without_a_recorded_id_finds_the_domain_on_the_specs_host(rig, 
         provider.close()
 
 
-def test_a_domain_without_a_recorded_id_on_another_host_is_left_to_gc(
-        rig, second_daemon, image, kube_client, redis_client):
-    """Decision 16: a delete looks only on the spec's host (work for host H runs on H's queue).
-    A domain on another host that the status does not name is not found by the delete: the
-    Proxy is released, and GC deletes the domain as an orphan (its Proxy UID is gone) once it
-    is older than the grace period (GC_GRACE, 600 s, at a sweep every GC_INTERVAL, 600 s: up
-    to ~20 minutes with the defaults; grace 0 here)."""
+@pytest.mark.parametrize("retire_runs", [True, False], ids=["retired-on-its-host", "host-unreachable-gc"])
+def test_a_domain_without_a_recorded_id_on_another_host_is_retired_on_its_own_queue(
+        rig, second_daemon, image, kube_client, redis_client, retire_runs):
+    """Decision 16: a delete with no recorded provider ID looks on the spec's host itself (work
+    for host H runs on H's queue) and hands the name on every other host to ``instance.retire``
+    for that host's queue, without waiting for it.  When h2's worker runs it, the domain is
+    deleted (it carries this Proxy's UID); when h2 never answers, GC deletes the domain as an
+    orphan (its Proxy UID is gone) once it is older than the grace period (grace 0 here)."""
+    from app.reconcile import retire_instance
+
     _, url, sha, _ = image()
     key = "elsewhere-" + uuid.uuid4().hex[:8]
     h2 = rig.host("h2", libvirtSocket=str(second_daemon.socket))
+    retired: list = []
     ctx = _ctx(kube_client, redis_client, rig.entry(hosts=[rig.host("h1"), h2],
-                                                    images={key: {"url": url, "sha256": sha}}))
+                                                    images={key: {"url": url, "sha256": sha}}), retired)
     provider = ctx.registry.unwrapped["kvm-test"]
     try:
         ref = _apply(kube_client, "kvm-noid-2", {"provider": "kvm-test",
@@ -229,10 +233,14 @@ def test_a_domain_without_a_recorded_id_on_another_host_is_left_to_gc(
                                       machine_type="small"))
         assert name in _domains(provider, "h2") and name not in _domains(provider, "h1")
         k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-noid-2")
-        _release(ctx, ref)                                # looked on h1 only: nothing there, released
+        _release(ctx, ref)                                # looked on h1 itself: nothing there, released
         assert gateway.get_proxy(NS, "kvm-noid-2") is None
-        assert name in _domains(provider, "h2")           # the documented exception ...
-        assert f"hosts/h2/domains/{name}" in _gc(provider, kube_client, redis_client)   # ... GC collects it
+        assert retired == [("kvm-test", f"hosts/h2/domains/{name}")]   # h2's name, for h2's queue
+        assert name in _domains(provider, "h2")           # the h1 step never touched h2 itself
+        if retire_runs:                                   # what h2's worker runs for instance.retire
+            assert retire_instance(ctx, "kvm-test", f"hosts/h2/domains/{name}", ref=ref) is True
+        else:                                             # h2 never answered the retire: GC's
+            assert f"hosts/h2/domains/{name}" in _gc(provider, kube_client, redis_client)
         assert name not in _domains(provider, "h1") + _domains(provider, "h2")
     finally:
         provider.close()

@@ -204,7 +204,8 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
 
         Only that host: work for host H runs on H's queue, so a step never looks at other
         hosts.  A domain left on another host is found through the provider ID recorded before
-        every create, or collected by GC.
+        every create; without one, the delete hands the name on each other host to that host's
+        queue (``app.reconcile`` retires it there), and GC collects what stays unreachable.
 
         Raises:
             Permanent: ``zone`` is not a configured host, or is empty with several hosts.
