@@ -25,6 +25,7 @@ import redis as redis_lib
 import requests
 import yaml
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
@@ -62,9 +63,23 @@ def kubectl(cluster, tmp_path) -> Kubectl:
     return Kubectl(cluster.fake, tmp_path / "user", cwd=ROOT)
 
 
+def with_operator_env(**overrides: str):
+    """Decorate a test so :func:`operator_env` (and the processes started from it) takes
+    ``overrides`` (environment variable -> value, strings) over its defaults, for a test that
+    needs e.g. longer task time limits than the rest of the file."""
+    def mark(test):
+        test.operator_env_overrides = overrides
+        return test
+    return mark
+
+
 @pytest.fixture()
-def operator_env(cluster, redis_url, tmp_path):
-    """Environment of the operator processes: kubeconfig (with a marker token), providers config."""
+def operator_env(request, cluster, redis_url, tmp_path):
+    """Environment of the operator processes: kubeconfig (with a marker token), providers config.
+
+    Short task time limits (soft 8 s, hard 10 s) keep the per-Proxy lock and a delete's wait
+    for an in-flight create (hard limit + 10 s) short; a test decorated with
+    :func:`with_operator_env` gets its overrides on top."""
     kubeconfig = cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig"))
     doc = yaml.safe_load(Path(kubeconfig).read_text())
     doc["users"][0]["user"]["token"] = SECRET_TOKEN
@@ -79,6 +94,7 @@ def operator_env(cluster, redis_url, tmp_path):
         "RETRY_INITIAL": "0.5", "RETRY_MAX": "2", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
         "BROKER_VISIBILITY_TIMEOUT": "60", "LOG_LEVEL": "DEBUG",
         "PROBE_ALLOWED_RANGES": "127.0.0.0/8",  # the kubelet's Squids run on loopback
+        **getattr(request.function, "operator_env_overrides", {}),
     }
 
 
@@ -237,18 +253,62 @@ def test_skip_cleanup_deletes_the_proxy_and_keeps_the_pod(cluster, operator, kub
     assert len(managed_pods(cluster)) == 1
 
 
+def history(list_call, *args, since: str, **kwargs) -> list[tuple[str, str, int, bool]]:
+    """Every watch event of ``list_call(*args, **kwargs)`` after resourceVersion ``since``, as
+    ``(type, name, resourceVersion, deleting)`` in order (``deleting``: the object carries a
+    ``deletionTimestamp``); a 1 s watch, the fake replays its history.  The fake's
+    resourceVersions are one global counter, so they order writes across resources."""
+    events = []
+    for e in k8s_watch.Watch().stream(list_call, *args, resource_version=since, timeout_seconds=1, **kwargs):
+        obj = e["object"]
+        if isinstance(obj, dict):
+            meta = obj["metadata"]
+            name, rv, deleting = meta["name"], meta["resourceVersion"], bool(meta.get("deletionTimestamp"))
+        else:
+            meta = obj.metadata
+            name, rv, deleting = meta.name, meta.resource_version, meta.deletion_timestamp is not None
+        events.append((e["type"], name, int(rv), deleting))
+    return events
+
+
+#: Seconds the API fake holds the Pod create in the slow-create test (issue 9, case 1).
+SLOW_POD_CREATE = 8
+
+
 @needs_kubectl
+# The create step (its API requests plus the 8 s Pod create) must finish within the soft time
+# limit, or the test would pin a create cut short by the limit instead of a slow one that lands.
+@with_operator_env(TASK_SOFT_TIME_LIMIT="20", TASK_TIME_LIMIT="25")
 def test_delete_during_a_slow_pod_create_leaks_nothing(cluster, operator, kubectl):
-    """kubectl delete while the Pod create is still in flight: the finalizer waits, no Pod leaks."""
-    cluster.fake.delay_next("create", "pods", seconds=5)
+    """kubectl delete while the Pod create is still in flight (the API fake holds it 8 s): the
+    create lands, the finalizer is released only after that Pod is gone, no Pod leaks or doubles."""
+    core = k8s.CoreV1Api(cluster.fake.api_client())
+    mark = core.list_pod_for_all_namespaces().metadata.resource_version
+    cluster.fake.delay_next("create", "pods", seconds=SLOW_POD_CREATE)
     kubectl("apply", "-f", "-", input=sample_manifest("squid-slow"))
     wait_for(lambda: cluster.fake.request_count("create", "pods") >= 1, 30, "the Pod create to be sent")
     kubectl("delete", "px", "squid-slow", "--timeout=60s", timeout=75)  # returns once the Proxy is gone
-    # The create landed (the request was in flight), and nothing of it is left.
-    wait_for(lambda: managed_pods(cluster) == [], 15, "no Pod left")
-    time.sleep(3)  # a resync period: nothing comes back either
     assert managed_pods(cluster) == []
-    assert cluster.fake.request_count("create", "pods") == 1
+
+    # resourceVersions are the server's order of writes: the Proxy's deletion started before the
+    # Pod landed (the create was in flight), and the Proxy went (its finalizer released) only
+    # after that Pod was gone.
+    pods = history(core.list_pod_for_all_namespaces, since=mark, label_selector=f"{LABEL_MANAGED_BY}=proxy-operator")
+    proxies = [e for e in history(custom(cluster).list_cluster_custom_object, GROUP, VERSION, PLURAL, since=mark)
+               if e[1] == "squid-slow"]
+    assert len({e[1] for e in pods}) == 1, pods  # one Pod ever: none duplicated
+    assert pods[0][0] == "ADDED" and pods[-1][0] == "DELETED", pods
+    deletion_started = min(rv for _, _, rv, deleting in proxies if deleting)
+    [proxy_gone] = [rv for t, _, rv, _ in proxies if t == "DELETED"]
+    assert deletion_started < pods[0][2] < pods[-1][2] < proxy_gone, (pods, proxies)
+    # The worker got the create's answer (not cut short by the task time limit): the create that
+    # finished after the Proxy started terminating is the one this test pins.
+    log = operator["worker"].log()
+    assert f"created pod default/{pods[0][1]}" in log and "Soft time limit" not in log
+
+    time.sleep(3)  # a resync period: nothing comes back either
+    assert managed_pods(cluster) == []  # counted at the end: 0 leaked
+    assert cluster.fake.request_count("create", "pods") == 1  # 0 duplicated
 
 
 def test_bad_manifest_is_rejected_with_the_rule_message(cluster):

@@ -8,12 +8,19 @@ only after the delete step first looked: the delete keeps the finalizer (the cre
 ``createStartedAt``) and finds the domain on a later pass.  GC runs its real path: each host
 listed (``gc.record_shard``), the sweep's verdict (``gc.sweep``), each deletion re-checked
 (``gc.verify_and_delete``, what a ``gc.delete`` task runs).
+
+A create held later, after ``virDomainDefineXML`` while libvirtd starts the domain, runs on a
+private libvirtd with a ``qemu`` hook script (``hooked``): libvirtd runs the hook before it
+starts a domain and waits for it, holding the domain meanwhile.
 """
 
 from __future__ import annotations
 
+import tempfile
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -25,10 +32,11 @@ from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.kvm.provider import KvmProvider
 from app.providers.registry import build
-from app.reconcile import DELETE, Context, Ref, create, delete
+from app.reconcile import CREATE, DELETE, POLL, Context, Ref, create, delete, poll
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kvm import harness
+from tests.support.kvm_rig import wipe_domains
 from tests.support.proxies import Background
 from tests.support.waiting import wait_until
 
@@ -127,6 +135,130 @@ def test_delete_while_the_domain_is_being_created_leaks_nothing(rig, image, kube
     volumes = provider.link("h1").call("virStoragePoolListAllVolumes",
                                        lambda c: [v.name() for v in c.storagePoolLookupByName("default").listAllVolumes(0)])
     assert not [v for v in volumes if v.startswith(instance_name(ref.uid))]
+
+
+# -- a create held between define and start (a libvirt hook) ---------------------------------------
+#: libvirtd runs ``/etc/libvirt/hooks/qemu <domain> <op> <subop> -`` (the domain XML on stdin)
+#: before it starts a domain, and waits for it.  At ``prepare begin`` of domain D the hook waits
+#: while ``<marks>/D.hold`` exists, touching ``D.held`` first; every other domain passes.
+_HOOK = """#!/bin/sh
+cat >/dev/null
+[ "$2" = prepare ] && [ "$3" = begin ] || exit 0
+m={marks}/"$1"
+if [ -e "$m.hold" ]; then
+    touch "$m.held"
+    while [ -e "$m.hold" ]; do sleep 0.05; done
+fi
+exit 0
+"""
+
+
+@pytest.fixture(scope="module")
+def hooked(rig, tmp_path_factory):
+    """``(daemon, marks)``: a private libvirtd (:class:`tests.kvm.harness.LibvirtDaemon`) whose
+    ``qemu`` hook holds the start of domain D while ``marks/D.hold`` exists (:data:`_HOOK`).
+
+    Its own daemon: libvirtd looks for hook scripts only when it starts, so the rig's daemon
+    (started without one) cannot take it.  Dialled through the rig's sshd like any host.
+    """
+    marks = tmp_path_factory.mktemp("hook-marks")
+    root = Path(tempfile.mkdtemp(prefix="kvm-libvirtd-hooked-"))
+    hook = root / "etc" / "hooks" / "qemu"
+    hook.parent.mkdir(parents=True)
+    hook.write_text(_HOOK.format(marks=marks))
+    hook.chmod(0o755)
+    daemon = harness.LibvirtDaemon(root).start()
+    yield daemon, marks
+    daemon.stop()
+
+
+def test_delete_while_libvirt_starts_the_defined_domain_releases_only_after_it_is_gone(
+        rig, hooked, image, kube_client, redis_client):
+    """The create has defined the domain and libvirtd is starting it (held in the ``prepare``
+    hook) when the Proxy is deleted.  The delete step (another worker's) reaches libvirt while
+    the start is held and waits on the domain; the start is let go; the finalizer is released
+    only once the domain is gone, and the create finishing beside it makes nothing again.
+    Sampled all along from the hypervisor's side: never a released Proxy with its domain still
+    there, never a second domain (one UUID), and 0 domains and 0 volumes left at the end."""
+    import libvirt
+
+    daemon, marks = hooked
+    _, url, sha, _ = image()
+    key = "held-" + uuid.uuid4().hex[:8]
+    entry = rig.entry(hosts=[rig.host("h1", libvirtSocket=str(daemon.socket))],
+                      images={key: {"url": url, "sha256": sha}})
+    ctx = _ctx(kube_client, redis_client, entry)
+    other = _ctx(kube_client, redis_client, entry)        # the delete runs in another worker
+    gateway = KubernetesGateway(kube_client)
+    direct = libvirt.open(f"qemu+unix:///system?socket={daemon.socket}")   # the hypervisor's view
+    stop, samples = threading.Event(), []
+    hold = None
+    try:
+        ref = _apply(kube_client, "kvm-held-1", {"provider": "kvm-test",
+                                                    "placement": {"zone": "h1", "image": key, "machineType": "small"}})
+        name = instance_name(ref.uid)
+        hold = marks / f"{name}.hold"
+        hold.touch()
+        creating = Background(create, ctx, ref)
+        wait_until((marks / f"{name}.held").exists, 60, "the create's start held in the prepare hook")
+        defined = daemon.root / "etc" / "qemu" / f"{name}.xml"    # virDomainDefineXML's persistent config
+        assert defined.exists(), "the domain is defined before libvirtd starts it"
+        domain_uuid = defined.read_text().split("<uuid>")[1].split("</uuid>")[0]
+
+        def sample() -> None:  # the Proxy first, then the domains: "released" then "still there" is a leak
+            while not stop.is_set():
+                present = gateway.get_proxy(NS, "kvm-held-1") is not None
+                doms = {d.name(): d.UUIDString() for d in direct.listAllDomains(0)}
+                samples.append((present, doms.get(name)))
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        k8s.CustomObjectsApi(kube_client).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "kvm-held-1")
+        deleting = Background(delete, other, ref)
+        wait_until(lambda: gateway.get_proxy(NS, "kvm-held-1").phase == "Terminating", 10,
+                   "the delete step past its status write, at the provider")
+        time.sleep(1)
+        assert deleting.thread.is_alive(), "the delete waits on the domain libvirtd is starting"
+        assert FINALIZER in gateway.get_proxy(NS, "kvm-held-1").finalizers
+        assert (marks / f"{name}.held").exists() and hold.exists()   # still held: nothing could go yet
+
+        hold.unlink()                                     # libvirtd goes on starting it
+        followup = deleting.join(60)
+        while followup is not None:
+            assert followup.action == DELETE
+            time.sleep(followup.delay)
+            followup = delete(other, ref, followup.attempt)
+        assert gateway.get_proxy(NS, "kvm-held-1") is None
+        assert name not in [d.name() for d in direct.listAllDomains(0)]
+        # The create returns (its start failed, or it found the Proxy terminating): run what it
+        # asks for next, as its worker would, until nothing is left to do.
+        steps, step = {CREATE: create, DELETE: delete, POLL: poll}, creating.join(60)
+        for _ in range(20):
+            if step is None:
+                break
+            time.sleep(min(step.delay, 2))
+            step = steps[step.action](ctx, ref, step.attempt)
+        assert step is None
+        time.sleep(0.5)                                   # a few more samples after the create finished
+        stop.set()
+        sampler.join(30)
+
+        assert samples and not samples[-1][0] and samples[-1][1] is None
+        leaked = [s for s in samples if not s[0] and s[1] is not None]
+        assert not leaked, "the Proxy was released while its domain existed"
+        assert {u for _, u in samples if u is not None} <= {domain_uuid}, "a second domain was made"
+        assert [d.name() for d in direct.listAllDomains(0)] == []                  # 0 domains leaked
+        volumes = [v.name() for v in direct.storagePoolLookupByName("default").listAllVolumes(0)]
+        assert [v for v in volumes if not v.startswith("base-")] == []            # 0 volumes leaked
+    finally:
+        stop.set()
+        if hold is not None:
+            hold.unlink(missing_ok=True)
+        direct.close()
+        for c in (ctx, other):
+            c.registry.unwrapped["kvm-test"].close()
+        wipe_domains(daemon.socket)
 
 
 def test_moving_off_a_dead_host_creates_on_the_new_one_and_gc_leaves_exactly_one(

@@ -137,6 +137,68 @@ def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider,
     assert managed(direct) == [name], "nothing leaked, nothing duplicated"
 
 
+def test_a_failing_start_is_retried_with_backoff(rig, entry, provider, direct, api, make_context):
+    """The domain is found shut off and starting it fails: its disk is not there (a rebooted
+    hypervisor whose storage is not mounted yet; here the overlay file moved away behind
+    libvirt's back).  Transient: ``Provisioned=False/Transient``, the poll retried with backoff
+    (2.5-5 s, then 5-10 s), the domain neither deleted nor made again; once the disk is back the
+    same domain starts and serves its old address.  One domain, its own two volumes, at the end."""
+    from pathlib import Path
+
+    from app.providers.kvm.provider import overlay_name, seed_name
+
+    settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
+    ctx = make_context(harness.provider_config(entry), settings=settings, factories={"kvm": lambda pc: provider})
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": "squid-kvm-flaky", "namespace": "default"},
+            "spec": {"provider": provider.name,
+                     "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
+    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    ref = Ref("default", "squid-kvm-flaky", obj["metadata"]["uid"])
+
+    assert create(ctx, ref).action == POLL
+    name = naming.instance_name(ref.uid)
+    dom = direct.lookupByName(name)
+    uuid = dom.UUIDString()
+    [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
+    pool = direct.storagePoolLookupByName("default")
+    disk = Path(pool.storageVolLookupByName(overlay_name(name)).path())
+    away = disk.with_name(disk.name + ".away")
+    with harness.FakeGuest(rig, name) as guest:
+        address = guest.lease(mac, "boot-1")
+        poll_until_running(ctx, ref)
+
+        dom.destroy()                                     # the hypervisor went down under it ...
+        disk.rename(away)                                 # ... and came back without its storage
+        try:
+            first = poll(ctx, ref)
+
+            assert first.action == POLL and first.attempt == 1 and 2.5 <= first.delay <= 5
+            proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm-flaky")
+            cond = next(c for c in proxy.status["conditions"] if c["type"] == "Provisioned")
+            assert proxy.phase == "Provisioning" and cond["reason"] == "Transient"
+            assert "virDomainCreate" in cond["message"] and "Cannot access storage file" in cond["message"]
+            assert not dom.isActive() and direct.lookupByName(name).UUIDString() == uuid
+
+            second = poll(ctx, ref, first.attempt)        # still no disk: backing off further
+            assert second.action == POLL and second.attempt == 2 and 5 <= second.delay <= 10
+        finally:
+            away.rename(disk)                             # the storage is back
+
+        third = poll(ctx, ref, second.attempt)
+        assert third.action == POLL
+        again = direct.lookupByName(name)
+        assert again.UUIDString() == uuid and again.isActive(), "the same domain, started again"
+        poll_until_running(ctx, ref, third.attempt)
+        proxy = KubernetesGateway(api).get_proxy("default", "squid-kvm-flaky")
+        assert proxy.phase == "Running" and proxy.status["address"] == address
+    reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event("default").items]
+    assert reasons.count("InstanceStarted") == 1 and "InstanceLost" not in reasons
+    assert managed(direct) == [name], "nothing leaked, nothing duplicated"
+    assert sorted(v.name() for v in pool.listAllVolumes(0) if v.name().startswith(name)) == \
+        sorted([overlay_name(name), seed_name(name)])
+
+
 def test_abandoned_domain_survives_a_redis_flush_and_gc(provider, request_for, direct, redis_client):
     kept = provider.create(request_for(image="tiny", machine_type="small"))
     orphan = provider.create(request_for(image="tiny", machine_type="small"))  # the control: GC deletes it
