@@ -232,14 +232,20 @@ def _provisioned(proxy: Proxy, status: str, reason: str, message: str, *, withdr
     return conds
 
 
+#: ``status.specHash`` written by poll when a kvm/gcp instance's basic-auth Secret was rotated:
+#: matches no spec's hash (those are hex digests), so :func:`decide` hands the Proxy to create,
+#: which replaces the instance; create's write-ahead overwrites it.
+ROTATED_SPEC_HASH = "credentials-rotated"
+
+
 def _replacement_cause(proxy: Proxy) -> str:
     """Why create is replacing ``proxy``'s instance, for the ``Replacing`` Event and condition.
 
     ``"the basic-auth credentials changed"`` when poll handed the Proxy over for a rotation (it
-    clears ``specHash`` and sets Provisioned to ``CredentialsRotated``), else ``"spec changed"``.
+    writes :data:`ROTATED_SPEC_HASH` as ``specHash``, which only the create's write-ahead
+    replaces, so a retried replacement still says so), else ``"spec changed"``.
     """
-    cond = conditions.find(proxy.status.get("conditions"), COND_PROVISIONED)
-    if not proxy.status.get("specHash") and cond is not None and cond.get("reason") == "CredentialsRotated":
+    if proxy.status.get("specHash") == ROTATED_SPEC_HASH:
         return "the basic-auth credentials changed"
     return "spec changed"
 
@@ -690,7 +696,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):
             message = f"the basic-auth credentials changed; replacing instance {provider_id}, which carries the old ones"
             log.info("proxy %s: %s", proxy.key, message)
-            latest(_write_status(ctx, proxy, {"specHash": None, "conditions": _provisioned(
+            latest(_write_status(ctx, proxy, {"specHash": ROTATED_SPEC_HASH, "conditions": _provisioned(
                 proxy, "False", "CredentialsRotated", message)}, event=("Normal", "CredentialsRotated", message)))
             return Followup(CREATE, 0)
         try:

@@ -78,3 +78,33 @@ def test_a_rotated_secret_replaces_the_gce_instance_and_nothing_else_does(kube_c
     # the replacement says why: the rotation, not a spec change the user never made
     [replacing] = [e.message for e in listed if e.reason == "Replacing"]
     assert replacing.startswith("the basic-auth credentials changed: replacing instance"), replacing
+
+
+def test_a_retried_replacement_still_says_it_is_for_the_rotation(kube_client, compute, ctx):
+    """The old instance's delete fails once (a 503 from Compute): the create step is retried,
+    its condition and Event meanwhile say the error, and the retried replacement still tells
+    the rotation, not a spec change the user never made."""
+    ref = apply(kube_client, "rot-retry", {"provider": "gcp-test", "placement": {"zone": ZONES[0]}})
+    _settle(ctx, ref, create(ctx, ref))
+    assert read(kube_client, ref).phase == "Running"
+    user, password = squid.generate_credentials()
+    line = squid.htpasswd_entry(user, password)
+    k8s.CoreV1Api(kube_client).patch_namespaced_secret(credentials.secret_name(read(kube_client, ref)), NS, {
+        "data": {"username": base64.b64encode(user.encode()).decode(),
+                 "password": base64.b64encode(password.encode()).decode(),
+                 "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
+    compute.fail("DELETE", r"/instances/", 503, "backendError", times=1)
+
+    followup = poll(ctx, ref)
+    assert followup is not None and followup.action == CREATE
+    followup = create(ctx, ref, followup.attempt)              # the delete answers 503: retried
+    assert followup is not None and followup.action == CREATE and followup.attempt == 1
+    assert read(kube_client, ref).phase != "Running"
+    _settle(ctx, ref, followup)
+    proxy = read(kube_client, ref)
+    assert proxy.phase == "Running" and proxy.status["credentialsHash"] == credentials_hash(line)
+    assert [x.strip() for x in _htpasswd_on_instances(compute)] == [line]
+    replacing = [e.message for e in k8s.CoreV1Api(kube_client).list_namespaced_event(NS).items
+                 if e.reason == "Replacing" and e.involved_object.name == "rot-retry"]
+    assert replacing and all(m.startswith("the basic-auth credentials changed: replacing instance")
+                             for m in replacing), replacing
