@@ -146,7 +146,8 @@ class Settings:
         pool_resync_interval: beat period of the ProxyPool resync: a pass over every pool, for
             age limits and the autoscaler (``POOL_RESYNC_INTERVAL``, seconds).
         gc_grace: minimum age of an orphan before GC deletes it (``GC_GRACE``).
-        poll_initial / poll_max: poll backoff bounds (``POLL_INITIAL``, ``POLL_MAX``).
+        poll_initial / poll_max: poll backoff bounds (``POLL_INITIAL``, ``POLL_MAX``); ``poll_initial``
+            also spaces ``instance.retire``'s tries while its Proxy's lock is busy.
         retry_initial / retry_max: Transient retry backoff bounds (``RETRY_INITIAL``, ``RETRY_MAX``).
         quota_backoff: delay after QuotaExceeded (``QUOTA_BACKOFF``).
     """

@@ -10,6 +10,7 @@ host's queue.  Deciding, routing and sending live in :mod:`app.dispatch`
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 
@@ -65,32 +66,58 @@ def delete(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
     run_step(self, "delete", namespace, name, uid, attempt)
 
 
+#: ``max_retries`` handed to Celery by ``instance.retire``'s retries: the task keeps its own
+#: limits (lock waits and error attempts apart), so Celery's must never be the one reached.
+#: (``max_retries=None`` to ``Task.retry`` means "the task's default", not unlimited.)
+_RETIRE_CELERY_MAX_RETRIES = 1_000_000
+
+
+def retire_lock_waits(settings) -> int:
+    """Return how many times ``instance.retire`` waits for a busy per-Proxy lock before leaving
+    the instance to GC (int >= 1): enough tries, ``settings.poll_initial`` seconds apart, to
+    outlast the lock timeout (:func:`app.dispatch.lock_timeout`) twice (64 with the defaults)."""
+    return max(1, math.ceil(2 * lock_timeout(settings) / max(settings.poll_initial, 0.1)))
+
+
 @celery_app.task(name="instance.retire", bind=True, max_retries=8)
-def retire(self, provider_name: str, provider_id: str, namespace: str, name: str, uid: str) -> None:
+def retire(self, provider_name: str, provider_id: str, namespace: str, name: str, uid: str,
+           lock_waits: int = 0) -> None:
     """Delete an instance its Proxy replaced, on the queue of the place it lives in.
 
     See :func:`app.reconcile.retire_instance`.  Retried with backoff on failure, on the same
-    queue; when the place stays unreachable, GC collects the instance as superseded.
+    queue, up to ``max_retries`` (8) times; when the place stays unreachable, GC collects the
+    instance as superseded.  While a step of the Proxy holds its lock the task is tried again
+    every ``POLL_INITIAL`` seconds; these waits (``lock_waits``: how many so far, carried in
+    the retried message) do not count as failures, and after :func:`retire_lock_waits` of
+    them the instance is left to GC (a warning, no error).
     """
     ctx = context()
     lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     queue = (self.request.delivery_info or {}).get("routing_key")
+    args = [provider_name, provider_id, namespace, name, uid]
+    errors = max(0, self.request.retries - lock_waits)  # failed attempts so far (lock waits apart)
     if not lock.acquire():  # a step of this Proxy is running: try again shortly
-        raise self.retry(countdown=5, queue=queue, max_retries=None)
+        if lock_waits >= retire_lock_waits(ctx.settings):
+            log.warning("retire %s: the lock of proxy uid %s stayed busy through %d tries; GC collects the "
+                        "instance as superseded", provider_id, uid, lock_waits + 1)
+            return
+        raise self.retry(args=args, kwargs={"lock_waits": lock_waits + 1}, countdown=ctx.settings.poll_initial,
+                         queue=queue, max_retries=_RETIRE_CELERY_MAX_RETRIES)
     try:
         reconcile.retire_instance(ctx, provider_name, provider_id, ref=Ref(namespace, name, uid))
     except Exception as exc:  # noqa: BLE001 - classified and logged by the provider
-        delay = reconcile.backoff(ctx.settings, self.request.retries)
+        delay = reconcile.backoff(ctx.settings, errors)
         if classify(exc) is Permanent:
             log.warning("retire %s: %s; not retrying (GC collects it as superseded if its provider "
                         "is still configured)", provider_id, describe(exc))
             return
-        if self.request.retries >= (self.max_retries or 0):
+        if errors >= (self.max_retries or 0):
             log.warning("retire %s: giving up after %d attempts (%s); GC collects it as superseded",
-                        provider_id, self.request.retries + 1, type(exc).__name__)
+                        provider_id, errors + 1, type(exc).__name__)
             return
         log.info("retire %s: %s; retrying in %.0fs", provider_id, type(exc).__name__, delay)
-        raise self.retry(countdown=delay, queue=queue) from None
+        raise self.retry(args=args, kwargs={"lock_waits": lock_waits}, countdown=delay, queue=queue,
+                         max_retries=_RETIRE_CELERY_MAX_RETRIES) from None
     finally:
         try:
             lock.release()
