@@ -242,8 +242,8 @@ def _replacement_cause(proxy: Proxy) -> str:
     """Why create is replacing ``proxy``'s instance, for the ``Replacing`` Event and condition.
 
     ``"the basic-auth credentials changed"`` when poll handed the Proxy over for a rotation (it
-    writes :data:`ROTATED_SPEC_HASH` as ``specHash``, which only the create's write-ahead
-    replaces, so a retried replacement still says so), else ``"spec changed"``.
+    writes :data:`ROTATED_SPEC_HASH` as ``specHash``, kept until create's status writes
+    replace it, so a retried replacement still says so), else ``"spec changed"``.
     """
     if proxy.status.get("specHash") == ROTATED_SPEC_HASH:
         return "the basic-auth credentials changed"

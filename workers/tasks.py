@@ -99,7 +99,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     if not lock.acquire():  # a step of this Proxy is running: try again shortly
         if lock_waits >= retire_lock_waits(ctx.settings):
             log.warning("retire %s: the lock of proxy uid %s stayed busy through %d tries; GC collects the "
-                        "instance as superseded", provider_id, uid, lock_waits + 1)
+                        "instance", provider_id, uid, lock_waits + 1)
             return
         raise self.retry(args=args, kwargs={"lock_waits": lock_waits + 1}, countdown=ctx.settings.poll_initial,
                          queue=queue, max_retries=_RETIRE_CELERY_MAX_RETRIES)
@@ -108,11 +108,11 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     except Exception as exc:  # noqa: BLE001 - classified and logged by the provider
         delay = reconcile.backoff(ctx.settings, errors)
         if classify(exc) is Permanent:
-            log.warning("retire %s: %s; not retrying (GC collects it as superseded if its provider "
+            log.warning("retire %s: %s; not retrying (GC collects it if its provider "
                         "is still configured)", provider_id, describe(exc))
             return
         if errors >= (self.max_retries or 0):
-            log.warning("retire %s: giving up after %d attempts (%s); GC collects it as superseded",
+            log.warning("retire %s: giving up after %d attempts (%s); GC collects it",
                         provider_id, errors + 1, type(exc).__name__)
             return
         log.info("retire %s: %s; retrying in %.0fs", provider_id, type(exc).__name__, delay)
