@@ -38,6 +38,7 @@ from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.kvm import harness
 from tests.support.contexts import QUICK
 from tests.support.kvm_rig import wipe_domains
+from tests.support.loopback import reserve_port
 
 NS = "crawl"
 
@@ -136,7 +137,8 @@ def two_hosts(rig, second_daemon, image, tmp_path):
     daemon behind an sshd on port ``h2_port`` that nobody listens on yet), and a starter for
     that sshd.  Every domain either daemon holds afterwards is removed."""
     _, url, sha, _ = image()
-    h2_port = harness.free_port()
+    reservation = reserve_port()  # h2's port stays ours (refusing connects) until its sshd starts
+    h2_port = reservation.getsockname()[1]
     known = tmp_path / "known_hosts"
     known.write_text(harness.known_hosts_line("127.0.0.1", rig.sshd.port, rig.keys.host_pub)
                      + harness.known_hosts_line("127.0.0.1", h2_port, rig.keys.host_pub))
@@ -148,8 +150,10 @@ def two_hosts(rig, second_daemon, image, tmp_path):
     def start_h2() -> None:
         started.append(harness.Sshd(tmp_path / "sshd-h2", rig.keys.host_key, rig.keys.client_pub,
                                     port=h2_port).start())
+        reservation.close()
 
     yield entry, start_h2
+    reservation.close()
     for s in started:
         s.stop()
     for socket_path in (rig.daemon.socket, second_daemon.socket):

@@ -188,3 +188,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """Return a socket bound (not listening) to a kernel-picked port on ``host``, with
+    ``SO_REUSEADDR``: the port stays ours for a server that starts later (connects to it are
+    refused meanwhile, as to a port nobody listens on), and on Linux a server that sets
+    ``SO_REUSEADDR`` itself (sshd, Squid, Python's socketserver) can bind and listen on it while
+    this socket is still open; close it once the server listens.  ``free_port`` alone lets
+    another process (an outgoing connection's ephemeral port) take the port before the server
+    starts."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    return s
+
