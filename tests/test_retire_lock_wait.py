@@ -36,22 +36,42 @@ def _retries(log: str) -> int:
     return len(re.findall(r"instance\.retire\[[^\]]+\] retry: Retry in", log))
 
 
-def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, kube_client, redis_url, tmp_path):
+def _env(kube, redis_url, tmp_path, **settings: str) -> dict[str, str]:
+    """A worker's environment: the kubernetes provider ``k8s-local`` on the API fake, the
+    test's Redis, GC off, and ``settings`` (backoff, time limits) on top."""
     providers = tmp_path / "providers.yaml"
     providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
                                                         "checkInterval": "0s"}]}))
-    env = {"KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
-           "PROVIDERS_CONFIG": str(providers), "GC_INTERVAL": "3600", "POLL_INITIAL": "0.2", "POLL_MAX": "1",
-           "RETRY_INITIAL": "0.2", "RETRY_MAX": "0.5", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",
-           "BROKER_VISIBILITY_TIMEOUT": "60", "EGRESS_ECHO_URL": "", "LOG_LEVEL": "INFO"}
-    uid = str(uuid.uuid4())  # no Proxy has it: the Pod is a replaced instance of a deleted Proxy
-    core = k8s.CoreV1Api(kube_client)
+    return {"KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
+            "PROVIDERS_CONFIG": str(providers), "GC_INTERVAL": "3600", "BROKER_VISIBILITY_TIMEOUT": "60",
+            "EGRESS_ECHO_URL": "", "LOG_LEVEL": "INFO", **settings}
+
+
+def _replaced_pod_under_a_busy_lock(core, r, holder: str) -> str:
+    """Create ``default/replaced-pod``, tagged with the UID of a Proxy that does not exist (a
+    replaced instance of a deleted Proxy), and hold that UID's per-Proxy lock as ``holder``;
+    return the UID."""
+    uid = str(uuid.uuid4())
     core.create_namespaced_pod("default", k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="replaced-pod", labels={LABEL_MANAGED_BY: "proxy-operator",
                                                                LABEL_PROXY_UID: uid}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="squid", image="squid")])))
+    r.set(redis_keys.proxy_lock(uid), holder, ex=110)
+    return uid
+
+
+def _send_retire(client: Celery, uid: str) -> None:
+    """What Dispatcher.retire sends for a kubernetes instance (app/dispatch.py)."""
+    client.send_task("instance.retire", args=["k8s-local", "default/replaced-pod", "default", "gone", uid],
+                     queue="proxies")
+
+
+def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, kube_client, redis_url, tmp_path):
+    env = _env(kube, redis_url, tmp_path, POLL_INITIAL="0.2", POLL_MAX="1", RETRY_INITIAL="0.2", RETRY_MAX="0.5",
+               TASK_SOFT_TIME_LIMIT="8", TASK_TIME_LIMIT="10")
+    core = k8s.CoreV1Api(kube_client)
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
-    r.set(redis_keys.proxy_lock(uid), "a-step-of-the-proxy", ex=110)  # the lock a running step holds
+    uid = _replaced_pod_under_a_busy_lock(core, r, "a-step-of-the-proxy")  # the lock a running step holds
 
     def pod_exists() -> bool:
         return any(p.metadata.name == "replaced-pod" for p in core.list_namespaced_pod("default").items)
@@ -60,9 +80,7 @@ def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, k
     client = Celery("test-client", broker=redis_url)
     try:
         worker.wait_for_log("ready.", timeout=60)
-        # what Dispatcher.retire sends for a kubernetes instance (app/dispatch.py)
-        client.send_task("instance.retire", args=["k8s-local", "default/replaced-pod", "default", "gone", uid],
-                         queue="proxies")
+        _send_retire(client, uid)
         deadline = time.monotonic() + 60
         while _retries(worker.log()) < WAITS and "MaxRetriesExceededError" not in worker.log():
             assert time.monotonic() < deadline, f"{WAITS} lock waits not seen; log:\n{worker.log()[-4000:]}"
@@ -91,28 +109,17 @@ def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, k
 
 
 def test_retire_leaves_the_instance_to_gc_when_the_lock_stays_busy(kube, kube_client, redis_url, tmp_path):
-    providers = tmp_path / "providers.yaml"
-    providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
-                                                        "checkInterval": "0s"}]}))
     # lock timeout = TASK_TIME_LIMIT + 10 = 12 s: twice that at 2 s a try is 12 waits (~30 s)
-    env = {"KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
-           "PROVIDERS_CONFIG": str(providers), "GC_INTERVAL": "3600", "POLL_INITIAL": "2", "POLL_MAX": "2",
-           "TASK_SOFT_TIME_LIMIT": "1.5", "TASK_TIME_LIMIT": "2", "BROKER_VISIBILITY_TIMEOUT": "60",
-           "EGRESS_ECHO_URL": "", "LOG_LEVEL": "INFO"}
-    uid = str(uuid.uuid4())
+    env = _env(kube, redis_url, tmp_path, POLL_INITIAL="2", POLL_MAX="2", TASK_SOFT_TIME_LIMIT="1.5",
+               TASK_TIME_LIMIT="2")
     core = k8s.CoreV1Api(kube_client)
-    core.create_namespaced_pod("default", k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name="replaced-pod", labels={LABEL_MANAGED_BY: "proxy-operator",
-                                                               LABEL_PROXY_UID: uid}),
-        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="squid", image="squid")])))
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
-    r.set(redis_keys.proxy_lock(uid), "a-stuck-holder", ex=110)
+    uid = _replaced_pod_under_a_busy_lock(core, r, "a-stuck-holder")
     worker = celery_worker(env, queues="proxies", concurrency=1, name="retire-worker").start()
     client = Celery("test-client", broker=redis_url)
     try:
         worker.wait_for_log("ready.", timeout=60)
-        client.send_task("instance.retire", args=["k8s-local", "default/replaced-pod", "default", "gone", uid],
-                         queue="proxies")
+        _send_retire(client, uid)
         worker.wait_for_log("stayed busy through 13 tries", timeout=80)
         time.sleep(1.0)  # nothing after the give-up: no further retry
         log = worker.log()

@@ -20,9 +20,9 @@ from app.providers.base import InstanceState
 from app.providers.errors import NotFound
 from app.providers.kvm import domain as dom_xml
 from app.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
-from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
 from tests.kvm import harness
+from tests.support.proxies import apply
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,15 +95,17 @@ def poll_until_running(ctx, ref: Ref, attempt: int = 0, timeout: float = 20) -> 
         time.sleep(0.2)
 
 
-def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider, direct, api, make_context):
+def _slow_ctx(make_context, entry, provider):
+    """A reconcile context on ``provider`` with the deployed backoff (poll 5-60 s, retry 5-300 s)."""
     settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    ctx = make_context(harness.provider_config(entry), settings=settings, factories={"kvm": lambda pc: provider})
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-            "metadata": {"name": "squid-kvm", "namespace": "default"},
-            "spec": {"provider": provider.name,
-                     "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-    ref = Ref("default", "squid-kvm", obj["metadata"]["uid"])
+    return make_context(harness.provider_config(entry), settings=settings, factories={"kvm": lambda pc: provider})
+
+
+def test_poll_starts_the_same_domain_after_it_was_shut_off(rig, entry, provider, direct, api, make_context):
+    ctx = _slow_ctx(make_context, entry, provider)
+    ref = apply(api, "squid-kvm", {"provider": provider.name,
+                                   "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}},
+                namespace="default")
 
     assert create(ctx, ref).action == POLL
     name = naming.instance_name(ref.uid)
@@ -147,14 +149,10 @@ def test_a_failing_start_is_retried_with_backoff(rig, entry, provider, direct, a
 
     from app.providers.kvm.provider import overlay_name, seed_name
 
-    settings = Settings(poll_initial=5, poll_max=60, retry_initial=5, retry_max=300, quota_backoff=900)
-    ctx = make_context(harness.provider_config(entry), settings=settings, factories={"kvm": lambda pc: provider})
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-            "metadata": {"name": "squid-kvm-flaky", "namespace": "default"},
-            "spec": {"provider": provider.name,
-                     "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}}}
-    obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-    ref = Ref("default", "squid-kvm-flaky", obj["metadata"]["uid"])
+    ctx = _slow_ctx(make_context, entry, provider)
+    ref = apply(api, "squid-kvm-flaky", {"provider": provider.name,
+                                   "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}},
+                namespace="default")
 
     assert create(ctx, ref).action == POLL
     name = naming.instance_name(ref.uid)
