@@ -243,9 +243,12 @@ def _replacement_cause(proxy: Proxy) -> str:
 
     ``"the basic-auth credentials changed"`` when poll handed the Proxy over for a rotation (it
     writes :data:`ROTATED_SPEC_HASH` as ``specHash``, kept until create's status writes
-    replace it, so a retried replacement still says so), else ``"spec changed"``.
+    replace it, so a retried replacement still says so; ``"spec changed and the basic-auth
+    credentials changed"`` when a new generation landed meanwhile), else ``"spec changed"``.
     """
     if proxy.status.get("specHash") == ROTATED_SPEC_HASH:
+        if proxy.status.get("observedGeneration") != proxy.generation:
+            return "spec changed and the basic-auth credentials changed"
         return "the basic-auth credentials changed"
     return "spec changed"
 
@@ -383,7 +386,9 @@ def retire_instance(ctx: Context, provider_name: str, provider_id: str, *, ref: 
     from a task message (Redis), so they are not trusted: the instance itself is read first
     and kept unless it carries our managed-by tag and ``ref.uid`` as its Proxy UID and no
     abandoned mark.  Then the Proxy ``ref`` is re-read: when its status records
-    ``provider_id`` of ``provider_name`` again (moved back), the instance is current and kept.
+    ``provider_id`` again (moved back), the instance is current and kept.  Compared by ID
+    alone, as GC does: two providers may reach one instance (one GCE project, one cluster), so
+    a message naming the other provider must not delete the instance the status names.
 
     Raises:
         ProviderError: reading or deleting failed (the caller retries; GC collects the
@@ -400,8 +405,7 @@ def retire_instance(ctx: Context, provider_name: str, provider_id: str, *, ref: 
                     "not deleting it", provider_id, ref.uid)
         return False
     proxy = _load(ctx, ref)
-    if proxy is not None and proxy.status.get("providerID") == provider_id and \
-            (proxy.status.get("provider") or proxy.spec.provider) == provider_name:
+    if proxy is not None and proxy.status.get("providerID") == provider_id:
         log.info("proxy %s: instance %s is current again; not deleting it", proxy.key, provider_id)
         return False
     provider.delete(provider_id)

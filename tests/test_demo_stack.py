@@ -110,10 +110,12 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         # README's lease and curl lines run as written, in bash, after the line the banner printed.
         steps = readme_demo_block()
         first = next(i for i, line in enumerate(steps) if line.startswith("LEASE="))
-        script = "\n".join([variables, *steps[first:first + 4]])
-        assert steps[first + 4] == "kubectl delete px squid-k8s-1", steps
-        lease_line, page = sh("bash", "-euo", "pipefail", "-c", script).split("\n", 1)
+        script = "\n".join([variables, *steps[first:first + 6]])
+        assert steps[first + 6] == "kubectl delete px squid-k8s-1", steps
+        lease_line, rest = sh("bash", "-euo", "pipefail", "-c", script).split("\n", 1)
+        page, released = rest.rstrip("\n").rsplit("\n", 1)
         lease = json.loads(lease_line)
+        assert json.loads(released)["wasLive"] is True  # released while the Proxy still exists
         assert lease["proxy"]["name"] == "squid-k8s-1"
         assert lease["proxyUrl"].startswith(f"http://{info['podCIDR'].rsplit('.', 1)[0]}.")
         assert "Hello from the proxy-operator demo origin" in page

@@ -68,6 +68,8 @@ STEPS_LINES = (
     "        -d '{\"ttlSeconds\": 300}' \"$API/v1/leases\"); echo \"$LEASE\"",
     "PROXY=$(printf '%s' \"$LEASE\" | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"proxyUrl\"])')",
     "curl --noproxy '' -x \"$PROXY\" \"$ORIGIN\"   # the local origin, through the leased proxy",
+    "ID=$(printf '%s' \"$LEASE\" | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"leaseId\"])')",
+    "curl -s -X DELETE -H \"Authorization: Bearer $TOKEN\" \"$API/v1/leases/$ID\"; echo   # release it: \"wasLive\": true",
     "kubectl delete px squid-k8s-1",
     "kubectl apply -f deploy/samples/proxypool_kubernetes.yaml   # a ProxyPool: 3 Proxies made from a template",
     "kubectl get pxp                   # DESIRED READY LEASABLE UPDATED AGE; again until LEASABLE is 3",
