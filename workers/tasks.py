@@ -90,10 +90,26 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     every ``POLL_INITIAL`` seconds; these waits (``lock_waits``: how many so far, carried in
     the retried message) do not count as failures, and after :func:`retire_lock_waits` of
     them the instance is left to GC (a warning, no error).
+
+    A message naming a provider that is not configured, or delivered on a queue other than
+    the one :meth:`~app.dispatch.Router.queue_for_instance` gives its instance (stale or
+    forged: every sender routes by it), is dropped with a warning before any lock or provider
+    call, so a worker never dials another host's place; GC collects what it named.  Without a
+    delivery queue (a direct call) these checks are skipped.
     """
     ctx = context()
-    lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue:
+        router = dispatcher().router
+        if provider_name not in router.names():
+            log.warning("retire %s: provider %r is not configured; dropped", provider_id, provider_name)
+            return
+        expected = router.queue_for_instance(provider_name, provider_id)
+        if queue != expected:
+            log.warning("retire %s: delivered on %s, belongs on %s; dropped (GC collects it)",
+                        provider_id, queue, expected)
+            return
+    lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     args = [provider_name, provider_id, namespace, name, uid]
     errors = max(0, self.request.retries - lock_waits)  # failed attempts so far (lock waits apart)
     if not lock.acquire():  # a step of this Proxy is running: try again shortly

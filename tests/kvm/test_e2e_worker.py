@@ -64,7 +64,10 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                 return any(c.get("type") == "Provisioned" and c.get("reason") == "Provisioning"
                            for c in s.get("conditions") or [])
 
-            st = wait_for(lambda: requested(s := status()) and s, 120, "the domain to be created")
+            def logs() -> str:
+                return "\n".join(f"--- {p.name} (last 4000 chars) ---\n{p.log()[-4000:]}" for p in procs)
+
+            st = wait_for(lambda: requested(s := status()) and s, 120, "the domain to be created", explain=logs)
             assert st["phase"] == "Provisioning"
             name = st["instanceName"]
             assert st["providerID"] == f"hosts/h1/domains/{name}"
@@ -77,7 +80,8 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                 [(mac, _network)] = dom_xml.nic_macs(dom.XMLDesc(0))
                 with harness.FakeGuest(rig, name) as guest:
                     address = guest.lease(mac, "boot-1")
-                    st = wait_for(lambda: (s := status()).get("phase") == "Running" and s, 60, "Proxy Running")
+                    st = wait_for(lambda: (s := status()).get("phase") == "Running" and s, 60, "Proxy Running",
+                                  explain=logs)
                 assert st["address"] == address
                 assert created["metadata"]["uid"] in dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
                                                                   dom_xml.METADATA_NS, 0)
@@ -91,7 +95,7 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                     except k8s.ApiException as exc:
                         return exc.status == 404
 
-                wait_for(gone, 60, "the Proxy to be deleted")
+                wait_for(gone, 60, "the Proxy to be deleted", explain=logs)
                 with pytest.raises(libvirt.libvirtError):
                     conn.lookupByName(name)
             finally:

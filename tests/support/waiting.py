@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.1):
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.1, explain=None):
     """Call ``predicate`` until it returns a truthy value and return that value.
+
+    ``explain``, if given, is called once on a timeout; the string it returns (e.g. the tails
+    of the processes' logs) is appended to the failure message.
 
     Raises:
         AssertionError: ``timeout`` seconds passed; the message names ``what``.
@@ -17,7 +20,8 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    message = f"timed out after {timeout}s waiting for {what}"
+    raise AssertionError(message + (f"\n{explain()}" if explain is not None else ""))
 
 
 def wait_until(predicate, timeout: float = 10.0, what: str = "condition", interval: float = 0.02) -> float:
