@@ -457,15 +457,22 @@ def test_logs_start_with_the_release_and_follow_log_format(redis_url, tmp_path):
     assert TOKEN not in proc.log()
 
 
-def test_log_level_applies_to_the_access_log(redis_url, tmp_path):
-    proc, port = start_api(tmp_path, redis_url, {"LOG_LEVEL": "WARNING"})
+@pytest.mark.parametrize("level, shown", [("INFO", True), ("WARNING", False)])
+def test_log_level_applies_to_the_access_log(redis_url, tmp_path, level, shown):
+    """Text-format access lines (``GET /healthz ... 200``) appear at INFO and are gone at WARNING,
+    with the app's own INFO records."""
+    proc, port = start_api(tmp_path, redis_url, {"LOG_LEVEL": level, "LOG_FORMAT": "text"})
     try:
         for _ in range(3):
             assert request(port, "GET", "/healthz", token=None)[0] == 200
     finally:
         proc.stop()
-    text = proc.log()
-    assert "/healthz" not in text and " INFO " not in text
+    access = [line for line in proc.log().splitlines() if "GET /healthz" in line and " 200" in line]
+    if shown:
+        assert len(access) >= 3, proc.log()[-2000:]
+        assert all(" INFO " in line for line in access)
+    else:
+        assert access == [] and " INFO " not in proc.log()
 
 
 @pytest.mark.parametrize("name, value", [("API_THREADS", "four"), ("API_WORKERS", "0"),
