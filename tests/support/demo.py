@@ -77,7 +77,7 @@ STEPS_LINES = (
     "kubectl get px -l crawl.example.com/pool=squid-k8s-pool   # the pool's Proxies, owned by it",
     "curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\",
     "        -d '{\"pool\": \"squid-k8s-pool\", \"ttlSeconds\": 300}' \"$API/v1/leases\"; echo   # from the pool",
-    "kubectl delete pxp squid-k8s-pool # its Proxies go with it",
+    "kubectl delete pxp squid-k8s-pool # its Proxies go with it, ending their leases",
 )
 
 
