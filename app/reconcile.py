@@ -388,7 +388,11 @@ def retire_instance(ctx: Context, provider_name: str, provider_id: str, *, ref: 
     abandoned mark.  Then the Proxy ``ref`` is re-read: when its status records
     ``provider_id`` again (moved back), the instance is current and kept.  Compared by ID
     alone, as GC does: two providers may reach one instance (one GCE project, one cluster), so
-    a message naming the other provider must not delete the instance the status names.
+    a message naming the other provider must not delete the instance the status names.  A
+    legitimate message always names the status's provider: ``spec.provider`` is immutable
+    (the Proxy CRD's rule "spec.provider is immutable"), so one Proxy's instances, old and new,
+    all belong to one provider, and two kvm providers that both call a host ``h1`` never
+    share a Proxy.
 
     Raises:
         ProviderError: reading or deleting failed (the caller retries; GC collects the
