@@ -43,6 +43,10 @@ NS = "default"
 IMAGES = ("example/squid:6", "example/squid:7")
 pytestmark = pytest.mark.timeout(60)
 
+#: These tests change ``spec.provider``, which the CRD makes immutable: they pin what reconcile
+#: and GC do when ``status.provider`` and ``spec.provider`` differ anyway (defence in depth).
+PROVIDER_CHANGE = pytest.mark.no_crd_admission("changes the immutable spec.provider on purpose")
+
 
 def k8s_provider(name: str = "k8s-local", namespace: str = "") -> ProviderConfig:
     return contexts.k8s_provider(name, namespace=namespace, images=IMAGES)
@@ -107,6 +111,7 @@ def test_a_spec_change_that_lands_during_the_create_is_not_lost(fake, api, ctx):
     assert read(api, ref).status["specHash"] == read(api, ref).spec_hash
 
 
+@PROVIDER_CHANGE
 def test_a_provider_change_during_the_create_replaces_and_retires_the_old_pod(fake, api, redis_client, make_context):
     """spec.provider changes while the create for the old provider is in flight: the new
     provider gets its Pod, the old one is retired, nothing is left over."""
@@ -172,6 +177,7 @@ def test_deleted_and_recreated_with_the_same_name_during_the_create(fake, api, c
 
 
 # -- a move back before the old place was cleaned up ----------------------------------------------------
+@PROVIDER_CHANGE
 def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, redis_client, make_context):
     retired: list = []   # the retire tasks never run (the old place is unreachable)
     ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
@@ -190,6 +196,7 @@ def test_moving_back_with_a_changed_spec_does_not_adopt_the_stale_instance(api, 
 
 
 # -- GC against a move back ------------------------------------------------------------------------------
+@PROVIDER_CHANGE
 def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client, make_context):
     """GC decides 'superseded' from one Proxy listing and deletes later (gc.collect: after the
     listing; sharded sweeps: a gc.delete queued on the host queue, possibly behind the create).
@@ -232,6 +239,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client,
     assert [f"{ns}/{n}" for ns, n, _ in pod_images(api)] == [f"ns-b/{name}"]
 
 
+@PROVIDER_CHANGE
 def test_gc_leaves_a_superseded_instance_of_a_busy_proxy_for_the_next_sweep(api, redis_client, make_context):
     """A step holds the Proxy's lock (a create may be adopting the instance): GC keeps its hands off."""
     retired: list = []

@@ -71,3 +71,23 @@ def test_the_crd_schema_validator_plugs_in():
         assert err.value.status == 422 and body["reason"] == "Invalid"
         assert "spec.provider is required" in body["message"]
         client.close()
+
+
+def test_the_kube_fixture_admits_proxies_with_the_crd_rules(custom_api):
+    """The shared ``kube`` fixture's fake applies deploy/crd's schema defaults and CEL rules, as
+    the real API server does, so no test can build a Proxy history a cluster would refuse."""
+    out = custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a", provider="k8s-a"))
+    assert out["spec"]["mode"] == "Managed"  # a schema default
+    with pytest.raises(k8s.ApiException) as err:
+        custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"spec": {"provider": "k8s-b"}})
+    body = json.loads(err.value.body)
+    assert err.value.status == 422 and body["reason"] == "Invalid"
+    assert "spec.provider is immutable" in body["message"]
+    assert custom_api.get_namespaced_custom_object(G, V, "default", P, "a")["spec"]["provider"] == "k8s-a"
+
+
+@pytest.mark.no_crd_admission("the marker's own test")
+def test_the_no_crd_admission_marker_gives_a_fake_without_the_crd_rules(custom_api):
+    custom_api.create_namespaced_custom_object(G, V, "default", P, proxy("a", provider="k8s-a"))
+    out = custom_api.patch_namespaced_custom_object(G, V, "default", P, "a", {"spec": {"provider": "k8s-b"}})
+    assert out["spec"] == {"provider": "k8s-b"}

@@ -262,7 +262,7 @@ def test_the_proxy_and_proxypool_streams_count_under_their_own_resource(fake, cu
     def pool(name: str) -> None:
         custom_api.create_namespaced_custom_object(G, V, "ns1", "proxypools", {
             "apiVersion": f"{G}/{V}", "kind": "ProxyPool", "metadata": {"name": name},
-            "spec": {"replicas": 1, "template": {"spec": {"provider": "k8s"}}}})
+            "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "squid"}}, "spec": {"provider": "k8s"}}}})
 
     create(custom_api, "ns1", "a-proxy")
     pool("listed-pool")

@@ -26,9 +26,21 @@ from tests.kubefake.server import FakeKube
 
 
 @pytest.fixture
-def kube():
-    """A started FakeKube, closed after the test."""
+def kube(request):
+    """A started FakeKube, closed after the test, admitting Proxies and ProxyPools as the real
+    server does with deploy/crd installed (schema, defaults and every CEL rule: a change of
+    the immutable ``spec.provider`` is refused with 422 here too; tests/support/cluster.py).
+
+    A test marked ``no_crd_admission`` (with its reason) gets a fake without the CRDs' rules:
+    for the fake's own generic write semantics, or to pin what the operator does with an object
+    the CRD would have refused (defence in depth).
+    """
+    from tests.support.cluster import pool_admission, proxy_admission
+
     fake = FakeKube(bookmark_interval=0.2).start()
+    if request.node.get_closest_marker("no_crd_admission") is None:
+        fake.set_admission("proxies", proxy_admission())
+        fake.set_admission("proxypools", pool_admission())
     try:
         yield fake
     finally:
