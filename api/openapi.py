@@ -171,7 +171,8 @@ def document(settings: LeaseSettings) -> dict:
                     "properties": {
                         "leaseId": {"type": "string"}, "released": {"type": "boolean"},
                         "outcome": {"type": "string", "enum": list(OUTCOMES)},
-                        "wasLive": {"type": "boolean", "description": "false if it had already expired."},
+                        "wasLive": {"type": "boolean", "description": "false if it was no longer live: it had expired, "
+                                                  "or its proxy was withdrawn from serving."},
                         "cooldownUntil": {**nullable_str, "format": "date-time"},
                     },
                 },

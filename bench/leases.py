@@ -357,7 +357,7 @@ class FloorSession(Session):
         return self.first()
 
 
-def floor(server: "Server", workdir: str, args, seconds: float, kind: str = "wsgi") -> tuple[float, float, float]:
+def floor(server: "Server", workdir: str, args, seconds: float, kind: str) -> tuple[float, float, float]:
     """Requests/s, server CPU ms per request and client CPU ms per request of a trivial app
     (``kind``: a key of :data:`FLOOR_APPS`) served the way ``server`` serves the API, driven by
     the same client as the rounds."""
@@ -565,22 +565,22 @@ def summary(servers: list[Server], results: dict[str, list[Round]],
         rates, p99s = [x.pairs_per_s for x in got], [x.p99 for x in got]
         rate, p99 = statistics.median(rates), statistics.median(p99s)
         cpu = statistics.median(x.cpu_server for x in got)
-        rps = {kind: floors.get((srv.key, kind), (nan, 0.0))[0] for kind in FLOOR_APPS}
-        rows[srv.key] = (rate, p99, rps)
-        shares = " / ".join(f"{rate / (x / 2):.0%}" if x == x else "-" for x in rps.values())
+        floor_rps = {kind: floors.get((srv.key, kind), (nan, 0.0))[0] for kind in FLOOR_APPS}
+        rows[srv.key] = (rate, p99, floor_rps)
+        shares = " / ".join(f"{rate / (x / 2):.0%}" if x == x else "-" for x in floor_rps.values())
         print(f"{srv.label:<34} {f'{rate:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})':<26} "
               f"{f'{p99:.1f} ms ({max(p99s):.1f})':<20} {f'{cpu:.2f} ms':<9} "
-              f"{' / '.join(f'{x:,.0f}' if x == x else '-' for x in rps.values()):<26} {shares:<24}")
+              f"{' / '.join(f'{x:,.0f}' if x == x else '-' for x in floor_rps.values()):<26} {shares:<24}")
     if "old" in rows and "new" in rows:
         ratio = rows["new"][0] / rows["old"][0]
         paired = [n.pairs_per_s / o.pairs_per_s for o, n in zip(results["old"], results["new"])]
         print(f"new / old pairs/s: {ratio:.2f}x (per round pair: {', '.join(f'{x:.2f}' for x in paired)})")
     if "new" in rows:
-        rate, p99, rps = rows["new"]
+        rate, p99, floor_rps = rows["new"]
         checks = [("new p99 < 35 ms", p99 < 35)]
         if "old" in rows:
             checks.insert(0, ("new >= 1.4 x old pairs/s", rate / rows["old"][0] >= 1.4))
-        for kind, x in rps.items():
+        for kind, x in floor_rps.items():
             if x == x:
                 checks.append((f"new pairs/s >= 40% of its {FLOOR_LABELS[kind]} floor/2", rate >= 0.4 * x / 2))
         print("targets (issue 11): " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in checks))

@@ -7,6 +7,7 @@ print, docs/performance.md).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,16 @@ def test_the_lease_benchmark_prints_both_servers_both_floors_and_the_targets():
                          capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
-    assert "errors: 0" in text and "errors: 1" not in text
-    for label in ("gunicorn gthread (old)", "granian (new)"):
+    labels = ["gunicorn gthread (old)", "granian (new)"]
+    # one round per server (old, then new), each reporting its error count; every count is 0
+    rounds = re.split(r"^round \d+ of 1, ", text, flags=re.M)[1:]
+    assert len(rounds) == len(labels), text[-3000:]
+    for label, section in zip(labels, rounds):
+        assert section.startswith(label), section
+        assert re.search(r"^\s*errors: \d+", section, re.M), section
+    counts = [int(n) for n in re.findall(r"^\s*errors: (\d+)", text, re.M)]
+    assert len(counts) >= len(labels) and not any(counts), text[-3000:]
+    for label in labels:
         assert f"serving floor of {label}, 2x4 (trivial WSGI callable" in text
         assert f"serving floor of {label}, 2x4 (trivial Flask app" in text
     table = text[text.index("pairs/s median"):]

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 
 import pytest
 import redis as redis_lib
-import yaml
 from celery import Celery
 from kubernetes import client as k8s
 
 from app import redis_keys
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from tests.support.processes import celery_worker
+from tests.support.retire import replaced_pod, retire_pattern, send_retire, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -36,39 +34,17 @@ def _retries(log: str) -> int:
     return len(re.findall(r"instance\.retire\[[^\]]+\] retry: Retry in", log))
 
 
-def _env(kube, redis_url, tmp_path, **settings: str) -> dict[str, str]:
-    """A worker's environment: the kubernetes provider ``k8s-local`` on the API fake, the
-    test's Redis, GC off, and ``settings`` (backoff, time limits) on top."""
-    providers = tmp_path / "providers.yaml"
-    providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
-                                                        "checkInterval": "0s"}]}))
-    return {"KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
-            "PROVIDERS_CONFIG": str(providers), "GC_INTERVAL": "3600", "BROKER_VISIBILITY_TIMEOUT": "60",
-            "EGRESS_ECHO_URL": "", "LOG_LEVEL": "INFO", **settings}
-
-
 def _replaced_pod_under_a_busy_lock(core, r, holder: str) -> str:
-    """Create ``default/replaced-pod``, tagged with the UID of a Proxy that does not exist (a
-    replaced instance of a deleted Proxy), and hold that UID's per-Proxy lock as ``holder``;
-    return the UID."""
-    uid = str(uuid.uuid4())
-    core.create_namespaced_pod("default", k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name="replaced-pod", labels={LABEL_MANAGED_BY: "proxy-operator",
-                                                               LABEL_PROXY_UID: uid}),
-        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="squid", image="squid")])))
+    """Create ``default/replaced-pod`` (:func:`tests.support.retire.replaced_pod`) and hold its
+    Proxy UID's per-Proxy lock as ``holder``; return the UID."""
+    uid = replaced_pod(core)
     r.set(redis_keys.proxy_lock(uid), holder, ex=110)
     return uid
 
 
-def _send_retire(client: Celery, uid: str) -> None:
-    """What Dispatcher.retire sends for a kubernetes instance (app/dispatch.py)."""
-    client.send_task("instance.retire", args=["k8s-local", "default/replaced-pod", "default", "gone", uid],
-                     queue="proxies")
-
-
 def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, kube_client, redis_url, tmp_path):
-    env = _env(kube, redis_url, tmp_path, POLL_INITIAL="0.2", POLL_MAX="1", RETRY_INITIAL="0.2", RETRY_MAX="0.5",
-               TASK_SOFT_TIME_LIMIT="8", TASK_TIME_LIMIT="10")
+    env = worker_env(kube, redis_url, tmp_path, POLL_INITIAL="0.2", POLL_MAX="1", RETRY_INITIAL="0.2",
+                     RETRY_MAX="0.5", TASK_SOFT_TIME_LIMIT="8", TASK_TIME_LIMIT="10")
     core = k8s.CoreV1Api(kube_client)
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
     uid = _replaced_pod_under_a_busy_lock(core, r, "a-step-of-the-proxy")  # the lock a running step holds
@@ -80,7 +56,7 @@ def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, k
     client = Celery("test-client", broker=redis_url)
     try:
         worker.wait_for_log("ready.", timeout=60)
-        _send_retire(client, uid)
+        send_retire(client, uid)
         deadline = time.monotonic() + 60
         while _retries(worker.log()) < WAITS and "MaxRetriesExceededError" not in worker.log():
             assert time.monotonic() < deadline, f"{WAITS} lock waits not seen; log:\n{worker.log()[-4000:]}"
@@ -98,7 +74,7 @@ def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, k
         log = worker.log()
         assert "MaxRetriesExceededError" not in log
         assert "giving up" not in log and "stayed busy" not in log, log[-4000:]
-        assert log.count("retire default/replaced-pod: Transient") == 2, log[-4000:]
+        assert len(re.findall(retire_pattern("default/replaced-pod") + " Transient", log)) == 2, log[-4000:]
         # the first failure backs off as a first failure (at most RETRY_INITIAL), not as the 13th
         delays = [float(d) for d in re.findall(r"Transient; retrying in \S+\n[^\n]*retry: Retry in ([0-9.]+)s", log)]
         assert len(delays) == 2 and delays[0] <= 0.2, delays
@@ -110,8 +86,8 @@ def test_retire_outlasts_a_lock_held_through_more_waits_than_max_retries(kube, k
 
 def test_retire_leaves_the_instance_to_gc_when_the_lock_stays_busy(kube, kube_client, redis_url, tmp_path):
     # lock timeout = TASK_TIME_LIMIT + 10 = 12 s: twice that at 2 s a try is 12 waits (~30 s)
-    env = _env(kube, redis_url, tmp_path, POLL_INITIAL="2", POLL_MAX="2", TASK_SOFT_TIME_LIMIT="1.5",
-               TASK_TIME_LIMIT="2")
+    env = worker_env(kube, redis_url, tmp_path, POLL_INITIAL="2", POLL_MAX="2", TASK_SOFT_TIME_LIMIT="1.5",
+                     TASK_TIME_LIMIT="2")
     core = k8s.CoreV1Api(kube_client)
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
     uid = _replaced_pod_under_a_busy_lock(core, r, "a-stuck-holder")
@@ -119,7 +95,7 @@ def test_retire_leaves_the_instance_to_gc_when_the_lock_stays_busy(kube, kube_cl
     client = Celery("test-client", broker=redis_url)
     try:
         worker.wait_for_log("ready.", timeout=60)
-        _send_retire(client, uid)
+        send_retire(client, uid)
         worker.wait_for_log("stayed busy through 13 tries", timeout=80)
         time.sleep(1.0)  # nothing after the give-up: no further retry
         log = worker.log()

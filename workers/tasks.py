@@ -94,7 +94,9 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     A message naming a provider that is not configured, or delivered on a queue other than
     the one :meth:`~app.dispatch.Router.queue_for_instance` gives its instance (stale or
     forged: every sender routes by it), is dropped with a warning before any lock or provider
-    call, so a worker never dials another host's place; GC collects what it named.  Without a
+    call, so a worker never dials another host's place; GC collects what it named when its
+    provider is configured (GC sweeps configured providers only).  The provider ID of a dropped
+    message is logged with ``%r`` (it may be forged: no line breaks reach the log).  Without a
     delivery queue (a direct call) these checks are skipped.
     """
     ctx = context()
@@ -102,11 +104,11 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     if queue:
         router = dispatcher().router
         if provider_name not in router.names():
-            log.warning("retire %s: provider %r is not configured; dropped", provider_id, provider_name)
+            log.warning("retire %r: provider %r is not configured; dropped", provider_id, provider_name)
             return
         expected = router.queue_for_instance(provider_name, provider_id)
         if queue != expected:
-            log.warning("retire %s: delivered on %s, belongs on %s; dropped (GC collects it)",
+            log.warning("retire %r: delivered on %s, belongs on %s; dropped (GC collects it)",
                         provider_id, queue, expected)
             return
     lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)

@@ -151,7 +151,7 @@ def test_a_failing_start_is_retried_with_backoff(rig, entry, provider, direct, a
 
     ctx = _slow_ctx(make_context, entry, provider)
     ref = apply(api, "squid-kvm-flaky", {"provider": provider.name,
-                                   "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}},
+                                         "placement": {"zone": "h1", "image": "tiny", "machineType": "small"}},
                 namespace="default")
 
     assert create(ctx, ref).action == POLL

@@ -101,8 +101,8 @@ class Released:
     Attributes:
         lease_id: the lease.
         outcome: ``ok``, ``blocked`` or ``failed``.
-        was_live: whether the lease was still live (``False``: it had expired; the outcome was
-            still recorded).
+        was_live: whether the lease was still live (``False``: it had expired, or its proxy
+            had been withdrawn from serving; the outcome was still recorded).
         cooldown_until: when the proxy's cooldown for this client ends (UTC), or ``None``.
         recorded: ``False`` when the API no longer knew the lease (it had been lost:
             :attr:`Lease.lost`), so the outcome was not recorded.
