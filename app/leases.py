@@ -94,9 +94,15 @@ EXPIRE_BACKLOG = 10_000
 #: Proxies one page of the lease index holds (the script reads pages until one fits).
 INDEX_PAGE = 32
 
+#: Not-leasable proxies (full, unhealthy, draining) whose placement and labels a filtered
+#: ``no_proxy_available`` reads at most to say why each was excluded; the others are counted as
+#: not examined, so one 503 of a big fleet stays a bounded read in Redis (which runs the script
+#: alone: every other lease waits for it).
+EXPLAIN_LIMIT = 1_000
+
 #: The module's limits, written into the lease script (fewer arguments to send per request).
-_LIMITS = (f"local expire_batch, index_page, expire_backlog = {EXPIRE_BATCH}, {INDEX_PAGE}, "
-           f"{EXPIRE_BACKLOG}\n")
+_LIMITS = (f"local expire_batch, index_page, expire_backlog, explain_limit = {EXPIRE_BATCH}, {INDEX_PAGE}, "
+           f"{EXPIRE_BACKLOG}, {EXPLAIN_LIMIT}\n")
 
 _ACQUIRE = Lua("now", "lease_index", "lease_acquire", prelude=_LIMITS)
 _RENEW = Lua("now", "lease_index", "lease_renew")
@@ -419,23 +425,29 @@ def no_proxy_message(counts: dict) -> str:
             ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0, or
             leaving its pool),
             ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
-            (requires basic auth, credentials not copied yet).
+            (requires basic auth, credentials not copied yet); ``unexamined``: full, unhealthy
+            or draining proxies a filtered request did not read (past :data:`EXPLAIN_LIMIT`).
     Returns:
         e.g. ``"no proxy can be leased now: 3 published; excluded: 1 unhealthy or not yet
         probed, 0 draining (maxLeases 0 or leaving a pool), 2 at maxLeases, 0 cooling down for
-        this client, 0 filtered out"``.
+        this client, 0 filtered out"``, ending with ``", 40 not examined (a filtered request
+        reads 1000 unavailable proxies at most)"`` when some were not read.
     """
     reasons = {k: int(counts.get(k) or 0) for k in ("unhealthy", "draining", "full", "cooling", "nocreds")}
     published = int(counts.get("published") or 0)
+    unexamined = int(counts.get("unexamined") or 0)
     # Every published proxy is in exactly one of the lease index's sets, so what the filters
-    # let through adds up to the published count; the rest was filtered out.
-    filtered_out = max(0, published - sum(reasons.values())) if counts.get("filtered") else 0
+    # let through adds up to the published count; the rest was filtered out (or not examined).
+    filtered_out = max(0, published - sum(reasons.values()) - unexamined) if counts.get("filtered") else 0
     text = (f"no proxy can be leased now: {published} published; excluded: "
             f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0 or leaving a pool), "
             f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
             f"{filtered_out} filtered out")
     if reasons["nocreds"]:
         text += f", {reasons['nocreds']} awaiting their basic-auth credentials (copied at the next probe)"
+    if unexamined:
+        text += (f", {unexamined} not examined (a filtered request reads {EXPLAIN_LIMIT} unavailable "
+                 f"proxies at most)")
     return text
 
 

@@ -1,6 +1,7 @@
 -- app.leases.acquire.  KEYS: the index (K_LOAD), the full set (K_FULL).  ARGV: client, lease id,
 -- ttl (ms), filters (JSON), sessionKey ('' = none), sticky ttl (s), record grace (ms), the
--- client's lease limit ('' = none).  After the limits (expire_batch, index_page, expire_backlog),
+-- client's lease limit ('' = none).  After the limits (expire_batch, index_page, expire_backlog,
+-- explain_limit),
 -- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -158,7 +159,8 @@ if not chosen then
   -- Why nothing fits, for the 503: every published proxy is in one of the index (KEYS[1], scanned
   -- above: cooling down or awaiting credentials), KEYS[2] (full), K_UNHEALTHY, K_DRAINING.  Without
   -- filters only the sizes of the last three and this client's cooldowns are read; with
-  -- filters, each of their members' placement and labels.
+  -- filters, the placement and labels of their members, explain_limit of them at most (SSCAN
+  -- pages, so a big fleet's 503 stays a bounded read): the rest are 'unexamined'.
   local filtered = f.provider or f.zone or f.namespace or f.pool or #sel > 0
   if not filtered then
     local full = redis.call('SCARD', KEYS[2])
@@ -177,21 +179,33 @@ if not chosen then
       local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels', 'pool')
       return fits(h[1], h[2], h[3], h[4], h[5])
     end
-    for _, uid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-      if matches(uid) then
-        if cooling_any and redis.call('ZSCORE', cool, uid) then
-          stats.cooling = stats.cooling + 1
-        else
-          stats.full = stats.full + 1
+    local examined = 0
+    -- calls count(uid) for the members of set that match the filters, until explain_limit
+    -- members were examined in all
+    local function each(set, count)
+      local cursor = '0'
+      repeat
+        local page = redis.call('SSCAN', set, cursor, 'COUNT', 100)
+        cursor = page[1]
+        for _, uid in ipairs(page[2]) do
+          if examined >= explain_limit then return end
+          examined = examined + 1
+          if matches(uid) then count(uid) end
         end
+      until cursor == '0'
+    end
+    each(KEYS[2], function(uid)
+      if cooling_any and redis.call('ZSCORE', cool, uid) then
+        stats.cooling = stats.cooling + 1
+      else
+        stats.full = stats.full + 1
       end
-    end
-    for _, uid in ipairs(redis.call('SMEMBERS', K_UNHEALTHY)) do
-      if matches(uid) then stats.unhealthy = stats.unhealthy + 1 end
-    end
-    for _, uid in ipairs(redis.call('SMEMBERS', K_DRAINING)) do
-      if matches(uid) then stats.draining = stats.draining + 1 end
-    end
+    end)
+    each(K_UNHEALTHY, function() stats.unhealthy = stats.unhealthy + 1 end)
+    each(K_DRAINING, function() stats.draining = stats.draining + 1 end)
+    -- (SSCAN may repeat a member while a set rehashes: never below 0)
+    stats.unexamined = math.max(0, redis.call('SCARD', KEYS[2]) + redis.call('SCARD', K_UNHEALTHY)
+        + redis.call('SCARD', K_DRAINING) - examined)
   end
   -- a request for a pool the controller registered counts as demand for it (one INCR; the
   -- autoscaler reads and resets the count: app.pools.demand)
@@ -208,7 +222,8 @@ if not chosen then
   end
   return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', K_PROXIES),
                        filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
-                       full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds})
+                       full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds,
+                       unexamined = stats.unexamined or 0})
 end
 local exp = now + ttl
 redis.call('ZADD', P_LEASES .. chosen, exp, lease_id)

@@ -3,6 +3,8 @@ fleet, and the index follows health, maxLeases, withdrawal and lease expiry."""
 
 from __future__ import annotations
 
+import re
+
 import time
 
 import pytest
@@ -308,6 +310,39 @@ def test_an_unhealthy_fleet_answers_503_without_reading_it(redis_client, lease_s
         leases.acquire(redis_client, "late", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(300, unhealthy=300))
     assert _hmget_calls(redis_client) - before == 0
+
+
+def test_a_filtered_503_of_a_big_unavailable_fleet_reads_a_bounded_number_of_proxies(redis_client, lease_settings):
+    """A filtered request finding no proxy reads the placement of EXPLAIN_LIMIT unavailable
+    proxies at most (the script blocks Redis while it runs), and its message still adds up:
+    the counted reasons, the proxies filtered out and those not examined make the fleet."""
+    total = leases.EXPLAIN_LIMIT + 300
+    pipe = redis_client.pipeline(transaction=False)
+    uids = _publish(redis_client, total)
+    for i, uid in enumerate(uids):
+        pipe.hset(serving.proxy_key(uid), mapping={"healthy": "0", "namespace": "idx" if i % 2 else "other"})
+    pipe.execute()
+    for uid in uids:
+        serving.reindex(redis_client, uid)
+    filters = leases.Filters(namespace="idx")
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(redis_client, "c", filters, ttl=60, settings=lease_settings)  # loads the script
+    before = _hmget_calls(redis_client)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", filters, ttl=60, settings=lease_settings)
+    assert _hmget_calls(redis_client) - before <= leases.EXPLAIN_LIMIT
+    message = info.value.message
+    m = re.search(r"(\d+) published; excluded: (\d+) unhealthy or not yet probed, 0 draining .*?, 0 at maxLeases, "
+                  r"0 cooling down for this client, (\d+) filtered out, (\d+) not examined \(a filtered request "
+                  rf"reads {leases.EXPLAIN_LIMIT} unavailable proxies at most\)$", message)
+    assert m, message
+    published, unhealthy, filtered_out, unexamined = map(int, m.groups())
+    assert published == total and unexamined == 300
+    assert unhealthy + filtered_out == leases.EXPLAIN_LIMIT and unhealthy > 0 and filtered_out > 0
+    # Without filters nothing is read per proxy: every one is counted.
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
+    assert info.value.message.endswith(excluded(total, unhealthy=total))
 
 
 def test_rebuilding_the_index_restores_the_exclusion_sets(redis_client):
