@@ -28,7 +28,8 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
    draining (:data:`~app.redis_keys.DRAINING`), at ``maxLeases`` (:data:`~app.redis_keys.FULL`),
    cooling down for this client, awaiting its credentials, or filtered out.  Without filters
    it reads only the sizes of those sets; with filters, the placement and labels of their
-   members.  A request with a ``pool`` filter for a pool the controller registered
+   members, :data:`EXPLAIN_LIMIT` of them at most (the others counted as not examined).  A
+   request with a ``pool`` filter for a pool the controller registered
    (:data:`app.redis_keys.POOLS`) adds one to that pool's demand count
    (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool);
 4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to

@@ -160,7 +160,8 @@ if not chosen then
   -- above: cooling down or awaiting credentials), KEYS[2] (full), K_UNHEALTHY, K_DRAINING.  Without
   -- filters only the sizes of the last three and this client's cooldowns are read; with
   -- filters, the placement and labels of their members, explain_limit of them at most (SSCAN
-  -- pages, so a big fleet's 503 stays a bounded read): the rest are 'unexamined'.
+  -- pages, shared among the sets by size, so a big fleet's 503 stays a bounded read): the rest
+  -- are 'unexamined'.
   local filtered = f.provider or f.zone or f.namespace or f.pool or #sel > 0
   if not filtered then
     local full = redis.call('SCARD', KEYS[2])
@@ -179,33 +180,51 @@ if not chosen then
       local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels', 'pool')
       return fits(h[1], h[2], h[3], h[4], h[5])
     end
+    local sets = {KEYS[2], K_UNHEALTHY, K_DRAINING}
+    local sizes = {redis.call('SCARD', sets[1]), redis.call('SCARD', sets[2]), redis.call('SCARD', sets[3])}
+    local total = sizes[1] + sizes[2] + sizes[3]
+    -- members read per set: all of them when the three sets hold explain_limit or fewer, else
+    -- explain_limit shared in proportion to the sets' sizes (so every reason is sampled,
+    -- whichever set is the biggest), the rounding's remainder to sets with members left
+    local budgets = {sizes[1], sizes[2], sizes[3]}
+    if total > explain_limit then
+      local left = explain_limit
+      for i = 1, 3 do
+        budgets[i] = math.floor(explain_limit * sizes[i] / total)
+        left = left - budgets[i]
+      end
+      for i = 1, 3 do
+        local more = math.min(left, sizes[i] - budgets[i])
+        budgets[i], left = budgets[i] + more, left - more
+      end
+    end
     local examined = 0
-    -- calls count(uid) for the members of set that match the filters, until explain_limit
-    -- members were examined in all
-    local function each(set, count)
-      local cursor = '0'
+    -- calls count(uid) for the members of sets[i] that match the filters, budgets[i] at most
+    local function each(i, count)
+      local budget = budgets[i]
+      local seen, cursor = 0, '0'
       repeat
-        local page = redis.call('SSCAN', set, cursor, 'COUNT', 100)
+        local page = redis.call('SSCAN', sets[i], cursor, 'COUNT', 100)
         cursor = page[1]
         for _, uid in ipairs(page[2]) do
-          if examined >= explain_limit then return end
-          examined = examined + 1
+          if seen >= budget then break end
+          seen = seen + 1
           if matches(uid) then count(uid) end
         end
-      until cursor == '0'
+      until cursor == '0' or seen >= budget
+      examined = examined + seen
     end
-    each(KEYS[2], function(uid)
+    each(1, function(uid)
       if cooling_any and redis.call('ZSCORE', cool, uid) then
         stats.cooling = stats.cooling + 1
       else
         stats.full = stats.full + 1
       end
     end)
-    each(K_UNHEALTHY, function() stats.unhealthy = stats.unhealthy + 1 end)
-    each(K_DRAINING, function() stats.draining = stats.draining + 1 end)
+    each(2, function() stats.unhealthy = stats.unhealthy + 1 end)
+    each(3, function() stats.draining = stats.draining + 1 end)
     -- (SSCAN may repeat a member while a set rehashes: never below 0)
-    stats.unexamined = math.max(0, redis.call('SCARD', KEYS[2]) + redis.call('SCARD', K_UNHEALTHY)
-        + redis.call('SCARD', K_DRAINING) - examined)
+    stats.unexamined = math.max(0, total - examined)
   end
   -- a request for a pool the controller registered counts as demand for it (one INCR; the
   -- autoscaler reads and resets the count: app.pools.demand)

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from api import create_app
-from app import leases, serving
+from app import leases, selectors, serving
+from app.pools import demand
 from app.resources import Proxy
 from tests.api.helpers import NET, auth, excluded
 from tests.health.fleet import start_squid
@@ -355,3 +356,149 @@ def test_rebuilding_the_index_restores_the_exclusion_sets(redis_client):
     assert redis_client.smembers(serving.UNHEALTHY_KEY) == {sick}
     assert redis_client.smembers(serving.DRAINING_KEY) == {drained}
     assert redis_client.zrange(serving.LOAD_KEY, 0, -1) == [ok]
+
+
+_MESSAGE = re.compile(
+    r"^no proxy can be leased now: (?P<published>\d+) published; excluded: (?P<unhealthy>\d+) unhealthy or not yet "
+    r"probed, (?P<draining>\d+) draining \(maxLeases 0 or leaving a pool\), (?P<full>\d+) at maxLeases, "
+    r"(?P<cooling>\d+) cooling down for this client, (?P<filtered>\d+) filtered out"
+    r"(?:, (?P<unexamined>\d+) not examined \(a filtered request reads "
+    rf"{leases.EXPLAIN_LIMIT} unavailable proxies at most\))?$")
+
+
+def _counts(message: str) -> dict[str, int]:
+    """The counts of a ``no_proxy_available`` message (no basic-auth proxies), checked to add
+    up to the published count: ``{"published", "unhealthy", ..., "unexamined"}``."""
+    m = _MESSAGE.match(message)
+    assert m, message
+    counts = {k: int(v or 0) for k, v in m.groupdict().items()}
+    assert counts["published"] == sum(v for k, v in counts.items() if k != "published"), message
+    return counts
+
+
+def _unavailable(r, n: int, *, state: str, start: int, namespace: str = "idx", labels=None,
+                 pool: str = "") -> list[str]:
+    """Publish ``n`` proxies that cannot be leased (uids ``uid-<start>``…): ``state``
+    ``"unhealthy"``, ``"draining"`` (maxLeases 0) or ``"full"`` (maxLeases 1, leased once by
+    the client ``fill``); ``labels(i)`` their labels, ``pool`` the ProxyPool they belong to."""
+    uids = []
+    for i in range(start, start + n):
+        metadata = {"name": f"p{i}", "namespace": namespace, "uid": f"uid-{i:05d}", "labels": labels(i) if labels else {}}
+        if pool:
+            metadata["ownerReferences"] = [{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+                                            "name": pool, "uid": f"pool-{pool}", "controller": True}]
+        proxy = Proxy.from_dict({"metadata": metadata, "spec": {
+            "mode": "External", "endpoint": {"host": "203.0.113.9", "port": 3128}, "maxLeases": 1}})
+        serving.publish(r, proxy, address="203.0.113.9", port=3128, phase="Ready")
+        record = {"unhealthy": {"healthy": "0"}, "draining": {"healthy": "1", "maxLeases": "0"},
+                  "full": {"healthy": "1"}}[state]
+        r.hset(serving.proxy_key(proxy.uid), mapping=record)
+        serving.reindex(r, proxy.uid)
+        uids.append(proxy.uid)
+    return uids
+
+
+def _fill(r, n: int, settings, *, cooling_for: str = "", cooling: int = 0) -> None:
+    """Lease the ``n`` free proxies of the fleet once each (client ``fill``), after a lease of
+    ``cooling_for`` released ``blocked`` on ``cooling`` of them (cooling down for that client)."""
+    for _ in range(cooling):
+        lease = leases.acquire(r, cooling_for, leases.Filters(), ttl=60, settings=settings)
+        leases.release(r, cooling_for, lease.id, outcome="blocked", settings=settings)
+    for _ in range(n):
+        leases.acquire(r, "fill", leases.Filters(), ttl=60, settings=settings)
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_a_filtered_503_at_the_explain_limit(redis_client, lease_settings, extra):
+    """Up to EXPLAIN_LIMIT unavailable proxies every one is read and the message is the one
+    without the limit (no "not examined"); one more and exactly one is not examined."""
+    total = leases.EXPLAIN_LIMIT + extra
+    half = total // 2
+    _unavailable(redis_client, half, state="unhealthy", start=0)
+    _unavailable(redis_client, total - half, state="unhealthy", start=half, namespace="other")
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(redis_client, "c", leases.Filters(namespace="idx"), ttl=60, settings=lease_settings)
+    counts = _counts(info.value.message)
+    assert counts["published"] == total
+    if extra <= 0:
+        assert info.value.message == "no proxy can be leased now: " + excluded(total, unhealthy=half, filtered=total - half)
+        assert info.value.message == leases.no_proxy_message({"published": total, "filtered": 1, "unhealthy": half})
+    else:
+        assert counts["unexamined"] == 1 and counts["unhealthy"] + counts["filtered"] == leases.EXPLAIN_LIMIT
+
+
+def test_a_filtered_503_past_the_limit_adds_up_over_every_reason(redis_client, lease_settings):
+    """Full (some cooling down for the client), unhealthy and draining members of a pool, 1,800
+    in all: a pool or selector request reads EXPLAIN_LIMIT of them, counts add up, the pool's
+    demand grows by one per 503; a request without filters counts all; and once the fleet
+    shrinks to the limit, the filtered message is exact again."""
+    r = redis_client
+    tier = lambda i: {"tier": "gold" if i % 3 == 0 else "silver"}  # noqa: E731
+    full = _unavailable(r, 600, state="unhealthy", start=0, labels=tier, pool="pl")
+    for uid in full:  # healthy, with room: filled below
+        r.hset(serving.proxy_key(uid), "healthy", "1")
+        serving.reindex(r, uid)
+    _fill(r, 600, lease_settings, cooling_for="c", cooling=50)
+    sick = _unavailable(r, 600, state="unhealthy", start=1000, labels=tier, pool="pl")
+    drained = _unavailable(r, 600, state="draining", start=2000, labels=tier, pool="pl")
+    assert r.scard(serving.FULL_KEY) == 600 and r.zcard(serving.LOAD_KEY) == 0
+    demand.register(r, "idx", "pl")
+    demand.take(r, "idx", "pl")
+    gold = leases.Filters(pool="pl", selector=selectors.parse("tier=gold"))
+    every = leases.Filters(selector=selectors.parse("tier in (gold,silver)"))
+    for filters in (leases.Filters(pool="pl"), gold, every):
+        with pytest.raises(leases.LeaseError):
+            leases.acquire(r, "c", filters, ttl=60, settings=lease_settings)  # loads the script
+        before = _hmget_calls(r)
+        with pytest.raises(leases.LeaseError) as info:
+            leases.acquire(r, "c", filters, ttl=60, settings=lease_settings)
+        assert _hmget_calls(r) - before <= leases.EXPLAIN_LIMIT
+        counts = _counts(info.value.message)
+        assert counts["published"] == 1800 and counts["unexamined"] == 800, info.value.message
+        assert counts["cooling"] <= 50
+        if filters is gold:
+            assert counts["filtered"] > 0
+        else:
+            assert counts["filtered"] == 0
+        assert demand.take(r, "idx", "pl").refused == (2 if filters.pool else 0)  # one per 503
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(r, "c", leases.Filters(), ttl=60, settings=lease_settings)
+    assert info.value.message == "no proxy can be leased now: " + excluded(
+        1800, unhealthy=600, draining=600, full=550, cooling=50)
+    # The sets change between requests: each 503 counts the fleet of its moment.
+    for uid in sick[:300] + drained[:200]:
+        serving.withdraw(r, uid)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(r, "c", leases.Filters(pool="pl"), ttl=60, settings=lease_settings)
+    counts = _counts(info.value.message)
+    assert counts["published"] == 1300 and counts["unexamined"] == 300
+    for uid in sick[300:]:
+        serving.withdraw(r, uid)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(r, "c", leases.Filters(pool="pl"), ttl=60, settings=lease_settings)
+    assert info.value.message == "no proxy can be leased now: " + excluded(1000, draining=400, full=550, cooling=50)
+
+
+def test_the_api_503_of_a_filtered_request_past_the_limit(redis_client, app):
+    """The API answers the lease module's message, "not examined" tail included."""
+    _unavailable(redis_client, leases.EXPLAIN_LIMIT + 100, state="unhealthy", start=0)
+    resp = app.test_client().post("/v1/leases", headers=auth(), json={"namespace": "idx"})
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "1"
+    body = resp.get_json()
+    assert body["error"] == "no_proxy_available"
+    assert _counts(body["message"]) == {"published": 1100, "unhealthy": 1000, "draining": 0, "full": 0,
+                                        "cooling": 0, "filtered": 0, "unexamined": 100}
+
+
+def test_past_the_limit_every_reason_is_sampled_in_proportion(redis_client, lease_settings):
+    """1,400 draining and 200 unhealthy proxies: the EXPLAIN_LIMIT reads are shared by the sets'
+    sizes, so the unhealthy ones still show in the message (not crowded out by the bigger set)."""
+    r = redis_client
+    _unavailable(r, 1400, state="draining", start=0)
+    _unavailable(r, 200, state="unhealthy", start=2000)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(r, "c", leases.Filters(namespace="idx"), ttl=60, settings=lease_settings)
+    counts = _counts(info.value.message)
+    assert counts["unexamined"] == 1600 - leases.EXPLAIN_LIMIT
+    assert counts["draining"] + counts["unhealthy"] == leases.EXPLAIN_LIMIT
+    assert counts["unhealthy"] == pytest.approx(leases.EXPLAIN_LIMIT * 200 / 1600, abs=2)
