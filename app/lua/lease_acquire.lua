@@ -200,7 +200,15 @@ if not chosen then
     end
     local examined = 0
     -- calls count(uid) for the members of sets[i] that match the filters, budgets[i] at most
+    -- (under the limit every member, exactly once: SMEMBERS; SSCAN may repeat one)
     local function each(i, count)
+      if total <= explain_limit then
+        for _, uid in ipairs(redis.call('SMEMBERS', sets[i])) do
+          if matches(uid) then count(uid) end
+        end
+        examined = examined + sizes[i]
+        return
+      end
       local budget = budgets[i]
       local seen, cursor = 0, '0'
       repeat
