@@ -19,7 +19,7 @@ from app.reconcile import Context, Ref, drifted, steady
 from app.resources import FINALIZER, Proxy
 from app.settings import Settings
 from app.wiring import PROVIDER_TYPES, build_registry, parse_config
-from tests.support.proxies import apply
+from tests.support.proxies import apply, rotate_credentials
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -215,11 +215,9 @@ def test_resync_queues_a_rotated_proxy_for_replacement_only_where_the_credential
     Secret whose line no longer matches ``status.credentialsHash`` makes the resync poll the
     (steady, published) Proxy, and that poll replaces the instance; a kubernetes Pod mounts the
     Secret and follows it, so its Proxy is left alone."""
-    import base64
-
     from kubernetes import client as k8s
 
-    from app import credentials, squid
+    from app import credentials
     from app.reconcile import CREATE, credentials_hash, poll
 
     config = parse_config({"providers": [
@@ -264,11 +262,7 @@ def test_resync_queues_a_rotated_proxy_for_replacement_only_where_the_credential
 
     # The user rotates every password (new password and the htpasswd line that goes with it).
     for ref in refs.values():
-        user, password = squid.generate_credentials()
-        line = squid.htpasswd_entry(user, password) + "\n"
-        k8s.CoreV1Api(kube_client).patch_namespaced_secret(f"{ref.name}-proxy-auth", ref.namespace, {"data": {
-            key: base64.b64encode(value.encode()).decode()
-            for key, value in (("username", user), ("password", password), ("htpasswd", line))}})
+        rotate_credentials(kube_client, f"{ref.name}-proxy-auth", ref.namespace)
 
     assert resync() == {"rot-lab": ("proxy.poll", "kvm.lab.h1"), "rot-cloud": ("proxy.poll", "proxies")}
     assert not drifted(ctx, gw.get_proxy("default", "rot-k8s"))

@@ -7,20 +7,19 @@ and real Redis.  Each test names the fault it tries; those that found a hole pin
 
 from __future__ import annotations
 
-import base64
 import threading
 
 import pytest
 from kubernetes import client as k8s
 
-from app import credentials, squid
+from app import credentials
 from app.kube import KubernetesGateway
 from app.providers.errors import NotFound
 from app.reconcile import CREATE, ROTATED_SPEC_HASH, Ref, create, delete, poll, retire_instance
 from app.settings import Settings
 from app.wiring import parse_config as parse
 from tests.gcp.conftest import PROJECT, ZONES
-from tests.support.proxies import NS, apply, kubectl_delete, patch_spec, read
+from tests.support.proxies import NS, apply, kubectl_delete, patch_spec, read, rotate_credentials
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,13 +64,7 @@ def _exists(ctx, provider_id: str) -> bool:
 
 def _rotate(kube_client, ref) -> str:
     """The user rotates the Proxy's basic-auth Secret; return the new htpasswd line."""
-    user, password = squid.generate_credentials()
-    line = squid.htpasswd_entry(user, password)
-    k8s.CoreV1Api(kube_client).patch_namespaced_secret(credentials.secret_name(read(kube_client, ref)), NS, {
-        "data": {"username": base64.b64encode(user.encode()).decode(),
-                 "password": base64.b64encode(password.encode()).decode(),
-                 "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
-    return line
+    return rotate_credentials(kube_client, credentials.secret_name(read(kube_client, ref)))
 
 
 def _replacing(kube_client, name: str) -> list[str]:

@@ -7,17 +7,16 @@ Kubernetes API fake and the real Compute client against the Compute fake.
 
 from __future__ import annotations
 
-import base64
 
 import pytest
 from kubernetes import client as k8s
 
-from app import credentials, squid
+from app import credentials
 from app.wiring import parse_config as parse
 from app.reconcile import CREATE, create, credentials_hash, poll
 from app.settings import Settings
 from tests.gcp.conftest import PROJECT, ZONES
-from tests.support.proxies import NS, apply, read
+from tests.support.proxies import NS, apply, read, rotate_credentials
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,11 +58,7 @@ def test_a_rotated_secret_replaces_the_gce_instance_and_nothing_else_does(kube_c
     assert len(compute.calls("DELETE")) == 0
 
     # The user rotates the password (new password and the htpasswd line that goes with it).
-    user, password = squid.generate_credentials()
-    line = squid.htpasswd_entry(user, password)
-    k8s.CoreV1Api(kube_client).patch_namespaced_secret(credentials.secret_name(proxy), NS, {"data": {
-        "username": base64.b64encode(user.encode()).decode(), "password": base64.b64encode(password.encode()).decode(),
-        "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
+    line = rotate_credentials(kube_client, credentials.secret_name(proxy))
 
     followup = poll(ctx, ref)
     assert followup is not None and followup.action == CREATE
@@ -87,12 +82,7 @@ def test_a_retried_replacement_still_says_it_is_for_the_rotation(kube_client, co
     ref = apply(kube_client, "rot-retry", {"provider": "gcp-test", "placement": {"zone": ZONES[0]}})
     _settle(ctx, ref, create(ctx, ref))
     assert read(kube_client, ref).phase == "Running"
-    user, password = squid.generate_credentials()
-    line = squid.htpasswd_entry(user, password)
-    k8s.CoreV1Api(kube_client).patch_namespaced_secret(credentials.secret_name(read(kube_client, ref)), NS, {
-        "data": {"username": base64.b64encode(user.encode()).decode(),
-                 "password": base64.b64encode(password.encode()).decode(),
-                 "htpasswd": base64.b64encode((line + "\n").encode()).decode()}})
+    line = rotate_credentials(kube_client, credentials.secret_name(read(kube_client, ref)))
     compute.fail("DELETE", r"/instances/", 503, "backendError", times=1)
 
     followup = poll(ctx, ref)

@@ -45,6 +45,17 @@ def _hmget_calls(r) -> int:
     return int(r.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 
 
+def _refused(r, client: str, filters, settings) -> tuple[str, int]:
+    """Ask for a lease that must be refused, once to load the script and once measured; return
+    the second refusal's message and the proxy reads (``HMGET`` calls) it made in Redis."""
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(r, client, filters, ttl=60, settings=settings)  # loads the script
+    before = _hmget_calls(r)
+    with pytest.raises(leases.LeaseError) as info:
+        leases.acquire(r, client, filters, ttl=60, settings=settings)
+    return info.value.message, _hmget_calls(r) - before
+
+
 def test_a_lease_request_reads_a_few_proxies_not_the_fleet(redis_client, lease_settings):
     _publish(redis_client, 300)
     leases.acquire(redis_client, "warm", leases.Filters(), ttl=30, settings=lease_settings)  # loads the script
@@ -202,13 +213,8 @@ def test_a_saturated_fleet_answers_503_without_reading_it(redis_client, lease_se
     uids = _publish(redis_client, 300, max_leases=1)
     for _ in uids:
         leases.acquire(redis_client, "fill", leases.Filters(), ttl=60, settings=lease_settings)
-    with pytest.raises(leases.LeaseError):
-        leases.acquire(redis_client, "late", filters, ttl=60, settings=lease_settings)  # loads the script
-    before = _hmget_calls(redis_client)
-    with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "late", filters, ttl=60, settings=lease_settings)
-    assert info.value.message.endswith(excluded(300, full=300))
-    spent = _hmget_calls(redis_client) - before
+    message, spent = _refused(redis_client, "late", filters, lease_settings)
+    assert message.endswith(excluded(300, full=300))
     # Without filters the count of full proxies is read, not the proxies; a filter must look
     # at each full proxy's placement (one read each), never at their leases.
     assert spent == (0 if filters == leases.Filters() else 300)
@@ -304,13 +310,9 @@ def test_an_unhealthy_fleet_answers_503_without_reading_it(redis_client, lease_s
     for uid in uids:
         redis_client.hset(serving.proxy_key(uid), "healthy", "0")
         serving.reindex(redis_client, uid)
-    with pytest.raises(leases.LeaseError):
-        leases.acquire(redis_client, "late", leases.Filters(), ttl=60, settings=lease_settings)  # loads the script
-    before = _hmget_calls(redis_client)
-    with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "late", leases.Filters(), ttl=60, settings=lease_settings)
-    assert info.value.message.endswith(excluded(300, unhealthy=300))
-    assert _hmget_calls(redis_client) - before == 0
+    message, spent = _refused(redis_client, "late", leases.Filters(), lease_settings)
+    assert message.endswith(excluded(300, unhealthy=300))
+    assert spent == 0
 
 
 def test_a_filtered_503_of_a_big_unavailable_fleet_reads_a_bounded_number_of_proxies(redis_client, lease_settings):
@@ -326,13 +328,8 @@ def test_a_filtered_503_of_a_big_unavailable_fleet_reads_a_bounded_number_of_pro
     for uid in uids:
         serving.reindex(redis_client, uid)
     filters = leases.Filters(namespace="idx")
-    with pytest.raises(leases.LeaseError):
-        leases.acquire(redis_client, "c", filters, ttl=60, settings=lease_settings)  # loads the script
-    before = _hmget_calls(redis_client)
-    with pytest.raises(leases.LeaseError) as info:
-        leases.acquire(redis_client, "c", filters, ttl=60, settings=lease_settings)
-    assert _hmget_calls(redis_client) - before <= leases.EXPLAIN_LIMIT
-    message = info.value.message
+    message, spent = _refused(redis_client, "c", filters, lease_settings)
+    assert spent <= leases.EXPLAIN_LIMIT
     m = re.search(r"(\d+) published; excluded: (\d+) unhealthy or not yet probed, 0 draining .*?, 0 at maxLeases, "
                   r"0 cooling down for this client, (\d+) filtered out, (\d+) not examined \(a filtered request "
                   rf"reads {leases.EXPLAIN_LIMIT} unavailable proxies at most\)$", message)
@@ -447,14 +444,10 @@ def test_a_filtered_503_past_the_limit_adds_up_over_every_reason(redis_client, l
     gold = leases.Filters(pool="pl", selector=selectors.parse("tier=gold"))
     every = leases.Filters(selector=selectors.parse("tier in (gold,silver)"))
     for filters in (leases.Filters(pool="pl"), gold, every):
-        with pytest.raises(leases.LeaseError):
-            leases.acquire(r, "c", filters, ttl=60, settings=lease_settings)  # loads the script
-        before = _hmget_calls(r)
-        with pytest.raises(leases.LeaseError) as info:
-            leases.acquire(r, "c", filters, ttl=60, settings=lease_settings)
-        assert _hmget_calls(r) - before <= leases.EXPLAIN_LIMIT
-        counts = _counts(info.value.message)
-        assert counts["published"] == 1800 and counts["unexamined"] == 800, info.value.message
+        message, spent = _refused(r, "c", filters, lease_settings)
+        assert spent <= leases.EXPLAIN_LIMIT
+        counts = _counts(message)
+        assert counts["published"] == 1800 and counts["unexamined"] == 800, message
         assert counts["cooling"] <= 50
         if filters is gold:
             assert counts["filtered"] > 0

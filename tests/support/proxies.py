@@ -7,11 +7,13 @@ else (the way a second worker would).
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 
 from kubernetes import client as k8s
 
+from app import squid
 from app.kube import KubernetesGateway
 from app.providers.pods.provider import LABEL_MANAGED_BY
 from app.reconcile import DELETE, Ref, delete
@@ -26,6 +28,18 @@ def apply(api, name: str, spec: dict, annotations: dict | None = None, namespace
             "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
     obj = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     return Ref(namespace, name, obj["metadata"]["uid"])
+
+
+def rotate_credentials(api, secret_name: str, namespace: str = NS) -> str:
+    """What a user rotating a Proxy's basic-auth Secret does: write a new username, password and
+    the htpasswd line that goes with them into ``namespace/secret_name``; return that line
+    (without its newline)."""
+    user, password = squid.generate_credentials()
+    line = squid.htpasswd_entry(user, password)
+    k8s.CoreV1Api(api).patch_namespaced_secret(secret_name, namespace, {"data": {
+        key: base64.b64encode(value.encode()).decode()
+        for key, value in (("username", user), ("password", password), ("htpasswd", line + "\n"))}})
+    return line
 
 
 def read(api, ref: Ref) -> Proxy | None:
