@@ -116,7 +116,7 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
     try:
         lease = leases.acquire(state.thread_redis, client.name, filters, ttl=ttl, settings=cfg, session_key=session,
-                               client_max_leases=client.max_leases)
+                               client_max_leases=client.max_leases, scope=client.scope)
     except leases.LeaseError as exc:
         raise lease_error("acquire", exc) from None
     metrics.OK["acquire"].inc()
@@ -182,7 +182,7 @@ def register(app: Flask, state: State) -> None:
         q = inputs.query(request, ("provider", "zone", "namespace", "pool", "selector", "healthy"))
         filters = inputs.filters(q)
         healthy = inputs.boolean("healthy", q["healthy"]) if "healthy" in q else None
-        return _json({"items": leases.discover(state.redis, filters, healthy)})
+        return _json({"items": leases.discover(state.redis, filters, healthy, scope=client().scope)})
 
     @app.post("/v1/leases")
     def acquire_route():
@@ -199,7 +199,7 @@ def register(app: Flask, state: State) -> None:
         ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else None
         try:
             lease = leases.renew(state.thread_redis, client().name, lease_id, ttl=ttl, settings=cfg,
-                                 client_max_leases=client().max_leases)
+                                 client_max_leases=client().max_leases, scope=client().scope)
         except leases.LeaseError as exc:
             raise lease_error("renew", exc) from None
         metrics.OK["renew"].inc()

@@ -10,6 +10,9 @@ Shape::
         squid: {allowedSourceRanges: [...], connectPorts: [443], httpPorts: [80, 443],
                 deniedDestinations: [...], allowedDestinations: [...]}   # optional
         kubernetes: {...}        # exactly the block matching ``type``
+    tenancy:                     # optional (app/tenancy.py); default: no namespace
+      externalProxyNamespaces: [crawl-ops]
+      cloudInitNamespaces: [crawl-ops]
 
 :func:`load` parses and validates the whole file or raises one :class:`ConfigError` that
 names the file, the provider and the field: a process never half-starts on a bad config.
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from app.squid import SquidPolicy, parse_policy
+from app.tenancy import Tenancy
+from app.tenancy import parse as parse_tenancy
 from app.validation import IDENTIFIER, Reader, load_yaml
 
 if TYPE_CHECKING:
@@ -63,10 +68,13 @@ class ProvidersConfig:
     Attributes:
         providers: entries in file order.
         source: the file it came from (``"<empty>"`` when no file was given).
+        tenancy: the ``tenancy:`` block (:class:`app.tenancy.Tenancy`: which namespaces may add
+            External Proxies or set ``spec.cloudInit``; none when absent).
     """
 
     providers: tuple[ProviderConfig, ...]
     source: str = "<empty>"
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
     def names(self) -> list[str]:
         """Return the configured provider names in file order."""
@@ -96,6 +104,7 @@ def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> Provider
     """
     top = Reader(data, file)
     entries = top.items("providers")
+    tenancy = parse_tenancy(top.child("tenancy"))
     top.done()
     seen: set[str] = set()
     result: list[ProviderConfig] = []
@@ -128,7 +137,7 @@ def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> Provider
             raise entry.error(*problem)
         entry.done()
         result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
-    return ProvidersConfig(tuple(result), file)
+    return ProvidersConfig(tuple(result), file, tenancy)
 
 
 def load(path: str | Path | None, types: Mapping[str, "ProviderType"]) -> ProvidersConfig:

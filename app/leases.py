@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
+from functools import cached_property
 from urllib.parse import quote
 
 import orjson
@@ -273,6 +274,48 @@ class Filters:
         return matches(self.selector, record.labels)
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Which proxies a client may see and lease: the operator's trust boundary (tokens file).
+
+    A proxy is in scope when its namespace is in ``namespaces`` or its ProxyPool, as
+    ``"<namespace>/<name>"``, is in ``pools`` (either suffices).  ``"*"`` in ``namespaces``
+    puts every proxy in scope.  Request filters only narrow a scope: a ``pool`` or ``namespace``
+    filter never reaches past it.
+
+    Attributes:
+        namespaces: namespaces whose proxies are in scope (``"*"``: every namespace).
+        pools: ``"<namespace>/<name>"`` of ProxyPools whose members are in scope.
+    """
+
+    namespaces: frozenset[str] = frozenset()
+    pools: frozenset[str] = frozenset()
+
+    @cached_property
+    def everything(self) -> bool:
+        """Whether every proxy is in scope."""
+        return "*" in self.namespaces
+
+    def allows(self, namespace: str, pool: str) -> bool:
+        """Whether a proxy of ``namespace``, member of the pool named ``pool`` (``""``: none), is
+        in scope."""
+        return (self.everything or namespace in self.namespaces
+                or (pool != "" and f"{namespace}/{pool}" in self.pools))
+
+    @cached_property
+    def lua(self) -> str:
+        """Encoded for the lease scripts (once per scope): ``""`` for everything, else
+        ``{"ns": {<namespace>: true}, "pools": {<namespace>/<name>: true}}`` (sets as tables:
+        one lookup per proxy read)."""
+        if self.everything:
+            return ""
+        return json.dumps({"ns": {n: True for n in sorted(self.namespaces)},
+                           "pools": {p: True for p in sorted(self.pools)}})
+
+
+#: Every proxy: the scope of a client when no tokens file restricts it (library callers, tests).
+EVERYTHING = Scope(frozenset({"*"}))
+
 #: No filters, and their :meth:`Filters.to_json`.
 _ANY = Filters()
 _ANY_JSON = _ANY._encode()
@@ -381,7 +424,8 @@ def client_limit_message(client: str, counts: dict) -> str:
 
 
 def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettings,
-            session_key: str | None = None, client_max_leases: int | None = None) -> Lease:
+            session_key: str | None = None, client_max_leases: int | None = None,
+            scope: Scope = EVERYTHING) -> Lease:
     """Pick an eligible proxy and reserve a lease on it for ``client`` (atomic).
 
     Args:
@@ -394,6 +438,8 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
         client_max_leases: live leases ``client`` may hold at once (its ``maxLeases`` in the
             tokens file), ``None`` for no limit.  Counted in the same script as the lease, so
             concurrent requests never take the client past it.
+        scope: the proxies ``client`` may lease at all (:class:`Scope`); the filters narrow it,
+            a sticky session outside it is not honoured, and the 503's counts cover only it.
     Returns:
         the :class:`Lease`, with the proxy's credentials when it requires basic auth.
     Raises:
@@ -405,7 +451,7 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
     lease_id = new_lease_id()
     raw = _ACQUIRE(r, _INDEX_KEYS, [
         client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000, _limit(client_max_leases)])
+        settings.record_grace * 1000, _limit(client_max_leases), scope.lua])
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         if doc["error"] == CLIENT_LEASE_LIMIT:
@@ -421,8 +467,8 @@ def no_proxy_message(counts: dict) -> str:
     """The message of a ``no_proxy_available`` error, from the lease script's counts.
 
     Args:
-        counts: ``published`` (proxies in the serving view), ``filtered`` (1 when the request
-            had filters), and of the proxies the filters let through, why each was excluded:
+        counts: ``published`` (proxies in the serving view; for a scoped client, ``scoped`` 1,
+            those of its scope), ``filtered`` (1 when the request had filters or a scope), and of the proxies the filters let through, why each was excluded:
             ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0, or
             leaving its pool),
             ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
@@ -440,7 +486,8 @@ def no_proxy_message(counts: dict) -> str:
     # Every published proxy is in exactly one of the lease index's sets, so what the filters
     # let through adds up to the published count; the rest was filtered out (or not examined).
     filtered_out = max(0, published - sum(reasons.values()) - unexamined) if counts.get("filtered") else 0
-    text = (f"no proxy can be leased now: {published} published; excluded: "
+    where = " in this client's scope" if counts.get("scoped") else ""
+    text = (f"no proxy can be leased now: {published} published{where}; excluded: "
             f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0 or leaving a pool), "
             f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
             f"{filtered_out} filtered out")
@@ -461,7 +508,7 @@ _MESSAGES = {
 
 
 def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSettings,
-          client_max_leases: int | None = None) -> Lease:
+          client_max_leases: int | None = None, scope: Scope = EVERYTHING) -> Lease:
     """Extend a live lease of ``client`` to ``ttl`` seconds from now (default: its last TTL).
 
     Args:
@@ -473,6 +520,8 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
         client_max_leases: the client's ``maxLeases`` (tokens file), ``None`` for no limit.  A
             client holding more live leases than that (its limit was lowered) gets no renewal:
             renewals never keep it above its limit.
+        scope: the proxies ``client`` may lease (:class:`Scope`); a lease whose proxy is no
+            longer in it (the tokens file narrowed the scope) ends: ``proxy_unavailable``.
     A lease on a proxy draining out of its pool (``drainUntil``) is renewed up to that time at
     most (``Lease.ttl`` and ``expires_at`` say how long it really runs); once it has passed the
     renewal answers ``proxy_unavailable``.
@@ -485,7 +534,8 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
             ``client_lease_limit`` (over the limit; the lease is left to run out at its expiry).
     """
     raw = _RENEW(r, [], [lease_id, client, "" if ttl is None else int(ttl) * 1000,
-                         settings.record_grace * 1000, settings.sticky_ttl, _limit(client_max_leases)])
+                         settings.record_grace * 1000, settings.sticky_ttl, _limit(client_max_leases),
+                         scope.lua])
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         if doc["error"] == CLIENT_LEASE_LIMIT:
@@ -524,8 +574,9 @@ def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSetti
     return Release(doc["uid"], bool(doc["live"]), until / 1000.0 if until else None)
 
 
-def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
-    """Return the published proxies passing ``filters`` (and ``healthy``, when not ``None``).
+def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EVERYTHING) -> list[dict]:
+    """Return the published proxies in ``scope`` passing ``filters`` (and ``healthy``, when not
+    ``None``).
 
     Each item: ``namespace name address port provider zone egressIP labels pool draining`` plus
     ``health {healthy state reason lastProbeTime latencyMs}`` and ``leases {used max}``
@@ -535,7 +586,8 @@ def discover(r, filters: Filters, healthy: bool | None = None) -> list[dict]:
     """
     recs = load_all(r)
     chosen = [(uid, rec) for uid, rec in recs.items()
-              if filters.matches(rec) and (healthy is None or rec.healthy == healthy)]
+              if scope.allows(rec.namespace, rec.pool) and filters.matches(rec)
+              and (healthy is None or rec.healthy == healthy)]
     if not chosen:
         return []
     now_s, now_us = r.time()

@@ -24,15 +24,17 @@ from typing import Any, Callable
 
 from kubernetes.client import ApiException
 
-from app import conditions, credentials, naming, redis_keys, serving, status_writer, timefmt
+from app import conditions, credentials, naming, redis_keys, serving, status_writer, tenancy, timefmt
 from app import squid as squid_conf
 from app.providers.base import CreateRequest, Instance, InstanceState, ShardedProvider
-from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
+from app.providers.errors import (NotFound, Permanent, ProviderError, QuotaExceeded, SpecNotAllowed, Transient,
+                                  classify, describe)
 from app.kube import KubeGateway
 from app.providers.registry import Registry, UnknownProvider
 from app.resources import (COND_HEALTHY, COND_PROVISIONED, COND_READY, FAILED, FINALIZER, PENDING, PROVISIONING,
                            READY, RUNNING, TERMINATING, UNHEALTHY, Proxy)
 from app.settings import Settings
+from app.tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class Context:
             *where it lives*: the task layer queues :func:`retire_instance` on that instance's
             own queue (a KVM host's), so a step never touches another place.  ``None`` (tests,
             single-process tools) runs :func:`retire_instance` inline.
+        tenancy: which namespaces may add External Proxies or set ``spec.cloudInit``
+            (:class:`app.tenancy.Tenancy`, the providers config's ``tenancy:`` block; default:
+            none).  A create step refuses the rest (``SpecNotAllowed``).
     """
 
     kube: KubeGateway
@@ -92,6 +97,7 @@ class Context:
     settings: Settings
     squid_policy: squid_conf.SquidPolicy | None = None
     retire: Callable[[str, str, "Ref"], None] | None = None
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
 
 def decide(proxy: Proxy, *, resync: bool = False) -> str | None:
@@ -539,6 +545,9 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
 
     def step() -> Followup | None:
         p = latest(ctx.kube.add_finalizer(proxy))
+        refused = tenancy.refusal(ctx.tenancy, p)
+        if refused is not None:
+            raise SpecNotAllowed(*refused)  # Failed, withdrawn from serving (:func:`_fail`)
         if not p.spec.managed:
             address = p.spec.host or ""
             inst = Instance(provider_id="", name=p.name, state=InstanceState.RUNNING, address=address)

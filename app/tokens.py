@@ -2,12 +2,22 @@
 
 File shape (mounted from a Secret)::
 
+    sharedNamespaces: [crawl-shared]           # optional: what unscoped clients may use
     clients:
       - name: crawler-a
         token: "a-long-random-string"          # at least 16 characters
+        namespaces: [team-a]                   # optional scope: proxies of these namespaces
+        pools: [crawl-shared/eu]               # optional scope: members of these ProxyPools
       - name: crawler-b
         tokenSHA256: "<64 hex digits>"         # sha256 of the token, instead of the token
         maxLeases: 20                          # optional: live leases it may hold at once
+
+A client's scope is the trust boundary of leasing (:class:`app.leases.Scope`): a client with
+``namespaces`` and/or ``pools`` sees, leases, renews and sticks to proxies of those namespaces
+or members of those pools (``<namespace>/<name>``) only; request filters narrow it, never widen
+it.  A client with neither is *unscoped*: it gets the proxies of ``sharedNamespaces`` (the
+namespaces the operator marks as shared; ``["*"]`` = every namespace, the behaviour before
+scopes existed), and none when the file names no shared namespace.
 
 ``maxLeases`` (an integer >= 0; absent = unlimited, 0 = may list proxies but lease none) caps
 the live leases of the client, counted atomically with each lease in Redis
@@ -32,6 +42,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from app.leases import EVERYTHING, Scope
+from app.tenancy import NAMESPACE, namespace_list
 from app.validation import ConfigError, Reader, load_yaml
 
 log = logging.getLogger(__name__)
@@ -49,14 +61,17 @@ class Client:
         name: the client's name (leases and cooldowns are kept per name).
         digest: SHA-256 of its token (32 bytes).
         max_leases: live leases the client may hold at once (``maxLeases``), ``None`` for no limit.
+        scope: the proxies it may see and lease (its ``namespaces`` and ``pools``; for an
+            unscoped client the file's ``sharedNamespaces``).
     """
 
     name: str
     digest: bytes
     max_leases: int | None = None
+    scope: Scope = EVERYTHING
 
     def __repr__(self) -> str:  # never the digest
-        return f"Client(name={self.name!r}, max_leases={self.max_leases!r})"
+        return f"Client(name={self.name!r}, max_leases={self.max_leases!r}, scope={self.scope!r})"
 
 
 def digest(token: str) -> bytes:
@@ -68,8 +83,8 @@ def parse(data, file: str) -> tuple[Client, ...]:
     """Validate a decoded tokens document and return its clients.
 
     Args:
-        data: the YAML document as decoded (``{"clients": [{name, token | tokenSHA256,
-            maxLeases?}, ...]}``).
+        data: the YAML document as decoded (``{"sharedNamespaces"?: [...], "clients": [{name,
+            token | tokenSHA256, maxLeases?, namespaces?, pools?}, ...]}``).
         file: the file's path, for messages.
     Returns:
         the clients, in file order.
@@ -79,6 +94,7 @@ def parse(data, file: str) -> tuple[Client, ...]:
     """
     top = Reader(data, file)
     entries = top.items("clients", required=True)
+    shared = Scope(namespace_list(top, "sharedNamespaces"))
     top.done()
     if not entries:
         raise top.error("clients", "must list at least one client")
@@ -110,13 +126,31 @@ def parse(data, file: str) -> tuple[Client, ...]:
                 raise r.error("tokenSHA256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
             d = bytes.fromhex(hexd)
         max_leases = r.int("maxLeases", minimum=0)
+        scope = _scope(r) or shared
         r.done()
         if d in digests:
             raise r.error("token" if has_token else "tokenSHA256",
                           f"same token as clients[{digests[d]}]: every client needs its own")
         names[name], digests[d] = i, i
-        clients.append(Client(name, d, max_leases))
+        clients.append(Client(name, d, max_leases, scope))
     return tuple(clients)
+
+
+def _scope(r: Reader) -> Scope | None:
+    """A client entry's own scope (``namespaces``, ``pools``), ``None`` when it names neither."""
+    if not r.has("namespaces") and not r.has("pools"):
+        return None
+    namespaces = namespace_list(r, "namespaces")
+    pools = r.str_list("pools")
+    for i, pool in enumerate(pools):
+        ns, slash, name = pool.partition("/")
+        if not slash or not NAMESPACE.match(ns) or not NAMESPACE.match(name):
+            raise r.error(f"pools[{i}]", f"{pool!r} is not <namespace>/<pool name> (a pool is named with its "
+                                         "namespace: pools of one name in two namespaces are two pools)")
+    if not namespaces and not pools:
+        raise r.error("namespaces", "a scope with no namespace and no pool leases nothing: name some, or "
+                                    "leave both keys out for an unscoped client (sharedNamespaces)")
+    return Scope(namespaces, frozenset(pools))
 
 
 def load(path: str) -> tuple[Client, ...]:

@@ -614,7 +614,7 @@ def main() -> None:
     redis_server = RedisServer()
     workdir = tempfile.mkdtemp(prefix="bench-leases-")
     tokens = Path(workdir) / "tokens.yaml"
-    tokens.write_text(f"clients:\n  - name: bench\n    token: {TOKEN}\n")
+    tokens.write_text(f"sharedNamespaces: [\"*\"]\nclients:\n  - name: bench\n    token: {TOKEN}\n")
     r = redis.Redis.from_url(redis_server.url, decode_responses=True)
     seed(r, args.proxies, args.max_leases)
     env = {"REDIS_URL": redis_server.url, "API_TOKENS_FILE": str(tokens)}

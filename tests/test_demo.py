@@ -90,7 +90,7 @@ def api_url(redis_url, tmp_path):
     from api.settings import ApiSettings
 
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text("clients:\n  - name: demo\n    token: demo-token-4c1e-7a9b0d2f\n")
+    tokens.write_text("sharedNamespaces: [\"*\"]\nclients:\n  - name: demo\n    token: demo-token-4c1e-7a9b0d2f\n")
     app = create_app(ApiSettings(redis_url=redis_url, tokens_file=str(tokens)))
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

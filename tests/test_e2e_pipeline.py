@@ -87,7 +87,9 @@ def operator_env(request, cluster, redis_url, tmp_path):
     providers = tmp_path / "providers.yaml"
     # the kubelet's Squids must reach the origin on loopback: declared like an operator would
     providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
-                                                        "checkInterval": "10s", "squid": LOOPBACK_SQUID_BLOCK}]}))
+                                                        "checkInterval": "10s", "squid": LOOPBACK_SQUID_BLOCK}],
+                                         # the tests' Proxies in "default" carry cloud-init
+                                         "tenancy": {"cloudInitNamespaces": ["default"]}}))
     return {
         "KUBECONFIG": kubeconfig, "REDIS_URL": redis_url, "PROVIDERS_CONFIG": str(providers),
         "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600", "POLL_INITIAL": "0.5", "POLL_MAX": "2",

@@ -78,7 +78,7 @@ def stack(cluster, redis_server, tmp_path):
     providers.write_text(yaml.safe_dump({"providers": [{"name": "k8s-local", "type": "kubernetes",
                                                         "checkInterval": "0s", "squid": LOOPBACK_SQUID_BLOCK}]}))
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
+    tokens.write_text(f"sharedNamespaces: [\"*\"]\nclients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     env = {
         "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig")),
         "REDIS_URL": redis_server.url, "PROVIDERS_CONFIG": str(providers), "API_TOKENS_FILE": str(tokens),

@@ -15,7 +15,7 @@ from app.kube import KubernetesGateway
 from app.lazy import per_process
 from app.reconcile import Context, Ref
 from app.settings import Settings
-from app.wiring import load_registry, router
+from app.wiring import build_registry, load_config, router
 
 
 @per_process
@@ -26,9 +26,11 @@ def context() -> Context:
         app.validation.ConfigError: the providers config is invalid.
     """
     settings = Settings.from_env()
+    config = load_config(settings.providers_config)
     return Context(
         kube=KubernetesGateway(),  # records its writes: the tasks publish them (OwnWrites)
-        registry=load_registry(settings.providers_config),
+        registry=build_registry(config),
+        tenancy=config.tenancy,
         # timeouts: a Redis gone silent fails a call instead of hanging the task or the watcher
         redis=redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
                                        socket_connect_timeout=5, socket_keepalive=True),

@@ -1,6 +1,7 @@
 -- app.leases.acquire.  KEYS: the index (K_LOAD), the full set (K_FULL).  ARGV: client, lease id,
 -- ttl (ms), filters (JSON), sessionKey ('' = none), sticky ttl (s), record grace (ms), the
--- client's lease limit ('' = none).  After the limits (expire_batch, index_page, expire_backlog,
+-- client's lease limit ('' = none), the client's scope (app.leases.Scope.lua: '' = every proxy,
+-- else {ns = {<namespace> = true}, pools = {<namespace>/<pool> = true}}).  After the limits (expire_batch, index_page, expire_backlog,
 -- explain_limit),
 -- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
@@ -20,6 +21,14 @@ if client_max then
   end
 end
 local f = cjson.decode(ARGV[4])
+-- the client's scope: the proxies it may lease at all; the filters only narrow it
+local scope = nil
+if ARGV[9] and ARGV[9] ~= '' then scope = cjson.decode(ARGV[9]) end
+local function in_scope(namespace, pool)
+  if not scope or scope.ns[namespace] == true then return true end
+  return type(namespace) == 'string' and type(pool) == 'string' and pool ~= ''
+      and scope.pools[namespace .. '/' .. pool] == true
+end
 local cool = P_COOLDOWN .. client
 redis.call('ZREMRANGEBYSCORE', cool, '-inf', now)
 local cooling_any = redis.call('EXISTS', cool) == 1
@@ -30,7 +39,7 @@ for _, req in ipairs(sel) do
   for _, x in ipairs(req[3]) do set[x] = true end
   req[4] = set
 end
-local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0}
+local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0, inscope = 0}
 
 -- leases that expired since the last request leave the index and their client's count (at
 -- most limit of them); returns how many were swept
@@ -79,7 +88,7 @@ local function labels_ok(raw)
 end
 
 local function fits(provider, zone, namespace, labels, pool)
-  return (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
+  return in_scope(namespace, pool) and (not f.provider or provider == f.provider) and (not f.zone or zone == f.zone)
       and (not f.namespace or namespace == f.namespace) and (not f.pool or pool == f.pool)
       and labels_ok(labels)
 end
@@ -95,6 +104,7 @@ local function check(uid, count, in_index)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
                        'labels', 'authSecret', 'pool', 'drainUntil')
   local max = tonumber(h[2]) or 0
+  if count and scope and in_scope(h[5], h[8]) then stats.inscope = stats.inscope + 1 end
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[9] and h[9] ~= '') then
     if in_index then stale[#stale + 1] = uid end
     return nil
@@ -162,7 +172,8 @@ if not chosen then
   -- filters, the placement and labels of their members, explain_limit of them at most (SSCAN
   -- pages, shared among the sets by size, so a big fleet's 503 stays a bounded read): the rest
   -- are 'unexamined'.
-  local filtered = f.provider or f.zone or f.namespace or f.pool or #sel > 0
+  -- (a scoped client's request is read as a filtered one: its counts cover its scope only)
+  local filtered = f.provider or f.zone or f.namespace or f.pool or #sel > 0 or scope ~= nil
   if not filtered then
     local full = redis.call('SCARD', KEYS[2])
     local cooling_full = 0
@@ -178,6 +189,7 @@ if not chosen then
   else
     local function matches(uid)
       local h = redis.call('HMGET', P_PROXY .. uid, 'provider', 'zone', 'namespace', 'labels', 'pool')
+      if scope and in_scope(h[3], h[5]) then stats.inscope = stats.inscope + 1 end
       return fits(h[1], h[2], h[3], h[4], h[5])
     end
     local sets = {KEYS[2], K_UNHEALTHY, K_DRAINING}
@@ -245,9 +257,19 @@ if not chosen then
       local ns = redis.call('HGET', K_POOLS, f.pool)
       if ns then pk = ns .. '/' .. f.pool end
     end
-    if pk then redis.call('INCR', P_POOL_DEMAND .. pk) end
+    -- (never for a pool outside the client's scope: its demand would scale another team's pool)
+    if pk then
+      local slash = string.find(pk, '/', 1, true)
+      if in_scope(string.sub(pk, 1, slash - 1), string.sub(pk, slash + 1)) then
+        redis.call('INCR', P_POOL_DEMAND .. pk)
+      end
+    end
   end
-  return cjson.encode({error = 'no_proxy_available', published = redis.call('SCARD', K_PROXIES),
+  -- a scoped client hears only of its scope: the proxies in it that were read, plus those not
+  -- examined (which may be in it)
+  local published = redis.call('SCARD', K_PROXIES)
+  if scope then published = stats.inscope + (stats.unexamined or 0) end
+  return cjson.encode({error = 'no_proxy_available', published = published, scoped = scope and 1 or 0,
                        filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
                        full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds,
                        unexamined = stats.unexamined or 0})

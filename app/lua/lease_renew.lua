@@ -1,5 +1,6 @@
 -- app.leases.renew.  ARGV: lease id, client, ttl (ms, '' = the lease's last), record grace (ms),
--- sticky ttl (s), the client's lease limit ('' = none).  After now.lua, lease_index.lua.
+-- sticky ttl (s), the client's lease limit ('' = none), the client's scope (app.leases.Scope.lua,
+-- '' = every proxy).  After now.lua, lease_index.lua.
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
 local id, client = ARGV[1], ARGV[2]
 local lk = P_LEASE .. id
@@ -9,12 +10,20 @@ if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = P_LEASES .. h[1]
 local member = h[1] .. '/' .. id
 local p = redis.call('HMGET', P_PROXY .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
-                     'namespace', 'name', 'provider', 'zone', 'authSecret', 'drainUntil')
+                     'namespace', 'name', 'provider', 'zone', 'authSecret', 'drainUntil', 'pool')
 local held = held_key(client)
 -- leaving its pool (drainUntil): renewals run up to that time, not past it; after it the lease ends
 local drain_until = tonumber(p[11])
-if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until <= now) then
-  -- unhealthy, drained (maxLeases 0), past its pool's drain deadline or withdrawn: the lease ends
+-- the client's scope (narrowed since the lease was granted: the proxy is no longer its to use)
+local in_scope = true
+if ARGV[7] and ARGV[7] ~= '' then
+  local scope = cjson.decode(ARGV[7])
+  in_scope = scope.ns[p[6]] == true or (type(p[6]) == 'string' and type(p[12]) == 'string' and p[12] ~= ''
+                                        and scope.pools[p[6] .. '/' .. p[12]] == true)
+end
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until <= now) or not in_scope then
+  -- unhealthy, drained (maxLeases 0), past its pool's drain deadline, withdrawn or out of the
+  -- client's scope: the lease ends
   redis.call('ZREM', zk, id)
   redis.call('ZREM', K_LEASE_EXPIRY, member)
   redis.call('ZREM', held, id)

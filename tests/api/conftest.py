@@ -47,6 +47,7 @@ def tokens_file(tmp_path):
 
     path = tmp_path / "tokens.yaml"
     path.write_text(
+        "sharedNamespaces: [\"*\"]\n"
         "clients:\n"
         f"  - name: crawler-a\n    token: {TOKEN_A}\n"
         f"  - name: crawler-b\n    token: {TOKEN_B}\n"

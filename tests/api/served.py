@@ -22,7 +22,7 @@ def write_tokens(directory, text: str | None = None) -> str:
     """Write a tokens file in ``directory``: ``text``, or by default one client, ``crawler-a``
     (:data:`TOKEN`); its path."""
     path = directory / "tokens.yaml"
-    path.write_text(text if text is not None else f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
+    path.write_text(text if text is not None else f"sharedNamespaces: [\"*\"]\nclients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     return str(path)
 
 

@@ -54,7 +54,7 @@ def _tokens_yaml(a_max: int | None = 2, b_max: int | None = None, c_max: int | N
     """crawler-a (TOKEN_A), crawler-b (TOKEN_B) and crawler-c (TOKEN_C, by digest) with these limits."""
     def limit(value):
         return "" if value is None else f"\n    maxLeases: {value}"
-    return ("clients:\n"
+    return ("sharedNamespaces: [\"*\"]\nclients:\n"
             f"  - name: crawler-a\n    token: {TOKEN_A}{limit(a_max)}\n"
             f"  - name: crawler-b\n    token: {TOKEN_B}{limit(b_max)}\n"
             f"  - name: crawler-c\n    tokenSHA256: {hashlib.sha256(TOKEN_C.encode()).hexdigest()}{limit(c_max)}\n")
@@ -206,7 +206,7 @@ def test_concurrent_requests_never_take_a_client_past_its_limit(redis_url, redis
     for 200 leases on the proxies: neither the threads nor Redis ever see a client above
     its limit, and renewals within the limit always pass."""
     caps = {"crawler-a": 3, "crawler-b": 5}
-    text = ("clients:\n"
+    text = ("sharedNamespaces: [\"*\"]\nclients:\n"
             f"  - {{name: crawler-a, token: {TOKEN_A}, maxLeases: {caps['crawler-a']}}}\n"
             f"  - {{name: crawler-b, token: {TOKEN_B}, maxLeases: {caps['crawler-b']}}}\n")
     uids = _publish(redis_client, 4)

@@ -25,6 +25,7 @@ from app.providers.registry import build
 from app.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
 from app.settings import Settings
+from app.tenancy import Tenancy
 from tests.support.squid import SquidProcess, loopback_policy, start_on_free_port
 
 
@@ -70,8 +71,9 @@ class Fleet:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.r = r
         self.health_url = health_url
+        # the operator of these tests lets every namespace add External Proxies
         self.ctx = Context(kube=KubernetesGateway(api_client), registry=build(ProvidersConfig(()), {}), redis=r,
-                           settings=Settings())
+                           settings=Settings(), tenancy=Tenancy.open())
 
     def read(self, namespace: str, name: str) -> Proxy:
         """Read a Proxy back."""

@@ -37,7 +37,8 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
     entry = rig.entry(name="kvm-lab", hosts=[rig.host("h1")], imageTimeout="60s", agentAddressTimeout="0",
                       images={"tiny": {"url": url, "sha256": sha, "format": "qcow2", "firmware": "bios"}})
     providers = tmp_path / "providers.yaml"
-    providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}]}))
+    providers.write_text(yaml.safe_dump({"providers": [{**entry, "checkInterval": 0}],
+                                         "tenancy": {"cloudInitNamespaces": ["default"]}}))
 
     with FakeCluster(kubelet=False) as cluster:
         env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,

@@ -256,9 +256,10 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
         # operator would (the product's Squid refuses undeclared ports).
         # The rest of the network is denied (the origin on the gateway exempted from that).
         "squid": {"allowedDestinations": [f"{GATEWAY}/32"], "deniedDestinations": [DENIED_RANGE],
-                  "httpPorts": [80, 443, origin_port], "basicAuth": True}}]}))
+                  "httpPorts": [80, 443, origin_port], "basicAuth": True}}],
+        "tenancy": {"cloudInitNamespaces": ["default"]}}))
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(f"clients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
+    tokens.write_text(f"sharedNamespaces: [\"*\"]\nclients:\n  - {{name: crawler-a, token: {TOKEN}}}\n")
     sockdir = tempfile.mkdtemp(prefix="po-guest-")
     procs: list[Process] = []
     taps: list[ConsoleTap] = []

@@ -38,7 +38,7 @@ def _member(r, name: str, uid: str, *, pool: str | None = "web", namespace: str 
 @pytest.fixture()
 def api(redis_url, tmp_path):
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(f"clients:\n  - name: crawler\n    token: {TOKEN}\n")
+    tokens.write_text(f"sharedNamespaces: [\"*\"]\nclients:\n  - name: crawler\n    token: {TOKEN}\n")
     app = create_app(ApiSettings(redis_url=redis_url, tokens_file=str(tokens), leases=SETTINGS))
     return app.test_client()
 

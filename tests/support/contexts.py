@@ -20,6 +20,7 @@ from app.providers.pods.provider import KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context
 from app.settings import Settings
+from app.tenancy import Tenancy
 
 #: Short poll and retry delays: followups in tests come within a second.
 QUICK = Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, quota_backoff=1)
@@ -37,14 +38,15 @@ def make_context(kube_client, redis_client):
 
     ``providers`` are :class:`ProviderConfig` entries (default: one :func:`k8s_provider`);
     kubernetes providers talk to the test's API fake; ``factories`` adds provider classes by
-    type (``{"gcp": GcpProvider}``, ``{"kvm": KvmProvider}``).  The Context's gateway is a
+    type (``{"gcp": GcpProvider}``, ``{"kvm": KvmProvider}``); ``tenancy`` is the operator's
+    namespace settings (default: every namespace may add External Proxies and cloud-init).  The Context's gateway is a
     :class:`KubernetesGateway` on ``kube_client``, its Redis ``redis_client``.
     """
     def make(*providers: ProviderConfig, settings: Settings | None = None, retire=None,
-             factories: dict | None = None) -> Context:
+             factories: dict | None = None, tenancy: Tenancy | None = None) -> Context:
         registry = build(ProvidersConfig(tuple(providers or (k8s_provider(),))),
                          {"kubernetes": lambda pc: KubernetesProvider(pc, client=kube_client), **(factories or {})})
         return Context(kube=KubernetesGateway(kube_client), registry=registry, redis=redis_client,
-                       settings=settings or QUICK, retire=retire)
+                       settings=settings or QUICK, retire=retire, tenancy=tenancy or Tenancy.open())
 
     return make

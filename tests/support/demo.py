@@ -219,7 +219,7 @@ class Demo:
             "squid": {"allowedDestinations": [f"{self.origin.host}/32"],
                       "httpPorts": [80, 443, self.origin.port]}}]}, sort_keys=False))
         tokens = self.workdir / "tokens.yaml"
-        tokens.write_text(yaml.safe_dump({"clients": [{"name": "demo", "token": self.token}]}))
+        tokens.write_text(yaml.safe_dump({"sharedNamespaces": ["*"], "clients": [{"name": "demo", "token": self.token}]}))
         os.chmod(tokens, 0o600)
         return {
             "KUBECONFIG": self.kubeconfig, "REDIS_URL": self.redis.url, "REDIS_PASSWORD": self.redis.password,
