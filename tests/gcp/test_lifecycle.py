@@ -88,11 +88,22 @@ def test_create_uses_configured_defaults_network_and_service_account(fake, make_
     assert nic["subnetwork"] == f"projects/{PROJECT}/regions/europe-west1/subnetworks/proxies-eu"
     assert "accessConfigs" not in nic
     assert body["tags"]["items"] == ["squid", "egress"]
+    # the narrowest scopes by default: logs and metrics, never cloud-platform
     assert body["serviceAccounts"] == [{"email": "vm@demo-project.iam.gserviceaccount.com",
-                                        "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+                                        "scopes": ["https://www.googleapis.com/auth/logging.write",
+                                                   "https://www.googleapis.com/auth/monitoring.write"]}]
     assert "user-data" not in {i["key"] for i in body.get("metadata", {}).get("items", [])}
     # No external IP: the internal address is reported.
     assert inst.address and inst.address in fake.internal_addresses
+
+
+def test_service_account_scopes_are_the_providers_setting(fake, make_provider):
+    provider = make_provider(serviceAccount="vm@demo-project.iam.gserviceaccount.com",
+                             serviceAccountScopes=["logging.write", "https://www.googleapis.com/auth/trace.append"])
+    provider.create(_request("uid-scopes", zone="europe-west1-b", user_data=None))
+    body = fake.calls("POST", r"/instances$")[0].body
+    assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/logging.write",
+                                                    "https://www.googleapis.com/auth/trace.append"]
 
 
 def test_zone_is_spread_over_configured_zones_deterministically(fake, provider, make_provider):

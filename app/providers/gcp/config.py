@@ -14,6 +14,7 @@ Shape (every key but ``project`` optional; docs/gcp-provider.md is the user refe
       networkTags: [proxy-operator]
       externalIP: true
       serviceAccount: proxy-vm@demo-project.iam.gserviceaccount.com   # optional
+      serviceAccountScopes: [logging.write, monitoring.write]          # optional: the default
       credentialsFile: /var/run/secrets/gcp/key.json                   # optional; else ADC
       apiEndpoint: https://compute.googleapis.com                      # testing / private endpoints
       anonymous: false                  # only with apiEndpoint: a local fake or emulator
@@ -110,8 +111,13 @@ class GcpSettings(CheckTargets):
         subnetwork: subnetwork name or path, or ``None`` (auto-mode network).
         network_tags: network tags put on every instance; the firewall rule targets the first.
         external_ip: give instances an ephemeral external IPv4 (ONE_TO_ONE_NAT).
-        service_account: e-mail of a service account to attach (scope ``cloud-platform``),
-            or ``None`` for none.
+        service_account: e-mail of a service account to attach, or ``None`` for none (the
+            instances then get no access token at all).
+        service_account_scopes: the OAuth scopes of that service account's tokens on the
+            instance (``serviceAccountScopes``; default :data:`DEFAULT_SERVICE_ACCOUNT_SCOPES`,
+            writing logs and metrics only: Squid needs no Google API).  A VM's token can do at
+            most what both its scopes and the account's IAM roles allow
+            (https://cloud.google.com/compute/docs/access/service-accounts#accesscopesiam).
         credentials_file: key file (service account or external account JSON), or ``None``
             for Application Default Credentials.
         anonymous: send no credentials at all; only allowed with ``api_endpoint`` (a local
@@ -133,6 +139,7 @@ class GcpSettings(CheckTargets):
     network_tags: tuple[str, ...] = (DEFAULT_NETWORK_TAG,)
     external_ip: bool = True
     service_account: str | None = None
+    service_account_scopes: tuple[str, ...] = ()
     credentials_file: str | None = None
     anonymous: bool = False
     api_endpoint: str | None = None
@@ -171,6 +178,33 @@ def _resource(block: Reader, key: str, default: str | None = None) -> str | None
     if value is not None and not _RESOURCE.match(value):
         raise block.error(key, f"{value!r} is not a resource name or path")
     return value
+
+
+#: The scopes an attached service account gets by default: write logs and metrics (an ops agent),
+#: nothing else.  Squid itself calls no Google API.
+DEFAULT_SERVICE_ACCOUNT_SCOPES = ("https://www.googleapis.com/auth/logging.write",
+                                  "https://www.googleapis.com/auth/monitoring.write")
+_SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+
+
+def _scopes(block: Reader, service_account: str | None) -> tuple[str, ...]:
+    """``serviceAccountScopes``: full scope URLs or their short names (``logging.write``).
+
+    Raises:
+        ConfigError: set without ``serviceAccount``, or an entry that is not a scope name.
+    """
+    if not block.has("serviceAccountScopes"):
+        return DEFAULT_SERVICE_ACCOUNT_SCOPES if service_account else ()
+    if service_account is None:
+        raise block.error("serviceAccountScopes", "needs serviceAccount (the account whose tokens the scopes limit)")
+    out = []
+    for i, scope in enumerate(block.str_list("serviceAccountScopes")):
+        name = scope.removeprefix(_SCOPE_PREFIX)
+        if not re.fullmatch(r"[a-z][a-z0-9._-]*", name):
+            raise block.error(f"serviceAccountScopes[{i}]", f"{scope!r} is not an OAuth scope "
+                                                            f"(e.g. logging.write or {_SCOPE_PREFIX}logging.write)")
+        out.append(_SCOPE_PREFIX + name)
+    return tuple(out)
 
 
 def _resources(block: Reader, key: str) -> tuple[str, ...]:
@@ -260,6 +294,7 @@ def parse(block: Reader) -> GcpSettings:
     service_account = block.str("serviceAccount")
     if service_account is not None and "@" not in service_account and service_account != "default":
         raise block.error("serviceAccount", f"{service_account!r} is not a service account e-mail")
+    scopes = _scopes(block, service_account)
     credentials_file = block.str("credentialsFile")
     anonymous = bool(block.bool("anonymous", False))
     api_endpoint = _endpoint(block, "apiEndpoint")
@@ -280,6 +315,7 @@ def parse(block: Reader) -> GcpSettings:
         network_tags=tuple(tags),
         external_ip=bool(block.bool("externalIP", True)),
         service_account=service_account,
+        service_account_scopes=scopes,
         credentials_file=credentials_file,
         anonymous=anonymous,
         api_endpoint=api_endpoint,

@@ -442,7 +442,7 @@ class GcpProvider(Provider, CheckableProvider):
         )
         if s.service_account:
             body.service_accounts = [compute_v1.ServiceAccount(email=s.service_account,
-                                                               scopes=[CLOUD_PLATFORM_SCOPE])]
+                                                               scopes=list(s.service_account_scopes))]
         return body
 
     def get(self, provider_id: str) -> Instance:
