@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 GATEWAY = ("app/kube.py", "app/status_writer.py")
 DOMAIN = ("app/config.py", "app/resources.py", "app/settings.py", "app/provider_types.py", "app/validation.py",
-          "app/squid.py", "app/naming.py", "app/timefmt.py", "app/lazy.py")
+          "app/squid.py", "app/tenancy.py", "app/naming.py", "app/timefmt.py", "app/lazy.py")
 
 
 def _module_of(path: Path) -> str:
