@@ -104,10 +104,11 @@ def batches(uids: list[str], size: int) -> list[list[str]]:
 
 
 def sweep(r, settings: HealthSettings, *, now: float | None = None) -> list[list[str]]:
-    """Claim every due proxy and return them as batches for ``health.probe_batch``.
+    """Claim every due proxy and return the uids of :func:`plan`'s batches (a caller that runs
+    a slow-lane batch this way never frees its slot: it expires after ``claim_seconds``).
 
     Returns:
-        lists of uids (references only), each at most ``settings.batch_size`` long.
+        lists of uids (references only).
     """
     return [b.uids for b in plan(r, settings, now=now)]
 
