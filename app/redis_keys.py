@@ -71,6 +71,14 @@ HEALTH_FAILING = PREFIX + "health:failing"
 #: string — epoch seconds a probe-side outage began (``SET NX``), deleted when probes succeed
 #: again.  No TTL.  Written and read by the engine only (it logs the start once).
 HEALTH_OUTAGE = PREFIX + "health:outage"
+#: sorted set — digest of a namespace → epoch second its slow-lane slot expires: the namespaces
+#: whose slow-lane batch is queued or running (at most ``HEALTH_SLOW_LANE_BATCHES``).  No TTL
+#: (members expire by score).  Written by the sweep (``health_slow_slots.lua``) and the
+#: ``health.probe_batch`` task (``ZREM`` when its batch ends); read by the sweep.
+HEALTH_SLOW_SLOTS = PREFIX + "health:slow:slots"
+#: hash — digest of a namespace → epoch second it was last given a slow-lane slot (the
+#: rotation order).  No TTL.  Written and read by the sweep (``health_slow_slots.lua``).
+HEALTH_SLOW_TURNS = PREFIX + "health:slow:turns"
 #: Prefix of :func:`health_origin`.
 HEALTH_ORIGIN_PREFIX = PREFIX + "health:origin:"
 

@@ -3,8 +3,11 @@
 * ``health.sweep`` (beat, every ``HEALTH_SWEEP_INTERVAL`` seconds): claims the proxies whose
   probe is due and enqueues ``health.probe_batch`` tasks on the ``health`` queue, each with a
   list of uids (references only: never an address, URL or credential).
-* ``health.probe_batch(uids)``: probes those proxies concurrently, records every result in the
-  Redis serving view and writes Proxy status changes (:func:`app.health.engine.probe_batch`).
+* ``health.probe_batch(uids, slot=None)``: probes those proxies concurrently, records every
+  result in the Redis serving view and writes Proxy status changes
+  (:func:`app.health.engine.probe_batch`).  ``slot`` ``None``: a fast-lane batch (probes cut at
+  ``HEALTH_SLOW_SECONDS``); else the slow-lane slot (a digest) the batch frees when it ends
+  (lanes: :mod:`app.health.schedule`).
 
 Both are idempotent: a duplicate batch probes the same proxies once more, nothing else.
 """
@@ -50,11 +53,19 @@ BEAT_SCHEDULE = {
 def sweep() -> int:
     """Enqueue ``health.probe_batch`` for every due proxy; return how many batches."""
     r, settings = _runtime()
-    batches = schedule.sweep(r, settings)
-    for uids in batches:
-        probe_batch.apply_async(args=[uids], queue=routing.HEALTH)
+    batches = schedule.plan(r, settings)
+    try:
+        for batch in batches:
+            probe_batch.apply_async(args=[batch.uids], kwargs={"slot": batch.slot} if batch.slot else {},
+                                    queue=routing.HEALTH)
+    except Exception:
+        for batch in batches:  # not enqueued (or maybe): the slot must not wait for its expiry
+            if batch.slot:
+                schedule.release(r, batch.slot)
+        raise
     if batches:
-        log.debug("health: sweep enqueued %d batches (%d proxies)", len(batches), sum(map(len, batches)))
+        log.debug("health: sweep enqueued %d batches (%d proxies, %d slow-lane batches)", len(batches),
+                  sum(len(b.uids) for b in batches), sum(1 for b in batches if b.slot))
     return len(batches)
 
 
@@ -68,11 +79,23 @@ def _credentials() -> SecretCredentials:
 
 
 @celery_app.task(name="health.probe_batch", ignore_result=True)
-def probe_batch(uids: list[str]) -> dict:
-    """Probe the proxies ``uids``; return counts only (no addresses, no messages)."""
+def probe_batch(uids: list[str], slot: str | None = None) -> dict:
+    """Probe the proxies ``uids``; return counts only (no addresses, no messages).
+
+    ``slot``: ``None`` for a fast-lane batch; a slow-lane batch's slot, freed when it ends.
+    """
     r, settings = _runtime()
     creds = _credentials()
-    report = engine.probe_batch(r, list(uids), settings, kube=creds.kube, credentials=creds, events=True)
+    try:
+        report = engine.probe_batch(r, list(uids), settings, kube=creds.kube, credentials=creds, events=True,
+                                    fast_lane=slot is None)
+    finally:
+        if slot:
+            try:
+                schedule.release(r, slot)
+            except Exception as exc:  # noqa: BLE001 - the slot expires after HEALTH_CLAIM_SECONDS
+                log.warning("health: freeing a slow-lane slot failed: %s", type(exc).__name__)
     return {"probed": report.probed, "succeeded": report.succeeded, "failed": report.failed,
             "statusWritten": report.status_written, "statusErrors": report.status_errors,
-            "wentFailed": report.went_failed, "outage": report.outage, "originDown": report.origin_down}
+            "wentFailed": report.went_failed, "outage": report.outage, "originDown": report.origin_down,
+            "deferred": report.deferred}

@@ -6,7 +6,7 @@ Modules, each with one job:
   concurrent batch of them; failure reasons; the egress IP.
 * :mod:`app.health.state` — thresholds: results → health, phase, verdict (pure).
 * :mod:`app.health.status` — the verdict → a Proxy status patch (on change only).
-* :mod:`app.health.schedule` — the sweep: which proxies are due, in batches (O(due)).
+* :mod:`app.health.schedule` — the sweep: which proxies are due, in batches (O(due)), by lane.
 * :mod:`app.health.engine` — one batch end to end (what the ``health.probe_batch`` task runs).
 * :mod:`app.health.origin` — a direct control request to the health URL's origin, so an
   outage of the origin is told from failing proxies before any proxy is marked down.

@@ -92,6 +92,8 @@ class BatchReport:
         origin_down: failed probes not held against their proxy because the health URL's
             origin itself was down (a direct control request failed).
         reasons: failure count per reason.
+        deferred: fast-lane probes cut at ``HEALTH_SLOW_SECONDS`` without an answer, not judged
+            and due again at once for the slow lane (:mod:`app.health.schedule`).
     """
 
     probed: int = 0
@@ -103,6 +105,7 @@ class BatchReport:
     outage: bool = False
     origin_down: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    deferred: int = 0
 
 
 def _int(value: str | None, default: int) -> int:
@@ -331,7 +334,7 @@ class _Batch:
 
 def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGateway,
                 credentials: Credentials | None = None, events: bool = False,
-                clock: Callable[[], float] = time.time) -> BatchReport:
+                clock: Callable[[], float] = time.time, fast_lane: bool = False) -> BatchReport:
     """Probe the published proxies ``uids`` and apply each result as soon as it is known.
 
     The probes run concurrently (``settings.concurrency``).  Results are recorded in Redis and
@@ -351,6 +354,12 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
     ``429`` is ``RateLimited`` (:func:`judged`), and its ``Retry-After`` postpones that proxy's
     next probe.
 
+    In the fast lane (``fast_lane``, :mod:`app.health.schedule`) a probe whose timeout is longer
+    than ``settings.slow_seconds`` gets only that long; one that times out there is not judged
+    (state, counters and status unchanged; ``lastReason`` ``Timeout`` with a message saying so,
+    ``latencyMs`` at least the cut) and is due again at once, so the next sweep puts it in the
+    slow lane, where it gets its own timeout.
+
     Args:
         r: ``redis.Redis`` (``decode_responses=True``).
         uids: Proxy uids (unpublished ones are skipped).
@@ -362,6 +371,9 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
         events: record a Kubernetes Event when a status write moves the phase (Ready,
             Unhealthy, Failed by the provisioning deadline; :func:`app.health.status.event_for`).
         clock: epoch-seconds clock.
+        fast_lane: cut probes at ``settings.slow_seconds`` as described above (the
+            ``health.probe_batch`` task's fast-lane batches); ``False``: every probe gets its
+            own timeout.
     Returns:
         a :class:`BatchReport`.
     Raises:
@@ -382,6 +394,8 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
             log.warning("health: %s/%s has no usable endpoint in the serving view; not probed",
                         rec.namespace, rec.name)
             return None
+        if fast_lane and target.timeout > settings.slow_seconds:
+            target = replace(target, timeout=float(settings.slow_seconds))
         res = p.probe(target, echo_url=settings.echo_url, ca_bundle=settings.ca_bundle, policy=policy)
         if res.reason == p.PROXY_AUTH_REQUIRED and rec.auth_secret:
             return _rotation(r, target, res, rec, credentials, settings, policy)
@@ -399,6 +413,11 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
             done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
             arrived = [(t, judged(res, recs[res.uid])) for t, res in
                        (item for item in (f.result() for f in done) if item is not None)]
+            if fast_lane:
+                arrived, cut = _split_cut(arrived, recs, settings)
+                if cut:
+                    report.deferred += len(cut)
+                    _defer(batch, cut, recs, clock())
             for t, res in arrived:
                 if res.ok:
                     ok_urls[(t.url, t.expected_status)] = t.timeout
@@ -406,8 +425,8 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
             if parked:
                 report.origin_down += len(parked)
                 _apply(batch, parked, recs, False, clock(), origin_down=True)
-            if not arrived:
-                continue
+            if not arrived and (in_flight or not held):
+                continue  # (the last probe parked or deferred: the held failures are decided below)
             if not held and all(res.ok for _, res in arrived):
                 # Successes only (a steady fleet's every result): no outage can be in progress
                 # after them, so they are noted and recorded in one round trip.
@@ -472,6 +491,37 @@ def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentia
         if again.reason != p.PROXY_AUTH_REQUIRED:
             return other, replace(again, message=again.message + note) if note and again.ok else again
     return target, res
+
+
+def _split_cut(arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+               settings: HealthSettings) -> tuple[list, list]:
+    """Split fast-lane results into those to judge and the timeouts of probes cut at
+    ``settings.slow_seconds`` (their own timeout was longer: not judged here)."""
+    judge, cut = [], []
+    for item in arrived:
+        res = item[1]
+        was_cut = capped_timeout(recs[res.uid].health_check) > settings.slow_seconds
+        (cut if res.reason == p.TIMEOUT and was_cut else judge).append(item)
+    return judge, cut
+
+
+def _defer(batch: _Batch, cut: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+           now: float) -> None:
+    """Record cut fast-lane probes without judging them and make them due at ``now`` (one round
+    trip): the sweep sees a latency of at least the cut and gives them to the slow lane."""
+    floor_ms = batch.settings.slow_seconds * 1000
+    pipe = batch.r.pipeline(transaction=False)
+    for target, res in cut:
+        rec = recs[res.uid]
+        fields = fields_of(last_reason=res.reason, latency_ms=max(res.latency_ms, floor_ms),
+                           last_message=f"no answer within the fast lane's {batch.settings.slow_seconds:g} s "
+                                        f"(HEALTH_SLOW_SECONDS): not judged, probed again in the slow lane "
+                                        f"with its own timeout ({capped_timeout(rec.health_check):g} s)",
+                           last_status=res.status, last_probe=res.started, last_probe_time=rfc3339(res.started))
+        _RECORD(pipe, [redis_keys.proxy(res.uid), redis_keys.HEALTH_DUE],
+                [res.uid, repr(now), *_endpoint(rec), *_pairs(fields)])
+        metrics.PROBE_RESULTS.labels("Deferred").inc()
+    pipe.execute()
 
 
 def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]],

@@ -17,7 +17,8 @@ PROBE_FAILURES = Counter(
 PROBE_RESULTS = Counter(
     "proxy_operator_probe_results_total",
     "Health probes by the reason they ended with (ProbeSucceeded, RateLimited, ConnectionRefused, ..., "
-    "OriginDown: failed while the health URL's origin was down, not held against the proxy).", ["reason"])
+    "OriginDown: failed while the health URL's origin was down, not held against the proxy; "
+    "Deferred: no answer within the fast lane's HEALTH_SLOW_SECONDS, probed again in the slow lane).", ["reason"])
 PROBE_OUTAGE = Gauge(
     "proxy_operator_probe_outage", "1 while every probe of every proxy fails (a probe-side outage), else 0.",
     multiprocess_mode="livemostrecent")

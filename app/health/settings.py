@@ -53,6 +53,13 @@ class HealthSettings:
             (``HEALTH_DEFAULT_URL``): an installation without internet access, or the local
             stack (``make demo``), points them at an origin of its own.  A URL a Proxy names
             itself is never replaced.
+        slow_seconds: the fast lane's time per probe (``HEALTH_SLOW_SECONDS``): a probe with a
+            longer timeout gets this much in the fast lane, and one that has no answer by then is
+            not judged but probed again at once in the slow lane with its own timeout; a proxy
+            whose last probe took this long or longer is probed in the slow lane.
+        slow_lane_batches: slow-lane batches queued or running at once, fleet-wide, at most one
+            per namespace (``HEALTH_SLOW_LANE_BATCHES``); keep it below the health workers'
+            total ``--concurrency`` so the fast lane always has a worker.
     """
 
     echo_url: str = DEFAULT_ECHO_URL
@@ -71,6 +78,8 @@ class HealthSettings:
     external_denied_ranges: tuple[str, ...] = ()
     credentials_ttl: float = 60.0
     default_url: str = DEFAULT_HEALTH_URL
+    slow_seconds: float = 5.0
+    slow_lane_batches: int = 1
 
     @classmethod
     def from_env(cls) -> "HealthSettings":
@@ -99,6 +108,9 @@ class HealthSettings:
             external_denied_ranges=_ranges("PROBE_EXTERNAL_DENIED_RANGES"),
             credentials_ttl=env_number("HEALTH_CREDENTIALS_TTL", cls.credentials_ttl, minimum=1),
             default_url=_default_url(),
+            slow_seconds=env_number("HEALTH_SLOW_SECONDS", cls.slow_seconds, minimum=1),
+            slow_lane_batches=int(env_number("HEALTH_SLOW_LANE_BATCHES", cls.slow_lane_batches,
+                                             minimum=1, integer=True)),
         )
 
     def destination_policy(self):
