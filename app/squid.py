@@ -177,7 +177,7 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
         # whose lookup failed as "no match" (DestinationIp.cc: "can't yet compare"), so
         # without this rule a resolver outage turned every deny rule below into a no-op and
         # the request went on to be resolved again when forwarded.
-        "acl dst_resolved dst 0.0.0.0/0 ::/0",
+        "acl dst_resolved dst all",
         "deny_info ERR_DNS_FAIL dst_resolved",
     ]
     if policy.allowed_destinations:
