@@ -131,3 +131,58 @@ install_egress() {
   return 0
 }
 """.replace("__RULES_PATH__", EGRESS_RULES_PATH).replace("__DROPIN_DIR__", SQUID_DROPIN_DIR)
+
+
+#: Name of the NetworkPolicy the kubernetes provider keeps in every namespace it runs Squid Pods in.
+NETWORK_POLICY_NAME = "proxy-operator-squid-egress"
+
+
+def _except(cidr: Network, nets: list[Network]) -> list[str]:
+    """``ipBlock.except`` of ``cidr``: the ``nets`` strictly inside it (the API refuses others)."""
+    return [str(n) for n in nets if n.version == cidr.version and n != cidr and n.subnet_of(cidr)]
+
+
+def squid_network_policy(policy: SquidPolicy | None, namespace: str, pod_labels: dict[str, str]) -> dict:
+    """Return the ``networking.k8s.io/v1`` NetworkPolicy that limits the Squid Pods' egress.
+
+    It selects the Pods carrying ``pod_labels`` in ``namespace`` and allows egress to DNS
+    (UDP and TCP port 53, any destination), to everything but the metadata addresses,
+    :data:`app.squid.DEFAULT_DENIED_DESTINATIONS` and ``denied_destinations`` (``ipBlock``
+    ``0.0.0.0/0`` and ``::/0`` with those as ``except``), and to ``allowed_destinations``
+    (never the metadata addresses).  A NetworkPolicy allows only what some rule lists
+    (https://kubernetes.io/docs/concepts/services-networking/network-policies/); it needs a
+    CNI that enforces it, and traffic inside the Pod (its loopback) is never subject to it.
+
+    Args:
+        policy: the provider's :class:`app.squid.SquidPolicy` (defaults when ``None``).
+        namespace: the Pods' namespace.
+        pod_labels: labels every Squid Pod of the provider carries (the ``podSelector``).
+    Raises:
+        ValueError: a bad CIDR in ``policy``.
+    """
+    policy = policy or SquidPolicy()
+    denied4, denied6 = _split((*METADATA_ADDRESSES, *DEFAULT_DENIED_DESTINATIONS, *policy.denied_destinations))
+    meta4, meta6 = _split(METADATA_ADDRESSES)
+    peers = [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [str(n) for n in denied4]}},
+             {"ipBlock": {"cidr": "::/0", "except": [str(n) for n in denied6]}}]
+    allowed4, allowed6 = _split(policy.allowed_destinations)
+    for net in (*allowed4, *allowed6):
+        if any(net.subnet_of(m) for m in (meta4 if net.version == 4 else meta6)):
+            continue  # the metadata addresses are never exempted
+        block: dict = {"cidr": str(net)}
+        inner = _except(net, meta4 if net.version == 4 else meta6)
+        if inner:
+            block["except"] = inner
+        peers.append({"ipBlock": block})
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": NETWORK_POLICY_NAME, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "proxy-operator",
+                                "app.kubernetes.io/component": "squid-egress"}},
+        "spec": {
+            "podSelector": {"matchLabels": dict(pod_labels)},
+            "policyTypes": ["Egress"],
+            "egress": [{"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                       {"to": peers}],
+        },
+    }
