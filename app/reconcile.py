@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from kubernetes.client import ApiException
 
-from app import conditions, credentials, naming, redis_keys, serving, status_writer, tenancy, timefmt
+from app import conditions, credentials, egress, naming, redis_keys, serving, status_writer, tenancy, timefmt
 from app import squid as squid_conf
 from app.providers.base import CreateRequest, Instance, InstanceState, ShardedProvider
 from app.providers.errors import (NotFound, Permanent, ProviderError, QuotaExceeded, SpecNotAllowed, Transient,
@@ -478,6 +478,7 @@ def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
         user_data=_user_data(ctx, proxy),
         vendor_data=spec.vendor_data.encode("utf-8") if spec.vendor_data is not None else None,
         squid_config=squid_conf.render(spec.port, policy), auth_secret=auth_secret, auth_htpasswd=auth_htpasswd,
+        egress_rules=egress.nftables_rules(policy),
     )
 
 

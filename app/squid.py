@@ -148,7 +148,9 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
     outside the source ranges; the cache manager; CONNECT and plain-HTTP ports; metadata names
     (``dstdom_regex -n``: no reverse DNS, so an IP-literal request never waits on DNS);
     authentication; then the address rules (``dst``: resolves the name, after authentication
-    so an unauthenticated client cannot make the proxy resolve names).
+    so an unauthenticated client cannot make the proxy resolve names), the first of which
+    refuses (403, Squid's ``ERR_DNS_FAIL`` page) a name that does not resolve now, so a
+    failed lookup never lets a request past the address rules.
 
     Args:
         port: TCP port Squid listens on.
@@ -171,6 +173,12 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
         "acl metadata_names dstdom_regex -n -i " + " ".join(METADATA_NAME_PATTERNS),
         "acl metadata_dst dst " + " ".join(METADATA_ADDRESSES),
         "acl denied_dst dst " + " ".join(denied),
+        # Matches once the name resolved to any address: Squid 5.7 evaluates a ``dst`` ACL
+        # whose lookup failed as "no match" (DestinationIp.cc: "can't yet compare"), so
+        # without this rule a resolver outage turned every deny rule below into a no-op and
+        # the request went on to be resolved again when forwarded.
+        "acl dst_resolved dst all",
+        "deny_info ERR_DNS_FAIL dst_resolved",
     ]
     if policy.allowed_destinations:
         lines.append("acl allowed_dst dst " + " ".join(policy.allowed_destinations))
@@ -191,6 +199,7 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
             "http_access deny !authenticated",
         ]
     lines += [
+        "http_access deny !dst_resolved",
         "http_access deny metadata_dst",
         "http_access deny denied_dst !allowed_dst" if policy.allowed_destinations else "http_access deny denied_dst",
         "http_access allow allowed_src",

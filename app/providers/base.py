@@ -145,6 +145,8 @@ class CreateRequest:
             requires basic auth, else ``None`` (Pods mount it).
         auth_htpasswd: the same htpasswd line itself, for providers that ship it inside the
             instance's bootstrap (kvm vendor-data); a bcrypt hash, but still never log it.
+        egress_rules: the nftables ruleset VM guests load for Squid's user before Squid
+            starts (:func:`app.egress.nftables_rules` of the same policy), or ``None``.
     """
 
     name: str
@@ -159,6 +161,7 @@ class CreateRequest:
     squid_config: str | None = None
     auth_secret: str | None = None
     auth_htpasswd: str | None = None
+    egress_rules: str | None = None
 
     def __repr__(self) -> str:  # keep user-data out of every repr that might reach a log
         return (f"CreateRequest(name={self.name!r}, namespace={self.namespace!r}, zone={self.zone!r}, "

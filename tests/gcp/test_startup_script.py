@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from app import squid
+from app import egress, squid
 from app.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.gcp import startup
@@ -87,6 +87,13 @@ echo "cloud-init $*" >> "$FAKE_LOG"
 [ -n "${FAKE_USER_CONF:-}" ] && printf '%s' "$FAKE_USER_CONF" > "$PROXY_OPERATOR_SQUID_CONF"
 exit 0
 """
+# nft records what it was asked to load (the real one would change this machine's packet filter;
+# tests/test_egress_nftables.py loads the same rules with the real nft in a network namespace).
+FAKE_NFT = """#!/bin/sh
+echo "nft $*" >> "$FAKE_LOG"
+[ "$1" = -f ] && cat "$2" > "$FAKE_DIR/nft-loaded-$(wc -l < "$FAKE_LOG")"
+exit "${FAKE_NFT_RC:-0}"
+"""
 # apt-get installs a (fake) squid; it records what Debian's invoke-rc.d would have been told.
 FAKE_APT_GET = """#!/bin/sh
 echo "apt-get $*" >> "$FAKE_LOG"
@@ -112,9 +119,12 @@ class Box:
         self.conf.write_text(STOCK_CONF)
         self.htpasswd = tmp / "etc/squid/proxy-operator-auth/htpasswd"
         self.policy_rc_d = tmp / "policy-rc.d"
+        self.egress_rules = tmp / "etc/proxy-operator/squid-egress.nft"
+        self.dropin_dir = tmp / "etc/systemd/system/squid.service.d"
         (tmp / "squid.fake").write_text(FAKE_SQUID)
         for name, text in (("systemctl", FAKE_SYSTEMCTL), ("squid", FAKE_SQUID if squid_installed else None),
-                           ("cloud-init", FAKE_CLOUD_INIT if cloud_init else None), ("apt-get", FAKE_APT_GET)):
+                           ("cloud-init", FAKE_CLOUD_INIT if cloud_init else None), ("apt-get", FAKE_APT_GET),
+                           ("nft", FAKE_NFT)):
             if text is not None:
                 (self.bin / name).write_text(text)
                 (self.bin / name).chmod(0o755)
@@ -132,9 +142,16 @@ class Box:
             "PROXY_OPERATOR_HTPASSWD": str(self.htpasswd),
             "PROXY_OPERATOR_POLICY_RC_D": str(self.policy_rc_d),
             "PROXY_OPERATOR_FETCH_PAUSE": "0",
+            "PROXY_OPERATOR_EGRESS_RULES": str(self.egress_rules),
+            "PROXY_OPERATOR_SQUID_DROPIN_DIR": str(self.dropin_dir),
             **env,
         }
         return subprocess.run(["/bin/sh", str(path)], env=full, capture_output=True, text=True, timeout=120)
+
+    def nft_loads(self) -> list[str]:
+        """What ``nft -f`` was given, in order."""
+        return [p.read_text() for p in sorted(self.dir.glob("nft-loaded-*"),
+                                              key=lambda p: int(p.name.rsplit("-", 1)[1]))]
 
     def calls(self) -> list[str]:
         return self.log.read_text().splitlines()
@@ -151,7 +168,7 @@ def _inserted_metadata(make_provider, fake, *, basic_auth: bool) -> dict[str, st
     uid = "5c0ffee0-0000-4000-8000-00000000000%d" % (1 if basic_auth else 2)
     make_provider().create(CreateRequest(
         name=instance_name(uid), tags=tags_for(uid), namespace="crawl", user_data=USER_DATA,
-        squid_config=squid.render(3128, policy),
+        squid_config=squid.render(3128, policy), egress_rules=egress.nftables_rules(policy),
         auth_htpasswd=squid.htpasswd_entry("crawler", "s3cret-pw") if basic_auth else None))
     [insert] = fake.calls("POST", r"/zones/[^/]+/instances$")
     return {i["key"]: i["value"] for i in insert.body["metadata"]["items"]}
@@ -266,6 +283,47 @@ def test_a_conf_squid_refuses_stops_squid(make_provider, fake, metadata, tmp_pat
     result = box.run(items["startup-script"], md.url, FAKE_SQUID_PARSE_RC="1")
     assert result.returncode == 1
     assert "squid -k parse refuses" in result.stderr
+    assert "systemctl restart squid" not in box.calls()
+    assert box.calls()[-1] == "systemctl stop squid"
+
+
+def test_the_egress_rules_are_loaded_before_squid_restarts(make_provider, fake, metadata, tmp_path):
+    items = _inserted_metadata(make_provider, fake, basic_auth=False)
+    # The rules of the same policy as the conf: metadata, link-local, the denied VPC range.
+    assert items["squid-egress-nft"] == egress.nftables_rules(squid.SquidPolicy(denied_destinations=("10.128.0.0/9",)))
+    md = metadata(items)
+    box = Box(tmp_path)
+    result = box.run(items["startup-script"], md.url)
+    assert result.returncode == 0, result.stderr
+    uid = __import__("pwd").getpwnam("proxy").pw_uid
+    installed = f"define squid_uid = {uid}\n" + items["squid-egress-nft"]
+    assert box.egress_rules.read_text() == installed
+    assert box.nft_loads() == [installed]
+    calls = box.calls()
+    assert calls.index(f"nft -f {box.egress_rules}") < calls.index("systemctl restart squid")
+    # squid.service loads them again before every start; it does not start when nft fails.
+    dropin = (box.dropin_dir / "proxy-operator-egress.conf").read_text()
+    assert dropin == f"[Service]\nExecStartPre={box.bin}/nft -f {box.egress_rules}\n"
+
+
+def test_no_egress_rules_in_the_metadata_stops_squid(make_provider, fake, metadata, tmp_path):
+    items = _inserted_metadata(make_provider, fake, basic_auth=False)
+    del items["squid-egress-nft"]
+    md = metadata(items)
+    box = Box(tmp_path)
+    result = box.run(items["startup-script"], md.url)
+    assert result.returncode == 1
+    assert "no squid-egress-nft" in result.stderr
+    assert set(box.calls()) == {"systemctl stop squid"}
+
+
+def test_egress_rules_nft_refuses_stop_squid(make_provider, fake, metadata, tmp_path):
+    items = _inserted_metadata(make_provider, fake, basic_auth=False)
+    md = metadata(items)
+    box = Box(tmp_path)
+    result = box.run(items["startup-script"], md.url, FAKE_NFT_RC="1")
+    assert result.returncode == 1
+    assert "cannot load the egress rules" in result.stderr
     assert "systemctl restart squid" not in box.calls()
     assert box.calls()[-1] == "systemctl stop squid"
 

@@ -100,6 +100,7 @@ CORE_EVENTS = ResourceType("", "v1", "events", "Event", short_names=("ev",),
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True,
                           field_selectors=_META_FIELDS | {"status.phase"}, short_names=("ns",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease")
+NETWORK_POLICIES = ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",))
 EVENTS = ResourceType("events.k8s.io", "v1", "events", "Event", short_names=("ev",),
                       field_selectors=_META_FIELDS | {"regarding.kind", "regarding.name", "regarding.namespace",
                                                       "regarding.uid", "reason", "type",
@@ -116,4 +117,4 @@ PROXY_POOLS = ResourceType(CRAWL_GROUP, CRAWL_VERSION, "proxypools", "ProxyPool"
                            scale=ScaleSubresource(".spec.replicas", ".status.replicas", ".status.selector"))
 
 DEFAULT_TYPES: tuple[ResourceType, ...] = (PODS, SECRETS, CORE_EVENTS, NAMESPACES, LEASES, EVENTS,
-                                           PROXIES, PROVIDER_HEALTHS, PROXY_POOLS)
+                                           PROXIES, PROVIDER_HEALTHS, PROXY_POOLS, NETWORK_POLICIES)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 SUITE = "bookworm"
 PACKAGES = ("linux-image-cloud-amd64", "systemd-sysv", "udev", "dbus", "iproute2", "cloud-init",
-            "python3-cffi-backend", "squid", "qemu-guest-agent", "e2fsprogs", "netbase", "ca-certificates")
+            "python3-cffi-backend", "squid", "nftables", "qemu-guest-agent", "e2fsprogs", "netbase", "ca-certificates")
 #: Tools the build needs on the host (Debian packages in .ci/apt-packages.txt).
 TOOLS = ("debootstrap", "grub-mkstandalone", "mkfs.vfat", "mmd", "mcopy", "sgdisk", "mkfs.ext4", "qemu-img")
 ESP_MIB = 32

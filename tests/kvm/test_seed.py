@@ -10,6 +10,7 @@ import subprocess
 import pycdlib
 import pytest
 
+from app import egress, squid
 from app.providers.kvm import seed
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,6 +85,23 @@ def test_vendor_data_is_the_guest_agent_script_by_default():
 def test_guest_agent_and_squid_scripts_are_valid_sh():
     for script in (seed.GUEST_AGENT_SCRIPT, seed.squid_script("http_port 3128\n# 'quotes' and EOF\nEOF\n")):
         subprocess.run(["sh", "-n"], input=script, check=True)
+
+
+def test_the_squid_script_loads_the_egress_rules_before_squid_restarts():
+    rules = egress.nftables_rules(squid.SquidPolicy(denied_destinations=("10.0.0.0/8",)))
+    script = seed.squid_script("http_port 3128\n", None, rules)
+    subprocess.run(["sh", "-n"], input=script, check=True)
+    text = script.decode()
+    # The rules travel base64-encoded, exactly as app.egress renders them (the text
+    # tests/test_egress_nftables.py loads with the real nft), through the same install function.
+    blob = text.split("echo '")[2].split("'", 1)[0]
+    assert base64.b64decode(blob).decode() == rules
+    assert egress.INSTALL_EGRESS_SH.strip() in text
+    assert text.index("install_egress /run/proxy-operator-squid-egress.nft") < text.index("systemctl restart squid")
+    failure = text.split("if ! install_egress", 1)[1].split("fi\n", 1)[0]
+    assert "systemctl stop squid" in failure and "exit 1" in failure  # fail-closed
+    # Without rules (configureSquid off, or an old request) the script is as before.
+    assert "install_egress" not in seed.squid_script("http_port 3128\n").decode()
 
 
 def test_user_vendor_data_travels_beside_the_script_as_mime():

@@ -71,6 +71,9 @@ USER_DATA_KEY = "user-data"
 SQUID_CONF_KEY = "squid-conf"
 #: Metadata key carrying the Proxy's htpasswd line (basic auth), installed by the same script.
 SQUID_HTPASSWD_KEY = "squid-htpasswd"
+#: Metadata key carrying the nftables ruleset for Squid's user (:mod:`app.egress`), loaded by the
+#: same script before Squid starts.
+SQUID_EGRESS_KEY = "squid-egress-nft"
 #: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
 _MAX_WAIT_CALL = 120.0
 #: A wait call that returns faster than this without a finished operation is followed by a
@@ -422,6 +425,8 @@ class GcpProvider(Provider, CheckableProvider):
             items.append(compute_v1.Items(key=startup.STARTUP_SCRIPT_KEY, value=startup.STARTUP_SCRIPT))
         if request.auth_htpasswd:
             items.append(compute_v1.Items(key=SQUID_HTPASSWD_KEY, value=request.auth_htpasswd))
+        if request.squid_config and request.egress_rules:
+            items.append(compute_v1.Items(key=SQUID_EGRESS_KEY, value=request.egress_rules))
         nic = compute_v1.NetworkInterface(network=ids.network_path(s.project, s.network))
         if s.subnetwork:
             nic.subnetwork = ids.subnetwork_path(s.project, zone, s.subnetwork)

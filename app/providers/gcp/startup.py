@@ -32,6 +32,10 @@ installed):
 4. when cloud-init is present, wait for it to finish and install the operator's files again if
    the user-data replaced them.
 
+Between 2 and 3 it loads ``squid-egress-nft`` (required), the nftables ruleset that rejects
+Squid's user's new connections to the denied destinations, and makes ``squid.service`` load it
+before every start (:mod:`app.egress`); when it cannot, Squid is stopped.
+
 Every path is overridable through ``PROXY_OPERATOR_*`` environment variables for the tests
 (``tests/gcp/test_startup_script.py`` runs the script against a local stand-in for the
 metadata server); GCE runs it with none of them set.
@@ -39,6 +43,7 @@ metadata server); GCE runs it with none of them set.
 
 from __future__ import annotations
 
+from app.egress import INSTALL_EGRESS_SH
 from app.squid import DEFAULT_HTPASSWD_PATH
 
 #: Metadata key GCE's guest environment runs at every boot.
@@ -133,6 +138,13 @@ case $? in
   *) fail "the metadata server did not answer for squid-conf" ;;
 esac
 [ -s "$TMP/squid.conf" ] || fail "squid-conf is empty"
+fetch_retry squid-egress-nft "$TMP/egress.nft"
+case $? in
+  0) ;;
+  1) fail "the instance metadata has no squid-egress-nft" ;;
+  *) fail "the metadata server did not answer for squid-egress-nft" ;;
+esac
+[ -s "$TMP/egress.nft" ] || fail "squid-egress-nft is empty"
 fetch_retry squid-htpasswd "$TMP/htpasswd"
 case $? in
   0) AUTH=1 ;;
@@ -157,6 +169,10 @@ if ! command -v squid >/dev/null 2>&1; then
   [ "$guard" = 1 ] && rm -f "$POLICY_RC_D"
   [ "$rc" -eq 0 ] || fail "cannot install squid"
 fi
+__INSTALL_EGRESS__
+# Squid's user may not reach the metadata server, loopback or the denied ranges, whatever its
+# squid.conf says: loaded before Squid serves, and again by squid.service before every start.
+install_egress "$TMP/egress.nft" || fail "cannot load the egress rules for Squid's user"
 
 install_files() {
   (umask 022; mkdir -p "$(dirname "$CONF")") || return 1
@@ -198,4 +214,5 @@ if command -v cloud-init >/dev/null 2>&1; then
   fi
 fi
 exit 0
-""".replace("__METADATA_URL__", METADATA_ATTRIBUTES_URL).replace("__HTPASSWD__", DEFAULT_HTPASSWD_PATH)
+""".replace("__METADATA_URL__", METADATA_ATTRIBUTES_URL).replace("__HTPASSWD__", DEFAULT_HTPASSWD_PATH).replace(
+    "__INSTALL_EGRESS__", INSTALL_EGRESS_SH.strip())

@@ -273,7 +273,8 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         iso = seed.build_seed(name, request.user_data, seed.vendor_data(
             install_guest_agent=self.settings.install_guest_agent,
             squid_conf=request.squid_config if self.settings.configure_squid else None,
-            user_vendor_data=request.vendor_data, htpasswd=request.auth_htpasswd))
+            user_vendor_data=request.vendor_data, htpasswd=request.auth_htpasswd,
+            egress_rules=request.egress_rules if self.settings.configure_squid else None))
         images.delete_volume(link, pool, pool_name, name=sd_name)
         xml = dom_xml.volume_xml(sd_name, len(iso), "raw")
         seed_vol = link.call("virStorageVolCreateXML", lambda c: pool.createXML(xml, 0),

@@ -26,6 +26,7 @@ from email import encoders
 
 import pycdlib
 
+from app.egress import INSTALL_EGRESS_SH
 from app.squid import DEFAULT_HTPASSWD_PATH
 
 LABEL = "cidata"
@@ -60,15 +61,28 @@ fi
 """).encode("ascii")
 
 
-def squid_script(squid_conf: str, htpasswd: str | None = None) -> bytes:
+def squid_script(squid_conf: str, htpasswd: str | None = None, egress_rules: str | None = None) -> bytes:
     """Return the vendor-data script that installs Squid if missing and runs it with ``squid_conf``.
 
     With ``htpasswd`` (one ``user:bcrypt`` line), it is installed where the squid.conf's
     basic-auth helper reads it (:data:`app.squid.DEFAULT_HTPASSWD_PATH`), readable by root and
-    the ``proxy`` group only.  Both travel base64-encoded, so no content can end a
+    the ``proxy`` group only.  With ``egress_rules`` (:func:`app.egress.nftables_rules`), they
+    are loaded for Squid's user before Squid restarts, and ``squid.service`` loads them before
+    every start (:data:`app.egress.INSTALL_EGRESS_SH`); when they cannot be, Squid is stopped
+    and the script exits 1.  Everything travels base64-encoded, so no content can end a
     here-document early.
     """
     blob = base64.b64encode(squid_conf.encode("utf-8")).decode("ascii")
+    egress = ""
+    if egress_rules:
+        rules = base64.b64encode(egress_rules.encode("utf-8")).decode("ascii")
+        egress = (INSTALL_EGRESS_SH.strip() + "\n"
+                  f"echo '{rules}' | base64 -d > /run/proxy-operator-squid-egress.nft\n"
+                  "if ! install_egress /run/proxy-operator-squid-egress.nft; then\n"
+                  "  echo \"proxy-operator: cannot load the egress rules for Squid's user; stopping Squid\" >&2\n"
+                  "  systemctl stop squid 2>/dev/null || rc-service squid stop 2>/dev/null || service squid stop\n"
+                  "  exit 1\n"
+                  "fi\n")
     auth = ""
     if htpasswd:
         pw = base64.b64encode(htpasswd.encode("utf-8")).decode("ascii")
@@ -86,7 +100,7 @@ def squid_script(squid_conf: str, htpasswd: str | None = None) -> bytes:
 command -v squid >/dev/null 2>&1 || [ -x /usr/sbin/squid ] || pkg_install squid
 mkdir -p /etc/squid
 echo '""" + blob + """' | base64 -d > /etc/squid/squid.conf
-""" + auth + """\
+""" + auth + egress + """\
 if command -v systemctl >/dev/null 2>&1; then
   systemctl enable squid 2>/dev/null; systemctl restart squid
 elif command -v rc-service >/dev/null 2>&1; then
@@ -98,13 +112,14 @@ fi
 
 
 def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendor_data: bytes | None,
-                htpasswd: str | None = None) -> bytes | None:
+                htpasswd: str | None = None, egress_rules: str | None = None) -> bytes | None:
     """Return the vendor-data document, or ``None`` when there is nothing to send.
 
     Args:
         install_guest_agent: include :data:`GUEST_AGENT_SCRIPT`.
         squid_conf: when given, include :func:`squid_script` for it.
         htpasswd: basic-auth line for the squid script (see :func:`squid_script`), or ``None``.
+        egress_rules: nftables ruleset for the squid script (see :func:`squid_script`), or ``None``.
         user_vendor_data: the Proxy's ``spec.vendorData`` bytes, or ``None``.
     Returns:
         one part alone, byte for byte (our script, or the user's vendorData); several parts as
@@ -115,7 +130,7 @@ def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendo
     if install_guest_agent:
         scripts.append(("proxy-operator-guest-agent.sh", GUEST_AGENT_SCRIPT))
     if squid_conf:
-        scripts.append(("proxy-operator-squid.sh", squid_script(squid_conf, htpasswd)))
+        scripts.append(("proxy-operator-squid.sh", squid_script(squid_conf, htpasswd, egress_rules)))
     count = len(scripts) + (1 if user_vendor_data else 0)
     if count == 0:
         return None

@@ -7,6 +7,8 @@ Shape (every key optional)::
       image: ubuntu/squid:latest     # the Squid image; always allowed
       images: [registry.example.com/squid:6.6]   # other images a Proxy may name in spec.placement.image
       port: 3128
+      egressNetworkPolicy: true      # keep the NetworkPolicy proxy-operator-squid-egress in every
+                                     # namespace with Squid Pods (app/egress.py); default true
 """
 
 from __future__ import annotations
@@ -34,12 +36,17 @@ class KubernetesSettings(CheckTargets):
         port: container port Squid listens on when a request carries no port.  The CRD
             defaults ``spec.endpoint.port`` to 3128, so Proxies admitted by the API server
             always carry one and this value is only a fallback (kept for the config contract).
+        egress_network_policy: before creating a Pod, create (or replace) the NetworkPolicy
+            :data:`app.egress.NETWORK_POLICY_NAME` in its namespace, which refuses the Squid
+            Pods' egress to the destinations the squid.conf refuses
+            (:func:`app.egress.squid_network_policy` of the entry's ``squid:`` block).
     """
 
     namespace: str | None = None
     image: str = DEFAULT_IMAGE
     port: int = 3128
     images: tuple[str, ...] = ()
+    egress_network_policy: bool = True
 
     def check_targets(self) -> list[str]:
         """The one check target, :data:`CHECK_TARGET` (the cluster the Pods run in)."""
@@ -61,4 +68,5 @@ def parse(block: Reader) -> KubernetesSettings:
         image=block.str("image", DEFAULT_IMAGE),
         port=block.int("port", 3128, minimum=1, maximum=65535),
         images=tuple(images),
+        egress_network_policy=block.bool("egressNetworkPolicy", True),
     )

@@ -38,7 +38,7 @@ from typing import Callable
 import urllib3
 from kubernetes import client as k8s
 
-from app import naming
+from app import egress, naming
 from app.config import ProviderConfig
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
                                 TargetVerdict, require_managed)
@@ -188,6 +188,7 @@ class KubernetesProvider(Provider, CheckableProvider):
             raise TypeError("KubernetesProvider needs a client or a client_factory")
         self.name = pc.name
         self.settings = pc.settings
+        self.squid_policy = pc.squid
         self._client = client
         self._client_factory = client_factory
 
@@ -234,6 +235,32 @@ class KubernetesProvider(Provider, CheckableProvider):
             ),
         )
 
+    def _ensure_egress_policy(self, namespace: str) -> None:
+        """Create, or replace with the current config, the Squid Pods' egress NetworkPolicy in ``namespace``.
+
+        It selects every Squid Pod of the operator in the namespace (labels
+        ``app.kubernetes.io/name=squid``, ``app.kubernetes.io/managed-by=proxy-operator``) and is
+        labelled ``app.kubernetes.io/managed-by=proxy-operator``; it stays when the last Pod goes.
+
+        Raises:
+            Permanent / Transient: as mapped from the API's answer (a Pod is not created
+                without its NetworkPolicy).
+        """
+        body = egress.squid_network_policy(self.squid_policy, namespace,
+                                           {LABEL_NAME: "squid", LABEL_MANAGED_BY: naming.MANAGED_BY})
+        api = k8s.NetworkingV1Api(self.core.api_client)
+        what = f"NetworkPolicy {namespace}/{egress.NETWORK_POLICY_NAME}"
+        try:
+            try:
+                api.create_namespaced_network_policy(namespace, body)
+                log.info("created %s", what)
+            except k8s.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                api.replace_namespaced_network_policy(egress.NETWORK_POLICY_NAME, namespace, body)
+        except Exception as exc:  # noqa: BLE001
+            raise _classify(exc, f"ensure {what}") from exc
+
     def _image(self, request: CreateRequest) -> str:
         """Return the container image for ``request``: the configured default or an allowed one.
 
@@ -269,6 +296,8 @@ class KubernetesProvider(Provider, CheckableProvider):
         """
         namespace = self.settings.namespace or request.namespace
         body = self._pod(request, namespace)  # refuses a disallowed image before any call
+        if self.settings.egress_network_policy:
+            self._ensure_egress_policy(namespace)
         try:
             pod = self.core.create_namespaced_pod(namespace, body)
             log.info("created pod %s/%s", namespace, request.name)
