@@ -75,8 +75,7 @@ def test_yaml_parses(path):
 
 # -- samples ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/default/providers.yaml",
-                                  "deploy/compose/providers.yaml"])
+@pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/compose/providers.yaml"])
 def test_providers_configs_load(path):
     cfg = wiring.load_config(ROOT / path)
     assert "k8s-local" in cfg.names()

@@ -91,3 +91,55 @@ def test_compose_publishes_the_api_on_this_machine_only():
                 continue  # the kubeconfig's own address, as before
             assert str(mapping).startswith("127.0.0.1:"), (name, mapping)
     assert compose["services"]["api"]["ports"] == ["127.0.0.1:8080:8080"]
+
+
+# -- the providers config deploy/ ships ------------------------------------------------------------
+
+DEFAULT_PROVIDERS = ROOT / "deploy" / "default" / "providers.yaml"
+
+
+def test_every_process_refuses_the_default_providers_config_until_the_ranges_are_filled():
+    out = _cli("check-config", str(DEFAULT_PROVIDERS))
+    assert out.returncode == 2, out.stdout
+    assert (f'{DEFAULT_PROVIDERS}: provider "k8s-local": squid.deniedDestinations[0]: '
+            "'POD-CIDR-PLACEHOLDER' is a placeholder") in out.stderr
+    worker = _cli("worker", "--providers-config", str(DEFAULT_PROVIDERS))  # as every process: before anything
+    assert worker.returncode == 2 and "squid.deniedDestinations[0]" in worker.stderr
+
+
+def test_the_filled_default_config_asks_for_basic_auth_and_denies_the_cluster_ranges(tmp_path):
+    from app import squid, wiring
+
+    text = DEFAULT_PROVIDERS.read_text()
+    filled = tmp_path / "providers.yaml"
+    filled.write_text(text.replace("POD-CIDR-PLACEHOLDER", "10.244.0.0/16")
+                      .replace("SERVICE-CIDR-PLACEHOLDER", "10.96.0.0/12"))
+    out = _cli("check-config", str(filled))
+    assert out.returncode == 0 and "OK (1 provider(s): k8s-local)" in out.stdout and out.stderr == ""
+    pc = wiring.load_config(filled).get("k8s-local")
+    assert pc.squid.basic_auth_file == squid.DEFAULT_HTPASSWD_PATH
+    assert pc.squid.denied_destinations == ("10.244.0.0/16", "10.96.0.0/12")
+    conf = squid.render(3128, pc.squid)
+    assert "acl authenticated proxy_auth REQUIRED" in conf and "http_access deny !authenticated" in conf
+    assert "10.244.0.0/16 10.96.0.0/12" in conf
+
+
+def test_check_config_warns_when_no_destination_is_denied(tmp_path):
+    empty = tmp_path / "providers.yaml"
+    empty.write_text(DEFAULT_PROVIDERS.read_text().split("      deniedDestinations:")[0]
+                     + "      deniedDestinations: []\n")
+    out = _cli("check-config", str(empty))
+    assert out.returncode == 0, out.stderr
+    assert (f'proxy-operator: warning: {empty}: provider "k8s-local": squid.deniedDestinations is empty'
+            in out.stderr)
+    no_block = tmp_path / "plain.yaml"
+    no_block.write_text("providers:\n  - {name: k, type: kubernetes}\n")
+    assert 'provider "k": squid.deniedDestinations is empty' in _cli("check-config", str(no_block)).stderr
+
+
+def test_the_compose_config_asks_for_basic_auth_and_denies_k3s_ranges():
+    from app import wiring
+
+    pc = wiring.load_config(ROOT / "deploy" / "compose" / "providers.yaml").get("k8s-local")
+    assert pc.squid.basic_auth_file is not None
+    assert pc.squid.denied_destinations == ("10.42.0.0/16", "10.43.0.0/16")
