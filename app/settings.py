@@ -145,6 +145,10 @@ class Settings:
         gc_interval: beat period of GC sweeps (``GC_INTERVAL``).
         pool_resync_interval: beat period of the ProxyPool resync: a pass over every pool, for
             age limits and the autoscaler (``POOL_RESYNC_INTERVAL``, seconds).
+        pool_namespace_max_replicas: most Proxies the ProxyPools of one namespace may ask for
+            together (``POOL_NAMESPACE_MAX_REPLICAS``, an integer >= 1): a pool whose size
+            (``spec.replicas``, or ``spec.autoscale.maxReplicas``) with the other pools' members
+            of its namespace exceeds it is refused (condition ``NamespaceCapExceeded``).
         gc_grace: minimum age of an orphan before GC deletes it (``GC_GRACE``).
         poll_initial / poll_max: poll backoff bounds (``POLL_INITIAL``, ``POLL_MAX``); ``poll_initial``
             also spaces ``instance.retire``'s tries while its Proxy's lock is busy.
@@ -161,6 +165,7 @@ class Settings:
     resync_interval: float = 300.0
     gc_interval: float = 600.0
     pool_resync_interval: float = 30.0
+    pool_namespace_max_replicas: int = 100
     gc_grace: float = 600.0
     poll_initial: float = 5.0
     poll_max: float = 60.0
@@ -189,6 +194,8 @@ class Settings:
             resync_interval=_float("RESYNC_INTERVAL", cls.resync_interval),
             gc_interval=_float("GC_INTERVAL", cls.gc_interval),
             pool_resync_interval=_float("POOL_RESYNC_INTERVAL", cls.pool_resync_interval),
+            pool_namespace_max_replicas=int(env_number("POOL_NAMESPACE_MAX_REPLICAS", cls.pool_namespace_max_replicas,
+                                                       minimum=1, integer=True)),
             gc_grace=_float("GC_GRACE", cls.gc_grace),
             poll_initial=_float("POLL_INITIAL", cls.poll_initial),
             poll_max=_float("POLL_MAX", cls.poll_max),

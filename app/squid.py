@@ -262,9 +262,17 @@ def credentials_secret(name: str, namespace: str, *, username: str, password: st
     }
 
 
+#: Marks a value the operator must replace (deploy/default/providers.yaml ships
+#: ``deniedDestinations`` as placeholders: the cluster's ranges differ from cluster to cluster).
+PLACEHOLDER_WORD = "PLACEHOLDER"
+
+
 def _cidrs(r: Reader, key: str, default: list[str] | None = None) -> list[str]:
     values = r.str_list(key, default)
     for i, cidr in enumerate(values):
+        if PLACEHOLDER_WORD in str(cidr).upper():
+            raise r.error(f"{key}[{i}]", f"{cidr!r} is a placeholder: replace it with a CIDR range "
+                                         "(for deniedDestinations: this cluster's Pod and Service ranges, the VPC)")
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:

@@ -119,6 +119,7 @@ def parse(data, file: str) -> tuple[Client, ...]:
                 raise r.error("token", f"too short (at least {MIN_TOKEN_LENGTH} characters)")
             if token != token.strip():
                 raise r.error("token", "has leading or trailing whitespace")
+            refuse_placeholder(r, token)
             d = digest(token)
         else:
             hexd = r.raw("tokenSHA256")
@@ -151,6 +152,32 @@ def _scope(r: Reader) -> Scope | None:
         raise r.error("namespaces", "a scope with no namespace and no pool leases nothing: name some, or "
                                     "leave both keys out for an unscoped client (sharedNamespaces)")
     return Scope(namespaces, frozenset(pools))
+
+
+#: Words that mark a sample token (deploy/samples/tokens.yaml, docker-compose.yml): a token that
+#: still holds one was never replaced.  Matched in any case.
+PLACEHOLDER_WORDS = ("PLACEHOLDER", "CHANGE-ME")
+#: Environment variable that admits tokens holding :data:`PLACEHOLDER_WORDS` (a demo stack).
+ALLOW_DEMO_TOKENS_ENV = "API_ALLOW_DEMO_TOKENS"
+
+
+def refuse_placeholder(r: Reader, token: str) -> None:
+    """Refuse a ``token`` that still holds a :data:`PLACEHOLDER_WORDS` word, unless
+    ``API_ALLOW_DEMO_TOKENS`` is true (``1 true yes on``; a demo stack such as docker-compose.yml).
+
+    Args:
+        r: the client's entry, for the message (file and ``clients[i].token``).
+        token: the token as written.
+    Raises:
+        ConfigError: the token is a placeholder (the message names the word, never the token).
+        ValueError: ``API_ALLOW_DEMO_TOKENS`` is not a boolean, naming the variable.
+    """
+    from app.settings import env_flag
+
+    word = next((w for w in PLACEHOLDER_WORDS if w in token.upper()), None)
+    if word is not None and not env_flag(ALLOW_DEMO_TOKENS_ENV, False):
+        raise r.error("token", f"still reads {word}: it is a sample token, set one of your own "
+                               f"(or {ALLOW_DEMO_TOKENS_ENV}=true for a demo stack)")
 
 
 def load(path: str) -> tuple[Client, ...]:

@@ -53,6 +53,11 @@ def _validated(path: str | None):
 def cmd_check_config(args) -> int:
     cfg = _validated(args.file)
     print(f"{args.file}: OK ({len(cfg.providers)} provider(s): {', '.join(cfg.names()) or 'none'})")
+    for pc in cfg.providers:
+        if not pc.squid.denied_destinations:
+            print(f'proxy-operator: warning: {args.file}: provider "{pc.name}": squid.deniedDestinations is '
+                  "empty: crawlers may reach this cluster's Pods and Services and the VPC through its proxies; "
+                  "list those ranges", file=sys.stderr)
     return 0
 
 
@@ -276,7 +281,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check-config", help="validate a providers config file and exit",
                        description="Validate a providers config file, as every process does at start; print "
                                    "its providers, or one message naming the provider and the field that is "
-                                   "wrong (exit status 2).")
+                                   "wrong (exit status 2). Warns (exit status 0) about a provider whose "
+                                   "squid.deniedDestinations is empty.")
     s.add_argument("file", metavar="FILE", help="the providers config file (YAML), e.g. "
                                                 "deploy/samples/providers.yaml")
     s.set_defaults(fn=cmd_check_config)

@@ -75,8 +75,7 @@ def test_yaml_parses(path):
 
 # -- samples ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/default/providers.yaml",
-                                  "deploy/compose/providers.yaml"])
+@pytest.mark.parametrize("path", ["deploy/samples/providers.yaml", "deploy/compose/providers.yaml"])
 def test_providers_configs_load(path):
     cfg = wiring.load_config(ROOT / path)
     assert "k8s-local" in cfg.names()
@@ -400,7 +399,7 @@ def test_compose_runs_the_whole_stack(compose):
     assert {"redis", "k3s", "crds", "watcher", "worker", "health-worker", "beat", "api", "flower"} <= set(services)
     assert services["k3s"]["image"].startswith("rancher/k3s:")
     assert "127.0.0.1:5555:5555" in services["flower"]["ports"]  # Flower on this machine only
-    assert "8080:8080" in services["api"]["ports"]
+    assert services["api"]["ports"] == ["127.0.0.1:8080:8080"]  # the API on this machine only
     for name, cmd in COMMANDS.items():
         svc = services[name]
         assert _without_concurrency(svc["command"]) == cmd, name

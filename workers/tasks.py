@@ -174,7 +174,8 @@ def pool_reconcile(self, namespace: str, name: str, uid: str, attempt: int = 0) 
     pools.started(uid)
     ref = PoolRef(namespace, name, uid)
     try:
-        outcome = run(ctx.kube, ctx.redis, ctx.registry.configs, ref=ref, lock_timeout=_lock_timeout(ctx))
+        outcome = run(ctx.kube, ctx.redis, ctx.registry.configs, ref=ref, lock_timeout=_lock_timeout(ctx),
+                      namespace_cap=ctx.settings.pool_namespace_max_replicas)
     except Exception as exc:  # noqa: BLE001 - the API or Redis down while reading: retry the pass
         delay = reconcile.backoff(ctx.settings, attempt)
         log.warning("pool %s/%s: pass failed: %s %s; retrying in %.0fs", namespace, name, type(exc).__name__,

@@ -20,9 +20,14 @@ cannot hold the cluster's Pod range while the kubernetes provider runs Squid Pod
 the endpoint of an **External** Proxy (any record that does not say ``Managed``) and every
 health URL (the proxy-side check and the worker's own direct control request, which any Proxy
 author chooses), never a Managed proxy's endpoint, which the provider gave.  ``PROBE_ALLOWED_RANGES``
-does not exempt from it: it is what the operator keeps from Proxy authors on purpose.  Address ranges: RFC 6890 (special-
-purpose registries), RFC 3927 (IPv4 link-local), RFC 4291 §2.5 (IPv6 loopback, link-local,
-IPv4-mapped).
+does not exempt from it: it is what the operator keeps from Proxy authors on purpose.
+
+Private and shared address space (:data:`DEFAULT_EXTERNAL_DENIED_RANGES`: RFC 1918, the CGNAT
+range of RFC 6598, IPv6 unique local addresses of RFC 4193) is denied by default to the same
+author-chosen destinations, and only ``PROBE_EXTERNAL_ALLOWED_RANGES`` exempts from it (an
+External proxy or a health origin on a private network, on purpose).  Address ranges: RFC 6890
+(special-purpose registries), RFC 3927 (IPv4 link-local), RFC 4291 §2.5 (IPv6 loopback,
+link-local, IPv4-mapped).
 
 Two different checks:
 
@@ -52,6 +57,11 @@ import urllib3
 
 #: Ranges no probe may connect to or fetch from unless ``PROBE_ALLOWED_RANGES`` allows them.
 DEFAULT_DENIED_RANGES = ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128")
+
+#: Ranges denied by default to what a Proxy author chooses (External endpoints, every health URL)
+#: unless ``PROBE_EXTERNAL_ALLOWED_RANGES`` allows them, never to a Managed proxy's endpoint:
+#: RFC 1918 private networks, RFC 6598 shared (CGNAT) space, RFC 4193 unique local IPv6.
+DEFAULT_EXTERNAL_DENIED_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
 
 #: Host names denied whatever they resolve to here: GCE's metadata server (it resolves to
 #: 169.254.169.254 only inside GCE; docs: cloud.google.com/compute/docs/metadata/querying-metadata).
@@ -111,6 +121,8 @@ class DestinationPolicy:
         allowed: networks exempted from every denied range (checked first).
         external_denied: networks refused for External endpoints and health URLs only
             (``PROBE_EXTERNAL_DENIED_RANGES``), never for a Managed proxy's endpoint.
+        external_allowed: networks exempted, for External endpoints and health URLs, from
+            :data:`DEFAULT_EXTERNAL_DENIED_RANGES` only (``PROBE_EXTERNAL_ALLOWED_RANGES``).
         resolver: ``socket.getaddrinfo``-compatible function (tests of name resolution use
             the real one; the parameter exists so that callers choose the resolver, not a patch).
         url_cache_seconds: how long the verdict on a health URL's host name is reused (a batch
@@ -118,13 +130,17 @@ class DestinationPolicy:
     An address is denied when it is in a denied range and in no allowed range; a destination a
     Proxy author chose (``external``) is also denied in an ``external_denied`` range, which the
     allowed ranges do not exempt (a local stack allows its Pod range for its own Squid Pods and
-    still keeps External endpoints out of it).
+    still keeps External endpoints out of it), and in a :data:`DEFAULT_EXTERNAL_DENIED_RANGES`
+    range that ``external_allowed`` does not exempt.
     """
 
     def __init__(self, denied: Iterable = (), allowed: Iterable = (), *, external_denied: Iterable = (),
-                 resolver: Resolver = socket.getaddrinfo, url_cache_seconds: float = 30.0) -> None:
+                 external_allowed: Iterable = (), resolver: Resolver = socket.getaddrinfo,
+                 url_cache_seconds: float = 30.0) -> None:
         self.denied = parse_ranges(DEFAULT_DENIED_RANGES) + tuple(denied)
         self.external_denied = tuple(external_denied)
+        self.external_default_denied = parse_ranges(DEFAULT_EXTERNAL_DENIED_RANGES)
+        self.external_allowed = tuple(external_allowed)
         self.allowed = tuple(allowed)
         self.resolver = resolver
         self.url_cache_seconds = url_cache_seconds
@@ -136,7 +152,9 @@ class DestinationPolicy:
 
         Args:
             address: an IP address.
-            external: also check :attr:`external_denied` (a destination a Proxy author chose).
+            external: also check :attr:`external_denied` and the private ranges of
+                :data:`DEFAULT_EXTERNAL_DENIED_RANGES` not in :attr:`external_allowed` (a
+                destination a Proxy author chose).
         Raises:
             ValueError: ``address`` is not an IP address.
         """
@@ -145,12 +163,23 @@ class DestinationPolicy:
             for net in self.external_denied:
                 if net.version == ip.version and ip in net:
                     return net
+            if not any(ip in net for net in self.external_allowed if net.version == ip.version):
+                for net in self.external_default_denied:
+                    if net.version == ip.version and ip in net:
+                        return net
         if any(ip in net for net in self.allowed if net.version == ip.version):
             return None
         for net in self.denied:
             if net.version == ip.version and ip in net:
                 return net
         return None
+
+    def _hint(self, net) -> str:
+        """What lifts a denial by :data:`DEFAULT_EXTERNAL_DENIED_RANGES` (empty for other ranges)."""
+        if net in self.external_default_denied and net not in self.external_denied:
+            return " (private address space, denied to External endpoints and health URLs unless " \
+                   "PROBE_EXTERNAL_ALLOWED_RANGES allows it)"
+        return ""
 
     def _addresses(self, host: str, port: int) -> list[str]:
         """The distinct addresses ``host`` resolves to, in the resolver's order.
@@ -201,7 +230,7 @@ class DestinationPolicy:
             net = self.denied_range(addr, external=external)
             if net is not None:
                 via = "" if literal is not None else f" resolves to {addr}, which is"
-                raise DestinationDenied(f"endpoint {host}{via} in the denied range {net}")
+                raise DestinationDenied(f"endpoint {host}{via} in the denied range {net}{self._hint(net)}")
         return addresses[0]
 
     def check_url(self, url: str) -> None:
@@ -243,7 +272,7 @@ class DestinationPolicy:
             literal = None
         if literal is not None:
             net = self.denied_range(str(literal), external=True)
-            return None if net is None else f"health URL host {host} is in the denied range {net}"
+            return None if net is None else f"health URL host {host} is in the denied range {net}{self._hint(net)}"
         try:
             addresses = self._addresses(name, port)
         except OSError:
@@ -251,7 +280,8 @@ class DestinationPolicy:
         for addr in addresses:
             net = self.denied_range(addr, external=True)
             if net is not None:
-                return f"health URL host {host} resolves to {addr}, which is in the denied range {net}"
+                return (f"health URL host {host} resolves to {addr}, which is in the denied range {net}"
+                        f"{self._hint(net)}")
         return None
 
 
@@ -286,7 +316,7 @@ def url_hosts(url: str) -> list[tuple[str, int | None, str]]:
 
 @functools.lru_cache(maxsize=16)
 def policy(denied: tuple[str, ...] = (), allowed: tuple[str, ...] = (),
-           external_denied: tuple[str, ...] = ()) -> DestinationPolicy:
+           external_denied: tuple[str, ...] = (), external_allowed: tuple[str, ...] = ()) -> DestinationPolicy:
     """Return this process's shared :class:`DestinationPolicy` for these range strings.
 
     Shared so that its health-URL cache serves every batch of the process.
@@ -296,4 +326,5 @@ def policy(denied: tuple[str, ...] = (), allowed: tuple[str, ...] = (),
     """
     return DestinationPolicy(parse_ranges(denied, name="PROBE_DENIED_RANGES"),
                              parse_ranges(allowed, name="PROBE_ALLOWED_RANGES"),
-                             external_denied=parse_ranges(external_denied, name="PROBE_EXTERNAL_DENIED_RANGES"))
+                             external_denied=parse_ranges(external_denied, name="PROBE_EXTERNAL_DENIED_RANGES"),
+                             external_allowed=parse_ranges(external_allowed, name="PROBE_EXTERNAL_ALLOWED_RANGES"))

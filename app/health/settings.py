@@ -42,6 +42,10 @@ class HealthSettings:
             endpoints of External Proxies and every health URL, never a Managed proxy's endpoint
             (``PROBE_EXTERNAL_DENIED_RANGES``; e.g. the cluster's Pod range, which
             ``PROBE_DENIED_RANGES`` cannot hold while the kubernetes provider runs Squid Pods there).
+        external_allowed_ranges: CIDR ranges External endpoints and health URLs may reach although
+            they lie in the private ranges denied to them by default (RFC 1918, CGNAT
+            ``100.64.0.0/10``, ULA ``fc00::/7``: :data:`app.health.destinations.DEFAULT_EXTERNAL_DENIED_RANGES`;
+            ``PROBE_EXTERNAL_ALLOWED_RANGES``).  Exempts from nothing else.
         allowed_ranges: CIDR ranges exempted from every denied range, defaults included
             (``PROBE_ALLOWED_RANGES``; ``127.0.0.0/8`` for a local stack or the test suite, whose
             Squids and origins run on loopback).
@@ -76,6 +80,7 @@ class HealthSettings:
     denied_ranges: tuple[str, ...] = ()
     allowed_ranges: tuple[str, ...] = ()
     external_denied_ranges: tuple[str, ...] = ()
+    external_allowed_ranges: tuple[str, ...] = ()
     credentials_ttl: float = 60.0
     default_url: str = DEFAULT_HEALTH_URL
     slow_seconds: float = 5.0
@@ -106,6 +111,7 @@ class HealthSettings:
             denied_ranges=_ranges("PROBE_DENIED_RANGES"),
             allowed_ranges=_ranges("PROBE_ALLOWED_RANGES"),
             external_denied_ranges=_ranges("PROBE_EXTERNAL_DENIED_RANGES"),
+            external_allowed_ranges=_ranges("PROBE_EXTERNAL_ALLOWED_RANGES"),
             credentials_ttl=env_number("HEALTH_CREDENTIALS_TTL", cls.credentials_ttl, minimum=1),
             default_url=_default_url(),
             slow_seconds=env_number("HEALTH_SLOW_SECONDS", cls.slow_seconds, minimum=1),
@@ -115,7 +121,8 @@ class HealthSettings:
 
     def destination_policy(self):
         """Return the process's shared :class:`app.health.destinations.DestinationPolicy` for
-        :attr:`denied_ranges` / :attr:`allowed_ranges` / :attr:`external_denied_ranges`.
+        :attr:`denied_ranges` / :attr:`allowed_ranges` / :attr:`external_denied_ranges` /
+        :attr:`external_allowed_ranges`.
 
         Raises:
             ValueError: a range that does not parse, naming its variable.
@@ -123,7 +130,7 @@ class HealthSettings:
         from app.health import destinations
 
         return destinations.policy(tuple(self.denied_ranges), tuple(self.allowed_ranges),
-                                   tuple(self.external_denied_ranges))
+                                   tuple(self.external_denied_ranges), tuple(self.external_allowed_ranges))
 
 
 def _default_url() -> str:

@@ -121,6 +121,34 @@ def owner_of(pool: Pool) -> OwnerReference:
                           controller=True, block_owner_deletion=True)
 
 
+def over_namespace_cap(pool: Pool, proxies: list[Proxy], cap: int | None) -> str | None:
+    """Why ``pool``'s size is refused by the namespace cap, or ``None`` when it fits.
+
+    The size is ``spec.autoscale.maxReplicas`` for an autoscaled pool (the most the autoscaler
+    may ask for), else ``spec.replicas``; it fits when it is at most ``cap`` minus the Proxies
+    (not being deleted) that other ProxyPools of the namespace control.
+
+    Args:
+        pool: a pool with a valid spec.
+        proxies: every Proxy of the pool's namespace.
+        cap: ``POOL_NAMESPACE_MAX_REPLICAS``, ``None`` for no cap.
+    Returns:
+        the condition message, naming the field, the cap and its setting.
+    """
+    if cap is None:
+        return None
+    auto = pool.spec.autoscale
+    field, size = ("spec.autoscale.maxReplicas", auto.max_replicas) if auto else ("spec.replicas", pool.spec.replicas)
+    others = sum(1 for p in proxies if not p.deleting and (p.controller or {}).get("kind") == POOL_KIND
+                 and (p.controller or {}).get("uid") != pool.uid)
+    if size <= cap - others:
+        return None
+    held = f"; other ProxyPools of the namespace hold {others}, leaving {max(cap - others, 0)}" if others else ""
+    return (f"{field} {size} refused: the ProxyPools of namespace {pool.namespace} may keep at most {cap} "
+            f"Proxies together (the operator's POOL_NAMESPACE_MAX_REPLICAS){held}; no member is created or "
+            "removed until the size fits")
+
+
 def controlled_by(proxy: Proxy, pool: Pool) -> bool:
     """Whether ``proxy``'s controller ownerReference is ``pool`` (by UID)."""
     ref = proxy.controller
@@ -245,7 +273,7 @@ def _names(items) -> str:
 
 
 def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, now: float | None = None,
-              rand: Callable[[], float] = random.random) -> Outcome:
+              rand: Callable[[], float] = random.random, namespace_cap: int | None = None) -> Outcome:
     """One pass over the pool ``ref`` (no lock: see :func:`run`).
 
     Args:
@@ -256,6 +284,9 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         ref: the pool.
         now: epoch seconds (default: now).
         rand: random source of member names.
+        namespace_cap: most Proxies the pools of the namespace may ask for together
+            (``POOL_NAMESPACE_MAX_REPLICAS``), ``None``: no cap.  A pool over it is stalled,
+            its members left as they are (:func:`over_namespace_cap`).
     Returns:
         the :class:`Outcome`.
     Raises:
@@ -283,6 +314,11 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     pool_demand.register(r, pool.namespace, pool.name)
 
     proxies = kube.list_proxies_in(pool.namespace)
+    refusal = over_namespace_cap(pool, proxies, namespace_cap)
+    if refusal is not None:
+        pool_stats.forget(r, pool.namespace, pool.name)
+        status_writer.write_pool(kube, pool, stalled(pool, "NamespaceCapExceeded", refusal, now=now))
+        return Outcome("stalled")
     candidates = [p for p in proxies if controlled_by(p, pool)]
     released, refused = _release(kube, r, pool, strays_of(pool, candidates))
     uids = [p.uid for p in candidates]
@@ -550,12 +586,13 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
 
 
 def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_timeout: float,
-        now: float | None = None) -> Outcome:
+        now: float | None = None, namespace_cap: int | None = None) -> Outcome:
     """:func:`reconcile` under the per-pool lock (:func:`app.redis_keys.pool_lock`), so two
     deliveries of the same pool never act together.
 
     Args:
         lock_timeout: seconds the lock is held at most (the task hard time limit + 10 s).
+        namespace_cap: as :func:`reconcile`.
     Returns:
         the :class:`Outcome`; ``locked`` (``requeue_after`` 2 s) when another pass holds the pool.
     Raises:
@@ -565,7 +602,7 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
     if not lock.acquire():
         return Outcome("locked", requeue_after=2.0)
     try:
-        return reconcile(kube, r, configs, ref=ref, now=now)
+        return reconcile(kube, r, configs, ref=ref, now=now, namespace_cap=namespace_cap)
     finally:
         try:
             lock.release()
@@ -574,4 +611,4 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
 
 
 __all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "ZONE_EVENTS_PER_WINDOW", "ZONE_EVENT_WINDOW", "Outcome", "PoolRef", "controlled_by", "member_labels",
-           "member_name", "member_spec", "members_of", "owner_of", "reconcile", "run", "strays_of", "zone_health"]
+           "member_name", "member_spec", "members_of", "over_namespace_cap", "owner_of", "reconcile", "run", "strays_of", "zone_health"]

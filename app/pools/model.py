@@ -47,6 +47,10 @@ AGE_JITTER = 0.25
 #: The shortest ``maxAge`` (seconds): a member must live long enough to become leasable and be
 #: leased before it is replaced (the CRD's CEL rule says the same, deploy/crd/gen_proxypool.py).
 MIN_MAX_AGE = 60
+#: Most Proxies one pool may ask for (``spec.replicas``, ``spec.autoscale.minReplicas`` and
+#: ``maxReplicas``): the CRD's ``maximum`` (deploy/crd/gen_proxypool.py), checked here too for an
+#: object stored before the CRD had it (the API server does not re-validate stored objects).
+MAX_REPLICAS = 1000
 DEFAULT_MAX_SURGE = 1
 DEFAULT_MAX_UNAVAILABLE = 0
 DEFAULT_DRAIN_TIMEOUT = 600
@@ -96,13 +100,16 @@ def _int_or_percent(path: str, value: Any, total: int, *, round_up: bool, defaul
     raise PoolSpecError(path, f'must be an integer or a percentage such as "25%", got {value!r}')
 
 
-def _whole(path: str, value: Any, default: int, minimum: int = 0) -> int:
+def _whole(path: str, value: Any, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise PoolSpecError(path, f"must be an integer, got {value!r}")
     if value < minimum:
         raise PoolSpecError(path, f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise PoolSpecError(path, f"must be at most {maximum} (the CRD's maximum), got {value}; no member is "
+                                  "created or removed until it is lowered")
     return value
 
 
@@ -221,8 +228,8 @@ class Autoscale:
         """
         if not d:
             return None
-        lo = _whole("spec.autoscale.minReplicas", d.get("minReplicas"), 1)
-        hi = _whole("spec.autoscale.maxReplicas", d.get("maxReplicas"), max(lo, 1), minimum=1)
+        lo = _whole("spec.autoscale.minReplicas", d.get("minReplicas"), 1, maximum=MAX_REPLICAS)
+        hi = _whole("spec.autoscale.maxReplicas", d.get("maxReplicas"), max(lo, 1), minimum=1, maximum=MAX_REPLICAS)
         if hi < lo:
             raise PoolSpecError("spec.autoscale.maxReplicas", f"must not be below minReplicas ({lo}), got {hi}")
         raw = d.get("targetLeaseUtilization", DEFAULT_TARGET_UTILIZATION)
@@ -286,11 +293,11 @@ class PoolSpec:
         """Build from a ProxyPool's ``spec``.
 
         Raises:
-            PoolSpecError: naming the field: a negative count, a template that is not Managed or
+            PoolSpecError: naming the field: a negative count or one over :data:`MAX_REPLICAS`, a template that is not Managed or
                 whose labels the selector does not match, a bad duration or percentage.
         """
         d = d or {}
-        replicas = _whole("spec.replicas", d.get("replicas"), 1)
+        replicas = _whole("spec.replicas", d.get("replicas"), 1, maximum=MAX_REPLICAS)
         template = d.get("template") or {}
         labels = dict((template.get("metadata") or {}).get("labels") or template.get("labels") or {})
         tspec = dict(template.get("spec") or {})

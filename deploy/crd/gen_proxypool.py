@@ -127,11 +127,14 @@ spec:
               properties:
                 replicas:
                   description: >-
-                    Proxies wanted. Written by the autoscaler when spec.autoscale is set (also
-                    through the scale subresource: kubectl scale pxp/NAME --replicas=N).
+                    Proxies wanted, at most 1000. Written by the autoscaler when spec.autoscale is
+                    set (also through the scale subresource: kubectl scale pxp/NAME --replicas=N).
+                    The operator may cap the Proxies of all the pools of a namespace lower
+                    (condition Progressing=False, reason NamespaceCapExceeded).
                   type: integer
                   format: int32
                   minimum: 0
+                  maximum: 1000
                   default: 1
                 selector:
                   description: >-
@@ -293,11 +296,13 @@ spec:
                       type: integer
                       format: int32
                       minimum: 0
+                      maximum: 1000
                       default: 1
                     maxReplicas:
                       type: integer
                       format: int32
                       minimum: 1
+                      maximum: 1000
                     targetLeaseUtilization:
                       description: >-
                         Wanted share of the lease capacity in use, above 0 and at most 1: a

@@ -109,7 +109,8 @@ def test_settings_read_the_ranges_from_the_environment(monkeypatch):
 def test_external_denied_ranges_apply_to_what_authors_choose_only():
     """PROBE_EXTERNAL_DENIED_RANGES: External endpoints and health URLs, never a Managed endpoint;
     PROBE_ALLOWED_RANGES does not exempt from it."""
-    policy = DestinationPolicy(allowed=parse_ranges("10.0.0.0/8"), external_denied=parse_ranges("10.244.0.0/16"))
+    policy = DestinationPolicy(allowed=parse_ranges("10.0.0.0/8"), external_denied=parse_ranges("10.244.0.0/16"),
+                               external_allowed=parse_ranges("10.0.0.0/8"))  # private space on purpose
     assert policy.endpoint_address("10.244.3.7", 3128, external=False) == "10.244.3.7"  # a Squid Pod
     with pytest.raises(DestinationDenied, match=r"in the denied range 10\.244\.0\.0/16"):
         policy.endpoint_address("10.244.3.7", 3128)  # an External endpoint (the default: the safe side)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from app.pools import plan as planner
+from app.pools.model import MAX_REPLICAS
 from tests.pools.sim import member, pool
 
 pytestmark = pytest.mark.timeout(30)
@@ -17,17 +18,17 @@ NOW = 1_000_000.0
 
 
 def test_a_huge_replicas_creates_a_bounded_batch_per_pass():
-    # spec.replicas has no maximum in the CRD (int32: up to 2^31-1): a typo such as 1000000
-    # must not make one pass build and send a million creates (memory, the task's time limit,
-    # the API server); a pass makes a bounded batch and asks for the next pass soon.
-    p = pool({"replicas": 100_000})
+    # spec.replicas up to the CRD's maximum must not make one pass build and send all its
+    # creates (memory, the task's time limit, the API server); a pass makes a bounded batch and
+    # asks for the next pass soon.
+    p = pool({"replicas": MAX_REPLICAS})
     t0 = time.monotonic()
     result = planner.plan(p, [], {}, now=NOW)
     assert time.monotonic() - t0 < 2
     assert 0 < len(result.creates) <= planner.MAX_CREATES_PER_PASS
     assert result.requeue_after is not None and result.requeue_after <= 5
     # the same bound holds for spread pools and while the batch is still pending
-    z = pool({"replicas": 100_000, "spread": {"zones": ["a", "b", "c"]}})
+    z = pool({"replicas": MAX_REPLICAS, "spread": {"zones": ["a", "b", "c"]}})
     spread = planner.plan(z, [member(z, leasable=False, zone="a") for _ in range(3)], {}, now=NOW)
     assert 0 < len(spread.creates) <= planner.MAX_CREATES_PER_PASS
     assert {c.zone for c in spread.creates} == {"a", "b", "c"}
