@@ -1,17 +1,19 @@
-"""RBAC exactly as used (issue 10, item 7): what the operator's processes ask the Kubernetes API
-is what deploy/rbac grants them, nothing missing and nothing unused.
+"""RBAC exactly as used: what each of the operator's processes asks the Kubernetes API is
+what deploy/rbac grants that process's own ServiceAccount, nothing missing and nothing unused.
 
-The real watcher, Celery worker and beat run through a whole lifecycle against the API fake
-(CRD admission, kubelet stand-in with real Squids), with a kubeconfig whose bearer token only
-they use; the fake records every ``(verb, group, resource, namespace)`` sent with that token
-(:meth:`tests.kubefake.server.FakeKube.audit`).  The lifecycle: a stale ProviderHealth pruned at
-start, leader election (acquire, renew, release), a Proxy with generated basic-auth
-credentials applied, Running, probed to Ready through its Squid with those credentials, a
-provider check written to its ProviderHealth, a GC sweep, a Proxy released with skip-cleanup
-(its Pod labelled abandoned), a delete (Pod and Secret gone), and an autoscaled ProxyPool (its
-stream watched, members created with an ownerReference, its status written, ``spec.replicas``
-lowered through the scale subresource, a member marked draining and deleted).  The recorded set
-is then compared with the rules of the roles deploy/rbac binds to the operator's ServiceAccount.
+The real watcher, worker (``-Q proxies,gc``), health-worker (``-Q health``) and beat run through a
+whole lifecycle against the API fake (CRD admission, kubelet stand-in with real Squids), each
+with a kubeconfig whose bearer token only it uses; the fake records every ``(verb, group,
+resource, namespace)`` sent with each token (:meth:`tests.kubefake.server.FakeKube.audit`).  The
+lifecycle: a stale ProviderHealth pruned at start, leader election (acquire, renew, release), a
+Proxy with generated basic-auth credentials applied, Running, probed to Ready through its Squid
+with those credentials, a provider check written to its ProviderHealth, a GC sweep, a Proxy
+released with skip-cleanup (its Pod labelled abandoned), a delete (Pod and Secret gone), and an
+autoscaled ProxyPool (its stream watched, members created with an ownerReference, its status
+written, ``spec.replicas`` lowered through the scale subresource, a member marked draining and
+deleted).  Each process's requests are then compared with the rules of the roles deploy/rbac
+binds to ``proxy-operator-<process>`` (beat's: none).  The per-host KVM workers' requests are
+checked in tests/kvm/test_e2e_worker.py.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"
 TOKENS = {"watcher": "rbac-audit-watcher-5d1f", "beat": "rbac-audit-beat-8a02",
           "worker": "rbac-audit-worker-3c9e", "health-worker": "rbac-audit-health-worker-71b4"}
 OPERATOR_NAMESPACE = "proxy-operator"
-LEASE_NAMESPACE = "proxy-operator"
 
 
 def rbac_docs() -> list[dict]:
