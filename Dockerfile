@@ -3,7 +3,10 @@
 # (`proxy-operator watch`), Celery workers and beat (`celery -A workers ...`), the API
 # (`proxy-operator api`, served by granian) and Flower. Build with the commit stamped in:
 #   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t proxy-operator .
-ARG PYTHON_IMAGE=python:3.11-slim
+# The base image is pinned by the digest of python:3.11-slim's manifest list, the Python
+# dependencies by requirements.lock (every version and its sha256): how to bump either is in
+# deploy/README.md, "The image".
+ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 # --- build: compile libvirt-python and install the project into a virtualenv -----------
 FROM ${PYTHON_IMAGE} AS build
@@ -13,13 +16,20 @@ RUN apt-get update \
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
+# Exactly the locked versions, each checked against its hashes; nothing resolved at build time.
+# Build backends are locked too (requirements-build.lock) and used without build isolation,
+# which would fetch them unchecked.
+COPY requirements-build.lock requirements.lock ./
+RUN /opt/venv/bin/pip install --require-hashes --no-deps -r requirements-build.lock \
+ && /opt/venv/bin/pip install --require-hashes --no-deps --no-build-isolation -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY app/ app/
 COPY api/ api/
 COPY watchers/ watchers/
 COPY workers/ workers/
 COPY cli/ cli/
-RUN /opt/venv/bin/pip install ".[kvm]"
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation . \
+ && /opt/venv/bin/pip check
 
 # --- runtime ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}

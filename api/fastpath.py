@@ -57,7 +57,7 @@ class FastPath:
 
     def _acquire(self, environ: dict, client) -> tuple[int, dict, dict]:
         lease = routes.acquire(self.state, client, inputs.body(environ, routes.ACQUIRE_FIELDS))
-        return 201, routes.lease_json(lease), {"Location": f"/v1/leases/{lease.id}"}
+        return 201, routes.lease_json(lease), {"Location": f"/v1/leases/{lease.id}", **routes.NO_STORE}
 
     def _release(self, client, lease_id: str, outcome: str) -> tuple[int, dict, dict]:
         return 200, routes.release(self.state, client, lease_id, outcome=outcome), {}

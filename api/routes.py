@@ -30,6 +30,9 @@ _LEASE_STATUS = {leases.NO_PROXY_AVAILABLE: 503, leases.LEASE_NOT_FOUND: 404, le
 _OPEN = {"/healthz", "/metrics", "/openapi.json"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
 ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey")
+#: Headers of every answer that carries a lease (:func:`lease_json`: the proxy's credentials):
+#: no cache, shared or private, may store it (RFC 9111, section 5.2.2.5).
+NO_STORE = {"Cache-Control": "no-store"}
 
 
 @dataclass
@@ -76,7 +79,8 @@ def authenticate(tokens: TokenStore, header: str) -> Client:
 
 def lease_json(lease: leases.Lease) -> dict:
     """The ``Lease`` of the OpenAPI document.  The only answer that carries a proxy's
-    credentials (``proxyUrl`` and ``proxyAuth``), to the client holding the lease."""
+    credentials (``proxyUrl`` and ``proxyAuth``), to the client holding the lease; answered
+    with :data:`NO_STORE`."""
     auth = None if lease.username is None else {"username": lease.username, "password": lease.password or ""}
     return {
         "leaseId": lease.id, "proxyUrl": lease.proxy_url, "proxyAuth": auth, "host": lease.host, "port": lease.port,
@@ -188,7 +192,7 @@ def register(app: Flask, state: State) -> None:
     def acquire_route():
         inputs.query(request, ())  # the fast path takes the plain form; any parameter is refused here
         lease = acquire(state, client(), inputs.body(request, ACQUIRE_FIELDS))
-        return _json(lease_json(lease), 201, {"Location": f"/v1/leases/{lease.id}"})
+        return _json(lease_json(lease), 201, {"Location": f"/v1/leases/{lease.id}", **NO_STORE})
 
     @app.post("/v1/leases/<lease_id>/renew")
     def renew(lease_id: str):
@@ -203,7 +207,7 @@ def register(app: Flask, state: State) -> None:
         except leases.LeaseError as exc:
             raise lease_error("renew", exc) from None
         metrics.OK["renew"].inc()
-        return _json(lease_json(lease))
+        return _json(lease_json(lease), 200, NO_STORE)
 
     @app.delete("/v1/leases/<lease_id>")
     def release_route(lease_id: str):

@@ -154,6 +154,11 @@ class Settings:
             also spaces ``instance.retire``'s tries while its Proxy's lock is busy.
         retry_initial / retry_max: Transient retry backoff bounds (``RETRY_INITIAL``, ``RETRY_MAX``).
         quota_backoff: delay after QuotaExceeded (``QUOTA_BACKOFF``).
+        worker_remote_control: whether a Celery worker obeys remote-control broadcasts
+            (``celery control shutdown``/``cancel_consumer``, ``inspect``, Flower's worker
+            pages and buttons) sent through the broker (``WORKER_REMOTE_CONTROL``; Celery's
+            ``worker_enable_remote_control``).  Off: whoever can write to Redis cannot stop
+            a worker's consumers.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -172,6 +177,7 @@ class Settings:
     retry_initial: float = 5.0
     retry_max: float = 300.0
     quota_backoff: float = 900.0
+    worker_remote_control: bool = False
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the URL may carry the Redis password
@@ -202,4 +208,5 @@ class Settings:
             retry_initial=_float("RETRY_INITIAL", cls.retry_initial),
             retry_max=_float("RETRY_MAX", cls.retry_max),
             quota_backoff=_float("QUOTA_BACKOFF", cls.quota_backoff),
+            worker_remote_control=env_flag("WORKER_REMOTE_CONTROL", cls.worker_remote_control),
         )

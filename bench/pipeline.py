@@ -125,7 +125,9 @@ def _serve_fake(conn) -> None:
 
 
 class CeleryEvents(threading.Thread):
-    """Collects ``task-received``/``task-started`` events of ``proxy.create``: uid -> time."""
+    """Collects ``task-received``/``task-started`` events of ``proxy.create``: uid -> time; and
+    the host names of the workers online (``worker-online``/``worker-heartbeat``: the workers
+    answer no ping, as they ignore remote control)."""
 
     def __init__(self, broker_url: str) -> None:
         super().__init__(daemon=True)
@@ -136,6 +138,7 @@ class CeleryEvents(threading.Thread):
         self.received: dict[str, float] = {}
         self.started: dict[str, float] = {}
         self.pending_start: dict[str, float] = {}
+        self.online: set[str] = set()
         self.ready = threading.Event()
         self.stop_flag = False
 
@@ -161,8 +164,12 @@ class CeleryEvents(threading.Thread):
 
     def run(self) -> None:
         with self.app.connection() as conn:
+            def online(event) -> None:
+                self.online.add(event["hostname"])
+
             recv = self.app.events.Receiver(conn, handlers={"task-received": self.on_received,
-                                                             "task-started": self.on_started})
+                                                             "task-started": self.on_started,
+                                                             "worker-online": online, "worker-heartbeat": online})
             self.ready.set()
             while not self.stop_flag:
                 try:
@@ -280,9 +287,10 @@ def main() -> int:
                                              name=f"worker{i}").start())
         procs += workers
         deadline = time.monotonic() + 90
-        while len(events.app.control.ping(timeout=1) or []) < len(workers):  # workers log only warnings here
+        while len(events.online) < len(workers):  # workers log only warnings here
             if time.monotonic() > deadline:
-                raise SystemExit("workers did not answer ping:\n" + "\n".join(p.log()[-2000:] for p in workers))
+                raise SystemExit("workers did not come online:\n" + "\n".join(p.log()[-2000:] for p in workers))
+            time.sleep(0.2)
         w = watcher({**env, "LOG_LEVEL": "INFO"}).start()
         procs.append(w)
         w.wait_for_log("leading: streaming Proxy events", timeout=60)

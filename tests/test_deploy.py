@@ -178,14 +178,14 @@ def test_default_wires_config_secrets_and_probes(default_render):
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert volumes[mounts["/etc/proxy-operator/providers"]]["configMap"]["name"] == configmap
-        if name in ("watcher", "worker", "health-worker", "beat"):
-            # health-worker: the health engine reads Proxies and their credentials Secrets and
-            # writes Proxy status, Events and ProviderHealths, as the worker did
-            assert pod["serviceAccountName"] == "proxy-operator"
+        # one identity per process, with its own role (tests/test_rbac.py)
+        assert pod["serviceAccountName"] == f"proxy-operator-{name}"
+        if name in ("watcher", "worker", "health-worker"):
+            assert pod.get("automountServiceAccountToken", True) is True
             # the kvm-ssh private key is mounted where KVM work runs only (the per-host workers)
             assert "/etc/proxy-operator/kvm" not in mounts
             assert not any((v.get("secret") or {}).get("secretName") == "kvm-ssh" for v in volumes.values())
-        else:
+        else:  # beat, api and flower never call the Kubernetes API
             assert pod["automountServiceAccountToken"] is False
     api = deployments["api"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in api["containers"][0]["env"]}
@@ -223,32 +223,40 @@ def test_rbac_is_least_privilege(default_render):
         for rule in _rules(role):
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(key, []), f"{role['metadata']['name']} grants * in {key}"
-    operator = _kind(default_render, "ClusterRole")["proxy-operator"]
-    grants = {(g, r, v) for rule in _rules(operator) for g in rule["apiGroups"]
-              for r in rule["resources"] for v in rule["verbs"]}
-    needed = {
-        ("crawl.example.com", "proxies", "watch"), ("crawl.example.com", "proxies", "patch"),
-        ("crawl.example.com", "proxies/status", "patch"),
-        ("crawl.example.com", "providerhealths", "create"), ("crawl.example.com", "providerhealths/status", "patch"),
-        ("crawl.example.com", "providerhealths", "delete"),
-        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "delete"), ("", "pods", "patch"),
-        ("", "secrets", "get"), ("", "events", "create"),
-        # the pool controller: members created and deleted, pools watched, status and scale written
-        ("crawl.example.com", "proxies", "create"), ("crawl.example.com", "proxies", "delete"),
-        ("crawl.example.com", "proxypools", "watch"), ("crawl.example.com", "proxypools/status", "patch"),
-        ("crawl.example.com", "proxypools/scale", "patch"),
-    }  # exactly these and no more: tests/test_rbac.py
-    assert needed <= grants
-    assert not any(r == "proxypools" and v in ("create", "delete", "patch", "update") for _, r, v in grants), \
-        "the operator never creates, deletes or edits a ProxyPool (spec.replicas only through /scale)"
-    assert not any(r == "secrets" and v in ("list", "watch") for _, r, v in grants), \
-        "listing Secrets would expose every Secret of the cluster"
+    def grants(kind: str, name: str) -> set[tuple[str, str, str]]:
+        return {(g, r, v) for rule in _rules(_kind(default_render, kind)[name]) for g in rule["apiGroups"]
+                for r in rule["resources"] for v in rule["verbs"]}
+
+    components = ("watcher", "worker", "health-worker", "kvm-worker")
+    for component in components:
+        role = f"proxy-operator-{component}"
+        binding = _kind(default_render, "ClusterRoleBinding")[role]
+        assert binding["roleRef"]["name"] == role
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": role, "namespace": "proxy-operator"}]
+        held = grants("ClusterRole", role)
+        assert not any(r == "proxypools" and v in ("create", "delete", "patch", "update") for _, r, v in held), \
+            "the operator never creates, deletes or edits a ProxyPool (spec.replicas only through /scale)"
+        assert not any(r == "secrets" and v in ("list", "watch") for _, r, v in held), \
+            "listing Secrets would expose every Secret of the cluster"
+    # the watcher gets no Pods or Secrets; the health-worker reads Secrets and lists Pods only
+    assert not any(r in ("pods", "secrets") for _, r, _ in grants("ClusterRole", "proxy-operator-watcher"))
+    health = grants("ClusterRole", "proxy-operator-health-worker")
+    assert {(r, v) for _, r, v in health if r in ("pods", "secrets")} == {("pods", "list"), ("secrets", "get")}
+    assert not any(r == "pods" for _, r, _ in grants("ClusterRole", "proxy-operator-kvm-worker"))
+    # beat, api and flower: an identity without a role and without a token
+    accounts = _kind(default_render, "ServiceAccount")
+    for component in ("beat", "api", "flower"):
+        assert accounts[f"proxy-operator-{component}"]["automountServiceAccountToken"] is False
+    bound = {s["name"] for b in list(_kind(default_render, "ClusterRoleBinding").values())
+             + list(_kind(default_render, "RoleBinding").values()) for s in b.get("subjects") or []}
+    assert not bound & {"proxy-operator-beat", "proxy-operator-api", "proxy-operator-flower", "proxy-operator"}
     lease = _kind(default_render, "Role")["proxy-operator-leader-election"]
     assert lease["metadata"]["namespace"] == "proxy-operator"
     assert _rules(lease)[0]["apiGroups"] == ["coordination.k8s.io"]
-    binding = _kind(default_render, "ClusterRoleBinding")["proxy-operator"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "proxy-operator",
-                                    "namespace": "proxy-operator"}]
+    [lease_binding] = [b for b in _kind(default_render, "RoleBinding").values()
+                       if b["roleRef"]["name"] == "proxy-operator-leader-election"]
+    assert lease_binding["subjects"] == [{"kind": "ServiceAccount", "name": "proxy-operator-watcher",
+                                          "namespace": "proxy-operator"}]
     viewer = _kind(default_render, "ClusterRole")["proxy-operator-providerhealth-viewer"]
     assert {v for rule in _rules(viewer) for v in rule["verbs"]} == {"get", "list", "watch"}
 
@@ -259,6 +267,8 @@ def test_kvm_worker_overlay_consumes_one_host_queue():
     [deploy] = [d for d in docs if d["kind"] == "Deployment"]
     assert deploy["metadata"]["name"] == "kvm-worker-kvm-lab-lab1"
     assert deploy["spec"]["replicas"] == 1
+    # its own identity (deploy/rbac: no Pods, no ProxyPools; tests/kvm/test_e2e_worker.py)
+    assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "proxy-operator-kvm-worker"
     _assert_hardened(deploy)
     [c] = deploy["spec"]["template"]["spec"]["containers"]
     cmd = _process_command(c)
@@ -320,7 +330,9 @@ def test_every_routed_queue_is_served_by_one_deployed_worker(default_render):
     _assert_queue_layout(_consumers(commands), "deploy/default")
     # the health-worker is deployed like the worker: same image, identity, hardening, volumes
     worker, health = (deployments[n]["spec"]["template"]["spec"] for n in ("worker", "health-worker"))
-    assert health["serviceAccountName"] == worker["serviceAccountName"]
+    # ... but with an identity of its own (no Pod writes, no Secret writes: tests/test_rbac.py)
+    assert (health["serviceAccountName"], worker["serviceAccountName"]) == (
+        "proxy-operator-health-worker", "proxy-operator-worker")
     assert health["securityContext"] == worker["securityContext"]
     assert health["volumes"] == worker["volumes"]
     [wc], [hc] = worker["containers"], health["containers"]
@@ -354,8 +366,8 @@ def test_prometheus_service_monitor_selects_metrics_services(default_render):
 def test_dockerfile_builds_one_non_root_stamped_image():
     text = (ROOT / "Dockerfile").read_text()
     froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
-    assert len(froms) == 2 and re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
-    assert re.search(r"pip install \"?\.(\[kvm\])?\"?", text)
+    assert len(froms) == 2 and re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}$", text, re.M)
+    assert re.search(r"pip install (--\S+ )*\.( |$)", text, re.M)  # the lock first: tests/test_image_pins.py
     assert "libvirt-dev" in text
     assert re.search(r"^ARG GIT_COMMIT", text, re.M)
     assert re.search(r"GIT_COMMIT=\$\{GIT_COMMIT\}", text)

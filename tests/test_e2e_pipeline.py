@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
+from app.providers.pods.config import DEFAULT_IMAGE
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from tests.support.cluster import FakeCluster
@@ -210,7 +211,7 @@ def test_sample_proxy_goes_running_serves_traffic_and_is_deleted(cluster, operat
         assert pod.metadata.labels[LABEL_PROXY_UID] == proxy["metadata"]["uid"]
         assert pod.metadata.labels[LABEL_MANAGED_BY] == "proxy-operator"
         container = pod.spec.containers[0]
-        assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3128
+        assert container.image == DEFAULT_IMAGE and container.ports[0].container_port == 3128
         squid_address = cluster.kubelet.address_of(pod.metadata.namespace, pod.metadata.name)
         assert squid_address and squid_address.startswith("127.")
         assert proxy["status"]["address"] == squid_address

@@ -10,7 +10,7 @@ from app.config import ProviderConfig, ProvidersConfig
 from app.wiring import parse_config as parse
 from app.kube import KubernetesGateway
 from app.providers.errors import NotManaged, Permanent, SpecNotAllowed
-from app.providers.pods.config import KubernetesSettings
+from app.providers.pods.config import DEFAULT_IMAGE, KubernetesSettings
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.providers.registry import build
 from app.reconcile import Context, Ref, create
@@ -84,7 +84,7 @@ def test_the_squid_pod_is_hardened(api):
     sc = container.security_context
     assert sc.allow_privilege_escalation is False
     assert sc.capabilities.drop == ["ALL"] and sc.capabilities.add == ["SETUID", "SETGID"]
-    assert container.image == "ubuntu/squid:latest"
+    assert container.image == DEFAULT_IMAGE
 
 
 def test_a_port_below_1024_keeps_net_bind_service(api):
@@ -125,7 +125,7 @@ def test_a_refused_image_fails_the_proxy_with_the_field_named(api, redis_client)
 def test_the_images_key_is_parsed_strictly():
     cfg = parse({"providers": [{"name": "k", "type": "kubernetes",
                                 "kubernetes": {"images": ["registry.example.com/squid:6.6"]}}]}, "providers.yaml")
-    assert cfg.providers[0].settings.allowed_images() == ("ubuntu/squid:latest", "registry.example.com/squid:6.6")
+    assert cfg.providers[0].settings.allowed_images() == (DEFAULT_IMAGE, "registry.example.com/squid:6.6")
     for images, field in (("squid:6", "kubernetes.images"), (["ok", "bad image"], "kubernetes.images[1]"),
                           ([""], "kubernetes.images[0]")):
         with pytest.raises(ConfigError) as info:

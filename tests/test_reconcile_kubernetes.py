@@ -11,6 +11,7 @@ from kubernetes import client as k8s
 
 from app import serving
 from app.config import ProvidersConfig
+from app.providers.pods.config import DEFAULT_IMAGE
 from app.providers.pods.provider import LABEL_PROXY_UID
 from app.providers.registry import build
 from app.reconcile import (
@@ -53,7 +54,7 @@ def test_create_poll_running_then_delete(ctx, api, redis_client):
     [pod] = pods(api)
     assert pod.metadata.labels[LABEL_PROXY_UID] == ref.uid
     container = pod.spec.containers[0]
-    assert container.image == "ubuntu/squid:latest" and container.ports[0].container_port == 3130
+    assert container.image == DEFAULT_IMAGE and container.ports[0].container_port == 3130
     squid_conf = next(e.value for e in container.env if e.name == "SQUID_CONF")
     assert "http_port 3130" in squid_conf and "request_header_access Proxy-Authorization deny all" in squid_conf
 

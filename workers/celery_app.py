@@ -61,6 +61,10 @@ celery_app.conf.update(
     task_create_missing_queues=True,
     task_routes=(routing.route_task,),
     worker_hijack_root_logger=False,
+    # No pidbox consumer unless WORKER_REMOTE_CONTROL asks for one: a broadcast written into
+    # Redis (shutdown, cancel_consumer, pool_shrink) cannot stop a worker.  Flower still sees
+    # tasks and workers through events (-E).
+    worker_enable_remote_control=settings.worker_remote_control,
     worker_send_task_events=False,
     redbeat_redis_url=settings.redis_url,
     redbeat_key_prefix=redis_keys.REDBEAT_PREFIX,

@@ -22,7 +22,7 @@ from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-HEADERS = ("Content-Type", "Content-Length", "Location", "WWW-Authenticate", "Retry-After")
+HEADERS = ("Content-Type", "Content-Length", "Location", "WWW-Authenticate", "Retry-After", "Cache-Control")
 
 
 def _publish(r, n: int = 2, max_leases: int = 50) -> None:
@@ -88,6 +88,7 @@ def test_leases_and_releases_are_answered_alike(both, redis_client):
     a, b = served.post("/v1/leases", headers=auth(), json=body), flask.post("/v1/leases", headers=auth(), json=body)
     lease = _same(a, b, ignore=("leaseId", "expiresAt", "Location", "Content-Length", "leases", "sticky"))
     assert a.status_code == 201 and a.headers["Location"] == f"/v1/leases/{a.get_json()['leaseId']}"
+    assert a.headers["Cache-Control"] == b.headers["Cache-Control"] == "no-store"  # the credentials
     assert lease["proxy"]["name"] == "fp0" and lease["proxyAuth"] is None
     # release: the fast path one lease, Flask the other, with each outcome form
     for client, resp, query in ((served, a, "?outcome=blocked"), (flask, b, "?outcome=blocked")):

@@ -62,8 +62,9 @@ def test_the_lease_carries_the_credentials_and_a_crawler_uses_its_url(authed, re
     px, sq = authed
     proc, port = start_api(tmp_path, redis_url)
     try:
-        status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 60}')
+        status, headers, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 60}')
         assert status == 201
+        assert headers["cache-control"] == "no-store"  # no cache in between keeps the credentials
         lease = json.loads(body)
         assert lease["proxyUrl"] == f"http://{USER}:{quote(PASSWORD, safe='')}@{sq.address}:{sq.port}"
         assert "%24" in lease["proxyUrl"] and "%40" in lease["proxyUrl"] and "%3A" in lease["proxyUrl"]
@@ -76,8 +77,9 @@ def test_the_lease_carries_the_credentials_and_a_crawler_uses_its_url(authed, re
         bare = f"http://{sq.address}:{sq.port}"
         assert requests.get(api_origin.url("/headers"), proxies={"http": bare}, timeout=10).status_code == 407
 
-        status, _, body = request(port, "POST", f"/v1/leases/{lease['leaseId']}/renew", b"{}")
+        status, headers, body = request(port, "POST", f"/v1/leases/{lease['leaseId']}/renew", b"{}")
         assert status == 200 and json.loads(body)["proxyAuth"] == lease["proxyAuth"]
+        assert headers["cache-control"] == "no-store"
 
         # ... and nothing else shows them
         encoded = quote(PASSWORD, safe="")

@@ -22,8 +22,11 @@ from tests.kvm import harness
 from tests.support.cluster import FakeCluster
 from tests.support.waiting import wait_for
 from tests.support.processes import BIN, Process, celery_worker, watcher
+from tests.test_rbac import granted, grants_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+KVM_WORKER_TOKEN = "rbac-audit-kvm-worker-0e6a"
 
 #: Reasons of the Provisioned condition once the domain exists and has no address yet: create's,
 #: then the poll's notes (app/providers/kvm/provider.py).
@@ -45,8 +48,13 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                "PROVIDERS_CONFIG": str(providers), "POLL_INITIAL": "0.5", "POLL_MAX": "1",
                "RETRY_INITIAL": "0.5", "RETRY_MAX": "2"}
         general = celery_worker(env, name="general")
+        # the host worker talks to the API with a token of its own: what it sends must be what
+        # deploy/rbac grants the kvm-worker's ServiceAccount (tests/test_rbac.py does the others)
+        sent = cluster.fake.audit(KVM_WORKER_TOKEN)
+        host_env = {**env, "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig-kvm"),
+                                                                       token=KVM_WORKER_TOKEN)}
         host_worker = Process("kvm-worker", [str(BIN / "proxy-operator"), "worker", "--kvm-host", "kvm-lab/h1",
-                                             "--concurrency", "1"], env)
+                                             "--concurrency", "1"], host_env)
         procs = [general.start(), host_worker.start(), watcher(env).start()]
         try:
             general.wait_for_log("ready", 60)
@@ -106,6 +114,10 @@ def test_kvm_proxy_goes_running_and_is_deleted_through_its_host_queue(rig, image
                 wait_for(gone, 60, "the Proxy to be deleted", explain=logs)
                 with pytest.raises(libvirt.libvirtError):
                     conn.lookupByName(name)
+                grants = grants_of("proxy-operator-kvm-worker")
+                assert ("patch", GROUP, "proxies/status", "default") in sent
+                missing = sorted((r for r in sent if not granted(r, grants)), key=str)
+                assert missing == [], f"the kvm-worker sent what deploy/rbac does not grant it: {missing}"
             finally:
                 conn.close()
         finally:

@@ -4,8 +4,8 @@ Shape (every key optional)::
 
     kubernetes:
       namespace: proxies             # default: each Proxy's own namespace
-      image: ubuntu/squid:latest     # the Squid image; always allowed
-      images: [registry.example.com/squid:6.6]   # other images a Proxy may name in spec.placement.image
+      image: ubuntu/squid@sha256:...  # the Squid image, pinned by digest; always allowed
+      images: [registry.example.com/squid@sha256:...]   # other images a Proxy may name in spec.placement.image
       port: 3128
       egressNetworkPolicy: true      # keep the NetworkPolicy proxy-operator-squid-egress in every
                                      # namespace with Squid Pods (app/egress.py); default true
@@ -13,12 +13,21 @@ Shape (every key optional)::
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 
 from app.provider_types import CheckTargets
 from app.validation import Reader
 
-DEFAULT_IMAGE = "ubuntu/squid:latest"
+log = logging.getLogger(__name__)
+
+#: Canonical's Squid image (``ubuntu/squid``), pinned by the digest of its manifest list: a tag
+#: can be moved to other content, a digest cannot.  Bumping it: docs/kubernetes-provider.md.
+DEFAULT_IMAGE = "ubuntu/squid@sha256:6a097f68bae708cedbabd6188d68c7e2e7a38cedd05a176e1cc0ba29e3bbe029"
+#: An image reference pinned by content: ``name[:tag]@sha256:<64 hex>`` (the OCI image spec's
+#: digest form, https://github.com/opencontainers/image-spec/blob/main/descriptor.md#digests).
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 #: The one target the kubernetes provider's ``check()`` reports on.
 CHECK_TARGET = "cluster"
 
@@ -57,15 +66,28 @@ class KubernetesSettings(CheckTargets):
         return (self.image, *(i for i in self.images if i != self.image))
 
 
+def pinned(image: str) -> bool:
+    """Whether ``image`` names its content by a ``sha256`` digest (``name[:tag]@sha256:<hex>``)."""
+    return bool(_DIGEST.search(image))
+
+
 def parse(block: Reader) -> KubernetesSettings:
-    """Parse the block; raises :class:`app.validation.ConfigError` naming the field."""
+    """Parse the block; raises :class:`app.validation.ConfigError` naming the field.
+
+    An image not pinned by digest (:func:`pinned`) is accepted with one warning naming the
+    field: whoever can push that tag chooses what runs in the provider's Pods."""
     images = block.str_list("images")
     for i, image in enumerate(images):
         if any(c.isspace() for c in image):
             raise block.error(f"images[{i}]", f"{image!r} is not an image reference (contains whitespace)")
+    image = block.str("image", DEFAULT_IMAGE)
+    for key, ref in (("image", image), *((f"images[{i}]", ref) for i, ref in enumerate(images))):
+        if not pinned(ref):
+            log.warning("%s", block.error(key, f"{ref!r} is not pinned by digest (name@sha256:<hex>); "
+                                               "the registry may serve other content under its tag"))
     return KubernetesSettings(
         namespace=block.str("namespace"),
-        image=block.str("image", DEFAULT_IMAGE),
+        image=image,
         port=block.int("port", 3128, minimum=1, maximum=65535),
         images=tuple(images),
         egress_network_policy=block.bool("egressNetworkPolicy", True),
