@@ -160,8 +160,14 @@ def drifted(ctx: Context, proxy: Proxy) -> bool:
       (``credentials_in_instance``) and the Proxy's Secret now holds others: the poll replaces
       the instance (one Secret read per such Proxy, no provider call).
 
+    * its namespace may no longer use what its spec uses (``tenancy:`` narrowed since it was
+      created, :func:`app.tenancy.refusal`): the create step (External) or the poll (Managed)
+      fails and withdraws it.
+
     Never raises: a check that fails (the API unreachable) answers ``True``, so the poll decides.
     """
+    if tenancy.refusal(ctx.tenancy, proxy) is not None:
+        return True
     if not proxy.spec.managed:
         return False
     try:
@@ -709,6 +715,10 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     latest = _Latest(proxy)
 
     def step() -> Followup | None:
+        refused = tenancy.refusal(ctx.tenancy, proxy)
+        if refused is not None:
+            # tenancy: narrowed since the create step: never (re)published (:func:`_fail` withdraws)
+            raise SpecNotAllowed(*refused)
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
         if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):

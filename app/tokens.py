@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 MIN_TOKEN_LENGTH = 16
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+#: A ProxyPool's name: a DNS subdomain, at most 63 characters (the controller's limit,
+#: :data:`app.pools.model.MAX_POOL_NAME`: the name is a label value on every member).
+POOL_NAME = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def _scope(r: Reader) -> Scope | None:
     pools = r.str_list("pools")
     for i, pool in enumerate(pools):
         ns, slash, name = pool.partition("/")
-        if not slash or not NAMESPACE.match(ns) or not NAMESPACE.match(name):
+        if not slash or not NAMESPACE.match(ns) or not POOL_NAME.match(name):
             raise r.error(f"pools[{i}]", f"{pool!r} is not <namespace>/<pool name> (a pool is named with its "
                                          "namespace: pools of one name in two namespaces are two pools)")
     if not namespaces and not pools:

@@ -254,8 +254,24 @@ if not chosen then
       if redis.call('HEXISTS', K_POOLS, f.namespace .. '/' .. f.pool) == 1 then pk = f.namespace .. '/' .. f.pool end
     elseif not string.find(f.pool, '/', 1, true) then
       -- (a '/' would hit a '<ns>/<name>' entry, whose value is '1', not a namespace)
-      local ns = redis.call('HGET', K_POOLS, f.pool)
-      if ns then pk = ns .. '/' .. f.pool end
+      if scope then
+        -- a scoped client means a pool of its scope: the one registered pool of that name in it
+        -- (K_POOLS' '<name>' entry names the first namespace to register it, maybe another team's)
+        local candidates, n = {}, 0
+        for key in pairs(scope.pools) do
+          local slash = string.find(key, '/', 1, true)
+          if slash and string.sub(key, slash + 1) == f.pool then candidates[key] = true end
+        end
+        for ns in pairs(scope.ns) do candidates[ns .. '/' .. f.pool] = true end
+        for key in pairs(candidates) do
+          if redis.call('HEXISTS', K_POOLS, key) == 1 then pk, n = key, n + 1 end
+        end
+        if n ~= 1 then pk = nil end
+      end
+      if not pk then
+        local ns = redis.call('HGET', K_POOLS, f.pool)
+        if ns then pk = ns .. '/' .. f.pool end
+      end
     end
     -- (never for a pool outside the client's scope: its demand would scale another team's pool)
     if pk then
