@@ -473,7 +473,9 @@ def no_proxy_message(counts: dict) -> str:
             leaving its pool),
             ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
             (requires basic auth, credentials not copied yet); ``unexamined``: full, unhealthy
-            or draining proxies a filtered request did not read (past :data:`EXPLAIN_LIMIT`).
+            or draining proxies a filtered request did not read (past :data:`EXPLAIN_LIMIT`);
+            ``partial``: 1 when a scoped client's request left some unread (their number, which
+            would describe other teams' fleet, is not given).
     Returns:
         e.g. ``"no proxy can be leased now: 3 published; excluded: 1 unhealthy or not yet
         probed, 0 draining (maxLeases 0 or leaving a pool), 2 at maxLeases, 0 cooling down for
@@ -496,6 +498,9 @@ def no_proxy_message(counts: dict) -> str:
     if unexamined:
         text += (f", {unexamined} not examined (a filtered request reads {EXPLAIN_LIMIT} unavailable "
                  f"proxies at most)")
+    if counts.get("partial"):
+        text += (f", and some not examined (a filtered request reads {EXPLAIN_LIMIT} unavailable proxies at "
+                 "most: the count above is a lower bound)")
     return text
 
 

@@ -133,3 +133,12 @@ def test_bad_shared_namespaces_name_the_field():
     with pytest.raises(ConfigError) as exc:
         _clients({"sharedNamespaces": ["*", "x"], "clients": [{"name": "x", "token": TOKEN}]})
     assert exc.value.field == "sharedNamespaces"
+
+
+def test_a_pool_named_like_a_dns_subdomain_can_be_scoped():
+    """A ProxyPool's name is a DNS subdomain (dots allowed; the controller takes up to 63
+    characters, a label value): ``eu.west-1`` is a pool the controller runs.  The tokens file must
+    accept ``team-a/eu.west-1`` as a scope; it refuses it as "not <namespace>/<pool name>", so such
+    a pool's members can only be leased by widening the client to the whole namespace."""
+    client, = tokens.parse({"clients": [{"name": "a", "token": TOKEN, "pools": ["team-a/eu.west-1"]}]}, "tokens.yaml")
+    assert client.scope.allows("team-a", "eu.west-1") and not client.scope.allows("team-a", "eu")

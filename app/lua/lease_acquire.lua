@@ -281,11 +281,16 @@ if not chosen then
       end
     end
   end
-  -- a scoped client hears only of its scope: the proxies in it that were read, plus those not
-  -- examined (which may be in it)
+  -- a scoped client hears only of its scope: the proxies in it that were read; of those not
+  -- examined it learns only that there were some (their number would tell other teams' fleet)
   local published = redis.call('SCARD', K_PROXIES)
-  if scope then published = stats.inscope + (stats.unexamined or 0) end
+  local partial = 0
+  if scope then
+    published = stats.inscope
+    if (stats.unexamined or 0) > 0 then partial, stats.unexamined = 1, 0 end
+  end
   return cjson.encode({error = 'no_proxy_available', published = published, scoped = scope and 1 or 0,
+                       partial = partial,
                        filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
                        full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds,
                        unexamined = stats.unexamined or 0})

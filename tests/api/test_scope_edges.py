@@ -1,4 +1,4 @@
-"""Adversarial review (break1) of client scopes in the lease scripts, on real Redis.
+"""Client scopes in the lease scripts at their edges, on real Redis.
 
 Records are published with :func:`app.serving.publish` and marked healthy as the health engine
 would (as tests/api/test_lease_index.py does); leases go through :func:`app.leases.acquire`,

@@ -1,4 +1,4 @@
-"""Adversarial review (break1) of the tenancy boundary: what happens to a Proxy that was serving
+"""The tenancy boundary over time: what happens to a Proxy that was serving
 before the operator narrowed ``tenancy:``.
 
 docs/security.md promises: "anything else is Failed, reason SpecNotAllowed ... and is never
