@@ -699,6 +699,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     latest = _Latest(proxy)
 
     def step() -> Followup | None:
+        nonlocal proxy
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
         if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):
@@ -711,6 +712,13 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             inst = provider.get(provider_id)
         except NotFound:
             inst = None
+        seen = {"createStartedAt": None} if inst is not None and proxy.status.get("createStartedAt") else {}
+        if seen and not (inst.state == InstanceState.RUNNING and inst.address):
+            # The instance shows: recorded before acting on it, so a retry of this step (after a
+            # 409, or after this step deleted a Terminated instance) never takes a NotFound for
+            # "not visible yet" (below) nor a delete for "the create may still make it".
+            proxy = latest(_write_status(ctx, proxy, seen))
+            seen = {}
         if inst is not None and inst.state == InstanceState.STOPPED:
             # Stopped is not lost: start the same instance (its disk, its name, its ID) again.
             log.warning("proxy %s: instance %s is stopped; starting it again", proxy.key, provider_id)
@@ -736,6 +744,18 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             delay = ctx.settings.quota_backoff if cond.get("reason") == "QuotaExceeded" else \
                 backoff(ctx.settings, attempt)
             return Followup(CREATE, delay, attempt)
+        if inst is None and proxy.phase in (PENDING, PROVISIONING):
+            left = visibility_left(ctx.settings, proxy)
+            if left > 0:
+                # Just created and not shown yet (eventually consistent reads): still provisioning.
+                until = timefmt.rfc3339(timefmt.parse_rfc3339(proxy.status["createStartedAt"]).timestamp()
+                                        + visibility_window(ctx.settings))
+                message = (f"instance {provider_id} requested; the provider does not show it yet (its reads may "
+                           f"lag behind a create); looking again until {until}")
+                log.info("proxy %s: poll: %s", proxy.key, message)
+                latest(_write_status(ctx, proxy, {"phase": PROVISIONING, "conditions": _provisioned(
+                    proxy, "False", "NotVisibleYet", message)}))
+                return Followup(POLL, min(poll_delay(ctx.settings, attempt + 1), left + 0.1), attempt + 1)
         if inst is None or inst.state == InstanceState.TERMINATED:
             what = "gone" if inst is None else inst.state.value.lower()
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
@@ -750,7 +770,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating")))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:
-            _mark_running(ctx, proxy, inst)
+            _mark_running(ctx, proxy, inst, seen)
             return None
         if inst.note is not None and proxy.phase in (PENDING, PROVISIONING):
             # Why it is not Running yet (e.g. kvm waiting for the guest agent); written once per
@@ -806,6 +826,33 @@ def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = No
         except ValueError:
             pass  # the API server writes it: never malformed in practice; the stamp alone bounds
     return max(0.0, left)
+
+
+def visibility_window(settings: Settings) -> float:
+    """Seconds after a create's write-ahead (``status.createStartedAt``) during which a poll that
+    reads NotFound takes the instance for not shown yet, not lost: :func:`create_window` (the
+    provider call may still be running) plus ``settings.instance_visibility_delay`` (reads that
+    lag behind a create: GCE's and EC2's are eventually consistent); 280 s with the defaults."""
+    return create_window(settings) + settings.instance_visibility_delay
+
+
+def visibility_left(settings: Settings, proxy: Proxy, *, now: float | None = None) -> float:
+    """Seconds left of :func:`visibility_window` for ``proxy``'s last create; 0 when it is over.
+
+    The stamp is cleared by the first step that sees the instance (a poll or a delete that finds
+    it, a Permanent failure), so an instance once shown and then missing is lost at once.  No
+    stamp, or one that does not parse: 0.
+    """
+    stamp = proxy.status.get("createStartedAt")
+    if not stamp:
+        return 0.0
+    try:
+        started = timefmt.parse_rfc3339(stamp).timestamp()
+    except ValueError:
+        return 0.0
+    window = visibility_window(settings)
+    now = time.time() if now is None else now
+    return max(0.0, min(window, started + window - now))
 
 
 def _instances_to_delete(ctx: Context, proxy: Proxy):
@@ -942,6 +989,10 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 # this delete sees one tells it that create's provider call has made it.
                 in_flight = create_in_flight(ctx.settings, p)
                 seen = in_flight > 0 and any(_exists(provider, i) for i in ids)
+                if seen:
+                    # Recorded before deleting: a retry of this step (a Transient delete, a 409 on
+                    # the finalizer) finds nothing and must not wait for a create that is done.
+                    p = latest(_write_status(ctx, p, {"createStartedAt": None}))
                 for provider_id in ids:
                     provider.delete(provider_id)
                 left = [i for i in ids if _exists(provider, i)]

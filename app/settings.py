@@ -150,6 +150,11 @@ class Settings:
             also spaces ``instance.retire``'s tries while its Proxy's lock is busy.
         retry_initial / retry_max: Transient retry backoff bounds (``RETRY_INITIAL``, ``RETRY_MAX``).
         quota_backoff: delay after QuotaExceeded (``QUOTA_BACKOFF``).
+        instance_visibility_delay: seconds a provider's reads may still miss an instance after
+            the create that made it returned (``INSTANCE_VISIBILITY_DELAY``; GCE and EC2 reads are
+            eventually consistent): a poll that reads NotFound within
+            :func:`app.reconcile.visibility_window` of ``status.createStartedAt`` keeps the Proxy
+            Provisioning instead of recreating.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -167,6 +172,7 @@ class Settings:
     retry_initial: float = 5.0
     retry_max: float = 300.0
     quota_backoff: float = 900.0
+    instance_visibility_delay: float = 120.0
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the URL may carry the Redis password
@@ -195,4 +201,5 @@ class Settings:
             retry_initial=_float("RETRY_INITIAL", cls.retry_initial),
             retry_max=_float("RETRY_MAX", cls.retry_max),
             quota_backoff=_float("QUOTA_BACKOFF", cls.quota_backoff),
+            instance_visibility_delay=_float("INSTANCE_VISIBILITY_DELAY", cls.instance_visibility_delay),
         )
