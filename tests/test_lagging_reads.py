@@ -128,3 +128,18 @@ def test_a_delete_retried_after_a_409_on_the_finalizer_releases_at_once(fake, ap
     assert pods(api) == [] and FINALIZER in read(api, ref).finalizers
     assert delete(k8s_ctx, ref, followup.attempt) is None              # released, not WaitingForCreate
     assert read(api, ref) is None
+
+
+def test_a_poll_retried_after_deleting_an_ended_pod_recreates_at_once(fake, api, k8s_ctx):
+    """The poll deleted an ended Pod, then its InstanceLost write met a 409: the retry finds no
+    Pod, and must not take it for one not shown yet (the poll had seen it)."""
+    ref = apply(api, "ended-409", {"provider": "k8s-local"})
+    create(k8s_ctx, ref)
+    assert poll(k8s_ctx, ref).action == POLL                       # seen, still pending
+    k8s.CoreV1Api(api).patch_namespaced_pod_status(instance_name(ref.uid), NS, {"status": {"phase": "Failed"}})
+    fake.fail_next("patch", f"{PLURAL}/status", code=409, reason="Conflict")
+    followup = poll(k8s_ctx, ref)
+    assert followup.action == POLL and pods(api) == []             # deleted, not recorded yet
+    followup = poll(k8s_ctx, ref, followup.attempt)
+    assert followup.action == CREATE
+    assert provisioned(read(api, ref))["reason"] == "InstanceLost"
