@@ -686,7 +686,11 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
       instance, Event ``InstanceStarted``, poll again.  A failing start goes through the
       usual error handling (Transient: retried with backoff).
     * NotFound (also from ``start``) or Terminated (cannot run again, e.g. a finished Pod) on a
-      Proxy that should have an instance -> recreate.
+      Proxy that should have an instance -> recreate; but NotFound on a Pending/Provisioning
+      Proxy within :func:`visibility_left` of its create (no step has seen the instance yet) ->
+      ``Provisioned=False/NotVisibleYet``, poll again, no Event.
+    * Found while ``status.createStartedAt`` is set -> the stamp is cleared (the instance was
+      seen) before anything else is done with it.
     * Spec hash changed -> hand over to :func:`create` (which replaces the instance).
     """
     proxy = _load(ctx, ref)
@@ -967,8 +971,10 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     :func:`create_window` ago, and this delete has not seen the instance), the finalizer is
     kept and the step looks again (``WaitingForCreate``): the per-Proxy lock normally keeps a
     delete from running beside a create, but a lost lock (a Redis flush) does not, and the
-    create's own check after its provider call may never run (the worker dies there).  The
-    fault table in docs/architecture.md lists the cases.
+    create's own check after its provider call may never run (the worker dies there).  A delete
+    that sees the instance clears the stamp before deleting it, so its own retry (a 409 on the
+    finalizer, a failed provider delete) never waits.  The fault table in docs/architecture.md
+    lists the cases.
     """
     proxy = _load(ctx, ref)
     if proxy is None or not proxy.deleting or FINALIZER not in proxy.finalizers:
