@@ -690,7 +690,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
       Proxy within :func:`visibility_left` of its create (no step has seen the instance yet) ->
       ``Provisioned=False/NotVisibleYet``, poll again, no Event.
     * Found while ``status.createStartedAt`` is set -> the stamp is cleared (the instance was
-      seen) before anything else is done with it.
+      seen) in the step's first write, before any action on the instance.
     * Spec hash changed -> hand over to :func:`create` (which replaces the instance).
     """
     proxy = _load(ctx, ref)
@@ -703,7 +703,6 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     latest = _Latest(proxy)
 
     def step() -> Followup | None:
-        nonlocal proxy
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
         if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):
@@ -716,20 +715,18 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             inst = provider.get(provider_id)
         except NotFound:
             inst = None
+        # The instance shows: cleared with the first write this step makes (before any action on
+        # the instance), so a retry never takes a NotFound for "not shown yet" (below), nor a
+        # delete for "the create may still make it".  A poll that only finds it still
+        # provisioning writes nothing (one request per poll: tests/test_create_requests.py).
         seen = {"createStartedAt": None} if inst is not None and proxy.status.get("createStartedAt") else {}
-        if seen and not (inst.state == InstanceState.RUNNING and inst.address):
-            # The instance shows: recorded before acting on it, so a retry of this step (after a
-            # 409, or after this step deleted a Terminated instance) never takes a NotFound for
-            # "not visible yet" (below) nor a delete for "the create may still make it".
-            proxy = latest(_write_status(ctx, proxy, seen))
-            seen = {}
         if inst is not None and inst.state == InstanceState.STOPPED:
             # Stopped is not lost: start the same instance (its disk, its name, its ID) again.
             log.warning("proxy %s: instance %s is stopped; starting it again", proxy.key, provider_id)
             serving.withdraw(ctx.redis, proxy.uid)
             message = f"instance {provider_id} was found stopped; it is being started again"
             latest(_write_status(ctx, proxy, {
-                "phase": PROVISIONING, "address": None,
+                "phase": PROVISIONING, "address": None, **seen,
                 "conditions": _provisioned(proxy, "False", "InstanceStopped", message, withdrawn=True),
             }, event=("Warning", "InstanceStopped", message)))
             try:
@@ -765,6 +762,8 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
             serving.withdraw(ctx.redis, proxy.uid)
             if inst is not None:
+                if seen:
+                    latest(_write_status(ctx, proxy, seen))
                 provider.delete(provider_id)
             p = latest.proxy
             latest(_write_status(ctx, p, {
@@ -779,7 +778,7 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         if inst.note is not None and proxy.phase in (PENDING, PROVISIONING):
             # Why it is not Running yet (e.g. kvm waiting for the guest agent); written once per
             # change of the note.  A live Proxy keeps serving its last address meanwhile.
-            latest(_write_status(ctx, proxy, {"conditions": _provisioned(
+            latest(_write_status(ctx, proxy, {**seen, "conditions": _provisioned(
                 proxy, "False", inst.note.reason, inst.note.message)}))
         return Followup(POLL, poll_delay(ctx.settings, attempt + 1), attempt + 1)
 
@@ -843,9 +842,10 @@ def visibility_window(settings: Settings) -> float:
 def visibility_left(settings: Settings, proxy: Proxy, *, now: float | None = None) -> float:
     """Seconds left of :func:`visibility_window` for ``proxy``'s last create; 0 when it is over.
 
-    The stamp is cleared by the first step that sees the instance (a poll or a delete that finds
-    it, a Permanent failure), so an instance once shown and then missing is lost at once.  No
-    stamp, or one that does not parse: 0.
+    The stamp is cleared by the first write of a poll that finds the instance (Running, a note,
+    Stopped, before deleting an ended one), by a delete that finds it and by a Permanent
+    failure; a poll that only finds the instance still provisioning writes nothing.  No stamp,
+    or one that does not parse: 0.
     """
     stamp = proxy.status.get("createStartedAt")
     if not stamp:
