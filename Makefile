@@ -51,9 +51,15 @@ $(VENV)/.installed-demo: pyproject.toml
 ## Redis, Squid, sshd, libvirtd, fakes per worker; needs root for libvirtd)
 ## The real-guest VM test (-m guest) runs after the rest, alone: its guest runs under TCG emulation and
 ## boots several times slower with the other tests beside it (docs/testing.md).
+## Both phases always run (a failure in the first never hides the guest's result); the target fails
+## when either failed, and names which.
 test: deps venv
-	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) -m 'not e2e and not kvmhost and not guest'
-	$(BIN)/pytest -q -ra -m guest
+	@failed=""; \
+	echo "$(BIN)/pytest -q -ra -n $(TEST_WORKERS) -m 'not e2e and not kvmhost and not guest'"; \
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) -m 'not e2e and not kvmhost and not guest' || failed="$$failed suite"; \
+	echo "$(BIN)/pytest -q -ra -m guest"; \
+	$(BIN)/pytest -q -ra -m guest || failed="$$failed guest"; \
+	if [ -n "$$failed" ]; then echo "make test: failed phase(s):$$failed" >&2; exit 1; fi
 
 ## test-fast: the suite without the tests marked slow (most still start real processes)
 test-fast: venv

@@ -702,7 +702,11 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
       instance, Event ``InstanceStarted``, poll again.  A failing start goes through the
       usual error handling (Transient: retried with backoff).
     * NotFound (also from ``start``) or Terminated (cannot run again, e.g. a finished Pod) on a
-      Proxy that should have an instance -> recreate.
+      Proxy that should have an instance -> recreate; but NotFound on a Pending/Provisioning
+      Proxy within :func:`visibility_left` of its create (no step has seen the instance yet) ->
+      ``Provisioned=False/NotVisibleYet``, poll again, no Event.
+    * Found while ``status.createStartedAt`` is set -> the stamp is cleared (the instance was
+      seen) in the step's first write, before any action on the instance.
     * Spec hash changed -> hand over to :func:`create` (which replaces the instance).
     """
     proxy = _load(ctx, ref)
@@ -731,13 +735,18 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             inst = provider.get(provider_id)
         except NotFound:
             inst = None
+        # The instance shows: cleared with the first write this step makes (before any action on
+        # the instance), so a retry never takes a NotFound for "not shown yet" (below), nor a
+        # delete for "the create may still make it".  A poll that only finds it still
+        # provisioning writes nothing (one request per poll: tests/test_create_requests.py).
+        seen = {"createStartedAt": None} if inst is not None and proxy.status.get("createStartedAt") else {}
         if inst is not None and inst.state == InstanceState.STOPPED:
             # Stopped is not lost: start the same instance (its disk, its name, its ID) again.
             log.warning("proxy %s: instance %s is stopped; starting it again", proxy.key, provider_id)
             serving.withdraw(ctx.redis, proxy.uid)
             message = f"instance {provider_id} was found stopped; it is being started again"
             latest(_write_status(ctx, proxy, {
-                "phase": PROVISIONING, "address": None,
+                "phase": PROVISIONING, "address": None, **seen,
                 "conditions": _provisioned(proxy, "False", "InstanceStopped", message, withdrawn=True),
             }, event=("Warning", "InstanceStopped", message)))
             try:
@@ -756,11 +765,25 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             delay = ctx.settings.quota_backoff if cond.get("reason") == "QuotaExceeded" else \
                 backoff(ctx.settings, attempt)
             return Followup(CREATE, delay, attempt)
+        if inst is None and proxy.phase in (PENDING, PROVISIONING):
+            left = visibility_left(ctx.settings, proxy)
+            if left > 0:
+                # Just created and not shown yet (eventually consistent reads): still provisioning.
+                until = timefmt.rfc3339(timefmt.parse_rfc3339(proxy.status["createStartedAt"]).timestamp()
+                                        + visibility_window(ctx.settings))
+                message = (f"instance {provider_id} requested; the provider does not show it yet (its reads may "
+                           f"lag behind a create); looking again until {until}")
+                log.info("proxy %s: poll: %s", proxy.key, message)
+                latest(_write_status(ctx, proxy, {"phase": PROVISIONING, "conditions": _provisioned(
+                    proxy, "False", "NotVisibleYet", message)}))
+                return Followup(POLL, min(poll_delay(ctx.settings, attempt + 1), left + 0.1), attempt + 1)
         if inst is None or inst.state == InstanceState.TERMINATED:
             what = "gone" if inst is None else inst.state.value.lower()
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
             serving.withdraw(ctx.redis, proxy.uid)
             if inst is not None:
+                if seen:
+                    latest(_write_status(ctx, proxy, seen))
                 provider.delete(provider_id)
             p = latest.proxy
             latest(_write_status(ctx, p, {
@@ -770,12 +793,12 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating")))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:
-            _mark_running(ctx, proxy, inst)
+            _mark_running(ctx, proxy, inst, seen)
             return None
         if inst.note is not None and proxy.phase in (PENDING, PROVISIONING):
             # Why it is not Running yet (e.g. kvm waiting for the guest agent); written once per
             # change of the note.  A live Proxy keeps serving its last address meanwhile.
-            latest(_write_status(ctx, proxy, {"conditions": _provisioned(
+            latest(_write_status(ctx, proxy, {**seen, "conditions": _provisioned(
                 proxy, "False", inst.note.reason, inst.note.message)}))
         return Followup(POLL, poll_delay(ctx.settings, attempt + 1), attempt + 1)
 
@@ -826,6 +849,34 @@ def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = No
         except ValueError:
             pass  # the API server writes it: never malformed in practice; the stamp alone bounds
     return max(0.0, left)
+
+
+def visibility_window(settings: Settings) -> float:
+    """Seconds after a create's write-ahead (``status.createStartedAt``) during which a poll that
+    reads NotFound takes the instance for not shown yet, not lost: :func:`create_window` (the
+    provider call may still be running) plus ``settings.instance_visibility_delay`` (reads that
+    lag behind a create: GCE's and EC2's are eventually consistent); 280 s with the defaults."""
+    return create_window(settings) + settings.instance_visibility_delay
+
+
+def visibility_left(settings: Settings, proxy: Proxy, *, now: float | None = None) -> float:
+    """Seconds left of :func:`visibility_window` for ``proxy``'s last create; 0 when it is over.
+
+    The stamp is cleared by the first write of a poll that finds the instance (Running, a note,
+    Stopped, before deleting an ended one), by a delete that finds it and by a Permanent
+    failure; a poll that only finds the instance still provisioning writes nothing.  No stamp,
+    or one that does not parse: 0.
+    """
+    stamp = proxy.status.get("createStartedAt")
+    if not stamp:
+        return 0.0
+    try:
+        started = timefmt.parse_rfc3339(stamp).timestamp()
+    except ValueError:
+        return 0.0
+    window = visibility_window(settings)
+    now = time.time() if now is None else now
+    return max(0.0, min(window, started + window - now))
 
 
 def _instances_to_delete(ctx: Context, proxy: Proxy):
@@ -940,8 +991,10 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
     :func:`create_window` ago, and this delete has not seen the instance), the finalizer is
     kept and the step looks again (``WaitingForCreate``): the per-Proxy lock normally keeps a
     delete from running beside a create, but a lost lock (a Redis flush) does not, and the
-    create's own check after its provider call may never run (the worker dies there).  The
-    fault table in docs/architecture.md lists the cases.
+    create's own check after its provider call may never run (the worker dies there).  A delete
+    that sees the instance clears the stamp before deleting it, so its own retry (a 409 on the
+    finalizer, a failed provider delete) never waits.  The fault table in docs/architecture.md
+    lists the cases.
     """
     proxy = _load(ctx, ref)
     if proxy is None or not proxy.deleting or FINALIZER not in proxy.finalizers:
@@ -962,6 +1015,10 @@ def delete(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 # this delete sees one tells it that create's provider call has made it.
                 in_flight = create_in_flight(ctx.settings, p)
                 seen = in_flight > 0 and any(_exists(provider, i) for i in ids)
+                if seen:
+                    # Recorded before deleting: a retry of this step (a Transient delete, a 409 on
+                    # the finalizer) finds nothing and must not wait for a create that is done.
+                    p = latest(_write_status(ctx, p, {"createStartedAt": None}))
                 for provider_id in ids:
                     provider.delete(provider_id)
                 left = [i for i in ids if _exists(provider, i)]

@@ -159,6 +159,11 @@ class Settings:
             pages and buttons) sent through the broker (``WORKER_REMOTE_CONTROL``; Celery's
             ``worker_enable_remote_control``).  Off: whoever can write to Redis cannot stop
             a worker's consumers.
+        instance_visibility_delay: seconds a provider's reads may still miss an instance after
+            the create that made it returned (``INSTANCE_VISIBILITY_DELAY``; GCE and EC2 reads are
+            eventually consistent): a poll that reads NotFound within
+            :func:`app.reconcile.visibility_window` of ``status.createStartedAt`` keeps the Proxy
+            Provisioning instead of recreating.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -178,6 +183,7 @@ class Settings:
     retry_max: float = 300.0
     quota_backoff: float = 900.0
     worker_remote_control: bool = False
+    instance_visibility_delay: float = 120.0
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the URL may carry the Redis password
@@ -209,4 +215,5 @@ class Settings:
             retry_max=_float("RETRY_MAX", cls.retry_max),
             quota_backoff=_float("QUOTA_BACKOFF", cls.quota_backoff),
             worker_remote_control=env_flag("WORKER_REMOTE_CONTROL", cls.worker_remote_control),
+            instance_visibility_delay=_float("INSTANCE_VISIBILITY_DELAY", cls.instance_visibility_delay),
         )

@@ -277,3 +277,33 @@ def test_make_demo_prints_the_kubectl_warning_at_start_and_carries_on(tmp_path):
     assert "make demo: warning: " in res.stderr and "kubectl v1.20.0" in res.stderr, res.stderr
     assert "1.27 or newer" in res.stderr
     assert res.returncode == 1 and f"--api-port {port}: something already listens" in res.stderr
+
+
+def _make_test_with(tmp_path, fail: set[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make test` with a stand-in pytest in ``BIN`` that logs its arguments and fails in the
+    phases named in ``fail`` (``suite``: the first, ``guest``: the real-guest one); deps and venv
+    are taken as made (``-o``)."""
+    log = tmp_path / "calls"
+    stub = tmp_path / "pytest"
+    stub.write_text("#!/bin/sh\n"
+                    f"echo \"$*\" >> {log}\n"
+                    f"case \"$*\" in *'-m guest'*) phase=guest;; *) phase=suite;; esac\n"
+                    f"case ' {' '.join(sorted(fail))} ' in *\" $phase \"*) exit 1;; esac\n"
+                    "exit 0\n")
+    stub.chmod(0o755)
+    res = subprocess.run(["make", "-o", "deps", "-o", "venv", "-o", ".venv/.installed-test", "test",
+                          f"BIN={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return res, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("fail", [set(), {"suite"}, {"guest"}, {"suite", "guest"}],
+                         ids=["none", "suite", "guest", "both"])
+def test_make_test_runs_both_phases_and_fails_if_either_failed(tmp_path, fail):
+    """A failing first phase must not hide the real-guest phase's result: both always run, in
+    order, and `make test` (what CI runs) fails when either failed, naming which."""
+    res, calls = _make_test_with(tmp_path, fail)
+    assert len(calls) == 2, (calls, res.stdout, res.stderr)
+    assert "-m not e2e and not kvmhost and not guest" in calls[0] and calls[1].endswith("-m guest")
+    assert (res.returncode != 0) == bool(fail), (res.returncode, res.stderr)
+    for phase in ("suite", "guest"):
+        assert (phase in res.stderr.rpartition("failed phase(s):")[2]) == (phase in fail), res.stderr

@@ -272,7 +272,7 @@ def test_the_proxy_and_proxypool_streams_count_under_their_own_resource(fake, cu
     # the series exist (at 0) as soon as the streams do, before anything happened
     from prometheus_client import REGISTRY
     assert REGISTRY.get_sample_value("proxy_operator_watch_gone_total", {"resource": "proxypools"}) is not None
-    with Running(custom_api, proxies), pool_run as prun:
+    with Running(custom_api, proxies) as xrun, pool_run as prun:
         proxies.wait_for(lambda: proxies.names("SYNC") == {"ns1/a-proxy"})
         pools.wait_for(lambda: pools.names("SYNC") == {"ns1/listed-pool"})
         wait_until(lambda: fake.open_watches("proxypools") == 1 and fake.open_watches(P) == 1, what="both watches")
@@ -282,11 +282,20 @@ def test_the_proxy_and_proxypool_streams_count_under_their_own_resource(fake, cu
         old_rv = prun.stream.resource_version
         assert fake.hang_watches("proxypools") == 1
         pool("gap-pool")
-        assert fake.compact() > int(old_rv)
+        compacted = fake.compact()
+        assert compacted > int(old_rv)
         pools.wait_for(lambda: "ns1/gap-pool" in pools.names("SYNC", "ADDED"))
         wait_until(lambda: _sample("proxy_operator_watch_relists_total", resource="proxypools")
                    >= before[("relists", "proxypools")] + 2, what="the pool relist after the 410")
-        after = snapshot()
+        # The Proxy stream restarts its idle watch every read timeout; one that restarts from
+        # before the compaction gets a 410 and relists.  Wait until it is past the compaction
+        # (relisted, or moved on by a bookmark): no 410 can come any more.
+        wait_until(lambda: int(xrun.stream.resource_version or 0) >= compacted,
+                   what="the proxy stream past the compaction")
+    # Read the counters once both streams have stopped: a relist counts its SYNC events as it
+    # delivers them and itself only at its end, so a snapshot taken while one runs sees the
+    # event without its relist.
+    after = snapshot()
     fake.release_hung_watches()
     delta = {k: after[k] - before[k] for k in before}
     # The compaction is the fake's whole history: a Proxy watch that happens to restart in that

@@ -28,7 +28,10 @@ Faults are injectable:
 * :meth:`FakeCompute.fail`: the next matching HTTP call(s) answer an error status with a
   reason (403 QUOTA_EXCEEDED, 429, 404, 500, 400 ...) or are delayed (timeouts);
 * :meth:`FakeCompute.fail_operation`: the next operation of a kind finishes with an error
-  (``httpErrorStatusCode`` plus ``error.errors[].code``) instead of applying its effect.
+  (``httpErrorStatusCode`` plus ``error.errors[].code``) instead of applying its effect;
+* :attr:`FakeCompute.read_lag`: reads that lag behind an insert (eventual consistency): for
+  that many seconds after its insert an instance's ``instances.get`` answers 404, as if it did
+  not exist yet (it exists: a second insert answers 409, its operations run).
 
 Every request is recorded in :attr:`FakeCompute.requests` (method, path, query, headers,
 JSON body) so tests can assert what the client sent and that operation polls hit the fake.
@@ -123,15 +126,20 @@ class FakeCompute:
         requests: every request received, in order.
         external_addresses / internal_addresses: the loopback blocks natIP / networkIP come
             from (``address in fake.external_addresses``).
+        read_lag: seconds after its insert during which ``GET`` of an instance answers 404
+            (``lagged_reads`` counts them); 0: reads see an insert at once.
     """
 
     page_size: int = 2
     op_polls: int = 1
+    read_lag: float = 0.0
     unreachable_zones: set[str] = field(default_factory=set)
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.inserted_at: dict[tuple[str, str, str], float] = {}  # monotonic time of each insert
+        self.lagged_reads = 0
         self.firewalls: dict[tuple[str, str], dict[str, Any]] = {}
         self.operations: dict[str, Operation] = {}
         self.faults: list[Fault] = []
@@ -316,6 +324,10 @@ class FakeCompute:
             case ("POST", ["zones", zone, "instances"]):
                 return self._insert_instance(project, zone, rec.body)
             case ("GET", ["zones", zone, "instances", name]):
+                if time.monotonic() - self.inserted_at.get((project, zone, name), float("-inf")) < self.read_lag:
+                    self.lagged_reads += 1
+                    raise _HttpError(404, "NOT_FOUND",
+                                     f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
                 return 200, self._instance(project, zone, name)
             case ("DELETE", ["zones", zone, "instances", name]):
                 return self._delete_instance(project, zone, name)
@@ -399,6 +411,7 @@ class FakeCompute:
                              f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")
         inst = self._new_instance(project, zone, body)
         self.instances[(project, zone, name)] = inst
+        self.inserted_at[(project, zone, name)] = time.monotonic()
 
         def effect() -> None:
             inst["status"] = "RUNNING"

@@ -63,9 +63,9 @@ class _Fault:
     """A scripted failure (the next ``times`` matching requests get ``code``) or delay."""
 
     def __init__(self, verb: str | None, resource: str | None, code: int, times: int, reason: str,
-                 delay: float = 0.0, message: str | None = None) -> None:
+                 delay: float = 0.0, message: str | None = None, after: int = 0) -> None:
         self.verb, self.resource, self.code, self.times, self.reason = verb, resource, code, times, reason
-        self.delay, self.message = delay, message
+        self.delay, self.message, self.after = delay, message, after
 
 
 class _WatchStream:
@@ -238,7 +238,8 @@ class FakeKube:
             return sum(1 for w in self._watches if resource is None or w.resource == resource)
 
     def fail_next(self, verb: str | None = None, resource: str | None = None, *, code: int = 500,
-                  times: int = 1, reason: str = "InternalError", message: str | None = None) -> None:
+                  times: int = 1, reason: str = "InternalError", message: str | None = None,
+                  after: int = 0) -> None:
         """Answer the next ``times`` requests matching ``verb``/``resource`` with an error Status.
 
         Args:
@@ -248,9 +249,11 @@ class FakeKube:
             code / reason: HTTP status and ``Status.reason``.
             message: ``Status.message`` (default: names the injected failure), e.g.
                 kube-apiserver's ``pods "x" is forbidden: exceeded quota: ...``.
+            after: let that many matching requests through first (fail the second write of a
+                step, not its first).
         """
         with self._lock:
-            self._faults.append(_Fault(verb, resource, code, times, reason, message=message))
+            self._faults.append(_Fault(verb, resource, code, times, reason, message=message, after=after))
 
     def delay_next(self, verb: str | None = None, resource: str | None = None, *, seconds: float,
                    times: int = 1) -> None:
@@ -315,6 +318,9 @@ class FakeKube:
                     if f.delay and delay:
                         continue
                     if not f.delay and error is not None:
+                        continue
+                    if f.after > 0:
+                        f.after -= 1
                         continue
                     f.times -= 1
                     if f.times <= 0:

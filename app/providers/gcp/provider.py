@@ -371,15 +371,33 @@ class GcpProvider(Provider, CheckableProvider):
         except ProviderError as exc:
             if already_exists(exc.__cause__):
                 log.info("gcp insert %s: already exists; returning it", pid)
-                return self.get(pid)
+                return self._inserted(pid, request.name, zone)
             raise
         try:
             self._wait(f"insert {pid}", op, s.project, zone, on_404=Permanent)
         except ProviderError as exc:
             if already_exists(exc.__cause__):
-                return self.get(pid)
+                return self._inserted(pid, request.name, zone)
             raise
-        return self.get(pid)
+        return self._inserted(pid, request.name, zone)
+
+    def _inserted(self, pid: str, name: str, zone: str) -> Instance:
+        """The instance an insert made (its operation DONE, or it already existed), read back.
+
+        Cloud reads may lag behind a create (eventual consistency: an ``instances.get`` right after
+        the insert answers 404 for a while, as EC2 documents for its own API,
+        https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).  The operation
+        says the instance exists, so such a read returns it as Provisioning, without an address;
+        the reconciler's poll reads it again (:func:`app.reconcile.visibility_window`).
+
+        Raises:
+            ProviderError: the read failed otherwise (classified as :meth:`get` does).
+        """
+        try:
+            return self.get(pid)
+        except NotFound:
+            log.info("gcp insert %s: done, but the instance does not show yet; provisioning", pid)
+            return Instance(provider_id=pid, name=name, state=InstanceState.PROVISIONING, zone=zone)
 
     def check_placement(self, request: CreateRequest) -> None:
         """Refuse a zone, image or machine type the providers config does not list.
