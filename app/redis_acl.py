@@ -33,14 +33,24 @@ DB = 0
 
 #: Celery's queue lists (kombu keeps a list per queue and one per priority, ``<queue>\x06\x16<n>``).
 QUEUES = (PROXIES + "*", HEALTH + "*", GC + "*", HOST_QUEUE_PREFIX + "*")
-#: kombu's exchange bindings (``_kombu.binding.<exchange>``), read at every publish and re-created
-#: by :mod:`workers.broker` when Redis lost them.
-BINDINGS = ("_kombu.binding.*",)
+#: kombu's exchange bindings (``_kombu.binding.<exchange>``, ``_kombu.binding_permanent.<exchange>``),
+#: read at every publish and re-created by :mod:`workers.broker` when Redis lost them.
+BINDINGS = ("_kombu.binding*",)
+#: The bindings Flower declares: its event queues' and its remote-control replies'
+#: (``_kombu.binding_deadlines``: kombu's expiry of bindings, shared by every exchange).
+FLOWER_BINDINGS = tuple(f"_kombu.binding{kind}.{exchange}" for kind in ("", "_permanent")
+                        for exchange in ("celeryev", "reply.celery.pidbox")) + ("_kombu.binding_deadlines",)
+#: The event receivers' queues (``celeryev.<uuid>``, one list per priority): kombu checks their
+#: length while the events themselves arrive on the channel :data:`EVENTS`.
+EVENT_QUEUES = ("celeryev.*",)
 #: kombu's unacknowledged-message bookkeeping (``acks_late``): ``unacked``, ``unacked_index``,
 #: ``unacked_mutex``.
 UNACKED = ("unacked*",)
-#: Remote control replies (``<uuid>.reply.celery.pidbox`` lists), for workers with remote control on.
-PIDBOX_REPLIES = ("*.reply.celery.pidbox",)
+#: Remote control queues (``<worker>.celery.pidbox``, replies ``<uuid>.reply.celery.pidbox``), for
+#: workers with remote control on.
+PIDBOX_QUEUES = ("*.celery.pidbox*",)
+#: Remote control replies only (Flower's, when it asks).
+PIDBOX_REPLIES = ("*.reply.celery.pidbox*",)
 
 SERVING = (k.PROXIES, k.proxy("*"))
 AUTH = (k.auth("*"),)
@@ -56,7 +66,7 @@ POOL_DEMAND = (k.POOLS, k.pool_demand("*", "*"))  # also pool_demand_read
 POOL_STATE = (k.POOL_STATS, k.pool_scale("*"), k.pool_zone_events("*"))
 PROVIDER_HEALTH = (k.provider_health("*"),)
 PROVIDER_HEALTH_SINCE = (k.provider_health_since("*"),)
-REDBEAT = (k.REDBEAT_PREFIX + ":*",)
+REDBEAT = (k.REDBEAT_PREFIX + "*",)  # redbeat appends the entry name without a separator
 
 # -- channels ----------------------------------------------------------------------------------
 
@@ -118,28 +128,34 @@ USERS: tuple[User, ...] = (
          read=SERVING + AUTH + (k.POOLS,),
          commands=DATA + SCRIPTS),
     User("worker", "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",
-         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_REPLIES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
+         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
          + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE,
          write=AUTH,
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
-         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_REPLIES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS,
+         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS,
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("beat", "beat: the schedule (redbeat), publishing its tasks, the serving, pool and provider gauges",
          keys=QUEUES + BINDINGS + REDBEAT + PROVIDER_HEALTH_SINCE,
          read=SERVING[:1] + INDEX + (k.POOL_STATS,) + PROVIDER_HEALTH,
-         commands=DATA + PUBSUB),
-    User("watcher", "the watcher: de-duplication marks, publishing tasks, provider-health staleness",
-         keys=QUEUES + BINDINGS + DISPATCH + PROVIDER_HEALTH_SINCE,
-         read=PROVIDER_HEALTH,
+         commands=DATA + SCRIPTS + PUBSUB),
+    User("watcher", "the watcher: de-duplication marks, publishing tasks, refreshing published records "
+         "(labels, maxLeases, healthCheck), provider-health staleness",
+         keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE,
+         read=LOCKS + PROVIDER_HEALTH,
          commands=DATA + SCRIPTS + PUBSUB),
     User("flower", "Flower: reads the queues and the event stream; its control needs the workers' remote control",
-         read=QUEUES + BINDINGS,
-         write=("_kombu.binding.celeryev",),
-         channels=(EVENTS,),
-         commands=DATA + PUBSUB),
+         # unacked_mutex: a kombu consumer (Flower's replies) takes it to restore unacknowledged
+         # messages, which it then may read but not put back (the workers do)
+         keys=EVENT_QUEUES + PIDBOX_REPLIES + FLOWER_BINDINGS + ("unacked_mutex",),
+         read=QUEUES + BINDINGS + UNACKED,
+         # kombu subscribes to the events and the remote-control channel in one PSUBSCRIBE, and a
+         # Redis ACL cannot grant subscribing without publishing: Flower holds the pidbox channel;
+         # the workers stop listening to it with remote control off.
+         channels=(EVENTS, PIDBOX),
+         commands=DATA + SCRIPTS + PUBSUB),
     User("keda", "KEDA's redis scaler (deploy/autoscaling): the queue lengths",
          read=QUEUES,
          commands=("-@all", "+@connection", "+llen", "-@dangerous")),
