@@ -566,17 +566,56 @@ def test_only_the_kvm_workers_mount_the_kvm_ssh_key(default_render, kvm_render):
 def test_compose_protects_redis_and_flower(compose):
     services = compose["services"]
     redis = services["redis"]
-    assert "requirepass $$REDIS_PASSWORD" in redis["command"][2]
-    assert redis["environment"]["REDISCLI_AUTH"] == redis["environment"]["REDIS_PASSWORD"]
-    assert "CHANGE-ME" in redis["environment"]["REDIS_PASSWORD"]  # a marked development default
+    assert "user default reset off" in redis["command"][2] and "requirepass" not in redis["command"][2]
+    assert "./deploy/base/redis-users.acl:/etc/redis/users.acl:ro" in redis["volumes"]  # the cluster's users
     assert "ports" not in redis, "Redis is reached on the compose network only, never published on the host"
     for name in COMMANDS:
-        assert services[name]["environment"]["REDIS_PASSWORD"] == redis["environment"]["REDIS_PASSWORD"], name
+        env = services[name]["environment"]
+        user = env["REDIS_USERNAME"]
+        assert user == name, name  # its own ACL user
+        var = "REDIS_PASSWORD_" + user.upper().replace("-", "_")
+        assert env["REDIS_PASSWORD"] == redis["environment"][var], name
+        assert "CHANGE-ME" in env["REDIS_PASSWORD"]  # a marked development default
     flower = services["flower"]
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:-operator:")
     assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
     readme = (ROOT / "README.md").read_text()
-    assert "REDIS_PASSWORD" in readme and "FLOWER_BASIC_AUTH" in readme
+    assert "REDIS_PASSWORD" in readme and "FLOWER_BASIC_AUTH" in readme and "REDIS_USERNAME" in readme
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_the_compose_redis_logs_each_service_in_as_its_user(compose, tmp_path):
+    import redis as redis_lib
+
+    from tests.support.redis_server import free_port
+    from tests.support.waiting import wait_for
+
+    redis = compose["services"]["redis"]
+    port = free_port()
+    script = redis["command"][2].replace("$$", "$").replace("/etc/redis/users.acl", str(DEPLOY / "base" / "redis-users.acl"))
+    script = script.replace('--save ""', f'--save "" --port {port} --bind 127.0.0.1 --dir {tmp_path}')
+    env = {"PATH": "/usr/bin:/bin"} | {k: v.split(":-", 1)[1].rstrip("}") for k, v in redis["environment"].items()}
+    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ping(**kw):
+            r = redis_lib.Redis(port=port, socket_timeout=1, **kw)
+            try:
+                return r.ping()
+            except redis_lib.AuthenticationError:
+                return "refused"
+            except redis_lib.ConnectionError:
+                return None
+            finally:
+                r.close()
+
+        assert wait_for(lambda: ping(), 10, "redis-server to start") == "refused"
+        for name in COMMANDS:
+            env_of = compose["services"][name]["environment"]
+            password = env_of["REDIS_PASSWORD"].split(":-", 1)[1].rstrip("}")
+            assert ping(username=env_of["REDIS_USERNAME"], password=password) is True, name
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 # NetworkPolicy semantics (https://kubernetes.io/docs/concepts/services-networking/network-policies/):
