@@ -1,7 +1,8 @@
 """Start-up check: stop at once, with one clear line, when Redis refuses our credentials.
 
-Redis requires a password in deploy/ and docker-compose (``requirepass``; Redis docs,
-"Authentication": https://redis.io/docs/latest/operate/oss_and_stack/management/security/#authentication).
+Redis requires a user and password in deploy/ and docker-compose (an ACL user per component,
+:mod:`app.redis_acl`; Redis docs, "Authentication":
+https://redis.io/docs/latest/operate/oss_and_stack/management/security/#authentication).
 A missing or wrong ``REDIS_PASSWORD`` never heals by waiting, unlike an outage, so the
 processes that would otherwise retry forever (Celery workers, beat, the watcher) check once as
 they start and exit with status 2 and a message that names the Redis (password redacted) and
@@ -59,6 +60,7 @@ def exit_if_credentials_refused(url: str, process: str) -> None:
         return
     given = "REDIS_PASSWORD is set" if os.environ.get("REDIS_PASSWORD") else "no REDIS_PASSWORD is set"
     log.critical("%s: Redis at %s refused the connection's credentials (%s; %s): set REDIS_PASSWORD to the "
-                 "password Redis requires (deploy/: the Secret proxy-operator-redis, key password; "
-                 "docker-compose.yml: REDIS_PASSWORD)", process, redact_redis_url(url), reason.rstrip("."), given)
+                 "password Redis requires of the user REDIS_USERNAME (deploy/: the Secret "
+                 "proxy-operator-redis-<user>, key password; docker-compose.yml: REDIS_PASSWORD_<USER>)",
+                 process, redact_redis_url(url), reason.rstrip("."), given)
     raise SystemExit(EXIT_STATUS)

@@ -107,8 +107,9 @@ def redis_url_from_env() -> str:
     """Return ``REDIS_URL`` (default :data:`DEFAULT_REDIS_URL`) with ``REDIS_PASSWORD`` and
     ``REDIS_USERNAME`` from the environment put in (:func:`compose_redis_url`).
 
-    deploy/ sets ``REDIS_PASSWORD`` from the Secret ``proxy-operator-redis`` and keeps the
-    password out of ``REDIS_URL``.
+    deploy/ sets ``REDIS_USERNAME`` (the component's ACL user, :mod:`app.redis_acl`) and
+    ``REDIS_PASSWORD`` from the Secret ``proxy-operator-redis-<user>`` and keeps the password out
+    of ``REDIS_URL``.
 
     Raises:
         ValueError: see :func:`compose_redis_url`.

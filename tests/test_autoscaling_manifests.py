@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from app.settings import Settings
-from tests.test_deploy import (DEPLOY, KUBECTL, REDIS_SECRET, _admits, _env, _kind, _pod_labels, _process_command,
+from tests.test_deploy import (DEPLOY, KUBECTL, _admits, _env, _kind, _pod_labels, _process_command,
                                _secret_ref, needs_kubectl)
 from workers import routing
 
@@ -192,12 +192,13 @@ def test_scaled_objects_log_in_with_the_redis_secret_the_deployments_use(rendere
     auths = _kind(rendered, "TriggerAuthentication")
     deployments = _kind(rendered, "Deployment")
     services = _kind(rendered, "Service")
-    redis_ref = _secret_ref(_env(_container(deployments["redis"])), "REDIS_PASSWORD")
-    assert redis_ref == REDIS_SECRET  # what the Redis server itself requires
+    redis_ref = _secret_ref(_env(_container(deployments["redis"])), "REDIS_PASSWORD_KEDA")
+    assert redis_ref == {"name": "proxy-operator-redis-keda", "key": "password", "optional": True}
+    redis_ref = {"name": redis_ref["name"], "key": "password"}  # what the Redis server itself requires
     for name, so in _kind(rendered, "ScaledObject").items():
         target = _target(rendered, so)
         env = _env(_container(target))
-        target_ref = _secret_ref(env, "REDIS_PASSWORD")
+        assert _secret_ref(env, "REDIS_PASSWORD")["name"] == "proxy-operator-redis-" + env["REDIS_USERNAME"]["value"]
         url = urlsplit(env["REDIS_URL"]["value"])
         for t in _triggers(so):
             meta = t["metadata"]
@@ -208,9 +209,9 @@ def test_scaled_objects_log_in_with_the_redis_secret_the_deployments_use(rendere
             auth = auths[ref["name"]]
             assert auth["metadata"]["namespace"] == so["metadata"]["namespace"]
             secrets = {s["parameter"]: {"name": s["name"], "key": s["key"]} for s in auth["spec"]["secretTargetRef"]}
-            # the Secret the target Deployment and the Redis server already use (created by hand:
-            # deploy/README.md; it exists wherever the operator runs at all)
-            assert secrets == {"password": target_ref} and target_ref == redis_ref, secrets
+            # the keda ACL user (queue lengths only), with the password the Redis server gives it
+            # (created by hand: deploy/autoscaling/README.md)
+            assert secrets == {"password": redis_ref, "username": {"name": redis_ref["name"], "key": "username"}}, secrets
             # the Service the Deployments reach as redis://redis:6379/<db>, named across namespaces
             host, port = meta["address"].rsplit(":", 1)
             svc = services[url.hostname]

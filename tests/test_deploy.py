@@ -337,7 +337,10 @@ def test_every_routed_queue_is_served_by_one_deployed_worker(default_render):
     assert health["volumes"] == worker["volumes"]
     [wc], [hc] = worker["containers"], health["containers"]
     assert hc["image"] == wc["image"] and hc["command"] == wc["command"]
-    assert hc["env"] == wc["env"] and hc["securityContext"] == wc["securityContext"]
+    # ... but logs in to Redis as its own ACL user (test_every_process_logs_in_as_its_own_redis_user)
+    redis_login = {"REDIS_USERNAME", "REDIS_PASSWORD"}
+    assert [e for e in hc["env"] if e["name"] not in redis_login] == [e for e in wc["env"] if e["name"] not in redis_login]
+    assert hc["securityContext"] == wc["securityContext"]
     assert hc["volumeMounts"] == wc["volumeMounts"] and hc["ports"] == wc["ports"]
     assert _pod_labels(deployments["health-worker"])["app.kubernetes.io/component"] == "health-worker"
 
@@ -434,7 +437,6 @@ def test_compose_bind_mounts_exist(compose):
 
 # -- access: Redis password, Flower auth, NetworkPolicies, the kvm-ssh key (issue 10) ------------
 
-REDIS_SECRET = {"name": "proxy-operator-redis", "key": "password"}
 OPERATOR_PODS = ("watcher", "worker", "health-worker", "beat", "api", "flower")
 
 
@@ -453,69 +455,103 @@ def kvm_render() -> list[dict]:
     return render("kvm-worker/kvm-lab-lab1")
 
 
+REDIS_USERS = ("api", "worker", "health-worker", "beat", "watcher", "flower")
+
+
+def _redis_secret(user: str) -> dict:
+    return {"name": f"proxy-operator-redis-{user}", "key": "password"}
+
+
 @needs_kubectl
-def test_redis_requires_the_password_from_its_secret(default_render):
+def test_redis_gives_each_user_the_password_of_its_secret(default_render):
+    from app import redis_acl
+
     redis = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]
     [c] = redis["containers"]
     env = _env(c)
-    assert _secret_ref(env, "REDIS_PASSWORD") == REDIS_SECRET
-    assert _secret_ref(env, "REDISCLI_AUTH") == REDIS_SECRET  # the probes' redis-cli authenticates
+    for user in REDIS_USERS:
+        assert _secret_ref(env, f"REDIS_PASSWORD_{user.upper().replace('-', '_')}") == _redis_secret(user), user
+    assert _secret_ref(env, "REDIS_PASSWORD_KEDA") == {**_redis_secret("keda"), "optional": True}
+    assert {u.name for u in redis_acl.USERS} == set(REDIS_USERS) | {"keda"}
     script = c["command"][2]
     assert c["command"][:2] == ["sh", "-c"] and "args" not in c
-    assert re.search(r"exec redis-server - .*<<EOF\nrequirepass \$REDIS_PASSWORD\nEOF", script)
-    assert "--requirepass" not in script  # never on a command line
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["exec"]["command"] == ["sh", "-c", "redis-cli ping | grep -q PONG"]
+    assert re.search(r"exec redis-server - .*<<EOF\n\$conf\nuser default reset off\nEOF", script)
+    assert "--requirepass" not in script and "requirepass" not in script  # never on a command line
+    for probe in ("livenessProbe", "readinessProbe"):  # the default user is off: NOAUTH means up
+        assert c[probe]["exec"]["command"] == ["sh", "-c", "redis-cli ping | grep -q NOAUTH"]
+    # the users file is the ConfigMap generated from deploy/base/redis-users.acl
+    [volume] = [v for v in redis["volumes"] if "configMap" in v]
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}[volume["name"]] == "/etc/redis"
+    [cm] = [d for d in default_render if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]]
+    assert cm["data"]["users.acl"] == (DEPLOY / "base" / "redis-users.acl").read_text() == redis_acl.render()
     # created by hand (deploy/README.md), never rendered from the tree with a value in it
     assert not [d for d in default_render if d["kind"] == "Secret"]
     readme = (DEPLOY / "README.md").read_text()
-    assert "create secret generic proxy-operator-redis" in readme
+    assert 'create secret generic "proxy-operator-redis-$user"' in readme
+    assert "for user in " + " ".join(REDIS_USERS) + "; do" in readme
     assert "create secret generic proxy-operator-flower" in readme
 
 
 @needs_kubectl
-def test_every_process_gets_the_redis_password_from_the_secret(default_render, kvm_render):
+def test_every_process_logs_in_as_its_own_redis_user(default_render, kvm_render):
     deployments = _kind(default_render, "Deployment")
     [kvm] = [d for d in kvm_render if d["kind"] == "Deployment"]
     pods = {name: deployments[name] for name in OPERATOR_PODS} | {"kvm-worker": kvm}
     for name, deploy in pods.items():
         [c] = deploy["spec"]["template"]["spec"]["containers"]
         env = _env(c)
+        user = "worker" if name == "kvm-worker" else name
         assert env["REDIS_URL"]["value"] == "redis://redis:6379/0", name  # no password in the URL
-        assert _secret_ref(env, "REDIS_PASSWORD") == REDIS_SECRET, name
+        assert env["REDIS_USERNAME"]["value"] == user, name
+        assert _secret_ref(env, "REDIS_PASSWORD") == _redis_secret(user), name
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 @needs_kubectl
-def test_the_redis_start_script_refuses_odd_passwords_and_requires_a_good_one(default_render, tmp_path):
+def test_the_redis_start_script_refuses_odd_passwords_and_logs_each_user_in(default_render, tmp_path):
     import redis as redis_lib
 
     from tests.support.redis_server import free_port
+    from tests.support.waiting import wait_for
 
     [c] = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]["containers"]
     port = free_port()
+    (tmp_path / "users.acl").write_text((DEPLOY / "base" / "redis-users.acl").read_text())
     script = c["command"][2].replace("--dir /data", f"--dir {tmp_path}").replace("--port 6379", f"--port {port}")
-    bad = subprocess.run(["sh", "-c", script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": "has space"},
+    script = script.replace("/etc/redis/users.acl", str(tmp_path / "users.acl")).replace("--appendonly yes", "--appendonly no")
+    passwords = {u: f"{u}-0123abcd-._~" for u in REDIS_USERS}
+    env = {"PATH": "/usr/bin:/bin", **{f"REDIS_PASSWORD_{u.upper().replace('-', '_')}": pw for u, pw in passwords.items()}}
+    bad = subprocess.run(["sh", "-c", script], env={**env, "REDIS_PASSWORD_BEAT": "has space"},
                          capture_output=True, text=True, timeout=10)
-    assert bad.returncode == 1 and "must hold a password of letters, digits" in bad.stderr
-    password = "0123abcd-._~"
-    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": password},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert bad.returncode == 1
+    assert "the Secret proxy-operator-redis-beat (key password) must hold a password of letters, digits" in bad.stderr
+    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        def answers(pw):
+        def answers(user, pw):
+            r = redis_lib.Redis(port=port, username=user, password=pw, socket_timeout=1)
             try:
-                return redis_lib.Redis(port=port, password=pw, socket_timeout=1).ping()
+                return r.ping()
             except redis_lib.AuthenticationError:
                 return "refused"
             except redis_lib.ConnectionError:
                 return None
+            finally:
+                r.close()
 
-        from tests.support.waiting import wait_for
-        assert wait_for(lambda: answers(None), 10, "redis-server to start") == "refused"
-        assert answers(password) is True
+        assert wait_for(lambda: answers(None, None), 10, "redis-server to start") == "refused"
+        for user, pw in passwords.items():
+            assert answers(user, pw) is True, user
+            assert answers(user, pw + "x") == "refused", user
+        assert answers("keda", "") == "refused"  # no Secret for keda: left out
+        assert answers("default", "anything") == "refused"
+        r = redis_lib.Redis(port=port, username="api", password=passwords["api"], socket_timeout=1)
+        with pytest.raises(redis_lib.exceptions.NoPermissionError):
+            r.lpush("proxies", "{}")
+        r.close()
     finally:
         proc.terminate()
         proc.wait(10)
+    assert "no password for the user keda (Secret proxy-operator-redis-keda): left out" in proc.stderr.read().decode()
 
 
 @needs_kubectl
@@ -541,17 +577,56 @@ def test_only_the_kvm_workers_mount_the_kvm_ssh_key(default_render, kvm_render):
 def test_compose_protects_redis_and_flower(compose):
     services = compose["services"]
     redis = services["redis"]
-    assert "requirepass $$REDIS_PASSWORD" in redis["command"][2]
-    assert redis["environment"]["REDISCLI_AUTH"] == redis["environment"]["REDIS_PASSWORD"]
-    assert "CHANGE-ME" in redis["environment"]["REDIS_PASSWORD"]  # a marked development default
+    assert "user default reset off" in redis["command"][2] and "requirepass" not in redis["command"][2]
+    assert "./deploy/base/redis-users.acl:/etc/redis/users.acl:ro" in redis["volumes"]  # the cluster's users
     assert "ports" not in redis, "Redis is reached on the compose network only, never published on the host"
     for name in COMMANDS:
-        assert services[name]["environment"]["REDIS_PASSWORD"] == redis["environment"]["REDIS_PASSWORD"], name
+        env = services[name]["environment"]
+        user = env["REDIS_USERNAME"]
+        assert user == name, name  # its own ACL user
+        var = "REDIS_PASSWORD_" + user.upper().replace("-", "_")
+        assert env["REDIS_PASSWORD"] == redis["environment"][var], name
+        assert "CHANGE-ME" in env["REDIS_PASSWORD"]  # a marked development default
     flower = services["flower"]
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:-operator:")
     assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
     readme = (ROOT / "README.md").read_text()
-    assert "REDIS_PASSWORD" in readme and "FLOWER_BASIC_AUTH" in readme
+    assert "REDIS_PASSWORD" in readme and "FLOWER_BASIC_AUTH" in readme and "REDIS_USERNAME" in readme
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_the_compose_redis_logs_each_service_in_as_its_user(compose, tmp_path):
+    import redis as redis_lib
+
+    from tests.support.redis_server import free_port
+    from tests.support.waiting import wait_for
+
+    redis = compose["services"]["redis"]
+    port = free_port()
+    script = redis["command"][2].replace("$$", "$").replace("/etc/redis/users.acl", str(DEPLOY / "base" / "redis-users.acl"))
+    script = script.replace('--save ""', f'--save "" --port {port} --bind 127.0.0.1 --dir {tmp_path}')
+    env = {"PATH": "/usr/bin:/bin"} | {k: v.split(":-", 1)[1].rstrip("}") for k, v in redis["environment"].items()}
+    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ping(**kw):
+            r = redis_lib.Redis(port=port, socket_timeout=1, **kw)
+            try:
+                return r.ping()
+            except redis_lib.AuthenticationError:
+                return "refused"
+            except redis_lib.ConnectionError:
+                return None
+            finally:
+                r.close()
+
+        assert wait_for(lambda: ping(), 10, "redis-server to start") == "refused"
+        for name in COMMANDS:
+            env_of = compose["services"][name]["environment"]
+            password = env_of["REDIS_PASSWORD"].split(":-", 1)[1].rstrip("}")
+            assert ping(username=env_of["REDIS_USERNAME"], password=password) is True, name
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 # NetworkPolicy semantics (https://kubernetes.io/docs/concepts/services-networking/network-policies/):

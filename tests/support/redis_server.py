@@ -25,13 +25,16 @@ class RedisServer:
         password: when given, Redis requires it (``requirepass``, passed on stdin as a config
             line, so it is in no command line); :attr:`url` stays without it, clients add it
             (``REDIS_PASSWORD``) or use :attr:`authed_url`.
+        config: more redis.conf lines, given on stdin after ``requirepass`` (e.g. the ACL
+            users of :func:`app.redis_acl.config`).
 
     Raises:
         RuntimeError: redis-server is not installed or did not answer within 10 s.
     """
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, config: str = "") -> None:
         self.password = password
+        self.config = config
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -48,12 +51,13 @@ class RedisServer:
         """
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", self.dir, "--maxclients", "2000"]
-        if self.password is not None:
+        stdin = (f'requirepass "{self.password}"\n' if self.password is not None else "") + self.config
+        if stdin:
             argv.insert(1, "-")  # read config lines from stdin first
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if self.password is not None else None,
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else None,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if self.password is not None:
-            self.proc.stdin.write(f'requirepass "{self.password}"\n'.encode())
+        if stdin:
+            self.proc.stdin.write(stdin.encode())
             self.proc.stdin.close()
         auth = b""
         if self.password is not None:

@@ -1,0 +1,197 @@
+"""Redis ACL users per component (app/redis_acl.py, deploy/base/redis-users.acl).
+
+* The ACL file deploy/ ships is the one app/redis_acl.py renders from the key table, and every
+  key family of the table belongs to some user.
+* With a real redis-server started with those users, the real watcher, worker, health worker,
+  beat and Flower, each logged in as its own user, take a Proxy from its creation in the
+  Kubernetes API fake through probes to its deletion without one refusal in Redis's ACL log.
+* Each user is refused what belongs to others: only the API and the health worker read the
+  proxies' credentials copies, only the workers write the serving records, only Celery's
+  processes queue tasks, nobody but the workers reaches the remote-control channel, and no user
+  runs administration commands or scripts of its own.
+(The API's user: tests/api/test_redis_acl.py.)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+import requests
+
+from app import redis_acl, redis_keys
+from tests.support.acl_redis import AclRedis
+from tests.support.processes import BIN, Process, celery_beat, celery_worker, watcher
+from tests.support.redis_server import free_port
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+ACL_FILE = ROOT / "deploy" / "base" / "redis-users.acl"
+
+
+def _key_families() -> list[str]:
+    """One example key of every family of the key table (constants and functions)."""
+    keys = []
+    for name, value in vars(redis_keys).items():
+        if name.isupper() and isinstance(value, str) and value.startswith(redis_keys.PREFIX) and \
+                not name.endswith("_PREFIX") and name != "PREFIX":
+            keys.append(value)
+        elif inspect.isfunction(value) and value.__module__ == redis_keys.__name__ and name != "lua_header":
+            keys.append(value(*["x"] * len(inspect.signature(value).parameters)))
+    keys.append(redis_keys.REDBEAT_PREFIX + ":schedule")
+    return keys
+
+
+def _allowed(user: redis_acl.User, key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in user.keys + user.read + user.write)
+
+
+def test_the_shipped_acl_file_is_the_rendered_one():
+    assert ACL_FILE.read_text() == redis_acl.render(), \
+        "deploy/base/redis-users.acl is stale: python -m app.redis_acl > deploy/base/redis-users.acl"
+
+
+def test_every_key_family_belongs_to_a_user():
+    families = _key_families()
+    assert len(families) > 30
+    orphans = [key for key in families if not any(_allowed(u, key) for u in redis_acl.USERS)]
+    assert orphans == []
+    # the credentials copies: read by the API (the lease answer) and the health worker only
+    readers = {u.name for u in redis_acl.USERS if any(fnmatch.fnmatchcase(redis_keys.auth("x"), p)
+                                                      for p in u.keys + u.read)}
+    assert readers == {"api", "health-worker"}
+
+
+def test_config_refuses_a_password_that_needs_quoting():
+    with pytest.raises(ValueError, match="user 'api' must be letters, digits"):
+        redis_acl.config({"api": "has space"})
+    with pytest.raises(KeyError, match="no Redis ACL user 'nobody'; the users are api, worker"):
+        redis_acl.user("nobody")
+
+
+@pytest.fixture(scope="module")
+def acl():
+    server = AclRedis()
+    yield server
+    server.stop()
+
+
+#: For each user, something it must be refused (key, channel or command), as ``(label, call)``.
+REFUSED = {
+    "worker": [("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
+               ("bind a crawler's session", lambda r: r.set(redis_keys.sticky("c", "s"), "u")),
+               ("start a cooldown", lambda r: r.zadd(redis_keys.cooldown("c"), {"u": 1})),
+               ("beat's schedule", lambda r: r.get(redis_keys.REDBEAT_PREFIX + ":lock"))],
+    "health-worker": [("a de-duplication mark", lambda r: r.set(redis_keys.queued("create", "u"), "1")),
+                      ("a lease", lambda r: r.hgetall(redis_keys.lease("l"))),
+                      ("a Proxy lock", lambda r: r.set(redis_keys.proxy_lock("u"), "1"))],
+    "beat": [("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
+             ("write a serving record", lambda r: r.hset(redis_keys.proxy("u"), "address", "192.0.2.1")),
+             ("remote control", lambda r: r.publish(redis_acl.PIDBOX, "{}"))],
+    "watcher": [("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
+                ("a lease", lambda r: r.hgetall(redis_keys.lease("l"))),
+                ("take a Proxy lock", lambda r: r.set(redis_keys.proxy_lock("u"), "x")),
+                ("remote control", lambda r: r.publish(redis_acl.PIDBOX, "{}"))],
+    "flower": [("queue a task", lambda r: r.lpush("health", "{}")),
+               ("take a task", lambda r: r.rpop("health")),
+               ("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
+               ("read a serving record", lambda r: r.hgetall(redis_keys.proxy("u")))],
+    "keda": [("queue a task", lambda r: r.lpush("proxies", "{}")),
+             ("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u")))],
+}
+#: Refused to every user.
+REFUSED_TO_ALL = [("FLUSHALL", lambda r: r.flushall()), ("KEYS", lambda r: r.keys("*")),
+                  ("CONFIG", lambda r: r.config_get("*")), ("ACL", lambda r: r.acl_list()),
+                  ("EVAL", lambda r: r.eval("return 1", 0)), ("SCRIPT FLUSH", lambda r: r.script_flush())]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_each_user_is_refused_what_belongs_to_others(acl, name):
+    r = acl.client(name)
+    try:
+        for label, call in REFUSED[name] + REFUSED_TO_ALL:
+            with pytest.raises(redis_lib.exceptions.NoPermissionError):
+                call(r)
+                pytest.fail(f"{name} was allowed to {label}")
+    finally:
+        r.close()
+
+
+def test_what_each_user_may_do_it_can(acl):
+    acl.reset()
+    worker, flower, keda = acl.client("worker"), acl.client("flower"), acl.client("keda")
+    try:
+        worker.hset(redis_keys.auth("u"), mapping={"username": "a", "password": "b"})
+        assert worker.delete(redis_keys.auth("u")) == 1  # publish/withdraw delete the copy, unread
+        worker.lpush("health", "{}")
+        assert flower.llen("health") == keda.llen("health") == 1
+        assert flower.lrange("health", 0, -1) == ["{}"]
+    finally:
+        for r in (worker, flower, keda):
+            r.close()
+    assert acl.denials() == []
+
+
+def _get(url: str, **kw) -> requests.Response | None:
+    try:
+        return requests.get(url, timeout=5, **kw)
+    except requests.RequestException:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_component_works_with_its_own_user(acl, kube, tmp_path):
+    acl.reset()
+    base = {"PROVIDERS_CONFIG": "", "LOG_LEVEL": "DEBUG", "KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kc")),
+            "HEALTH_SWEEP_INTERVAL": "1", "RESYNC_INTERVAL": "3600", "GC_INTERVAL": "3600"}
+    metrics_port, flower_port = free_port(), free_port()
+    procs = [
+        celery_worker({**base, **acl.env("worker")}, queues="proxies,gc", concurrency=1),
+        celery_worker({**base, **acl.env("health-worker")}, queues="health", concurrency=1, name="health-worker"),
+        celery_beat({**base, **acl.env("beat"), "METRICS_BIND": f"127.0.0.1:{metrics_port}"}, str(tmp_path)),
+        watcher({**base, **acl.env("watcher")}),
+        Process("flower", [str(BIN / "celery"), "-A", "workers", "flower", "--address=127.0.0.1",
+                           f"--port={flower_port}"], {**base, **acl.env("flower"), "FLOWER_BASIC_AUTH": "op:pw"}),
+    ]
+    admin = acl.client()
+    try:
+        for p in procs:
+            p.start()
+        procs[3].wait_for_log("leading: streaming Proxy events", timeout=60)
+        body = {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": "acl-px", "namespace": "default"},
+                "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": free_port()},
+                         "healthCheck": {"url": "http://127.0.0.1:9/", "intervalSeconds": 2, "timeoutSeconds": 1}}}
+        custom = kube.custom_objects() if hasattr(kube, "custom_objects") else None
+        from kubernetes import client as k8s
+        api_client = kube.api_client()
+        obj = k8s.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            "crawl.example.com", "v1alpha1", "default", "proxies", body)
+        uid = obj["metadata"]["uid"]
+        # watcher -> broker -> worker publishes it; beat's sweep -> health worker probes it
+        explain = lambda: f"refused: {acl.denials()}\n" + "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)
+        wait_for(lambda: admin.sismember(redis_keys.PROXIES, uid), 60, "the worker to publish the Proxy", explain=explain)
+        wait_for(lambda: admin.hget(redis_keys.proxy(uid), "lastProbe"), 60, "the health worker to probe it")
+        metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert metrics is not None and metrics.status_code == 200
+        tasks = wait_for(lambda: (_get(f"http://127.0.0.1:{flower_port}/api/tasks", auth=("op", "pw")) or
+                                  requests.Response()).status_code == 200 and
+                         _get(f"http://127.0.0.1:{flower_port}/api/tasks", auth=("op", "pw")).json(), 60,
+                         "Flower to see tasks from the event stream", explain=explain)
+        assert any(t.get("name") == "health.sweep" for t in tasks.values())
+        page = _get(f"http://127.0.0.1:{flower_port}/broker", auth=("op", "pw"))
+        assert page is not None and page.status_code == 200
+        k8s.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+            "crawl.example.com", "v1alpha1", "default", "proxies", "acl-px")
+        wait_for(lambda: not admin.sismember(redis_keys.PROXIES, uid), 60, "the worker to withdraw it")
+        api_client.close()
+        assert custom is None or custom
+    finally:
+        for p in procs:
+            p.stop()
+    logs = "\n".join(f"--- {p.name}\n{p.log()[-2000:]}" for p in procs)
+    assert acl.denials() == [], f"refused: {acl.denials()}\n{logs}"
