@@ -150,6 +150,9 @@ class Settings:
             also spaces ``instance.retire``'s tries while its Proxy's lock is busy.
         retry_initial / retry_max: Transient retry backoff bounds (``RETRY_INITIAL``, ``RETRY_MAX``).
         quota_backoff: delay after QuotaExceeded (``QUOTA_BACKOFF``).
+        beat_lock_timeout: seconds beat's scheduler lock (redbeat's) lives without being
+            extended, so how long a killed beat keeps another from scheduling
+            (``BEAT_LOCK_TIMEOUT``, at least 10: twice the longest pause between ticks, 5 s).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -167,6 +170,7 @@ class Settings:
     retry_initial: float = 5.0
     retry_max: float = 300.0
     quota_backoff: float = 900.0
+    beat_lock_timeout: float = 20.0
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the URL may carry the Redis password
@@ -195,4 +199,5 @@ class Settings:
             retry_initial=_float("RETRY_INITIAL", cls.retry_initial),
             retry_max=_float("RETRY_MAX", cls.retry_max),
             quota_backoff=_float("QUOTA_BACKOFF", cls.quota_backoff),
+            beat_lock_timeout=env_number("BEAT_LOCK_TIMEOUT", cls.beat_lock_timeout, minimum=10.0),
         )
