@@ -27,6 +27,7 @@ from app.providers.pods.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION
 from tests.pools.env import pool_operator_env
 from tests.support.cluster import FakeCluster
+from tests.support.origin import origin_server
 from tests.support.processes import ROOT, celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
 
@@ -78,9 +79,12 @@ def custom(cluster) -> k8s.CustomObjectsApi:
     return k8s.CustomObjectsApi(cluster.fake.api_client())
 
 
-def create_proxy(cluster, name: str) -> None:
+def create_proxy(cluster, name: str, origin: str | None = None) -> None:
+    """Create the sample Proxy as ``name``; probed through the local ``origin`` when given."""
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"]["name"] = name
+    if origin:
+        body["spec"]["healthCheck"] = {"url": f"{origin}/generate_204", "intervalSeconds": 2, "timeoutSeconds": 1}
     custom(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
 
 
@@ -137,11 +141,19 @@ def test_worker_killed_mid_create_is_taken_up_within_the_bound(cluster, fleet, e
 
 
 def test_worker_killed_mid_delete_is_taken_up_within_the_bound(cluster, fleet, env):
-    create_proxy(cluster, "px-delete")
-    wait_for(lambda: phase(cluster, "px-delete") in PROVISIONED, 60, "the Proxy provisioned")
-    cluster.fake.delay_next("delete", "pods", seconds=3)
+    with origin_server() as origin:
+        _killed_mid_delete(cluster, fleet, env, origin)
+
+
+def _killed_mid_delete(cluster, fleet, env, origin):
+    create_proxy(cluster, "px-delete", origin)
+    wait_for(lambda: phase(cluster, "px-delete") == "Ready", 60, "the Proxy Ready")
+    # The delete step's first write (phase Terminating) is held, so the worker dies inside the
+    # step, holding the Proxy's lock, before it has seen the Pod.
+    writes = cluster.fake.request_count(None, "proxies/status")
+    cluster.fake.delay_next(None, "proxies/status", seconds=3)
     custom(cluster).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "px-delete")
-    wait_for(lambda: cluster.fake.request_count("delete", "pods") >= 1, 30, "the Pod delete to be sent")
+    wait_for(lambda: cluster.fake.request_count(None, "proxies/status") > writes, 30, "the delete's status write")
     replacement, ready_at = replace_victim(fleet, env)
     within(TAKEN_UP_S + STEP_S, ready_at, lambda: get(cluster, PLURAL, "px-delete") is None,
            "the Proxy released", replacement.log)
