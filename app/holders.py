@@ -8,7 +8,8 @@ takes them is a *holder* with a heartbeat, so the rest of the fleet sees at once
 * **Heartbeat**: ``po:holder:<id>`` (:func:`app.redis_keys.holder_heartbeat`), TTL
   ``HOLDER_TTL`` seconds (default 10), refreshed every third of it by a daemon thread; its value is
   the unix time since which the holder has beaten without a gap.  A worker's main process installs
-  its holder before the pool forks (:func:`install`): its prefork children share it.
+  its holder before the pool forks (:func:`install`): its prefork children share it; any other
+  process gets one at its first lock (:func:`current`).
 * **Locks** (:class:`HolderLock`, :func:`lock`): the token names the holder
   (``<holder id>|<random>``); a taker that finds the lock held by a holder whose heartbeat is gone
   takes it over at once (``holder_takeover.lua``: compare-and-set on the token read).
@@ -36,7 +37,6 @@ import redis as redis_lib
 from redis.lock import Lock
 
 from app import redis_keys
-from app.lazy import per_process
 from app.lua import Lua
 from app.settings import env_number
 
@@ -141,17 +141,38 @@ def installed() -> Holder | None:
     return _installed
 
 
-@per_process
-def _own() -> Holder:
-    from app.settings import redis_url_from_env
-
-    return Holder(redis_lib.Redis.from_url(redis_url_from_env()), holder_ttl()).start()
+_own: Holder | None = None
+_own_pid: int | None = None
+_own_lock = threading.Lock()
 
 
-def current() -> Holder:
-    """This process's holder: the installed one (:func:`install`), else one made on first use
-    with its own heartbeat (``REDIS_URL``)."""
-    return _installed if _installed is not None else _own()
+def _new_lock_in_child() -> None:
+    global _own_lock
+    _own_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def current(redis=None) -> Holder:
+    """This process's holder: the installed one (:func:`install`), else one made on the first
+    call in this process, beating with ``redis`` (the client of the first lock taken here).
+
+    Raises:
+        RuntimeError: no holder yet in this process and no ``redis`` to beat with.
+    """
+    global _own, _own_pid
+    if _installed is not None:
+        return _installed
+    pid = os.getpid()
+    if _own is not None and _own_pid == pid:
+        return _own
+    with _own_lock:
+        if _own is None or _own_pid != pid:
+            if redis is None:
+                raise RuntimeError("no holder in this process yet and no Redis client to beat with")
+            _own, _own_pid = Holder(redis, holder_ttl()).start(), pid
+        return _own
 
 
 def holder_of(token) -> str | None:
@@ -188,24 +209,33 @@ def held_by_live(redis, name: str) -> bool:
 
 
 class HolderLock(Lock):
-    """redis-py's ``Lock`` whose token names its holder (:func:`current`), taken over from a dead
-    holder (heartbeat gone, judged by :func:`may_judge`) instead of waiting for its timeout.
+    """redis-py's ``Lock`` whose token names its holder, taken over from a dead holder (heartbeat
+    gone, judged by :func:`may_judge`) instead of waiting for its timeout.
 
-    Same arguments and behaviour as ``redis.lock.Lock`` otherwise (``acquire``, ``release``,
-    ``blocking_timeout``); use :func:`lock`.  Needs a timeout (a lock without one is never taken over).
+    Args:
+        holder: the :class:`Holder` taking the lock (default :func:`current`); the rest as
+            ``redis.lock.Lock`` (``acquire``, ``release``, ``blocking_timeout``).  Use :func:`lock`.
+            A lock without a timeout is never taken over.
     """
 
+    def __init__(self, *args, holder: Holder | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.holder = holder
+
+    def _holder(self) -> Holder:
+        return self.holder if self.holder is not None else current(self.redis)
+
     def acquire(self, sleep=None, blocking=None, blocking_timeout=None, token=None) -> bool:
-        """redis-py's ``acquire`` with a token naming this process's holder (see the class)."""
+        """redis-py's ``acquire`` with a token naming the holder (see the class)."""
         return super().acquire(sleep=sleep, blocking=blocking, blocking_timeout=blocking_timeout,
-                               token=token if token is not None else current().token())
+                               token=token if token is not None else self._holder().token())
 
     def do_acquire(self, token) -> bool:
         if super().do_acquire(token):
             return True
         held = self.redis.get(self.name)
         holder = holder_of(held)
-        if holder is None or not self.timeout or not may_judge(self.redis, current()):
+        if holder is None or not self.timeout or not may_judge(self.redis, self._holder()):
             return False
         if not _TAKEOVER(self.redis, [self.name, redis_keys.holder_heartbeat(holder)],
                          [held, token, int(self.timeout * 1000)]):
@@ -214,10 +244,12 @@ class HolderLock(Lock):
         return True
 
 
-def lock(redis, name: str, *, timeout: float, blocking_timeout: float | None = None) -> HolderLock:
+def lock(redis, name: str, *, timeout: float, blocking_timeout: float | None = None,
+         holder: Holder | None = None) -> HolderLock:
     """Return a :class:`HolderLock` on key ``name`` held at most ``timeout`` seconds; ``acquire``
-    waits at most ``blocking_timeout`` seconds (``None``: forever)."""
-    return HolderLock(redis, name, timeout=timeout, blocking_timeout=blocking_timeout)
+    waits at most ``blocking_timeout`` seconds (``None``: forever); taken by ``holder`` (default
+    :func:`current`)."""
+    return HolderLock(redis, name, timeout=timeout, blocking_timeout=blocking_timeout, holder=holder)
 
 
 def reap(redis, restore: Callable[[str], None], judge: Holder) -> int:
