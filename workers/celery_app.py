@@ -4,7 +4,9 @@ Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.setti
 Celery logs the URL masked, ``redis://:**@...``).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
 task whose worker dies is redelivered; prefetch 1; JSON only; results ignored.  The broker's
 visibility timeout exceeds the hard time limit of every task and the longest countdown we
-schedule (Celery docs, "Using Redis: Visibility timeout").
+schedule (Celery docs, "Using Redis: Visibility timeout").  A worker SIGKILLed whole (parent included) does not
+wait for it: the other workers put its messages back within seconds (``workers/broker.py``,
+:mod:`app.holders`).
 
 Queues: ``proxies`` (create/poll/delete for kubernetes and gcp proxies), ``health`` (probes),
 ``gc`` (sweeps), and one ``kvm.<provider>.<host>`` queue per KVM host, created on demand and
