@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
-from app import metrics, reconcile, redis_keys, serving
+from app import holders, metrics, reconcile, redis_keys, serving
 from app.config import ProviderConfig, ProvidersConfig
 from app.lua import Lua
 from app.provider_types import ProviderType
@@ -304,17 +304,19 @@ class Dispatcher:
             resync: the periodic resync: only sends when nothing is queued for the action, so it
                 heals lost messages without cutting scheduled backoffs short, and sends nothing
                 while a step of the Proxy runs (its view may predate that step's writes; the
-                step re-decides when it ends).
+                step re-decides when it ends); a lock whose holder's heartbeat is gone
+                (:mod:`app.holders`) does not count.
         Raises:
             redis.RedisError / kombu.exceptions.OperationalError: Redis or the broker unreachable.
         """
         action = reconcile.decide(proxy, resync=resync)
         if action is None:
             return Dispatched(None, False)
-        if resync and self.redis.exists(redis_keys.proxy_lock(proxy.uid)):
+        if resync and holders.held_by_live(self.redis, redis_keys.proxy_lock(proxy.uid)):
             # A step of this Proxy is running: the resync's view may predate its writes (e.g. a
             # create about to fail with QuotaExceeded and schedule its own retry), and a message sent
-            # now would run before that backoff.  The running step re-decides when it ends.
+            # now would run before that backoff.  The running step re-decides when it ends.  A lock
+            # whose holder is dead (app.holders) holds nothing back: its step will not re-decide.
             return Dispatched(action, False)
         sent = self.enqueuer.send(action, Ref(proxy.namespace, proxy.name, proxy.uid),
                                   queue=self.router.queue_for_proxy(proxy, action), only_if_idle=resync)
@@ -409,7 +411,7 @@ class Dispatcher:
           another pass.
         * Lock held by another step: the request is *parked* (not re-sent); the holder re-reads
           and re-decides when it finishes, so nothing is lost and a backoff it schedules is not
-          cut short.  If the holder died, the resync heals after the lock expires.
+          cut short.  A lock whose holder died (no heartbeat, :mod:`app.holders`) is taken over.
         * A followup of the same step goes back on ``queue`` (the one the task was delivered
           from); a different step is routed from the object as it is now (a create after the
           Proxy moved to another KVM host goes to that host's queue): the Proxy the step last
@@ -431,7 +433,7 @@ class Dispatcher:
         """
         self.enqueuer.started(action, ref.uid)
         timeout = lock_timeout(ctx.settings)
-        lock = ctx.redis.lock(redis_keys.proxy_lock(ref.uid), timeout=timeout, blocking_timeout=0.5)
+        lock = holders.lock(ctx.redis, redis_keys.proxy_lock(ref.uid), timeout=timeout, blocking_timeout=0.5)
         if not lock.acquire():
             self.own.park(ref.uid, f"task:{action}")
             metrics.RECONCILES.labels(action, "locked").inc()

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from app import naming, redis_keys
+from app import holders, naming, redis_keys
 from app.lua import Lua
 from app.providers.base import Instance, ListResult
 from app.providers.errors import describe
@@ -196,7 +196,7 @@ def delete_superseded(redis, list_proxies, provider_name: str, *, delete, uid: s
     undone.  A Proxy busy with a step (lock taken) is left for the next sweep; a Proxy gone
     meanwhile makes the instance an orphan, deleted.
     """
-    lock = redis.lock(proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
+    lock = holders.lock(redis, proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
     if not lock.acquire():
         log.info("gc %s: proxy uid %s is busy; superseded %s left for the next sweep", provider_name, uid,
                  provider_id)
@@ -251,7 +251,7 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
     if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY or not uid:
         log.warning("gc %s: %s carries no managed-by tag and Proxy UID; not deleting it", provider_name, provider_id)
         return False
-    lock = redis.lock(proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
+    lock = holders.lock(redis, proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
     if not lock.acquire():
         log.info("gc %s: proxy uid %s is busy; %s left for the next sweep", provider_name, uid, provider_id)
         return False

@@ -192,11 +192,36 @@ LOCK_PREFIX = PREFIX + "lock:"
 
 
 def proxy_lock(uid: str) -> str:
-    """string — the per-Proxy lock (a redis-py ``Lock`` token) every step of a Proxy holds.
-    TTL: the lock timeout (task hard time limit + 10 s).  Taken by the reconcile steps
+    """string — the per-Proxy lock (a redis-py ``Lock`` token naming its holder,
+    :class:`app.holders.HolderLock`) every step of a Proxy holds.  TTL: the lock timeout (task hard
+    time limit + 10 s); taken over earlier once its holder's heartbeat is gone.  Taken by the reconcile steps
     (:mod:`app.dispatch`, :mod:`workers.tasks`) and by GC before deleting a superseded instance
     (:mod:`app.gc`); the resync reads whether it exists."""
     return LOCK_PREFIX + uid
+
+
+#: Prefix of :func:`holder_heartbeat`.
+HOLDER_PREFIX = PREFIX + "holder:"
+#: set — the ids of every holder that has beaten (:mod:`app.holders`).  No TTL; a holder is
+#: removed once its messages were put back (:func:`app.holders.reap`).  Written by each holder's
+#: heartbeat; read and pruned by the workers' reaper (``workers/broker.py``).
+HOLDERS = PREFIX + "holders"
+
+
+def holder_heartbeat(holder: str) -> str:
+    """string — the heartbeat of holder ``holder`` (one operator process, :mod:`app.holders`): the
+    unix time since which it has beaten without a gap.  TTL: ``HOLDER_TTL`` (10 s), refreshed every
+    third of it by the holder itself; gone = the holder is dead.  Read by lock takers
+    (:class:`app.holders.HolderLock`), the resync and the reaper."""
+    return HOLDER_PREFIX + holder
+
+
+def holder_messages(holder: str) -> str:
+    """set — delivery tags of the broker messages holder ``holder`` took and has not acknowledged
+    (a superset: tags acked by a restore elsewhere stay until the reaper drops the set).  No TTL;
+    written by ``workers/broker.py`` (``QoS``: added with the unacked entry, removed at ack); read and
+    deleted by :func:`app.holders.reap` once the holder is dead."""
+    return HOLDER_PREFIX + holder + ":messages"
 
 
 #: Prefix of :func:`gc_sweep`.
@@ -311,8 +336,9 @@ POOL_STATS = PREFIX + "pool-stats"
 
 
 def pool_lock(uid: str) -> str:
-    """string — the per-pool lock (a redis-py ``Lock`` token) held by one ``pool.reconcile`` at a
-    time.  TTL: the task hard time limit + 10 s.  :mod:`app.pools.controller` only."""
+    """string — the per-pool lock (a redis-py ``Lock`` token naming its holder,
+    :class:`app.holders.HolderLock`) held by one ``pool.reconcile`` at a time.  TTL: the task hard
+    time limit + 10 s; taken over earlier once its holder's heartbeat is gone.  :mod:`app.pools.controller` only."""
     return LOCK_PREFIX + "pool:" + uid
 
 

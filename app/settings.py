@@ -165,6 +165,9 @@ class Settings:
             eventually consistent): a poll that reads NotFound within
             :func:`app.reconcile.visibility_window` of ``status.createStartedAt`` keeps the Proxy
             Provisioning instead of recreating.
+        beat_lock_timeout: seconds beat's scheduler lock (redbeat's) lives without being
+            extended, so how long a killed beat keeps another from scheduling
+            (``BEAT_LOCK_TIMEOUT``, at least 10: twice the longest pause between ticks, 5 s).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -185,6 +188,7 @@ class Settings:
     quota_backoff: float = 900.0
     worker_remote_control: bool = False
     instance_visibility_delay: float = 120.0
+    beat_lock_timeout: float = 20.0
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the URL may carry the Redis password
@@ -217,4 +221,5 @@ class Settings:
             quota_backoff=_float("QUOTA_BACKOFF", cls.quota_backoff),
             worker_remote_control=env_flag("WORKER_REMOTE_CONTROL", cls.worker_remote_control),
             instance_visibility_delay=_float("INSTANCE_VISIBILITY_DELAY", cls.instance_visibility_delay),
+            beat_lock_timeout=env_number("BEAT_LOCK_TIMEOUT", cls.beat_lock_timeout, minimum=10.0),
         )

@@ -20,16 +20,24 @@ broker URL, Celery's banner and Flower's broker view keep saying ``redis://``.
 
 :class:`Channel` also keeps one ``redis.Redis`` client for its synchronous calls instead of
 building one per operation, as kombu does (see :meth:`Channel._create_client`).
+
+:class:`QoS` records which worker holds each message it takes and puts back the messages of
+workers that died without acknowledging them (SIGKILL, OOM kill, a lost node) within seconds,
+instead of kombu's visibility timeout (an hour): see :mod:`app.holders`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
 
+from app import holders, redis_keys
 from app.dispatch import GC, HEALTH, HOST_QUEUE_PREFIX, PROXIES
 
 log = logging.getLogger(__name__)
@@ -45,12 +53,70 @@ def self_bound(exchange: str) -> bool:
     return exchange in _FIXED_QUEUES or exchange.startswith(HOST_QUEUE_PREFIX)
 
 
+#: Seconds between two reaps of one worker (kombu calls :meth:`QoS.restore_visible` every
+#: ``unacked_restore_interval`` seconds, set to this in ``workers/celery_app.py``).
+REAP_INTERVAL = 2.0
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis acknowledgement emulation, with each taken message's holder recorded.
+
+    * :meth:`append` (a message delivered to this worker) also adds its delivery tag to this
+      process's holder's set (:func:`app.redis_keys.holder_messages`), in the same transaction
+      as kombu's unacked entry; an acknowledgement removes it.
+    * :meth:`restore_visible` (kombu's periodic sweep for messages past the visibility timeout)
+      also puts back, at most every :data:`REAP_INTERVAL` seconds, the messages of holders whose
+      heartbeat is gone (:func:`app.holders.reap`, through kombu's own ``restore_by_tag``).
+
+    A process without an installed holder (beat, the watcher: they only publish) behaves as kombu's.
+    """
+
+    _reaped_at = 0.0
+
+    def append(self, message, delivery_tag):
+        """Record ``message`` as unacknowledged (kombu's entry) and held by this process's holder."""
+        holder = holders.installed()
+        if holder is None:
+            return super().append(message, delivery_tag)
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag,
+                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                .sadd(redis_keys.holder_messages(holder.id), delivery_tag) \
+                .execute()
+            virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag, pipe=None):
+        pipe = super()._remove_from_indices(delivery_tag, pipe)
+        holder = holders.installed()
+        if holder is not None:
+            pipe.srem(redis_keys.holder_messages(holder.id), delivery_tag)
+        return pipe
+
+    def restore_visible(self, start=0, num=10, interval=10):
+        """kombu's sweep (throttled as kombu does), then the reap of dead holders' messages."""
+        super().restore_visible(start=start, num=num, interval=interval)
+        holder = holders.installed()
+        now = time.monotonic()
+        if holder is None or now - self._reaped_at < REAP_INTERVAL:
+            return
+        self._reaped_at = now
+        with self.channel.conn_or_acquire() as client:
+            try:
+                holders.reap(client, lambda tag: self.restore_by_tag(tag, client), holder)
+            except redis.RedisError as exc:
+                log.debug("broker: reaping dead holders' messages failed: %s", type(exc).__name__)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, re-creating the lost binding of a fleet queue when publishing.
 
     Raises what kombu's channel raises (``redis.ConnectionError`` and friends while Redis is
-    unreachable).
+    unreachable).  Its acknowledgements go through :class:`QoS`.
     """
+
+    QoS = QoS
 
     def get_table(self, exchange):
         """Return the bindings of ``exchange`` (``[(routing_key, pattern, queue)]``).
@@ -125,4 +191,4 @@ def install() -> None:
     kombu_transport._transport_cache.pop("redis", None)  # resolved before this ran (a connection made earlier)
 
 
-__all__ = ["Channel", "Transport", "TRANSPORT_PATH", "install", "self_bound"]
+__all__ = ["Channel", "QoS", "REAP_INTERVAL", "Transport", "TRANSPORT_PATH", "install", "self_bound"]

@@ -4,7 +4,9 @@ Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.setti
 Celery logs the URL masked, ``redis://:**@...``).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
 task whose worker dies is redelivered; prefetch 1; JSON only; results ignored.  The broker's
 visibility timeout exceeds the hard time limit of every task and the longest countdown we
-schedule (Celery docs, "Using Redis: Visibility timeout").
+schedule (Celery docs, "Using Redis: Visibility timeout").  A worker SIGKILLed whole (parent included) does not
+wait for it: the other workers put its messages back within seconds (``workers/broker.py``,
+:mod:`app.holders`).
 
 Queues: ``proxies`` (create/poll/delete for kubernetes and gcp proxies), ``health`` (probes),
 ``gc`` (sweeps), and one ``kvm.<provider>.<host>`` queue per KVM host, created on demand and
@@ -29,6 +31,9 @@ broker.install()
 
 settings = Settings.from_env()
 
+#: Longest pause between two beat ticks, seconds: each tick extends the beat lock.
+BEAT_MAX_LOOP_INTERVAL = 5
+
 celery_app = Celery("proxy-operator")
 celery_app.conf.update(
     broker_url=settings.redis_url,
@@ -39,6 +44,9 @@ celery_app.conf.update(
     broker_connection_max_retries=None,
     broker_transport_options={
         "visibility_timeout": int(settings.visibility_timeout),
+        # kombu's sweep runs every REAP_INTERVAL s, so messages of a dead worker go back within
+        # seconds (workers/broker.py, app/holders.py); its visibility scan stays ~once a minute.
+        "unacked_restore_interval": broker.REAP_INTERVAL, "unacked_restore_throttle": 30,
         # A Redis that vanishes without closing the connection (failover, a network partition)
         # must fail a command, not hang it: the consumer's BRPOP answers within 1 s normally.
         "socket_timeout": 30, "socket_connect_timeout": 5, "socket_keepalive": True,
@@ -70,10 +78,11 @@ celery_app.conf.update(
     redbeat_key_prefix=redis_keys.REDBEAT_PREFIX,
     redbeat_redis_options={"socket_timeout": 10, "socket_connect_timeout": 5, "socket_keepalive": True,
                            "health_check_interval": 25},
-    # The leader extends its lock every tick (the health sweep ticks every few seconds), so a
-    # short lock lets a standby take over within a minute of a beat dying.
-    redbeat_lock_timeout=60,
-    beat_max_loop_interval=10,
+    # The leader extends its lock every tick (at most beat_max_loop_interval apart), so a short
+    # lock lets a standby, or a beat started after one was killed, schedule within
+    # BEAT_LOCK_TIMEOUT + beat_max_loop_interval seconds (20 + 5 by default).
+    redbeat_lock_timeout=settings.beat_lock_timeout,
+    beat_max_loop_interval=BEAT_MAX_LOOP_INTERVAL,
     # redbeat's scheduler, riding out Redis outages, restarts and flushes (workers/beat_scheduler.py).
     beat_scheduler="workers.beat_scheduler.ResilientRedBeatScheduler",
     timezone="UTC",
@@ -115,10 +124,14 @@ def _logging(**_):
 
 @worker_init.connect
 def _worker_credentials(**_):
-    """Exit (status 2, one clear line) if Redis refuses the worker's credentials (app.redis_check)."""
+    """Exit (status 2, one clear line) if Redis refuses the worker's credentials (app.redis_check),
+    then install the worker's holder and its heartbeat before the pool forks (app.holders): the
+    messages it takes and the locks its children take name it."""
+    from app import holders
     from app.redis_check import exit_if_credentials_refused
 
     exit_if_credentials_refused(settings.redis_url, "worker")
+    holders.install(settings.redis_url)
 
 
 @beat_init.connect

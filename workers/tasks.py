@@ -17,7 +17,7 @@ import uuid
 from celery.signals import worker_init
 
 from app import gc as gc_logic
-from app import metrics, naming, reconcile, redis_keys
+from app import holders, metrics, naming, reconcile, redis_keys
 from app.dispatch import GC, PROXIES, lock_timeout
 from app.providers.base import ShardedProvider
 from app.providers.errors import Permanent, classify, describe
@@ -111,7 +111,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
             log.warning("retire %r: delivered on %s, belongs on %s; dropped (GC collects it)",
                         provider_id, queue, expected)
             return
-    lock = ctx.redis.lock(redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
+    lock = holders.lock(ctx.redis, redis_keys.proxy_lock(uid), timeout=_lock_timeout(ctx), blocking_timeout=0.5)
     args = [provider_name, provider_id, namespace, name, uid]
     errors = max(0, self.request.retries - lock_waits)  # failed attempts so far (lock waits apart)
     if not lock.acquire():  # a step of this Proxy is running: try again shortly

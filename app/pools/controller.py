@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping
 
 from kubernetes.client import ApiException
 
-from app import leases, metrics, redis_keys, selectors, serving, status_writer
+from app import holders, leases, metrics, redis_keys, selectors, serving, status_writer
 from app.kube import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
 from app.pools import stats as pool_stats
@@ -588,7 +588,8 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
 def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_timeout: float,
         now: float | None = None, namespace_cap: int | None = None) -> Outcome:
     """:func:`reconcile` under the per-pool lock (:func:`app.redis_keys.pool_lock`), so two
-    deliveries of the same pool never act together.
+    deliveries of the same pool never act together; a lock whose holder died (no heartbeat,
+    :mod:`app.holders`) is taken over.
 
     Args:
         lock_timeout: seconds the lock is held at most (the task hard time limit + 10 s).
@@ -598,7 +599,7 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
     Raises:
         as :func:`reconcile`.
     """
-    lock = r.lock(redis_keys.pool_lock(ref.uid), timeout=lock_timeout, blocking_timeout=0.5)
+    lock = holders.lock(r, redis_keys.pool_lock(ref.uid), timeout=lock_timeout, blocking_timeout=0.5)
     if not lock.acquire():
         return Outcome("locked", requeue_after=2.0)
     try:
