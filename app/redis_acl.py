@@ -58,7 +58,11 @@ INDEX = (k.LOAD, k.FULL, k.UNHEALTHY, k.DRAINING)
 PROXY_LEASES = (k.proxy_leases("*"), k.client_leases("*"))
 LEASES = (k.LEASE_EXPIRY, k.lease("*"))
 CLIENT_STATE = (k.cooldown("*"), k.sticky("*", "*"))
-HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"))
+HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"),
+               k.HEALTH_SLOW_SLOTS, k.HEALTH_SLOW_TURNS)
+#: Every worker's heartbeat and the messages it holds (:mod:`app.holders`); ``po:holder:*``
+#: covers both the heartbeat and the message set.
+HOLDER_KEYS = (k.HOLDERS, k.holder_heartbeat("*"))
 DISPATCH = (k.queued("*", "*"), k.own_writes("*"), k.busy("*"), k.parked("*"))
 LOCKS = (k.proxy_lock("*"),)  # also the pool locks (po:lock:pool:<uid>)
 GC_KEYS = (k.ABANDONED, k.gc_sweep("*"))
@@ -129,12 +133,14 @@ USERS: tuple[User, ...] = (
          commands=DATA + SCRIPTS),
     User("worker", "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
-         + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE,
+         + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE
+         + HOLDER_KEYS,
          write=AUTH,
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
-         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS,
+         keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS
+         + HOLDER_KEYS,
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("beat", "beat: the schedule (redbeat), publishing its tasks, the serving, pool and provider gauges",
@@ -144,7 +150,7 @@ USERS: tuple[User, ...] = (
     User("watcher", "the watcher: de-duplication marks, publishing tasks, refreshing published records "
          "(labels, maxLeases, healthCheck), provider-health staleness",
          keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE,
-         read=LOCKS + PROVIDER_HEALTH,
+         read=LOCKS + PROVIDER_HEALTH + HOLDER_KEYS,
          commands=DATA + SCRIPTS + PUBSUB),
     User("flower", "Flower: reads the queues and the event stream; its control needs the workers' remote control",
          # unacked_mutex: a kombu consumer (Flower's replies) takes it to restore unacknowledged

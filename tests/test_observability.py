@@ -229,7 +229,9 @@ def stack(tmp_path_factory):
             providers = tmp / "providers.yaml"
             providers.write_text(yaml.safe_dump({"providers": [{
                 "name": "k8s-local", "type": "kubernetes", "checkInterval": "10s", "checkTimeout": "2s",
-                "squid": LOOPBACK_SQUID_BLOCK}]}))
+                "squid": LOOPBACK_SQUID_BLOCK}],
+                # the test's External Proxy lives in "default"
+                "tenancy": {"externalProxyNamespaces": ["default"]}}))
             env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp / "kubeconfig")), "REDIS_URL": redis.url,
                    "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3", "GC_INTERVAL": "3600",
                    "POLL_INITIAL": "0.5", "POLL_MAX": "1", "TASK_SOFT_TIME_LIMIT": "8", "TASK_TIME_LIMIT": "10",

@@ -146,7 +146,9 @@ def _get(url: str, **kw) -> requests.Response | None:
 @pytest.mark.timeout(240)
 def test_every_component_works_with_its_own_user(acl, kube, tmp_path):
     acl.reset()
-    base = {"PROVIDERS_CONFIG": "", "LOG_LEVEL": "DEBUG", "KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kc")),
+    providers = tmp_path / "providers.yaml"  # the test's External Proxy lives in "default"
+    providers.write_text("providers: []\ntenancy: {externalProxyNamespaces: [default]}\n")
+    base = {"PROVIDERS_CONFIG": str(providers), "LOG_LEVEL": "DEBUG", "KUBECONFIG": kube.write_kubeconfig(str(tmp_path / "kc")),
             "HEALTH_SWEEP_INTERVAL": "1", "RESYNC_INTERVAL": "3600", "GC_INTERVAL": "3600"}
     metrics_port, flower_port = free_port(), free_port()
     procs = [
