@@ -21,6 +21,7 @@ from api.settings import ApiSettings
 from app import serving
 from app.tokens import TokenStore
 from app.validation import ConfigError
+from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
                           problem="required: the path of the clients' tokens file (--tokens-file)")
     store = TokenStore(settings.tokens_file, settings.tokens_check_every)
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
-                             socket_connect_timeout=2, health_check_interval=30)
+                             socket_connect_timeout=2, health_check_interval=30, **redis_retry.client_options())
     if rebuild_index:
         try:
             log.info("api: lease index: %d proxies with free capacity", serving.reindex_all(r))

@@ -39,6 +39,7 @@ from redis.lock import Lock
 from app import redis_keys
 from app.lua import Lua
 from app.settings import env_number
+from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def install(redis_url: str) -> Holder:
     """
     global _installed
     if _installed is None:
-        _installed = Holder(redis_lib.Redis.from_url(redis_url), holder_ttl()).start()
+        _installed = Holder(redis_lib.Redis.from_url(redis_url, **redis_retry.client_options()), holder_ttl()).start()
     return _installed
 
 

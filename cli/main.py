@@ -19,6 +19,7 @@ from pathlib import Path
 from app import version
 from app.settings import env_number
 from app.validation import ConfigError
+from app import redis_retry
 
 log = logging.getLogger("proxy_operator")
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +114,8 @@ def cmd_watch(args) -> int:
         log.info("serving /metrics on %s", args.metrics_bind)
     # The leader marks ProviderHealth targets nobody checks any more as CheckStale.
     sweeper = StaleSweeper(redis_lib.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10,
-                                                    socket_connect_timeout=5, socket_keepalive=True),
+                                                    socket_connect_timeout=5, socket_keepalive=True,
+                                                    **redis_retry.client_options()),
                            ProviderHealthWriter(KubernetesGateway()), cfg.providers)
     # The composition root injects the fleet's publisher: the watchers package imports nothing from workers/.
     from workers.celery_app import send

@@ -38,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from app import metrics
 from app.metrics import registry_for_scrape
+from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _redis_factory():
     from app.settings import Settings
 
     return lambda: redis.Redis.from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=5,
-                                        socket_connect_timeout=3)
+                                        socket_connect_timeout=3, **redis_retry.client_options())
 
 
 class QueueDepthCollector:

@@ -16,6 +16,7 @@ from app.lazy import per_process
 from app.reconcile import Context, Ref
 from app.settings import Settings
 from app.wiring import build_registry, load_config, router
+from app import redis_retry
 
 
 @per_process
@@ -33,7 +34,8 @@ def context() -> Context:
         tenancy=config.tenancy,
         # timeouts: a Redis gone silent fails a call instead of hanging the task or the watcher
         redis=redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
-                                       socket_connect_timeout=5, socket_keepalive=True),
+                                       socket_connect_timeout=5, socket_keepalive=True,
+                                       **redis_retry.client_options()),
         settings=settings,
         retire=_queue_retire,
     )
