@@ -329,7 +329,9 @@ class Dispatcher:
         Events caused by the operator's own writes are skipped (:class:`OwnWrites`); every other
         event queues what :func:`app.reconcile.decide` says the Proxy needs.  ``SYNC`` items from a
         (re)list are always dispatched.  A live Proxy that needs no step has its labels,
-        ``maxLeases`` and ``healthCheck`` refreshed in the serving view.
+        ``maxLeases`` and ``healthCheck`` refreshed in the serving view.  A Proxy being deleted
+        (``deletionTimestamp`` set) is withdrawn from the serving view at once, before its
+        delete step is queued: no lease is granted on it meanwhile, and its live leases end.
 
         Raises:
             redis.RedisError / kombu.exceptions.OperationalError: Redis unreachable; the watcher's
@@ -342,6 +344,10 @@ class Dispatcher:
         except ValueError as exc:
             log.warning("ignoring malformed Proxy event: %s", exc)
             return
+        if proxy.deleting:
+            # Out of leasing the moment its deletion is seen, not when the delete step runs
+            # (a queue away); its live leases end as for any withdrawn proxy.
+            serving.withdraw(self.redis, proxy.uid)
         if event_type != "SYNC":
             verdict = self.own.observe(proxy.uid, proxy.resource_version)
             if verdict != "send":
@@ -381,6 +387,8 @@ class Dispatcher:
             if reconcile.steady(proxy) and proxy.uid in published and not (drifted is not None and drifted(proxy)):
                 settled += 1
                 continue
+            if proxy.deleting and proxy.uid in published:
+                serving.withdraw(self.redis, proxy.uid)  # (the watcher missed it: it was down)
             if self.dispatch(proxy, resync=True).sent:
                 sent += 1
         # Every (phase, provider) pair is set, zeros included: clearing labels does not work in

@@ -148,9 +148,12 @@ USERS: tuple[User, ...] = (
          read=SERVING[:1] + INDEX + (k.POOL_STATS,) + PROVIDER_HEALTH,
          commands=DATA + SCRIPTS + PUBSUB),
     User("watcher", "the watcher: de-duplication marks, publishing tasks, refreshing published records "
-         "(labels, maxLeases, healthCheck), provider-health staleness",
-         keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE,
-         read=LOCKS + PROVIDER_HEALTH + HOLDER_KEYS,
+         "(labels, maxLeases, healthCheck), withdrawing Proxies being deleted, provider-health staleness",
+         keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE
+         + (k.LEASE_EXPIRY,) + HEALTH_KEYS[:3],
+         # a withdrawal reads the owner of each lease it ends and deletes the credentials copy
+         write=AUTH,
+         read=LOCKS + PROVIDER_HEALTH + HOLDER_KEYS + (k.lease("*"),),
          commands=DATA + SCRIPTS + PUBSUB),
     User("flower", "Flower: reads the queues and the event stream; its control needs the workers' remote control",
          # unacked_mutex: a kombu consumer (Flower's replies) takes it to restore unacknowledged

@@ -92,7 +92,7 @@ REFUSED = {
              ("write a serving record", lambda r: r.hset(redis_keys.proxy("u"), "address", "192.0.2.1")),
              ("remote control", lambda r: r.publish(redis_acl.PIDBOX, "{}"))],
     "watcher": [("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
-                ("a lease", lambda r: r.hgetall(redis_keys.lease("l"))),
+                ("write a lease", lambda r: r.hset(redis_keys.lease("l"), "client", "x")),
                 ("take a Proxy lock", lambda r: r.set(redis_keys.proxy_lock("u"), "x")),
                 ("remote control", lambda r: r.publish(redis_acl.PIDBOX, "{}"))],
     "flower": [("queue a task", lambda r: r.lpush("health", "{}")),
