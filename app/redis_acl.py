@@ -66,7 +66,7 @@ HOLDER_KEYS = (k.HOLDERS, k.holder_heartbeat("*"))
 DISPATCH = (k.queued("*", "*"), k.own_writes("*"), k.busy("*"), k.parked("*"))
 LOCKS = (k.proxy_lock("*"),)  # also the pool locks (po:lock:pool:<uid>)
 GC_KEYS = (k.ABANDONED, k.gc_sweep("*"))
-POOL_DEMAND = (k.POOLS, k.pool_demand("*", "*"))  # also pool_demand_read
+POOL_DEMAND = (k.POOLS, k.pool_demand("*", "*"), k.POOL_WAKE)  # also pool_demand_read
 POOL_STATE = (k.POOL_STATS, k.pool_scale("*"), k.pool_zone_events("*"))
 PROVIDER_HEALTH = (k.provider_health("*"),)
 PROVIDER_HEALTH_SINCE = (k.provider_health_since("*"),)
@@ -128,7 +128,7 @@ class User:
 #: Every component's user.  The worker user also serves the per-host KVM workers.
 USERS: tuple[User, ...] = (
     User("api", "the lease API: the lease scripts and GET /v1/proxies; reads the credentials it hands out",
-         keys=INDEX + PROXY_LEASES + LEASES + CLIENT_STATE + (k.pool_demand("*", "*"),),
+         keys=INDEX + PROXY_LEASES + LEASES + CLIENT_STATE + (k.pool_demand("*", "*"), k.POOL_WAKE),
          read=SERVING + AUTH + (k.POOLS,),
          commands=DATA + SCRIPTS),
     User("worker", "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",

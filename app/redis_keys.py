@@ -285,6 +285,11 @@ def parked(uid: str) -> str:
 POOLS = PREFIX + "pools"
 #: Prefix of :func:`pool_demand`.
 POOL_DEMAND_PREFIX = PREFIX + "pool-demand:"
+#: set — ``<namespace>/<name>`` of ProxyPools a draining member of which has just lost its last
+#: live lease (a release: only Redis changes, no watch event follows), so the pass that deletes
+#: it runs now instead of at the drain deadline.  No TTL (emptied every few seconds).  Written
+#: by ``lease_release.lua``; taken by :func:`app.pools.wake.take` (task ``pool.wake``, beat).
+POOL_WAKE = PREFIX + "pool-wake"
 
 
 def pool_demand(namespace: str, name: str) -> str:
@@ -395,6 +400,7 @@ LUA_NAMES = {
     "P_STICKY": STICKY_PREFIX,
     "K_POOLS": POOLS,
     "P_POOL_DEMAND": POOL_DEMAND_PREFIX,
+    "K_POOL_WAKE": POOL_WAKE,
 }
 
 

@@ -144,6 +144,9 @@ class Settings:
             task and the longest countdown (``BROKER_VISIBILITY_TIMEOUT``).
         resync_interval: beat period of the full resync (``RESYNC_INTERVAL``).
         gc_interval: beat period of GC sweeps (``GC_INTERVAL``).
+        pool_wake_interval: beat period of ``pool.wake`` (``POOL_WAKE_INTERVAL``, at least 0.5):
+            a pool whose draining member lost its last lease (a release) gets its pass within
+            this (:mod:`app.pools.wake`).
         pool_resync_interval: beat period of the ProxyPool resync: a pass over every pool, for
             age limits and the autoscaler (``POOL_RESYNC_INTERVAL``, seconds).
         pool_namespace_max_replicas: most Proxies the ProxyPools of one namespace may ask for
@@ -179,6 +182,7 @@ class Settings:
     resync_interval: float = 300.0
     gc_interval: float = 600.0
     pool_resync_interval: float = 30.0
+    pool_wake_interval: float = 2.0
     pool_namespace_max_replicas: int = 100
     gc_grace: float = 600.0
     poll_initial: float = 5.0
@@ -211,6 +215,7 @@ class Settings:
             resync_interval=_float("RESYNC_INTERVAL", cls.resync_interval),
             gc_interval=_float("GC_INTERVAL", cls.gc_interval),
             pool_resync_interval=_float("POOL_RESYNC_INTERVAL", cls.pool_resync_interval),
+            pool_wake_interval=env_number("POOL_WAKE_INTERVAL", cls.pool_wake_interval, minimum=0.5),
             pool_namespace_max_replicas=int(env_number("POOL_NAMESPACE_MAX_REPLICAS", cls.pool_namespace_max_replicas,
                                                        minimum=1, integer=True)),
             gc_grace=_float("GC_GRACE", cls.gc_grace),

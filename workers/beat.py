@@ -4,6 +4,8 @@
 * ``gc.sweep`` every ``GC_INTERVAL`` seconds: orphan collection per provider.
 * ``pool.resync`` every ``POOL_RESYNC_INTERVAL`` seconds: a pass over every ProxyPool (age
   limits, the autoscaler).
+* ``pool.wake`` every ``POOL_WAKE_INTERVAL`` seconds: a pass now over each pool a lease release
+  woke (a draining member's last lease ended: :mod:`app.pools.wake`).
 * ``providers.check`` per provider every ``checkInterval`` (skipped when 0).
 * entries contributed by ``workers.health_tasks.BEAT_SCHEDULE`` (probe sweeps).
 
@@ -31,6 +33,8 @@ SCHEDULE = {
     "gc-sweep": {"task": "gc.sweep", "schedule": settings.gc_interval},
     "pool-resync": {"task": "pool.resync", "schedule": settings.pool_resync_interval,
                     "options": {"expires": settings.pool_resync_interval}},
+    "pool-wake": {"task": "pool.wake", "schedule": settings.pool_wake_interval,
+                  "options": {"expires": settings.pool_wake_interval}},
 }
 for _pc in providers_config.providers:
     if _pc.check_interval:

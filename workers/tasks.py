@@ -187,6 +187,27 @@ def pool_reconcile(self, namespace: str, name: str, uid: str, attempt: int = 0) 
     return outcome.state
 
 
+@celery_app.task(name="pool.wake")
+def pool_wake() -> int:
+    """Queue a pass now over each pool a lease release woke (beat, every ``POOL_WAKE_INTERVAL``):
+    a draining member whose last lease ended is deleted within seconds, not at its drain
+    deadline (:mod:`app.pools.wake`).  Lists the pools only when one was woken.  Returns how
+    many passes were queued."""
+    from app.pools import wake
+    from app.pools.controller import PoolRef
+
+    ctx = context()
+    woken = set(wake.take(ctx.redis))
+    if not woken:
+        return 0
+    dispatcher = pool_dispatcher()
+    sent = 0
+    for pool in ctx.kube.list_pools():
+        if (pool.namespace, pool.name) in woken:
+            sent += dispatcher.enqueue(PoolRef(pool.namespace, pool.name, pool.uid))
+    return sent
+
+
 @celery_app.task(name="pool.resync")
 def pool_resync() -> int:
     """Queue a pass over every ProxyPool that has none queued (beat): age limits and the

@@ -14,6 +14,12 @@ redis.call('ZREM', K_LEASE_EXPIRY, h[1] .. '/' .. id)
 redis.call('ZREM', held_key(client), id)
 redis.call('DEL', lk)
 reindex(h[1], now)
+-- the last live lease of a member draining out of its pool ended: only Redis knows, so wake the
+-- pool (its next pass deletes the member now, not at the drain deadline)
+local m = redis.call('HMGET', P_PROXY .. h[1], 'drainUntil', 'pool', 'namespace')
+if m[1] and m[1] ~= '' and m[2] and m[2] ~= '' and m[3] and redis.call('ZCOUNT', zk, '(' .. now, '+inf') == 0 then
+  redis.call('SADD', K_POOL_WAKE, m[3] .. '/' .. m[2])
+end
 local until_ms = 0
 if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
   local ck = P_COOLDOWN .. client

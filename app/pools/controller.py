@@ -51,6 +51,7 @@ from kubernetes.client import ApiException
 from app import holders, leases, metrics, redis_keys, selectors, serving, status_writer
 from app.kube import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
+from app.pools import wake as pool_wake
 from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
@@ -358,12 +359,23 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     requeue = result.requeue_after
     if refused:
         requeue = RELEASE_RETRY if requeue is None else min(requeue, RELEASE_RETRY)
+    # A draining member is deleted at the pass after its last lease ends; a lease's expiry
+    # changes only Redis, so the pass is queued for the earliest expiry (a release wakes the
+    # pool instead: app/pools/wake.py).
+    held = [m.uid for m in members if m.draining and not m.deleting and m.leases > 0]
+    expiry = pool_wake.next_expiry(r, held)
+    if expiry is not None:
+        due = max(EXPIRY_SLACK, expiry - now + EXPIRY_SLACK)
+        requeue = due if requeue is None else min(requeue, due)
     return Outcome("done", result, requeue, released=tuple(released))
 
 
 #: Seconds after which a pass whose release of a Proxy the API refused (409: it changed
 #: meanwhile) runs again by itself, besides the pass the change's own watch event queues.
 RELEASE_RETRY = 1.0
+#: Seconds after a draining member's earliest lease expiry that its pool's pass runs (the expiry
+#: must have passed for the lease to count as ended).
+EXPIRY_SLACK = 1.0
 
 
 def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[list[str], int]:

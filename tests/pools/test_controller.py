@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 
 from app import leases, redis_keys, serving
 from app.kube import KubernetesGateway
-from app.pools import controller
+from app.pools import controller, wake
 from app.pools.controller import PoolRef
 from app.pools.model import LABEL_POOL, LABEL_TEMPLATE_HASH
 from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
@@ -155,11 +155,33 @@ def test_scale_down_drains_then_deletes_only_when_the_lease_is_released(api, red
         leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=60, settings=SETTINGS)
     assert leases.renew(redis_client, "crawler", lease.id, ttl=60, settings=SETTINGS).uid == lease.uid
     out = run(api, redis_client, ref)
-    assert out.plan.deletes == () and out.requeue_after == pytest.approx(600, abs=5)
+    # the next pass comes when the lease expires (60 s, renewed above), not at the drain deadline
+    assert out.plan.deletes == () and out.requeue_after == pytest.approx(61, abs=3)
+    assert wake.take(redis_client) == []
     leases.release(redis_client, "crawler", lease.id, outcome="ok", settings=SETTINGS)
+    # the release changed only Redis: it wakes the pool (pool.wake queues its pass at once)
+    assert wake.take(redis_client) == [(NS, "web")] and wake.take(redis_client) == []
     out = run(api, redis_client, ref)
     assert [d.reason for d in out.plan.deletes] == ["Drained"]
     assert proxies(api) == [] or all(p.deleting for p in proxies(api))
+
+
+def test_only_the_last_live_lease_of_a_draining_member_wakes_its_pool(api, redis_client):
+    ref = make_pool(api, replicas=1, drain={"drainTimeoutSeconds": 600}, template={
+        "metadata": {"labels": {"app": "web"}}, "spec": {"provider": "k8s-local", "maxLeases": 3}})
+    run(api, redis_client, ref)
+    [member] = proxies(api)
+    ready(api, redis_client, member)
+    a, b, c = (leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+               for _ in range(3))
+    leases.release(redis_client, "crawler", a.id, outcome="ok", settings=SETTINGS)
+    assert wake.take(redis_client) == []  # not draining: nothing waits for it
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
+    run(api, redis_client, ref)  # drains it
+    leases.release(redis_client, "crawler", b.id, outcome="ok", settings=SETTINGS)
+    assert wake.take(redis_client) == []  # c still holds it
+    leases.release(redis_client, "crawler", c.id, outcome="blocked", settings=SETTINGS)
+    assert wake.take(redis_client) == [(NS, "web")]
 
 
 def _kvm_like(name: str, hosts: list[str]):
