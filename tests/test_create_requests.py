@@ -65,6 +65,8 @@ def test_a_new_proxys_create_step_makes_six_requests(fake, api, ctx, dispatcher,
         ("PATCH", PROXY + "count-1"),           # the finalizer
         ("PATCH", PROXY + "count-1/status"),    # write-ahead: Provisioning, the provider ID
         ("POST", f"/api/v1/namespaces/{NS}/events"),  # Event Provisioning
+        # the Squid Pods' egress NetworkPolicy, once per namespace and process
+        ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"),
         ("POST", f"/api/v1/namespaces/{NS}/pods"),    # the instance
         ("PATCH", PROXY + "count-1/status"),    # Provisioning, instance requested (optimistic)
     ]
@@ -84,6 +86,12 @@ def test_a_new_proxys_create_step_makes_six_requests(fake, api, ctx, dispatcher,
     assert dispatcher.run_step(ctx, POLL, ref) == "done"
     assert [m for m, _ in log] == ["GET", "GET", "PATCH", "POST"]
     assert read(api, ref).phase == "Running"
+
+    # the next Proxy of the namespace: six requests, the NetworkPolicy is in place
+    second = apply(api, "count-2", {"provider": "k8s-local"})
+    log.clear()
+    assert dispatcher.run_step(ctx, CREATE, second) == "followup"
+    assert len(log) == 6 and not any("networkpolicies" in path for _, path in log), log
 
 
 def test_the_phase_goes_from_none_to_provisioning_in_one_write(fake, api, ctx):

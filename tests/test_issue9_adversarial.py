@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from app import gc as gc_logic
 from app.config import ProviderConfig
 from app.kube import KubernetesGateway
+from app.providers.pods.config import DEFAULT_IMAGE
 from app.naming import instance_name
 from app.reconcile import (
     CREATE,
@@ -124,7 +125,7 @@ def test_a_provider_change_during_the_create_replaces_and_retires_the_old_pod(fa
     creating.join()
     settle(ctx, api, ref)
     name = instance_name(ref.uid)
-    assert pod_images(api) == [("ns-b", name, "ubuntu/squid:latest")]
+    assert pod_images(api) == [("ns-b", name, DEFAULT_IMAGE)]
     proxy = read(api, ref)
     assert proxy.status["provider"] == "k8s-b" and proxy.status["providerID"] == f"ns-b/{name}"
 

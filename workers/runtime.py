@@ -103,7 +103,7 @@ def preload() -> None:
         from workers.celery_app import celery_app
 
         celery_app.amqp, celery_app.backend  # noqa: B018 - the publishing side (task messages, followups)
-        load_registry(Settings.from_env().providers_config)
+        build_registry(load_config(Settings.from_env().providers_config))
     except Exception as exc:  # noqa: BLE001 - see the docstring
         logging.getLogger(__name__).debug("preload: %s: %s", type(exc).__name__, exc)
 

@@ -43,7 +43,7 @@ def operator(cluster, compute, redis_url, tmp_path):
         "name": "gcp-eu", "type": "gcp", "checkInterval": "10s",
         "gcp": {"project": PROJECT, "zones": ["europe-west1-b"], "apiEndpoint": compute.url, "anonymous": True,
                 "requestTimeout": "5s", "operationTimeout": "10s", "wireLogging": {"enabled": True}},
-    }]}))
+    }], "tenancy": {"cloudInitNamespaces": ["default"]}}))  # the sample carries cloud-init
     env = {
         "KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp_path / "kubeconfig")), "REDIS_URL": redis_url,
         "PROVIDERS_CONFIG": str(providers), "RESYNC_INTERVAL": "3600", "GC_INTERVAL": "3600",

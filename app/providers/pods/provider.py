@@ -31,8 +31,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
 from typing import Callable
 
 import urllib3
@@ -164,6 +166,11 @@ def instance_from_metadata(meta: dict) -> Instance:
                     tags=tags, zone=namespace)
 
 
+#: Seconds after which a process writes a namespace's egress NetworkPolicy again before a Pod,
+#: even with the same config.
+EGRESS_RECHECK_SECONDS = 300.0
+
+
 class KubernetesProvider(Provider, CheckableProvider):
     """Provider of Squid Pods (with a check of the cluster).
 
@@ -191,6 +198,8 @@ class KubernetesProvider(Provider, CheckableProvider):
         self.squid_policy = pc.squid
         self._client = client
         self._client_factory = client_factory
+        #: namespace -> (digest of the egress NetworkPolicy written, when): see _ensure_egress_policy
+        self._egress_ensured: dict[str, tuple[str, float]] = {}
 
     @property
     def core(self) -> k8s.CoreV1Api:
@@ -241,6 +250,8 @@ class KubernetesProvider(Provider, CheckableProvider):
         It selects every Squid Pod of the operator in the namespace (labels
         ``app.kubernetes.io/name=squid``, ``app.kubernetes.io/managed-by=proxy-operator``) and is
         labelled ``app.kubernetes.io/managed-by=proxy-operator``; it stays when the last Pod goes.
+        Written once per namespace and process while the config is unchanged, again after
+        :data:`EGRESS_RECHECK_SECONDS` (one deleted by hand comes back).
 
         Raises:
             Permanent / Transient: as mapped from the API's answer (a Pod is not created
@@ -248,6 +259,10 @@ class KubernetesProvider(Provider, CheckableProvider):
         """
         body = egress.squid_network_policy(self.squid_policy, namespace,
                                            {LABEL_NAME: "squid", LABEL_MANAGED_BY: naming.MANAGED_BY})
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+        done = self._egress_ensured.get(namespace)
+        if done is not None and done[0] == digest and time.monotonic() - done[1] < EGRESS_RECHECK_SECONDS:
+            return  # written by this process lately: one write per namespace, not one per Pod
         api = k8s.NetworkingV1Api(self.core.api_client)
         what = f"NetworkPolicy {namespace}/{egress.NETWORK_POLICY_NAME}"
         try:
@@ -260,6 +275,7 @@ class KubernetesProvider(Provider, CheckableProvider):
                 api.replace_namespaced_network_policy(egress.NETWORK_POLICY_NAME, namespace, body)
         except Exception as exc:  # noqa: BLE001
             raise _classify(exc, f"ensure {what}") from exc
+        self._egress_ensured[namespace] = (digest, time.monotonic())
 
     def _image(self, request: CreateRequest) -> str:
         """Return the container image for ``request``: the configured default or an allowed one.
