@@ -18,11 +18,11 @@ from watchers.stream import OnEvent
 
 
 def _redis(settings: Settings):
-    import redis as redis_lib
+    from app.redis_client import client_from_url
 
     # timeouts: a Redis gone silent fails a call instead of hanging the watcher
-    return redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
-                                    socket_connect_timeout=5, socket_keepalive=True)
+    return client_from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
+                           socket_connect_timeout=5, socket_keepalive=True)
 
 
 def make_on_pool_event(send: Send, settings: Settings | None = None) -> OnEvent:
