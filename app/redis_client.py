@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 #: ``REDIS_URL`` schemes naming Sentinels rather than a Redis.
 SENTINEL_SCHEMES = ("redis+sentinel", "sentinel")
@@ -123,6 +123,33 @@ def _sentinel_kwargs(socket_connect_timeout: float | None = None) -> dict:
     return kwargs
 
 
+class MasterConnection(SentinelManagedConnection):
+    """redis-py's connection to a Sentinel-managed master, asking the Sentinels where the master
+    is at every (re)connect.
+
+    redis-py (6.x) re-opens a dropped connection from ``send_packed_command`` through
+    ``connect_check_health`` with the host and port it had, bypassing the Sentinel lookup of
+    ``connect``: a client holding one connection (``single_connection_client``, the API's
+    per-thread clients) kept dialling the dead master after a failover.  Here that path asks
+    the Sentinels too.
+
+    Raises:
+        redis.sentinel.MasterNotFoundError: no Sentinel names a master (a ``ConnectionError``).
+    """
+
+    def _connect_retry(self):
+        if self._sock:
+            return
+        if not self.connection_pool.is_master:
+            return super()._connect_retry()
+        self.connect_check_health(check_health=self.connection_pool.check_connection, retry_socket_connect=False)
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True):
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+
 def client_from_url(url: str, **kwargs) -> redis.Redis:
     """Return a ``redis.Redis`` for ``REDIS_URL`` ``url``: one Redis, or the Sentinels' master.
 
@@ -145,7 +172,8 @@ def client_from_url(url: str, **kwargs) -> redis.Redis:
     sentinel = Sentinel(list(target.sentinels),
                         sentinel_kwargs=_sentinel_kwargs(kwargs.get("socket_connect_timeout")))
     credentials = {k: v for k, v in (("username", target.username), ("password", target.password)) if v}
-    return sentinel.master_for(target.master, redis_class=redis.Redis, db=target.db, **credentials, **kwargs)
+    return sentinel.master_for(target.master, redis_class=redis.Redis, db=target.db, connection_class=MasterConnection,
+                               **credentials, **kwargs)
 
 
 def celery_broker(url: str) -> tuple[str, dict]:
@@ -194,5 +222,5 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-__all__ = ["SENTINEL_DEFAULT_PORT", "SENTINEL_SCHEMES", "SentinelTarget", "celery_broker", "client_from_url",
+__all__ = ["MasterConnection", "SENTINEL_DEFAULT_PORT", "SENTINEL_SCHEMES", "SentinelTarget", "celery_broker", "client_from_url",
            "is_sentinel_url", "parse_sentinel_url", "redbeat_settings", "sentinel_password"]
