@@ -19,9 +19,9 @@ from api.fastpath import FastPath
 from api.inputs import MAX_BODY_BYTES
 from api.settings import ApiSettings
 from app import serving
+from app.redis_client import client_from_url
 from app.tokens import TokenStore
 from app.validation import ConfigError
-from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
         raise ConfigError("<env>", None, "API_TOKENS_FILE",
                           problem="required: the path of the clients' tokens file (--tokens-file)")
     store = TokenStore(settings.tokens_file, settings.tokens_check_every)
-    r = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
-                             socket_connect_timeout=2, health_check_interval=30, **redis_retry.client_options())
+    r = client_from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
+                        socket_connect_timeout=2, health_check_interval=30)
     if rebuild_index:
         try:
             log.info("api: lease index: %d proxies with free capacity", serving.reindex_all(r))

@@ -37,9 +37,9 @@ import redis as redis_lib
 from redis.lock import Lock
 
 from app import redis_keys
+from app.redis_client import client_from_url
 from app.lua import Lua
 from app.settings import env_number
-from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def install(redis_url: str) -> Holder:
     """
     global _installed
     if _installed is None:
-        _installed = Holder(redis_lib.Redis.from_url(redis_url, **redis_retry.client_options()), holder_ttl()).start()
+        _installed = Holder(client_from_url(redis_url), holder_ttl()).start()
     return _installed
 
 

@@ -17,6 +17,7 @@ import os
 
 import redis
 
+from app.redis_client import client_from_url
 from app.settings import redact_redis_url
 
 log = logging.getLogger("proxy_operator")
@@ -32,7 +33,7 @@ def refused_credentials(url: str, timeout: float = 5.0) -> str | None:
     The answer is Redis's own reason (``Authentication required.``, ``invalid username-password
     pair or user is disabled.``, a ``NOPERM`` line): it never contains the password.
     """
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = client_from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
     except redis.AuthenticationError as exc:

@@ -72,14 +72,16 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def compose_redis_url(url: str, password: str | None = None, username: str | None = None) -> str:
-    """Put ``password`` (and ``username``, for a Redis ACL user) into a ``redis://`` / ``rediss://`` URL.
+    """Put ``password`` (and ``username``, for a Redis ACL user) into a ``redis://`` / ``rediss://`` /
+    ``redis+sentinel://`` URL (:mod:`app.redis_client`; with Sentinels, the credentials are the data Redis's).
 
     The password is percent-encoded, so any character works; redis-py, kombu (Celery's broker),
     redbeat and Flower all decode it.  Redis ``requirepass`` / ``AUTH``:
     https://redis.io/docs/latest/operate/oss_and_stack/management/security/#authentication
 
     Args:
-        url: ``REDIS_URL`` without credentials, e.g. ``redis://redis:6379/0``.
+        url: ``REDIS_URL`` without credentials, e.g. ``redis://redis:6379/0`` or
+            ``redis+sentinel://sentinel-0:26379,sentinel-1:26379/proxy-operator/0``.
         password: ``REDIS_PASSWORD``; empty or ``None`` returns ``url`` unchanged.  One trailing
             newline (a Secret made from a file) is dropped.
         username: ``REDIS_USERNAME`` (default: the URL's, else Redis's ``default`` user).
@@ -87,14 +89,14 @@ def compose_redis_url(url: str, password: str | None = None, username: str | Non
         the URL with credentials.  Never log it: log :func:`redact_redis_url` of it.
     Raises:
         ValueError: ``url`` already carries a password (set one or the other), or is not a
-            ``redis://``/``rediss://`` URL while a password is given.
+            ``redis://``/``rediss://``/``redis+sentinel://`` URL while a password is given.
     """
     password = (password or "").removesuffix("\n").removesuffix("\r")
     if not password:
         return url
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise ValueError("REDIS_PASSWORD needs a redis:// or rediss:// REDIS_URL")
+    if parts.scheme not in ("redis", "rediss", "redis+sentinel", "sentinel"):
+        raise ValueError("REDIS_PASSWORD needs a redis://, rediss:// or redis+sentinel:// REDIS_URL")
     if parts.password:
         raise ValueError("REDIS_URL carries a password and REDIS_PASSWORD is set: use REDIS_PASSWORD only")
     host = parts.netloc.rpartition("@")[2]
@@ -112,10 +114,14 @@ def redis_url_from_env() -> str:
     of ``REDIS_URL``.
 
     Raises:
-        ValueError: see :func:`compose_redis_url`.
+        ValueError: see :func:`compose_redis_url` and :func:`app.redis_client.parse_sentinel_url`.
     """
-    return compose_redis_url(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
-                             os.environ.get("REDIS_PASSWORD"), os.environ.get("REDIS_USERNAME"))
+    from app.redis_client import parse_sentinel_url
+
+    url = compose_redis_url(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+                            os.environ.get("REDIS_PASSWORD"), os.environ.get("REDIS_USERNAME"))
+    parse_sentinel_url(url)  # a malformed Sentinel URL stops the process here, naming what is wrong
+    return url
 
 
 def redact_redis_url(url: str) -> str:

@@ -19,7 +19,6 @@ from pathlib import Path
 from app import version
 from app.settings import env_number
 from app.validation import ConfigError
-from app import redis_retry
 
 log = logging.getLogger("proxy_operator")
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,9 +98,8 @@ def cmd_watch(args) -> int:
             log.info("deleted ProviderHealth of providers no longer checked: %s", ", ".join(pruned))
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop the watcher
         log.warning("could not prune ProviderHealth objects: %s", exc)
-    import redis as redis_lib
-
     from app.provider_health import StaleSweeper
+    from app.redis_client import client_from_url
     from watchers.main import run
     from watchers.events import make_on_event, make_on_pool_event
     if args.metrics_bind:
@@ -113,9 +111,8 @@ def cmd_watch(args) -> int:
             return 2
         log.info("serving /metrics on %s", args.metrics_bind)
     # The leader marks ProviderHealth targets nobody checks any more as CheckStale.
-    sweeper = StaleSweeper(redis_lib.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10,
-                                                    socket_connect_timeout=5, socket_keepalive=True,
-                                                    **redis_retry.client_options()),
+    sweeper = StaleSweeper(client_from_url(redis_url, decode_responses=True, socket_timeout=10,
+                                           socket_connect_timeout=5, socket_keepalive=True),
                            ProviderHealthWriter(KubernetesGateway()), cfg.providers)
     # The composition root injects the fleet's publisher: the watchers package imports nothing from workers/.
     from workers.celery_app import send

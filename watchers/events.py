@@ -14,17 +14,15 @@ from app.dispatch import Dispatcher, Send
 from app.pools.dispatch import PoolDispatcher
 from app.settings import Settings
 from app.wiring import load_config, router
-from app import redis_retry
 from watchers.stream import OnEvent
 
 
 def _redis(settings: Settings):
-    import redis as redis_lib
+    from app.redis_client import client_from_url
 
     # timeouts: a Redis gone silent fails a call instead of hanging the watcher
-    return redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
-                                    socket_connect_timeout=5, socket_keepalive=True,
-                                    **redis_retry.client_options())
+    return client_from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
+                           socket_connect_timeout=5, socket_keepalive=True)
 
 
 def make_on_pool_event(send: Send, settings: Settings | None = None) -> OnEvent:

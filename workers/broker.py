@@ -15,7 +15,8 @@ re-creates it at the first publish that finds it missing, and the message is del
 Exchanges of other shapes (Celery's pidbox and event exchanges) are left alone.
 
 :func:`install` (called by ``workers.celery_app`` at import, before any connection exists)
-makes ``redis://`` URLs resolve to :class:`Transport` through kombu's transport aliases, so the
+makes ``redis://`` URLs resolve to :class:`Transport` (``sentinel://`` ones to
+:class:`SentinelTransport`, the same on a Sentinel-managed master) through kombu's transport aliases, so the
 broker URL, Celery's banner and Flower's broker view keep saying ``redis://``.
 
 :class:`Channel` also keeps one ``redis.Redis`` client for its synchronous calls instead of
@@ -176,19 +177,36 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """:class:`Channel` on the master of kombu's Sentinel channel (``sentinel://`` URLs with the
+    transport option ``master_name``): the same bindings, client and holder records, and a pool
+    that asks the Sentinels for the master at each new connection."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Redis Sentinel transport with :class:`SentinelChannel`."""
+
+    Channel = SentinelChannel
+
+
 #: What ``redis://`` resolves to once :func:`install` ran.
 TRANSPORT_PATH = "workers.broker:Transport"
+#: What ``sentinel://`` resolves to once :func:`install` ran.
+SENTINEL_TRANSPORT_PATH = "workers.broker:SentinelTransport"
 
 
 def install() -> None:
-    """Make kombu resolve ``redis://`` broker URLs to :class:`Transport` (idempotent).
+    """Make kombu resolve ``redis://`` broker URLs to :class:`Transport` and ``sentinel://`` ones
+    to :class:`SentinelTransport` (idempotent).
 
     Takes effect for every ``Connection`` built afterwards (kombu resolves the transport when a
     ``Connection`` is built, and caches the resolution: a cached one is forgotten here);
-    ``rediss://`` and sentinel URLs keep kombu's own transports.
+    ``rediss://`` URLs keep kombu's own transport.
     """
-    kombu_transport.TRANSPORT_ALIASES["redis"] = TRANSPORT_PATH
-    kombu_transport._transport_cache.pop("redis", None)  # resolved before this ran (a connection made earlier)
+    for alias, path in (("redis", TRANSPORT_PATH), ("sentinel", SENTINEL_TRANSPORT_PATH)):
+        kombu_transport.TRANSPORT_ALIASES[alias] = path
+        kombu_transport._transport_cache.pop(alias, None)  # resolved before this ran (a connection made earlier)
 
 
-__all__ = ["Channel", "QoS", "REAP_INTERVAL", "Transport", "TRANSPORT_PATH", "install", "self_bound"]
+__all__ = ["Channel", "QoS", "REAP_INTERVAL", "SENTINEL_TRANSPORT_PATH", "SentinelChannel", "SentinelTransport",
+           "Transport", "TRANSPORT_PATH", "install", "self_bound"]

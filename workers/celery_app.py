@@ -1,7 +1,9 @@
 """The Celery application every worker, beat and the watcher share (``celery -A workers``).
 
 Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.settings.redis_url_from_env`;
-Celery logs the URL masked, ``redis://:**@...``).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
+Celery logs the URL masked, ``redis://:**@...``), or the master of the Sentinels of a
+``redis+sentinel://`` URL (:mod:`app.redis_client`: kombu's ``sentinel://`` transport, redbeat's
+Sentinel options).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
 task whose worker dies is redelivered; prefetch 1; JSON only; results ignored.  The broker's
 visibility timeout exceeds the hard time limit of every task and the longest countdown we
 schedule (Celery docs, "Using Redis: Visibility timeout").  A worker SIGKILLed whole (parent included) does not
@@ -21,7 +23,7 @@ from celery import Celery
 from celery.signals import beat_init, setup_logging, worker_init
 from kombu import Exchange, Queue
 
-from app import redis_keys
+from app import redis_client, redis_keys
 from app.settings import Settings
 from workers import broker, routing
 
@@ -30,13 +32,17 @@ from workers import broker, routing
 broker.install()
 
 settings = Settings.from_env()
+# A redis+sentinel:// REDIS_URL becomes kombu's sentinel:// broker URL and redbeat's Sentinel
+# options (app/redis_client.py); a redis:// one is used as is.
+_broker_url, _broker_sentinel_options = redis_client.celery_broker(settings.redis_url)
+_redbeat_url, _redbeat_sentinel_options = redis_client.redbeat_settings(settings.redis_url)
 
 #: Longest pause between two beat ticks, seconds: each tick extends the beat lock.
 BEAT_MAX_LOOP_INTERVAL = 5
 
 celery_app = Celery("proxy-operator")
 celery_app.conf.update(
-    broker_url=settings.redis_url,
+    broker_url=_broker_url,
     # Never give up on the broker: a worker, beat or watcher outlives any Redis outage
     # (None = retry forever, at start-up and after losing an established connection).
     broker_connection_retry_on_startup=True,
@@ -50,6 +56,7 @@ celery_app.conf.update(
         # A Redis that vanishes without closing the connection (failover, a network partition)
         # must fail a command, not hang it: the consumer's BRPOP answers within 1 s normally.
         "socket_timeout": 30, "socket_connect_timeout": 5, "socket_keepalive": True,
+        **_broker_sentinel_options,
     },
     task_serializer="json",
     accept_content=["json"],
@@ -74,10 +81,10 @@ celery_app.conf.update(
     # tasks and workers through events (-E).
     worker_enable_remote_control=settings.worker_remote_control,
     worker_send_task_events=False,
-    redbeat_redis_url=settings.redis_url,
+    redbeat_redis_url=_redbeat_url,
     redbeat_key_prefix=redis_keys.REDBEAT_PREFIX,
     redbeat_redis_options={"socket_timeout": 10, "socket_connect_timeout": 5, "socket_keepalive": True,
-                           "health_check_interval": 25},
+                           "health_check_interval": 25, **_redbeat_sentinel_options},
     # The leader extends its lock every tick (at most beat_max_loop_interval apart), so a short
     # lock lets a standby, or a beat started after one was killed, schedule within
     # BEAT_LOCK_TIMEOUT + beat_max_loop_interval seconds (20 + 5 by default).

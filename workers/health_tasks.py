@@ -23,8 +23,8 @@ from app.health import engine, schedule
 from app.health.settings import HealthSettings
 from app.kube import KubernetesGateway
 from app.lazy import per_process
+from app.redis_client import client_from_url
 from app.settings import Settings
-from app import redis_retry
 from workers import routing
 from workers.celery_app import celery_app
 
@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 @per_process
 def _runtime() -> tuple[redis_lib.Redis, HealthSettings]:
     """Return this process's Redis client and health settings (rebuilt after fork)."""
-    return (redis_lib.Redis.from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=10,
-                                     socket_connect_timeout=5, socket_keepalive=True,
-                                     **redis_retry.client_options()),
+    return (client_from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=10,
+                            socket_connect_timeout=5, socket_keepalive=True),
             HealthSettings.from_env())
 
 

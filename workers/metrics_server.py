@@ -38,7 +38,6 @@ from prometheus_client.core import GaugeMetricFamily
 
 from app import metrics
 from app.metrics import registry_for_scrape
-from app import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +55,11 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 
 def _redis_factory():
     """A decode_responses Redis client on the broker (``REDIS_URL`` with ``REDIS_PASSWORD``)."""
-    import redis
-
+    from app.redis_client import client_from_url
     from app.settings import Settings
 
-    return lambda: redis.Redis.from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=5,
-                                        socket_connect_timeout=3, **redis_retry.client_options())
+    return lambda: client_from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=5,
+                                   socket_connect_timeout=3)
 
 
 class QueueDepthCollector:

@@ -7,16 +7,14 @@ connection or SSH session is shared between prefork children.
 
 from __future__ import annotations
 
-import redis as redis_lib
-
 from app.dispatch import RETIRE_TASK, Dispatcher
 from app.pools.dispatch import PoolDispatcher
 from app.kube import KubernetesGateway
 from app.lazy import per_process
 from app.reconcile import Context, Ref
+from app.redis_client import client_from_url
 from app.settings import Settings
 from app.wiring import build_registry, load_config, router
-from app import redis_retry
 
 
 @per_process
@@ -33,9 +31,8 @@ def context() -> Context:
         registry=build_registry(config),
         tenancy=config.tenancy,
         # timeouts: a Redis gone silent fails a call instead of hanging the task or the watcher
-        redis=redis_lib.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
-                                       socket_connect_timeout=5, socket_keepalive=True,
-                                       **redis_retry.client_options()),
+        redis=client_from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
+                                  socket_connect_timeout=5, socket_keepalive=True),
         settings=settings,
         retire=_queue_retire,
     )
