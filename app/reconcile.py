@@ -822,6 +822,17 @@ def create_window(settings: Settings) -> float:
     return settings.task_time_limit + CREATE_WINDOW_MARGIN
 
 
+def _create_started(proxy: Proxy) -> float | None:
+    """Epoch seconds of ``status.createStartedAt``; ``None`` when absent or malformed."""
+    stamp = proxy.status.get("createStartedAt")
+    if not stamp:
+        return None
+    try:
+        return timefmt.parse_rfc3339(stamp).timestamp()
+    except ValueError:
+        return None
+
+
 def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = None) -> float:
     """Seconds left during which a create of ``proxy`` may still make its instance; 0 when none can.
 
@@ -833,12 +844,8 @@ def create_in_flight(settings: Settings, proxy: Proxy, *, now: float | None = No
     longer than the window after the deletion (the API server's clock).  No stamp, or one that
     does not parse: 0.
     """
-    stamp = proxy.status.get("createStartedAt")
-    if not stamp:
-        return 0.0
-    try:
-        started = timefmt.parse_rfc3339(stamp).timestamp()
-    except ValueError:
+    started = _create_started(proxy)
+    if started is None:
         return 0.0
     window = create_window(settings)
     now = time.time() if now is None else now
@@ -867,12 +874,8 @@ def visibility_left(settings: Settings, proxy: Proxy, *, now: float | None = Non
     failure; a poll that only finds the instance still provisioning writes nothing.  No stamp,
     or one that does not parse: 0.
     """
-    stamp = proxy.status.get("createStartedAt")
-    if not stamp:
-        return 0.0
-    try:
-        started = timefmt.parse_rfc3339(stamp).timestamp()
-    except ValueError:
+    started = _create_started(proxy)
+    if started is None:
         return 0.0
     window = visibility_window(settings)
     now = time.time() if now is None else now
