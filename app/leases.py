@@ -86,6 +86,7 @@ NOT_LEASE_OWNER = "not_lease_owner"
 LEASE_EXPIRED = "lease_expired"
 PROXY_UNAVAILABLE = "proxy_unavailable"
 CLIENT_LEASE_LIMIT = "client_lease_limit"
+POOL_NOT_FOUND = "pool_not_found"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
@@ -178,7 +179,7 @@ class LeaseError(Exception):
     Attributes:
         code: stable error code (:data:`NO_PROXY_AVAILABLE`, :data:`LEASE_NOT_FOUND`,
             :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`,
-            :data:`CLIENT_LEASE_LIMIT`).
+            :data:`CLIENT_LEASE_LIMIT`, :data:`POOL_NOT_FOUND`).
         message: human-readable explanation.
         retry_after: whole seconds after which the same request may succeed without anything
             else changing (:data:`CLIENT_LEASE_LIMIT` of an acquire: until the client's
@@ -446,7 +447,11 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
         LeaseError: ``client_lease_limit`` (the client holds ``client_max_leases`` live leases;
             ``retry_after``: seconds until the earliest of them expires, ``None`` when the
             limit is 0), checked first; ``no_proxy_available``, the message counting the
-            published proxies and why each was excluded (:func:`no_proxy_message`).
+            published proxies and why each was excluded (:func:`no_proxy_message`);
+            ``pool_not_found`` when nothing fits and ``filters.pool`` names no ProxyPool the
+            controller registered (:data:`app.redis_keys.POOLS`) in ``scope`` (of
+            ``filters.namespace`` when given; a pool outside the scope is refused alike), while a
+            registered pool without a proxy to lease stays ``no_proxy_available``.
     """
     lease_id = new_lease_id()
     raw = _ACQUIRE(r, _INDEX_KEYS, [
@@ -459,8 +464,23 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
             if int(doc.get("held") or 0) > 0:
                 wait = max(1, -(-(int(doc["nextExpiry"]) - int(doc["now"])) // 1000))
             raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc), wait)
+        if doc["error"] == POOL_NOT_FOUND:
+            raise LeaseError(POOL_NOT_FOUND, pool_not_found_message(filters))
         raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc))
     return _lease(lease_id, doc, session_key)
+
+
+def pool_not_found_message(filters: Filters) -> str:
+    """The message of a ``pool_not_found`` error: the pool (and namespace) the request named.
+
+    Returns:
+        e.g. ``"no ProxyPool 'web' in namespace 'crawl' (pool, namespace): check the name, or wait
+        until the controller has reconciled a new pool"``.
+    """
+    where = f" in namespace {filters.namespace!r}" if filters.namespace is not None else ""
+    fields = "pool, namespace" if filters.namespace is not None else "pool"
+    return (f"no ProxyPool {filters.pool!r}{where} ({fields}): check the name, or wait until the controller "
+            "has reconciled a new pool")
 
 
 def no_proxy_message(counts: dict) -> str:

@@ -623,7 +623,8 @@ class Client:
             a live :class:`Lease`, also a context manager that releases it.
         Raises:
             ApiError: ``no_proxy_available`` (after ``wait``; its message says why each proxy
-                was excluded), ``invalid_field`` (``field`` names it), ``unauthorized``,
+                was excluded), ``pool_not_found`` (404, at once: ``pool`` names no ProxyPool
+                this client may lease from), ``invalid_field`` (``field`` names it), ``unauthorized``,
                 ``redis_unavailable`` (after ``wait``), ...
             TransportError: the API could not be reached (within ``wait``) or timed out.
             ClientClosed: the client is closed.
