@@ -543,8 +543,8 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
         scope: the proxies ``client`` may lease (:class:`Scope`); a lease whose proxy is no
             longer in it (the tokens file narrowed the scope) ends: ``proxy_unavailable``.
     A lease on a proxy draining out of its pool (``drainUntil``) is renewed up to that time at
-    most (``Lease.ttl`` and ``expires_at`` say how long it really runs); once it has passed the
-    renewal answers ``proxy_unavailable``.
+    most (``Lease.ttl`` and ``expires_at`` say how long it really runs; ``ttl`` is never 0);
+    from one second before it on the renewal ends the lease: ``proxy_unavailable``.
 
     Returns:
         the renewed :class:`Lease`.
