@@ -53,7 +53,23 @@ def _validated(path: str | None):
 def cmd_check_config(args) -> int:
     cfg = _validated(args.file)
     print(f"{args.file}: OK ({len(cfg.providers)} provider(s): {', '.join(cfg.names()) or 'none'})")
+    if not cfg.providers:
+        print(no_providers_note(cfg.tenancy.external_namespaces))
     return 0
+
+
+def no_providers_note(external_namespaces) -> str:
+    """What the operator does with a providers config of no provider (``providers: []`` or none):
+    ``external_namespaces`` is ``tenancy.externalProxyNamespaces`` (``"*"``: every namespace)."""
+    if "*" in external_namespaces:
+        served = "External Proxies of every namespace"
+    elif external_namespaces:
+        served = f"External Proxies of the namespaces {', '.join(sorted(external_namespaces))}"
+    else:
+        served = "nothing: tenancy.externalProxyNamespaces allows External Proxies in no namespace"
+    return ("note: no providers: the operator creates no proxy; it serves " + served + ". A Managed Proxy is "
+            "Failed (UnknownProvider) and a ProxyPool is stalled (UnknownProvider) until its provider is "
+            "added to this file.")
 
 
 def cmd_version(args) -> int:
