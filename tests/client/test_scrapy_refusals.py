@@ -1,9 +1,9 @@
 """Responses the proxy makes itself are not bans: a real Scrapy crawl (tests/client/crawl.py)
 through real Squids rendered by the product (app/squid.py) that refuse the crawl's site (a
-denied destination: ``403`` ``ERR_ACCESS_DENIED``) or cannot reach it (``503``
-``ERR_CONNECT_FAIL``).  The middleware logs the proxy's refusal with Squid's reason and the
-class of the rule that refused, keeps the lease and reports no ban (no proxy cools down); a
-site's own headers of the operator's names never get through the proxy."""
+denied destination: ``403`` ``ERR_ACCESS_DENIED``), cannot reach it (``503``
+``ERR_CONNECT_FAIL``) or refuse a CONNECT to it.  The middleware logs the proxy's refusal with
+Squid's reason and the class of the rule that refused, keeps the lease and reports no ban (no
+proxy cools down); a site's own headers of the operator's names never get through the proxy."""
 
 from __future__ import annotations
 
@@ -83,21 +83,24 @@ def test_the_proxy_marks_its_own_errors_and_the_rule_that_refused(strict_squids)
 def test_a_crawl_refused_by_the_proxy_reports_no_ban(api, fleet, health_settings, strict_squids, tmp_path):
     healthy(fleet, strict_squids, health_settings, count=3, max_leases=3)
     site = BanSite(DENIED_SITE, 10_000)
-    closed = f"http://{REACHABLE}:{free_port(REACHABLE)}"
+    closed = type("Site", (), {"url": f"http://{REACHABLE}:{free_port(REACHABLE)}"})()
+    tunnel = type("Site", (), {"url": site.url.replace("http://", "https://")})()  # CONNECT: port not allowed
     try:
-        stats, log = crawl(api, tmp_path, site, pages=6, settings={"RETRY_TIMES": 1},
-                           more_sites=(type("Closed", (), {"url": closed})(),))
+        stats, log = crawl(api, tmp_path, site, pages=6, settings={"RETRY_TIMES": 1}, more_sites=(closed, tunnel))
     finally:
         site.stop()
     assert site.records == []  # the proxy refused: nothing reached the site
-    # 3 pages of the denied site, once each (403 is not retried); 3 of the closed port, twice each
-    assert stats["proxy_operator/proxy_refusals/ERR_ACCESS_DENIED"] == 3, stats
-    assert stats["proxy_operator/proxy_refusals/ERR_CONNECT_FAIL"] == 6, stats
-    assert stats["proxy_operator/proxy_refusals"] == 9
+    # 2 pages of each: the denied site once each (a 403 is not retried); the closed port and the
+    # refused CONNECT twice each (RetryMiddleware retries 503s and tunnel errors)
+    assert stats["proxy_operator/proxy_refusals/ERR_ACCESS_DENIED"] == 2, stats
+    assert stats["proxy_operator/proxy_refusals/ERR_CONNECT_FAIL"] == 4, stats
+    assert stats["proxy_operator/proxy_refusals/CONNECT_403"] == 4, stats
+    assert stats["proxy_operator/proxy_refusals"] == 10
     assert not [k for k in stats if k.startswith("proxy_operator/bans") or k.endswith("/blocked")
                 or k.endswith("/failed") or k == "proxy_operator/banned_responses"], stats
     assert f"refused the request to {DENIED_SITE}: HTTP 403 ERR_ACCESS_DENIED, by its 'destination' rule" in log
     assert f"refused the request to {REACHABLE}: HTTP 503 ERR_CONNECT_FAIL; not a ban" in log
+    assert f"refused the CONNECT to {DENIED_SITE}: HTTP 403; not a ban, the lease is kept" in log
     # no proxy cools down for this client: all three can be leased again
     with Client(api.url, api.token, wait=0) as client:
         leased = {client.lease(ttl=30).proxy.name for _ in range(3)}

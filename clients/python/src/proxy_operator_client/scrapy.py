@@ -54,9 +54,10 @@ Behaviour:
   retried through a new lease with :func:`scrapy.downloadermiddlewares.retry.get_retry_request`
   (reason ``proxy_operator_ban``: ``retry_times`` meta, ``retry/*`` stats, give-up log).  When
   its retries are used up the banned response goes on to the spider.
-* A refused connection or failed CONNECT tunnel to the proxy ends the lease as ``failed``; a
-  ``407`` (credentials changed) ends it ``ok``; the request is retried through a new lease
-  (by ``RetryMiddleware`` for the exceptions).
+* A refused connection to the proxy, or a CONNECT it did not answer in HTTP, ends the lease as
+  ``failed``; a ``407`` (credentials changed) ends it ``ok``; the request is retried through a
+  new lease (by ``RetryMiddleware`` for the exceptions).  A CONNECT the proxy refused with
+  another status is its refusal (above): logged, the lease kept.
 * A lease the API ends behind our back (proxy turned unhealthy or drained) is replaced at the
   next request.
 * When the spider closes, every lease is released (``ok``) before the close completes; a lease
@@ -187,6 +188,19 @@ def _proxy_failures() -> Tuple[type, ...]:
         except (ImportError, AttributeError, NameError, ValueError):
             pass
     return tuple(found)
+
+
+_TUNNEL_STATUS = re.compile(r"'status': (\d{3})\b")
+
+
+def _tunnel_status(exception) -> Optional[int]:
+    """The HTTP status the proxy answered a CONNECT with, from Scrapy's ``TunnelError``
+    (``Could not open CONNECT tunnel with proxy h:p [{'status': 403, 'reason': b'Forbidden'}]``),
+    or ``None`` (another exception, or an answer that was not HTTP)."""
+    if type(exception).__name__ != "TunnelError":
+        return None
+    m = _TUNNEL_STATUS.search(str(exception))
+    return int(m.group(1)) if m else None
 
 
 def session_key(value: Any) -> str:
@@ -434,19 +448,29 @@ class ProxyLeaseMiddleware:
                      response.status)
         return self._retry(request, response, "proxy_operator_ban")
 
-    def _refused(self, request, info: Dict[str, Any], refusal: ProxyRefusal) -> None:
+    def _refused(self, request, info: Dict[str, Any], refusal: ProxyRefusal, what: str = "request") -> None:
         """Count and log a response the proxy made itself (the destination's host only: never
         the URL, which may carry credentials or user data)."""
         self.stats.inc_value(f"{STATS}/proxy_refusals")
-        self.stats.inc_value(f"{STATS}/proxy_refusals/{refusal.error or refusal.status}")
+        kind = refusal.error or (f"CONNECT_{refusal.status}" if what == "CONNECT" else str(refusal.status))
+        self.stats.inc_value(f"{STATS}/proxy_refusals/{kind}")
         host = urlparse_cached(request).hostname or "?"
-        log.warning("proxy-operator: proxy %s refused the request to %s: %s; not a ban, the lease is kept",
-                    info["proxy"], host, refusal)
+        log.warning("proxy-operator: proxy %s refused the %s to %s: %s; not a ban, the lease is %s",
+                    info["proxy"], what, host, refusal, "ended ok" if refusal.status == 407 else "kept")
 
     def process_exception(self, request, exception, spider=None):
         """End the lease as ``failed`` when the proxy itself failed; ``RetryMiddleware`` then
-        retries the request, which gets a new lease."""
+        retries the request, which gets a new lease.  A CONNECT the proxy answered with an error
+        status (Scrapy's ``TunnelError`` carries only the status: a ``403`` of its policy, a
+        ``503`` when it cannot reach the site) is the proxy's refusal, as for a response: logged,
+        the lease kept (a ``407``: the lease ends ``ok``, its credentials changed)."""
         info = request.meta.get(META_LEASE)
+        status = _tunnel_status(exception)
+        if info and status is not None:
+            self._refused(request, info, ProxyRefusal(status, None, None), what="CONNECT")
+            if status == 407:
+                self._end(info, "ok")
+            return None
         if info and self._failures and isinstance(exception, self._failures) and self._end(info, "failed"):
             self.stats.inc_value(f"{STATS}/proxy_failures/{info['proxy']}")
             log.warning("proxy-operator: proxy %s failed (%s): lease released as failed", info["proxy"],
