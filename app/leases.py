@@ -31,7 +31,9 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
    members, :data:`EXPLAIN_LIMIT` of them at most (the others counted as not examined).  A
    request with a ``pool`` filter for a pool the controller registered
    (:data:`app.redis_keys.POOLS`) adds one to that pool's demand count
-   (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool);
+   (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool); one
+   for a pool no entry of which is in the client's scope is refused as ``pool_not_found``
+   instead;
 4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to
    the expiry index, writes the lease record, (re)binds the session, and moves the proxy in
    the index.  The answer carries the proxy's credentials when it requires them.
