@@ -206,7 +206,12 @@ def document(settings: LeaseSettings) -> dict:
                 "requestBody": {"required": False, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/LeaseRequest"}}}},
                 "responses": {"201": {"description": "Lease granted", "content": lease_ok},
-                              **_errors(400, 401, 413, 415, 429, 503)}}},
+                              **_errors(400, 401, 413, 415, 429, 503),
+                              "404": _error_response(
+                                  "`pool_not_found`: no proxy fits and `pool` names no ProxyPool the "
+                                  "controller registered (of `namespace`, when given) that the client may "
+                                  "lease from; a pool outside the client's scope answers the same. Not "
+                                  "worth retrying: check the name.")}}},
             "/v1/leases/{leaseId}/renew": {"post": {
                 "summary": "Extend a live lease (owner only).", "security": [{"bearer": []}],
                 "parameters": [lease_id],

@@ -26,7 +26,8 @@ from app.tokens import Client, TokenStore
 log = logging.getLogger(__name__)
 
 _LEASE_STATUS = {leases.NO_PROXY_AVAILABLE: 503, leases.LEASE_NOT_FOUND: 404, leases.NOT_LEASE_OWNER: 403,
-                 leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409, leases.CLIENT_LEASE_LIMIT: 429}
+                 leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409, leases.CLIENT_LEASE_LIMIT: 429,
+                 leases.POOL_NOT_FOUND: 404}
 _OPEN = {"/healthz", "/metrics", "/openapi.json"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
 ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey")
@@ -110,7 +111,8 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     :func:`api.inputs.body`): validate the fields, lease, count it.
 
     Raises:
-        ApiError: 400 for a field, 429 ``client_lease_limit`` (the client holds its
+        ApiError: 400 for a field, 404 ``pool_not_found`` (the ``pool`` filter names no pool in
+            the client's scope), 429 ``client_lease_limit`` (the client holds its
             ``maxLeases``), 503 ``no_proxy_available`` (:func:`lease_error`).
         redis.RedisError: Redis unreachable.
     """

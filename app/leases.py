@@ -31,7 +31,9 @@ proxy ever holds more than ``maxLeases`` live leases, and no client more than it
    members, :data:`EXPLAIN_LIMIT` of them at most (the others counted as not examined).  A
    request with a ``pool`` filter for a pool the controller registered
    (:data:`app.redis_keys.POOLS`) adds one to that pool's demand count
-   (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool);
+   (:func:`app.redis_keys.pool_demand`: one ``INCR``, nothing else written for the pool); one
+   for a pool no entry of which is in the client's scope is refused as ``pool_not_found``
+   instead;
 4. reserves: adds the lease to the proxy's sorted set of live leases, to the client's and to
    the expiry index, writes the lease record, (re)binds the session, and moves the proxy in
    the index.  The answer carries the proxy's credentials when it requires them.
@@ -86,6 +88,7 @@ NOT_LEASE_OWNER = "not_lease_owner"
 LEASE_EXPIRED = "lease_expired"
 PROXY_UNAVAILABLE = "proxy_unavailable"
 CLIENT_LEASE_LIMIT = "client_lease_limit"
+POOL_NOT_FOUND = "pool_not_found"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
@@ -178,7 +181,7 @@ class LeaseError(Exception):
     Attributes:
         code: stable error code (:data:`NO_PROXY_AVAILABLE`, :data:`LEASE_NOT_FOUND`,
             :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`,
-            :data:`CLIENT_LEASE_LIMIT`).
+            :data:`CLIENT_LEASE_LIMIT`, :data:`POOL_NOT_FOUND`).
         message: human-readable explanation.
         retry_after: whole seconds after which the same request may succeed without anything
             else changing (:data:`CLIENT_LEASE_LIMIT` of an acquire: until the client's
@@ -446,7 +449,11 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
         LeaseError: ``client_lease_limit`` (the client holds ``client_max_leases`` live leases;
             ``retry_after``: seconds until the earliest of them expires, ``None`` when the
             limit is 0), checked first; ``no_proxy_available``, the message counting the
-            published proxies and why each was excluded (:func:`no_proxy_message`).
+            published proxies and why each was excluded (:func:`no_proxy_message`);
+            ``pool_not_found`` when nothing fits and ``filters.pool`` names no ProxyPool the
+            controller registered (:data:`app.redis_keys.POOLS`) in ``scope`` (of
+            ``filters.namespace`` when given; a pool outside the scope is refused alike), while a
+            registered pool without a proxy to lease stays ``no_proxy_available``.
     """
     lease_id = new_lease_id()
     raw = _ACQUIRE(r, _INDEX_KEYS, [
@@ -459,8 +466,23 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
             if int(doc.get("held") or 0) > 0:
                 wait = max(1, -(-(int(doc["nextExpiry"]) - int(doc["now"])) // 1000))
             raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc), wait)
+        if doc["error"] == POOL_NOT_FOUND:
+            raise LeaseError(POOL_NOT_FOUND, pool_not_found_message(filters))
         raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc))
     return _lease(lease_id, doc, session_key)
+
+
+def pool_not_found_message(filters: Filters) -> str:
+    """The message of a ``pool_not_found`` error: the pool (and namespace) the request named.
+
+    Returns:
+        e.g. ``"no ProxyPool 'web' in namespace 'crawl' (pool, namespace): check the name, or wait
+        until the controller has reconciled a new pool"``.
+    """
+    where = f" in namespace {filters.namespace!r}" if filters.namespace is not None else ""
+    fields = "pool, namespace" if filters.namespace is not None else "pool"
+    return (f"no ProxyPool {filters.pool!r}{where} ({fields}): check the name, or wait until the controller "
+            "has reconciled a new pool")
 
 
 def no_proxy_message(counts: dict) -> str:
@@ -528,8 +550,8 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
         scope: the proxies ``client`` may lease (:class:`Scope`); a lease whose proxy is no
             longer in it (the tokens file narrowed the scope) ends: ``proxy_unavailable``.
     A lease on a proxy draining out of its pool (``drainUntil``) is renewed up to that time at
-    most (``Lease.ttl`` and ``expires_at`` say how long it really runs); once it has passed the
-    renewal answers ``proxy_unavailable``.
+    most (``Lease.ttl`` and ``expires_at`` say how long it really runs; ``ttl`` is never 0);
+    from one second before it on the renewal ends the lease: ``proxy_unavailable``.
 
     Returns:
         the renewed :class:`Lease`.

@@ -45,6 +45,41 @@ import bcrypt
 
 from app.validation import Reader
 
+#: Reply header the proxy adds to every error reply it generates itself: Squid's error code
+#: (``ERR_ACCESS_DENIED``), so a client tells the proxy's refusal from the site's answer (a
+#: site's own header of that name is removed).
+ERROR_HEADER = "X-Proxy-Operator-Error"
+#: Reply header the proxy adds when one of its ``http_access`` rules refused the request: the
+#: rule's class, a key of :data:`DENY_RULES` (a site's own header of that name is removed).
+DENIED_HEADER = "X-Proxy-Operator-Denied"
+#: The classes of ``http_access deny`` rules :func:`render` writes and what each refuses.  The
+#: basic-auth rule has none: it answers ``407`` (Squid challenges only when the auth ACL ends
+#: the rule, https://www.squid-cache.org/Doc/config/http_access/).
+DENY_RULES = {
+    "source": "the client's address is outside the proxy's allowedSourceRanges",
+    "manager": "Squid's cache manager",
+    "connect-port": "a CONNECT to a port outside connectPorts",
+    "http-port": "a plain-HTTP request to a port outside httpPorts",
+    "metadata-name": "a cloud metadata server's name",
+    "unresolved": "a destination name that does not resolve when the request is checked",
+    "metadata-address": "a cloud metadata server's address",
+    "destination": "a denied destination address (loopback, link-local or deniedDestinations)",
+    "default": "no rule allowed the request",
+}
+#: Squid's errors (the ``ERR_*`` names of Squid 5.7's ``errors/templates`` its ``squid_error``
+#: ACL accepts, which Squid 6 keeps): the replies :data:`ERROR_HEADER` marks.
+SQUID_ERRORS = (
+    "ERR_ACCESS_DENIED", "ERR_CACHE_ACCESS_DENIED", "ERR_CACHE_MGR_ACCESS_DENIED", "ERR_CANNOT_FORWARD", "ERR_CONFLICT_HOST",
+    "ERR_CONNECT_FAIL", "ERR_DIR_LISTING", "ERR_DNS_FAIL", "ERR_ESI", "ERR_FORWARDING_DENIED",
+    "ERR_FTP_DISABLED", "ERR_FTP_FAILURE", "ERR_FTP_FORBIDDEN", "ERR_FTP_NOT_FOUND", "ERR_FTP_PUT_CREATED",
+    "ERR_FTP_PUT_ERROR", "ERR_FTP_PUT_MODIFIED", "ERR_FTP_UNAVAILABLE", "ERR_GATEWAY_FAILURE",
+    "ERR_ICAP_FAILURE", "ERR_INVALID_REQ", "ERR_INVALID_RESP", "ERR_INVALID_URL", "ERR_LIFETIME_EXP",
+    "ERR_NO_RELAY", "ERR_ONLY_IF_CACHED_MISS", "ERR_PRECONDITION_FAILED", "ERR_PROTOCOL_UNKNOWN",
+    "ERR_READ_ERROR", "ERR_READ_TIMEOUT", "ERR_SECURE_CONNECT_FAIL", "ERR_SHUTTING_DOWN",
+    "ERR_SOCKET_FAILURE", "ERR_TOO_BIG", "ERR_UNSUP_HTTPVERSION", "ERR_UNSUP_REQ", "ERR_URN_RESOLVE",
+    "ERR_WRITE_ERROR", "ERR_ZERO_SIZE_OBJECT",
+)
+
 #: RFC 1918 + loopback: the default client ranges when a provider sets none.
 DEFAULT_ALLOWED_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
 #: Destination ports of plain-HTTP requests (``http://`` and ``https://`` URLs sent as GET,
@@ -150,7 +185,9 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
     authentication; then the address rules (``dst``: resolves the name, after authentication
     so an unauthenticated client cannot make the proxy resolve names), the first of which
     refuses (403, Squid's ``ERR_DNS_FAIL`` page) a name that does not resolve now, so a
-    failed lookup never lets a request past the address rules.
+    failed lookup never lets a request past the address rules.  Every error reply of the
+    proxy's own carries :data:`ERROR_HEADER`, and a refusal by a deny rule :data:`DENIED_HEADER`
+    (the rule's class, :data:`DENY_RULES`).
 
     Args:
         port: TCP port Squid listens on.
@@ -178,17 +215,25 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
         # without this rule a resolver outage turned every deny rule below into a no-op and
         # the request went on to be resolved again when forwarded.
         "acl dst_resolved dst all",
-        "deny_info ERR_DNS_FAIL dst_resolved",
     ]
     if policy.allowed_destinations:
         lines.append("acl allowed_dst dst " + " ".join(policy.allowed_destinations))
+    # Each deny rule ends with an ACL that always matches and annotates the transaction with the
+    # rule's class (Squid's annotate_transaction, evaluated only once the rule's other ACLs
+    # matched); the reply then carries it (DENIED_HEADER), and every error page Squid makes its
+    # code (ERROR_HEADER).
+    lines += [f"acl rule_{name.replace('-', '_')} annotate_transaction proxy_operator_rule={name}"
+              for name in DENY_RULES]
+    lines.append("deny_info ERR_DNS_FAIL rule_unresolved")  # the last ACL of a deny line names its page
     lines += [
+        "acl proxy_operator_denied note proxy_operator_rule",
+        "acl proxy_operator_error squid_error " + " ".join(SQUID_ERRORS),
         # Source ranges first: a client outside them gets 403, never an auth challenge.
-        "http_access deny !allowed_src",
-        "http_access deny manager",
-        "http_access deny CONNECT !connect_ports",
-        "http_access deny !CONNECT !http_ports",
-        "http_access deny metadata_names",
+        "http_access deny !allowed_src rule_source",
+        "http_access deny manager rule_manager",
+        "http_access deny CONNECT !connect_ports rule_connect_port",
+        "http_access deny !CONNECT !http_ports rule_http_port",
+        "http_access deny metadata_names rule_metadata_name",
     ]
     if policy.basic_auth_file:
         lines += [
@@ -199,11 +244,17 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
             "http_access deny !authenticated",
         ]
     lines += [
-        "http_access deny !dst_resolved",
-        "http_access deny metadata_dst",
-        "http_access deny denied_dst !allowed_dst" if policy.allowed_destinations else "http_access deny denied_dst",
+        "http_access deny !dst_resolved rule_unresolved",
+        "http_access deny metadata_dst rule_metadata_address",
+        ("http_access deny denied_dst !allowed_dst rule_destination" if policy.allowed_destinations
+         else "http_access deny denied_dst rule_destination"),
         "http_access allow allowed_src",
-        "http_access deny all",
+        "http_access deny all rule_default",
+        # The proxy's own marks: never a site's headers of those names.
+        f"reply_header_access {ERROR_HEADER} deny all",
+        f"reply_header_access {DENIED_HEADER} deny all",
+        f'reply_header_add {ERROR_HEADER} "%err_code" proxy_operator_error',
+        f'reply_header_add {DENIED_HEADER} "%{{proxy_operator_rule}}note" proxy_operator_denied',
         # Never pass the client's proxy credentials (or identity) on to the origin.
         "request_header_access Proxy-Authorization deny all",
         "forwarded_for delete",

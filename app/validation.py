@@ -7,6 +7,7 @@ a missing required key, a value of the wrong type or shape, or an unknown key.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -104,9 +105,21 @@ class Reader:
         self._seen.add(key)
         if key not in self.data or self.data[key] is None:
             if required:
-                raise self.error(key, "required")
+                raise self.error(key, "required" + self._misspelt(key))
             return default
         return self.data[key]
+
+    def _misspelt(self, key: str) -> str:
+        """For a missing required ``key``: the keys of this mapping no reader asked for yet that
+        look like a misspelling of it (``difflib`` ratio 0.6 or more), as ``' (unknown key
+        "tpye": a misspelling of "type"?)'``; ``""`` when there is none."""
+        unread = [k for k in self.data if isinstance(k, str) and k not in self._seen]
+        close = difflib.get_close_matches(key, unread, n=3, cutoff=0.6)
+        if not close:
+            return ""
+        names = ", ".join(f'"{k}"' for k in close)
+        return f' (unknown key{"s" if len(close) > 1 else ""} {names}: a misspelling of "{key}"?)'
+
 
     # -- typed readers -----------------------------------------------------------------
     def str(self, key: str, default: str | None = None, *, required: bool = False,
@@ -188,10 +201,14 @@ class Reader:
         return {str(k): Reader(v, self.file, self.provider, f"{self.where(key)}.{k}") for k, v in value.items()}
 
     def done(self) -> None:
-        """Raise :class:`ConfigError` for the first key that no reader asked for (strict mode)."""
+        """Raise :class:`ConfigError` for the first key that no reader asked for (strict mode),
+        naming the known key it looks like a misspelling of, if any (``unknown key (did you mean
+        "type"?)``)."""
         for key in self.data:
             if key not in self._seen:
-                raise self.error(key, "unknown key")
+                close = difflib.get_close_matches(str(key), sorted(self._seen), n=1, cutoff=0.6)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                raise self.error(key, "unknown key" + hint)
 
 
 ParseBlock = Callable[[Reader], Any]

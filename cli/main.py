@@ -58,7 +58,23 @@ def cmd_check_config(args) -> int:
             print(f'proxy-operator: warning: {args.file}: provider "{pc.name}": squid.deniedDestinations is '
                   "empty: crawlers may reach this cluster's Pods and Services and the VPC through its proxies; "
                   "list those ranges", file=sys.stderr)
+    if not cfg.providers:
+        print(no_providers_note(cfg.tenancy.external_namespaces))
     return 0
+
+
+def no_providers_note(external_namespaces) -> str:
+    """What the operator does with a providers config of no provider (``providers: []`` or none):
+    ``external_namespaces`` is ``tenancy.externalProxyNamespaces`` (``"*"``: every namespace)."""
+    if "*" in external_namespaces:
+        served = "External Proxies of every namespace"
+    elif external_namespaces:
+        served = f"External Proxies of the namespaces {', '.join(sorted(external_namespaces))}"
+    else:
+        served = "nothing: tenancy.externalProxyNamespaces allows External Proxies in no namespace"
+    return ("note: no providers: the operator creates no proxy; it serves " + served + ". A Managed Proxy is "
+            "Failed (UnknownProvider) and a ProxyPool is stalled (UnknownProvider) until its provider is "
+            "added to this file.")
 
 
 def cmd_version(args) -> int:

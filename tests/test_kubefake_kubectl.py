@@ -2,7 +2,8 @@
 
 Each test runs the kubectl binary (skipped, saying how to get it, when it is not installed)
 with a kubeconfig from :meth:`FakeKube.write_kubeconfig` and a private discovery cache:
-apply with validation (OpenAPI v3 from the CRDs; ``fieldValidation=Strict`` refusals),
+apply with validation (OpenAPI v3 from the CRDs; ``fieldValidation=Strict`` refusals; an
+unknown kind or version refused in kube-apiserver's words, through OpenAPI v2 as protobuf),
 ``explain``, ``get`` with the CRD's printer columns (Table answers, also on ``-w``),
 server-side apply with field managers and conflicts, ``wait`` for a condition and for
 deletion, ``describe`` with Events, ``delete``.
@@ -78,6 +79,21 @@ def test_apply_refuses_unknown_fields_and_rule_violations(kubectl, tmp_path):
                    "spec: {mode: External}\n")
     res = kubectl("apply", "-f", str(bad), check=False)
     assert res.returncode == 1 and "is invalid" in res.stderr and "spec" in res.stderr
+    assert kubectl("get", "px", "-o", "name").stdout.strip() == ""
+
+
+@pytest.mark.parametrize("api_version, kind", [(f"{GROUP}/{VERSION}", "Proxi"), (f"{GROUP}/v1alpha2", "Proxy")])
+def test_apply_of_an_unknown_kind_or_version_answers_as_a_real_server(kubectl, tmp_path, api_version, kind):
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: typo}}\n"
+                        "spec: {provider: k8s-local}\n")
+    res = kubectl("apply", "-f", str(manifest), check=False)
+    assert res.returncode == 1
+    # kubectl validated with OpenAPI v2 (protobuf), found no schema for the kind, and the REST
+    # mapping refused it: the words of kubectl against kube-apiserver
+    assert f'no matches for kind "{kind}" in version "{api_version}"' in res.stderr, res.stderr
+    assert "ensure CRDs are installed first" in res.stderr
+    assert "failed to download openapi" not in res.stderr and "failed to check CRD" not in res.stderr
     assert kubectl("get", "px", "-o", "name").stdout.strip() == ""
 
 
@@ -202,9 +218,17 @@ def test_openapi_documents_and_tables_over_http(cluster):
     v2 = requests.get(f"{url}/openapi/v2", headers={"Accept": "application/json"}, timeout=5)
     assert v2.headers["Content-Type"] == "application/json"
     assert "com.example.crawl.v1alpha1.Proxy" in v2.json()["definitions"]
-    proto = requests.get(f"{url}/openapi/v2", timeout=5,
-                         headers={"Accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"})
-    assert proto.status_code == 406
+    for accept in ("application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+                   "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"):
+        proto = requests.get(f"{url}/openapi/v2", timeout=5, headers={"Accept": accept})
+        # the type kube-openapi answers either with (one Go's mime package can parse)
+        assert proto.headers["Content-Type"] == "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+        assert proto.content.startswith(b"\x0a\x032.0")  # Document.swagger (field 1) = "2.0"
+        assert b"com.example.crawl.v1alpha1.Proxy" in proto.content
+    assert requests.get(f"{url}/openapi/v2", timeout=5, headers={"Accept": "application/xml"}).status_code == 406
+    crds = requests.get(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", timeout=5).json()
+    assert crds["kind"] == "CustomResourceDefinitionList"
+    assert f"proxies.{GROUP}" in {c["metadata"]["name"] for c in crds["items"]}
     agg = requests.get(f"{url}/apis", timeout=5, headers={
         "Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"})
     assert agg.headers["Content-Type"].startswith("application/json;g=apidiscovery.k8s.io;v=v2")

@@ -165,6 +165,29 @@ if not chosen then
   end
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
+-- a pool filter naming no pool the controller registered (K_POOLS) in the client's scope: not a
+-- lack of proxies but a wrong name (a pool outside the scope answers the same as a missing one)
+if not chosen and f.pool then
+  local known = false
+  if f.namespace then
+    known = redis.call('HEXISTS', K_POOLS, f.namespace .. '/' .. f.pool) == 1 and in_scope(f.namespace, f.pool)
+  elseif not string.find(f.pool, '/', 1, true) then
+    local first = redis.call('HGET', K_POOLS, f.pool)
+    known = first ~= false and in_scope(first, f.pool)
+    if not known then
+      -- ('<name>' names one namespace, or none once that pool is gone: every '<ns>/<name>' is read,
+      -- as many as there are pools, on this refused request only)
+      for _, key in ipairs(redis.call('HKEYS', K_POOLS)) do
+        local slash = string.find(key, '/', 1, true)
+        if slash and string.sub(key, slash + 1) == f.pool and in_scope(string.sub(key, 1, slash - 1), f.pool) then
+          known = true
+          break
+        end
+      end
+    end
+  end
+  if not known then return cjson.encode({error = 'pool_not_found'}) end
+end
 if not chosen then
   -- Why nothing fits, for the 503: every published proxy is in one of the index (KEYS[1], scanned
   -- above: cooling down or awaiting credentials), KEYS[2] (full), K_UNHEALTHY, K_DRAINING.  Without

@@ -12,7 +12,8 @@ local member = h[1] .. '/' .. id
 local p = redis.call('HMGET', P_PROXY .. h[1], 'healthy', 'maxLeases', 'address', 'port', 'egressIP',
                      'namespace', 'name', 'provider', 'zone', 'authSecret', 'drainUntil', 'pool')
 local held = held_key(client)
--- leaving its pool (drainUntil): renewals run up to that time, not past it; after it the lease ends
+-- leaving its pool (drainUntil): renewals run up to that time, not past it; less than a second
+-- before it (a renewal would be capped to a TTL of 0 s) or after it, the lease ends
 local drain_until = tonumber(p[11])
 -- the client's scope (narrowed since the lease was granted: the proxy is no longer its to use)
 local in_scope = true
@@ -21,8 +22,8 @@ if ARGV[7] and ARGV[7] ~= '' then
   in_scope = scope.ns[p[6]] == true or (type(p[6]) == 'string' and type(p[12]) == 'string' and p[12] ~= ''
                                         and scope.pools[p[6] .. '/' .. p[12]] == true)
 end
-if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until <= now) or not in_scope then
-  -- unhealthy, drained (maxLeases 0), past its pool's drain deadline, withdrawn or out of the
+if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until - now < 1000) or not in_scope then
+  -- unhealthy, drained (maxLeases 0), at its pool's drain deadline, withdrawn or out of the
   -- client's scope: the lease ends
   redis.call('ZREM', zk, id)
   redis.call('ZREM', K_LEASE_EXPIRY, member)

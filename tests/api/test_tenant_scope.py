@@ -198,8 +198,11 @@ def test_a_scoped_client_never_sees_or_keeps_a_proxy_outside_its_scope(
         assert seen(TEAM_A, "?namespace=team-b") == [] and seen(TEAM_A, "?pool=eu") == ["team-a/a0"]
 
         # leases: the pool filter narrows the scope, never escapes it
+        # (team-b/eu, outside the scope, answers as a pool that does not exist)
         status, body = _call(api, "POST", "/v1/leases", TEAM_B, {"pool": "eu", "namespace": "team-b"})
-        assert status == 503 and "in this client's scope" in body["message"], body
+        assert status == 404 and body["error"] == "pool_not_found", body
+        assert _call(api, "POST", "/v1/leases", TEAM_B, {"pool": "ghost", "namespace": "team-b"})[1]["message"] \
+            == body["message"].replace("'eu'", "'ghost'")
         held = []
         for _ in range(6):
             status, lease = _call(api, "POST", "/v1/leases", TEAM_B, {"pool": "eu"})

@@ -13,10 +13,10 @@ instead of validating client-side with the OpenAPI v2 protobuf document.
 * :func:`load_crds` reads ``deploy/crd/*.yaml`` (schemas and printer columns, by type).
 * :func:`v3_root` / :func:`v3_group_version`: ``/openapi/v3`` and ``/openapi/v3/<gv path>``
   (what ``kubectl explain`` and the verifier read).
-* :func:`v2_document`: ``/openapi/v2`` as JSON.  kubectl asks for it only as protobuf
-  (``application/com.github.proto-openapi.spec.v2@v1.0+protobuf``) and decodes nothing else,
-  so the fake serves it only to clients that accept JSON (406 otherwise, as the server does
-  for a media type it cannot produce); kubectl does not need it once v3 is served.
+* :func:`v2_document`: ``/openapi/v2`` as JSON, and as the protobuf kubectl asks for
+  (:mod:`tests.kubefake.openapi_proto`): kubectl reads it only for a kind the v3 document of
+  its group-version lacks, then lists the CRDs (:func:`crd_objects`) before the REST mapping
+  refuses the kind as kube-apiserver's discovery does (``no matches for kind``).
 * :func:`aggregated_discovery`: ``apidiscovery.k8s.io/v2`` ``APIGroupDiscoveryList`` for
   ``/api`` and ``/apis`` (kubectl asks for it first and falls back to the legacy documents).
 
@@ -99,6 +99,7 @@ class CRDInfo:
 
     def __init__(self, doc: dict, version: dict) -> None:
         spec = doc["spec"]
+        self.doc = doc
         self.group, self.version = spec["group"], version["name"]
         self.kind, self.plural = spec["names"]["kind"], spec["names"]["plural"]
         self.singular = spec["names"].get("singular") or self.kind.lower()
@@ -127,6 +128,26 @@ def load_crds(directory: Path = CRD_DIR) -> dict[tuple[str, str, str], CRDInfo]:
                     info = CRDInfo(doc, version)
                     out[(info.group, info.version, info.plural)] = info
     return out
+
+
+def crd_objects(crds: dict) -> list[dict]:
+    """The CustomResourceDefinitions behind ``crds`` (:func:`load_crds`) as the server lists them
+    (``apiextensions.k8s.io/v1``): each once, by name, ``Established`` with its names accepted.
+    kubectl lists them when a manifest's kind has no schema (its ``failed to check CRD``
+    otherwise)."""
+    out: dict[str, dict] = {}
+    for info in crds.values():
+        doc = info.doc
+        name = doc["metadata"]["name"]
+        if name not in out:
+            out[name] = {**copy.deepcopy(doc), "apiVersion": "apiextensions.k8s.io/v1",
+                         "kind": "CustomResourceDefinition",
+                         "status": {"acceptedNames": copy.deepcopy(doc["spec"]["names"]),
+                                    "storedVersions": [v["name"] for v in doc["spec"]["versions"] if v.get("storage")],
+                                    "conditions": [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                                                    "message": "the initial names have been accepted",
+                                                    "lastTransitionTime": "2030-01-01T00:00:00Z"}]}}
+    return [out[name] for name in sorted(out)]
 
 
 def _gvk(rt: ResourceType) -> dict:

@@ -10,8 +10,9 @@ real server.  Discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``; ag
 ``apidiscovery.k8s.io/v2`` when the client asks for it) and ``/version`` answer too.
 
 For the real ``kubectl`` (see :mod:`tests.kubefake.openapi`, :mod:`tests.kubefake.tables`,
-:mod:`tests.kubefake.apply`): OpenAPI v3 (``/openapi/v3``, per group-version) and v2 (JSON)
-built from the CRDs under ``deploy/crd``; Table answers for ``Accept: ...;as=Table;g=meta.k8s.io``
+:mod:`tests.kubefake.apply`): OpenAPI v3 (``/openapi/v3``, per group-version) and v2 (JSON or
+protobuf, :mod:`tests.kubefake.openapi_proto`) built from the CRDs under ``deploy/crd``, which
+``GET /apis/apiextensions.k8s.io/v1/customresourcedefinitions`` lists; Table answers for ``Accept: ...;as=Table;g=meta.k8s.io``
 (lists, single objects and watches) with the CRDs' printer columns; metadata-only answers
 (``as=PartialObjectMetadataList`` for lists, ``as=PartialObjectMetadata`` for an object or a
 watch, :mod:`tests.kubefake.negotiation`); paged lists (``limit``/``continue`` from one
@@ -42,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from tests.kubefake import negotiation, openapi
+from tests.kubefake import negotiation, openapi, openapi_proto
 from tests.kubefake import resources as R
 from tests.kubefake import tables
 from tests.kubefake.errors import ApiError
@@ -437,6 +438,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._content_type = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
             return 200, openapi.dumps(openapi.aggregated_discovery(list(store.types.values()), fake.crds,
                                                                    legacy=parts == ["api"]))
+        if parts[:4] == ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"] and method == "GET" \
+                and len(parts) <= 5 and store.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions") is None:
+            return 200, self._crds(parts[4] if len(parts) == 5 else None)
         if parts and parts[0] == "api":
             group, rest = "", parts[1:]
             if not rest:
@@ -586,16 +590,24 @@ class _Handler(BaseHTTPRequestHandler):
         return "as=APIGroupDiscoveryList" in first and "v=v2;" in first + ";" and "v2beta1" not in first
 
     def _openapi(self, rest: list[str]):
-        """``/openapi/v2`` (JSON only) and ``/openapi/v3[/<gv>]``."""
+        """``/openapi/v2`` (JSON or protobuf, by ``Accept``) and ``/openapi/v3[/<gv>]``."""
         fake = self.fake
         accept = self.headers.get("Accept") or "*/*"
         if rest == ["v2"]:
-            if not any(a.split(";")[0].strip() in ("application/json", "*/*", "application/*")
-                       for a in accept.split(",")):
-                raise ApiError(406, "NotAcceptable", "only the following media types are accepted: application/json")
+            # the first media type of Accept the server can produce: JSON, or gnostic's protobuf
+            wanted = [a.split(";")[0].strip() for a in accept.split(",")]
+            form = next((w for w in wanted if w in ("application/json", "*/*", "application/*",
+                                                     *openapi_proto.ACCEPTED)), None)
+            if form is None:
+                raise ApiError(406, "NotAcceptable", "only the following media types are accepted: application/json, "
+                                                     + ", ".join(openapi_proto.ACCEPTED))
             if "v2" not in fake._openapi_cache:
-                fake._openapi_cache["v2"] = openapi.dumps(openapi.v2_document(list(fake.store.types.values()),
-                                                                              fake.crds))
+                doc = openapi.v2_document(list(fake.store.types.values()), fake.crds)
+                fake._openapi_cache["v2"] = openapi.dumps(doc)
+                fake._openapi_cache["v2-protobuf"] = openapi_proto.document(doc)
+            if form in openapi_proto.ACCEPTED:
+                self._content_type = openapi_proto.MEDIA_TYPE
+                return 200, fake._openapi_cache["v2-protobuf"]
             return 200, fake._openapi_cache["v2"]
         if rest[:1] == ["v3"]:
             docs = fake._openapi_v3_docs()
@@ -605,6 +617,18 @@ class _Handler(BaseHTTPRequestHandler):
             if body is not None:
                 return 200, body
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _crds(self, name: str | None) -> bytes:
+        """``GET .../customresourcedefinitions[/<name>]``: the CRDs the fake admits objects
+        through (read only: they come from ``deploy/crd``)."""
+        items = openapi.crd_objects(self.fake.crds)
+        if name is None:
+            return dumps({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
+                          "metadata": {"resourceVersion": "1"}, "items": items})
+        for item in items:
+            if item["metadata"]["name"] == name:
+                return dumps(item)
+        raise ApiError(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io "{name}" not found')
 
     # -- discovery -------------------------------------------------------------------------
     def _group_list(self) -> bytes:

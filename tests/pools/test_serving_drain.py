@@ -143,9 +143,9 @@ def test_a_refused_request_for_a_registered_pool_is_one_incr(redis_client, api):
         assert refused.status_code == 503 and refused.json["error"] == "no_proxy_available"
     assert api.post("/v1/leases", json={"pool": "web"}, headers=_auth()).status_code == 503  # no namespace
     assert redis_client.get(key) == "4"
-    # unregistered pools and requests without a pool count nothing
-    assert api.post("/v1/leases", json={"pool": "ghost"}, headers=_auth()).status_code == 503
-    assert api.post("/v1/leases", json={"pool": "web", "namespace": "elsewhere"}, headers=_auth()).status_code == 503
+    # unregistered pools (404 pool_not_found) and requests without a pool count nothing
+    assert api.post("/v1/leases", json={"pool": "ghost"}, headers=_auth()).status_code == 404
+    assert api.post("/v1/leases", json={"pool": "web", "namespace": "elsewhere"}, headers=_auth()).status_code == 404
     assert api.post("/v1/leases", json={}, headers=_auth()).status_code == 503
     assert redis_client.get(key) == "4"
     assert not [k for k in redis_client.keys(redis_keys.POOL_DEMAND_PREFIX + "*") if "ghost" in k or "elsewhere" in k]

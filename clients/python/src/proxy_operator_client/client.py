@@ -158,7 +158,9 @@ class Lease:
         id: the lease id (32 hex digits).
         host, port: the proxy's address.
         egress_ip: the address target sites see, or ``None`` when unknown.
-        ttl: the TTL in seconds the lease is renewed to.
+        ttl: the TTL in seconds the lease is renewed to: the granted one, or the last one given
+            to :meth:`renew`; a shorter TTL the API answered (a renewal capped at the drain
+            deadline of a proxy leaving its pool) shows in :attr:`expires_at` only.
         session_key: the sticky-session key, or ``None``.
         sticky: whether the session's existing proxy was reused.
         proxy: :class:`ProxyRef` (namespace, name, provider, zone).
@@ -188,9 +190,13 @@ class Lease:
             self._thread.start()
 
     # -- state -------------------------------------------------------------------------
-    def _apply(self, doc: Mapping[str, Any], requested_at: float) -> None:
+    def _apply(self, doc: Mapping[str, Any], requested_at: float, renew_ttl: Optional[int] = None) -> None:
         """Take the lease document ``doc`` of a grant or renewal requested at monotonic time
-        ``requested_at`` (the local expiry counts from then: never later than the server's)."""
+        ``requested_at`` (the local expiry counts from then: never later than the server's).
+
+        ``renew_ttl`` is the TTL the renewal asked for: it stays :attr:`ttl` when the answer's
+        ``ttlSeconds`` is shorter (a proxy draining out of its pool caps renewals at its drain
+        deadline), so the next renewals keep asking for it; ``None`` for a grant."""
         auth = doc.get("proxyAuth")
         px = doc.get("proxy") or {}
         counts = doc.get("leases") or {}
@@ -201,14 +207,16 @@ class Lease:
             self.port: int = int(doc["port"])
             self.egress_ip: Optional[str] = doc.get("egressIP")
             self.expires_at: Optional[datetime] = _parse_time(doc.get("expiresAt"))
-            self.ttl: int = int(doc["ttlSeconds"])
+            granted = int(doc["ttlSeconds"])
+            self.ttl: int = granted if renew_ttl is None else renew_ttl
             self.session_key: Optional[str] = doc.get("sessionKey")
             self.sticky: bool = bool(doc.get("sticky"))
             self.proxy = ProxyRef(px.get("namespace", ""), px.get("name", ""), px.get("provider"), px.get("zone"))
             self.leases_used: Optional[int] = counts.get("used")
             self.leases_max: Optional[int] = counts.get("max")
-            self._expires_mono = requested_at + self.ttl
-            self._renew_at = requested_at + self.ttl / 2.0
+            self._expires_mono = requested_at + granted
+            # (an API that answers a capped TTL of 0 must not be asked again in a tight loop)
+            self._renew_at = requested_at + max(granted / 2.0, MIN_RETRY)
 
     @property
     def proxy_url(self) -> str:
@@ -276,15 +284,15 @@ class Lease:
         started = time.monotonic()
         with self._lock:
             remaining = max(0.0, self._expires_mono - started)
+            asked = int(ttl if ttl is not None else self.ttl)
         try:
-            doc = self._client._request("POST", f"/v1/leases/{self.id}/renew",
-                                        body={"ttlSeconds": int(ttl if ttl is not None else self.ttl)},
+            doc = self._client._request("POST", f"/v1/leases/{self.id}/renew", body={"ttlSeconds": asked},
                                         wait=remaining, operation="renew")
         except ApiError as exc:
             if exc.code in LEASE_GONE:
                 self._lose(exc)
             raise
-        self._apply(doc, started)
+        self._apply(doc, started, renew_ttl=asked)
         with self._lock:
             self.renewals += 1
         log.debug("lease %s renewed: proxy %s, expires %s", self.id, self.proxy, doc.get("expiresAt"))
@@ -623,7 +631,8 @@ class Client:
             a live :class:`Lease`, also a context manager that releases it.
         Raises:
             ApiError: ``no_proxy_available`` (after ``wait``; its message says why each proxy
-                was excluded), ``invalid_field`` (``field`` names it), ``unauthorized``,
+                was excluded), ``pool_not_found`` (404, at once: ``pool`` names no ProxyPool
+                this client may lease from), ``invalid_field`` (``field`` names it), ``unauthorized``,
                 ``redis_unavailable`` (after ``wait``), ...
             TransportError: the API could not be reached (within ``wait``) or timed out.
             ClientClosed: the client is closed.

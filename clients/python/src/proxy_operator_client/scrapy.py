@@ -44,14 +44,20 @@ Behaviour:
   without a leased proxy).  Every other request waits for its lease; when none can be had
   within ``PROXY_OPERATOR_WAIT`` the request fails with :class:`~proxy_operator_client.ApiError`
   (``no_proxy_available``): a page is never fetched without a proxy.
+* A response the proxy made itself is never a ban (:func:`proxy_refusal`): Squid's error
+  pages (``X-Squid-Error``; the operator's Squid also marks them ``X-Proxy-Operator-Error`` and
+  names the class of the rule that refused in ``X-Proxy-Operator-Denied``) and ``407``.  It is
+  logged as the proxy's refusal with Squid's reason (and the rule class), counted, and goes on
+  (the lease is kept; ``RetryMiddleware`` retries a ``502``/``503``/``504`` as it does any).
 * A response whose status is in ``PROXY_OPERATOR_BAN_CODES``, or that the ban detector flags,
   ends its lease as ``blocked`` (the proxy cools down for this client), and the request is
   retried through a new lease with :func:`scrapy.downloadermiddlewares.retry.get_retry_request`
   (reason ``proxy_operator_ban``: ``retry_times`` meta, ``retry/*`` stats, give-up log).  When
   its retries are used up the banned response goes on to the spider.
-* A refused connection or failed CONNECT tunnel to the proxy ends the lease as ``failed``; a
-  ``407`` (credentials changed) ends it ``ok``; the request is retried through a new lease
-  (by ``RetryMiddleware`` for the exceptions).
+* A refused connection to the proxy, or a CONNECT it did not answer in HTTP, ends the lease as
+  ``failed``; a ``407`` (credentials changed) ends it ``ok``; the request is retried through a
+  new lease (by ``RetryMiddleware`` for the exceptions).  A CONNECT the proxy refused with
+  another status is its refusal (above): logged, the lease kept.
 * A lease the API ends behind our back (proxy turned unhealthy or drained) is replaced at the
   next request.
 * When the spider closes, every lease is released (``ok``) before the close completes; a lease
@@ -59,7 +65,8 @@ Behaviour:
 
 Stats (``proxy_operator/...``): ``leases/taken``, ``leases/released/<outcome>``,
 ``leases/lost``, ``bans`` and ``bans/<namespace>/<name>`` (leases ended as blocked),
-``banned_responses``, ``proxy_failures/<namespace>/<name>``, ``retries``, ``errors/<code>``.
+``banned_responses``, ``proxy_failures/<namespace>/<name>``, ``proxy_refusals`` and
+``proxy_refusals/<Squid error>`` (responses the proxy made itself), ``retries``, ``errors/<code>``.
 No stat, log line or ``repr`` shows the token or a proxy's credentials (the proxy URL with
 credentials lives in ``request.meta["proxy"]`` only until ``HttpProxyMiddleware`` moves them
 into the request's ``Proxy-Authorization`` header; a retried request is sent back to the
@@ -78,6 +85,7 @@ from scrapy import signals
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure
@@ -98,6 +106,75 @@ META_LEASE = "_proxy_operator"
 DEFAULT_BAN_CODES = (403, 429)
 _SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 STATS = "proxy_operator"
+#: Squid's header on the error pages it makes (``ERR_ACCESS_DENIED 0``: the error, an errno).
+SQUID_ERROR_HEADER = "X-Squid-Error"
+#: The operator's Squid's mark of its own error pages (the error) and of a refusal by one of
+#: its rules (the rule's class); a site's headers of those names never reach the client.
+ERROR_HEADER = "X-Proxy-Operator-Error"
+DENIED_HEADER = "X-Proxy-Operator-Denied"
+#: The classes of the operator's Squid rules (``X-Proxy-Operator-Denied``) and what each refuses.
+DENY_RULES = {
+    "source": "the crawler's address is outside the proxy's allowedSourceRanges",
+    "manager": "Squid's cache manager",
+    "connect-port": "a CONNECT to a port outside the proxy's connectPorts",
+    "http-port": "a plain-HTTP request to a port outside the proxy's httpPorts",
+    "metadata-name": "a cloud metadata server's name",
+    "metadata-address": "a cloud metadata server's address",
+    "destination": "a destination address the proxy denies (loopback, link-local or its deniedDestinations)",
+    "default": "no rule of the proxy allowed the request",
+}
+_SQUID_ERROR = re.compile(r"^(ERR_[A-Z0-9_]{1,64})(?: -?\d{1,6})?$")
+
+
+class ProxyRefusal:
+    """A response the proxy made itself (see :func:`proxy_refusal`).
+
+    Attributes:
+        status: its HTTP status.
+        error: Squid's error (``"ERR_ACCESS_DENIED"``), or ``None`` (a bare ``407``).
+        rule: the class of the operator's Squid rule that refused (a key of
+            :data:`DENY_RULES`: ``"destination"``...), or ``None``.
+    """
+
+    def __init__(self, status: int, error: Optional[str], rule: Optional[str]) -> None:
+        self.status, self.error, self.rule = status, error, rule
+
+    def __str__(self) -> str:
+        text = f"HTTP {self.status}" + (f" {self.error}" if self.error else "")
+        if self.rule:
+            text += f", by its {self.rule!r} rule ({DENY_RULES[self.rule]})"
+        return text
+
+    def __repr__(self) -> str:
+        return f"ProxyRefusal(status={self.status}, error={self.error!r}, rule={self.rule!r})"
+
+
+def proxy_refusal(response) -> Optional[ProxyRefusal]:
+    """Whether Scrapy's ``response`` was made by the proxy rather than the site: a ``407``, or
+    an error page of Squid's (``X-Squid-Error``, or the operator's ``X-Proxy-Operator-Error``;
+    a ``403`` for a refused destination, its ``502``/``503``/``504`` when the site cannot be
+    reached).  Only Squid's error name and a known rule class are read from the headers (a
+    value of another shape is ignored), never any other text of the page.
+
+    Returns:
+        the :class:`ProxyRefusal`, or ``None`` for the site's own response.  A site behind its
+        own Squid that refuses a request is taken for the proxy: Squid's header does not say
+        which Squid made the page (the operator's Squid says so with ``X-Proxy-Operator-Error``).
+    """
+    def header(name: str) -> str:
+        value = response.headers.get(name)
+        return value.decode("latin-1").strip() if isinstance(value, bytes) else ""
+
+    error = None
+    for name in (ERROR_HEADER, SQUID_ERROR_HEADER):
+        m = _SQUID_ERROR.match(header(name))
+        if m:
+            error = m.group(1)
+            break
+    if error is None and response.status != 407:
+        return None
+    rule = header(DENIED_HEADER)
+    return ProxyRefusal(response.status, error, rule if rule in DENY_RULES else None)
 
 
 def _proxy_failures() -> Tuple[type, ...]:
@@ -111,6 +188,19 @@ def _proxy_failures() -> Tuple[type, ...]:
         except (ImportError, AttributeError, NameError, ValueError):
             pass
     return tuple(found)
+
+
+_TUNNEL_STATUS = re.compile(r"'status': (\d{3})\b")
+
+
+def _tunnel_status(exception) -> Optional[int]:
+    """The HTTP status the proxy answered a CONNECT with, from Scrapy's ``TunnelError``
+    (``Could not open CONNECT tunnel with proxy h:p [{'status': 403, 'reason': b'Forbidden'}]``),
+    or ``None`` (another exception, or an answer that was not HTTP)."""
+    if type(exception).__name__ != "TunnelError":
+        return None
+    m = _TUNNEL_STATUS.search(str(exception))
+    return int(m.group(1)) if m else None
 
 
 def session_key(value: Any) -> str:
@@ -328,7 +418,9 @@ class ProxyLeaseMiddleware:
 
     def is_ban(self, request, response) -> bool:
         """Whether ``response`` says the proxy is banned: its status is one of the ban codes, or
-        the ban detector says so."""
+        the ban detector says so; never a response the proxy made itself (:func:`proxy_refusal`)."""
+        if proxy_refusal(response) is not None:
+            return False
         if response.status in self.ban_codes:
             return True
         return bool(self.ban_detector and self.ban_detector(request, response))
@@ -339,9 +431,13 @@ class ProxyLeaseMiddleware:
         info = request.meta.get(META_LEASE)
         if not info or request.meta.get(META_SKIP):
             return response
-        if response.status == 407:
-            self._end(info, "ok")
-            return self._retry(request, response, "proxy_operator_proxy_auth")
+        refusal = proxy_refusal(response)
+        if refusal is not None:
+            self._refused(request, info, refusal)
+            if response.status == 407:
+                self._end(info, "ok")
+                return self._retry(request, response, "proxy_operator_proxy_auth")
+            return response
         if not self.is_ban(request, response):
             return response
         self.stats.inc_value(f"{STATS}/banned_responses")
@@ -352,10 +448,29 @@ class ProxyLeaseMiddleware:
                      response.status)
         return self._retry(request, response, "proxy_operator_ban")
 
+    def _refused(self, request, info: Dict[str, Any], refusal: ProxyRefusal, what: str = "request") -> None:
+        """Count and log a response the proxy made itself (the destination's host only: never
+        the URL, which may carry credentials or user data)."""
+        self.stats.inc_value(f"{STATS}/proxy_refusals")
+        kind = refusal.error or (f"CONNECT_{refusal.status}" if what == "CONNECT" else str(refusal.status))
+        self.stats.inc_value(f"{STATS}/proxy_refusals/{kind}")
+        host = urlparse_cached(request).hostname or "?"
+        log.warning("proxy-operator: proxy %s refused the %s to %s: %s; not a ban, the lease is %s",
+                    info["proxy"], what, host, refusal, "ended ok" if refusal.status == 407 else "kept")
+
     def process_exception(self, request, exception, spider=None):
         """End the lease as ``failed`` when the proxy itself failed; ``RetryMiddleware`` then
-        retries the request, which gets a new lease."""
+        retries the request, which gets a new lease.  A CONNECT the proxy answered with an error
+        status (Scrapy's ``TunnelError`` carries only the status: a ``403`` of its policy, a
+        ``503`` when it cannot reach the site) is the proxy's refusal, as for a response: logged,
+        the lease kept (a ``407``: the lease ends ``ok``, its credentials changed)."""
         info = request.meta.get(META_LEASE)
+        status = _tunnel_status(exception)
+        if info and status is not None:
+            self._refused(request, info, ProxyRefusal(status, None, None), what="CONNECT")
+            if status == 407:
+                self._end(info, "ok")
+            return None
         if info and self._failures and isinstance(exception, self._failures) and self._end(info, "failed"):
             self.stats.inc_value(f"{STATS}/proxy_failures/{info['proxy']}")
             log.warning("proxy-operator: proxy %s failed (%s): lease released as failed", info["proxy"],
