@@ -72,6 +72,22 @@ test-fast: venv
 demo: demo-deps venv-demo
 	$(BIN)/python -m tests.support.demo
 
+## lint: the gates CI runs before the tests (docs/testing.md, "Gates"), configured in pyproject.toml:
+## ruff on the product packages, the tests and the benchmarks (a looser rule set there); mypy on the
+## product packages (every function body checked); lint-imports, the layout contracts of
+## docs/architecture.md ("Layout rules").  Each runs even when one before it failed; the target
+## fails when any did, and names which.
+LINT_PACKAGES := app api workers watchers cli
+lint: venv
+	@failed=""; \
+	echo "$(BIN)/ruff check $(LINT_PACKAGES) tests bench"; \
+	$(BIN)/ruff check $(LINT_PACKAGES) tests bench || failed="$$failed ruff"; \
+	echo "$(BIN)/mypy $(LINT_PACKAGES)"; \
+	$(BIN)/mypy $(LINT_PACKAGES) || failed="$$failed mypy"; \
+	echo "$(BIN)/lint-imports"; \
+	$(BIN)/lint-imports --no-cache || failed="$$failed lint-imports"; \
+	if [ -n "$$failed" ]; then echo "make lint: failed:$$failed" >&2; exit 1; fi
+
 bench: venv
 	$(BIN)/python bench/pipeline.py
 
@@ -87,4 +103,4 @@ kvm-ssh-secret: venv
 	  --known-hosts $(or $(KVM_KNOWN_HOSTS),$(HOME)/.ssh/kvm_known_hosts)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
