@@ -163,7 +163,8 @@ def register(app: Flask, state: State) -> None:
         # Resolve the route first so an unknown path is a 404, not a 401.
         if request.url_rule is None:
             return None
-        request.environ["proxy_operator.client"] = authenticate(state.tokens, request.environ.get("HTTP_AUTHORIZATION", ""))
+        request.environ["proxy_operator.client"] = authenticate(state.tokens,
+                                                                request.environ.get("HTTP_AUTHORIZATION", ""))
         return None
 
     def client() -> Client:

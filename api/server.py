@@ -206,7 +206,7 @@ class AccessTextFormatter(logging.Formatter):
             record.args = fields
         return super().format(record)
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         """:meth:`logging.Formatter.formatTime`'s text, its date and time part formatted once a
         second rather than for every record (every request writes one)."""
         if datefmt:
@@ -256,7 +256,8 @@ def logging_config(json_format: bool, level: int) -> dict:
     every worker: the root logger (the app), granian's own logger and its access log, all to
     stderr in the :mod:`app.logs` format at ``level``."""
     formatter = ({"()": f"{__name__}.AccessJsonFormatter"} if json_format
-                 else {"()": f"{__name__}.AccessTextFormatter", "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"})
+                 else {"()": f"{__name__}.AccessTextFormatter",
+                       "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"})
     handler = {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
     return {
         "version": 1, "disable_existing_loggers": False,
@@ -311,7 +312,7 @@ def lean_log_records() -> None:
     the caller's file, line and function (a walk up the stack) and the thread's and process's
     names (the switches of the logging HOWTO's "Optimization" section).  Called in each worker;
     the access log alone makes two records per lease pair."""
-    logging._srcfile = None  # noqa: SLF001 - the documented switch
+    logging._srcfile = None  # the documented switch
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

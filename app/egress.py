@@ -124,7 +124,8 @@ install_egress() {
   "$nft_bin" -f "$egress_file" || { echo "proxy-operator: nft refuses $egress_file" >&2; return 1; }
   if [ -d /run/systemd/system ] || [ -n "${PROXY_OPERATOR_SQUID_DROPIN_DIR:-}" ]; then
     (umask 022; mkdir -p "$dropin_dir") &&
-      printf '[Service]\nExecStartPre=%s -f %s\n' "$nft_bin" "$egress_file" > "$dropin_dir/proxy-operator-egress.conf" ||
+      printf '[Service]\nExecStartPre=%s -f %s\n' "$nft_bin" "$egress_file" \
+        > "$dropin_dir/proxy-operator-egress.conf" ||
       { echo "proxy-operator: cannot write the squid.service drop-in" >&2; return 1; }
     [ -n "${PROXY_OPERATOR_SQUID_DROPIN_DIR:-}" ] || systemctl daemon-reload
   fi

@@ -490,7 +490,8 @@ def no_proxy_message(counts: dict) -> str:
 
     Args:
         counts: ``published`` (proxies in the serving view; for a scoped client, ``scoped`` 1,
-            those of its scope), ``filtered`` (1 when the request had filters or a scope), and of the proxies the filters let through, why each was excluded:
+            those of its scope), ``filtered`` (1 when the request had filters or a scope), and of
+            the proxies the filters let through, why each was excluded:
             ``unhealthy`` (unhealthy or not yet probed), ``draining`` (``maxLeases`` 0, or
             leaving its pool),
             ``full`` (at ``maxLeases``), ``cooling`` (cooling down for this client), ``nocreds``
@@ -512,7 +513,8 @@ def no_proxy_message(counts: dict) -> str:
     filtered_out = max(0, published - sum(reasons.values()) - unexamined) if counts.get("filtered") else 0
     where = " in this client's scope" if counts.get("scoped") else ""
     text = (f"no proxy can be leased now: {published} published{where}; excluded: "
-            f"{reasons['unhealthy']} unhealthy or not yet probed, {reasons['draining']} draining (maxLeases 0 or leaving a pool), "
+            f"{reasons['unhealthy']} unhealthy or not yet probed, "
+            f"{reasons['draining']} draining (maxLeases 0 or leaving a pool), "
             f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
             f"{filtered_out} filtered out")
     if reasons["nocreds"]:
@@ -624,7 +626,7 @@ def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EV
         pipe.zcount(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf")
     counts = pipe.execute()
     out = []
-    for (uid, rec), used in zip(chosen, counts):
+    for (_uid, rec), used in zip(chosen, counts, strict=True):
         out.append({
             "namespace": rec.namespace, "name": rec.name, "address": rec.address, "port": rec.port,
             "provider": rec.provider or None, "zone": rec.zone or None,
@@ -654,7 +656,7 @@ def live_counts(r, uids: list[str]) -> dict[str, int]:
     pipe = r.pipeline(transaction=False)
     for uid in uids:
         pipe.zcount(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf")
-    return {uid: int(n) for uid, n in zip(uids, pipe.execute())}
+    return {uid: int(n) for uid, n in zip(uids, pipe.execute(), strict=True)}
 
 
 def live_leases(r) -> int:

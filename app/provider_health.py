@@ -443,7 +443,8 @@ class ProviderHealthCollector:
         """Yield the four gauge families (see the class docstring)."""
         labels = ["provider", "target"]
         up = GaugeMetricFamily("proxy_operator_provider_up",
-                               "1 when the provider target passed its last check and that check is fresh.", labels=labels)
+                               "1 when the provider target passed its last check and that check is fresh.",
+                               labels=labels)
         stale = GaugeMetricFamily("proxy_operator_provider_check_stale",
                                   f"1 when the target has had no verdict for {STALE_INTERVALS} check intervals.",
                                   labels=labels)

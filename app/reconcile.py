@@ -367,7 +367,7 @@ def _guard(ctx: Context, latest: _Latest, action: str, attempt: int, fn) -> Foll
         return fn()
     except (ProviderError, ApiException) as exc:
         error = exc
-    except Exception as exc:  # noqa: BLE001 - unclassified means Transient
+    except Exception as exc:  # unclassified means Transient
         log.exception("proxy %s: %s: unexpected error", latest.proxy.key, action)
         error = Transient(f"{type(exc).__name__}: {exc}")
     try:
@@ -726,7 +726,8 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         provider = ctx.registry.get(proxy.spec.provider)
         provider_id = proxy.status["providerID"]
         if proxy.phase in LIVE_PHASES and _credentials_rotated(ctx, proxy, provider):
-            message = f"the basic-auth credentials changed; replacing instance {provider_id}, which carries the old ones"
+            message = (f"the basic-auth credentials changed; replacing instance {provider_id}, "
+                       "which carries the old ones")
             log.info("proxy %s: %s", proxy.key, message)
             latest(_write_status(ctx, proxy, {"specHash": ROTATED_SPEC_HASH, "conditions": _provisioned(
                 proxy, "False", "CredentialsRotated", message)}, event=("Normal", "CredentialsRotated", message)))

@@ -131,7 +131,8 @@ USERS: tuple[User, ...] = (
          keys=INDEX + PROXY_LEASES + LEASES + CLIENT_STATE + (k.pool_demand("*", "*"), k.POOL_WAKE),
          read=SERVING + AUTH + (k.POOLS,),
          commands=DATA + SCRIPTS),
-    User("worker", "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",
+    User("worker",
+         "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
          + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE
          + HOLDER_KEYS,

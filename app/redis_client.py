@@ -225,5 +225,5 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-__all__ = ["MasterConnection", "SENTINEL_DEFAULT_PORT", "SENTINEL_SCHEMES", "SentinelTarget", "celery_broker", "client_from_url",
-           "is_sentinel_url", "parse_sentinel_url", "redbeat_settings", "sentinel_password"]
+__all__ = ["MasterConnection", "SENTINEL_DEFAULT_PORT", "SENTINEL_SCHEMES", "SentinelTarget", "celery_broker",
+           "client_from_url", "is_sentinel_url", "parse_sentinel_url", "redbeat_settings", "sentinel_password"]

@@ -241,9 +241,9 @@ QUEUED_PREFIX = PREFIX + "queued:"
 
 def queued(action: str, uid: str) -> str:
     """string — the ETA (epoch seconds) of the ``action`` (create/poll/delete) message queued for
-    Proxy ``uid`` (``pool``: the ``pool.reconcile`` of ProxyPool ``uid``): the de-duplication mark.  TTL: the delay + the staleness limit (300 s).  Set
-    by :class:`app.dispatch.Enqueuer` (``dispatch_claim.lua``), cleared by the task when it
-    starts or by a send that failed."""
+    Proxy ``uid`` (``pool``: the ``pool.reconcile`` of ProxyPool ``uid``): the de-duplication mark.
+    TTL: the delay + the staleness limit (300 s).  Set by :class:`app.dispatch.Enqueuer`
+    (``dispatch_claim.lua``), cleared by the task when it starts or by a send that failed."""
     return f"{QUEUED_PREFIX}{action}:{uid}"
 
 

@@ -223,13 +223,13 @@ def read(r, uids: list[str], attrs: Iterable[str] | None = None) -> dict[str, di
     if attrs is None:
         for uid in uids:
             pipe.hgetall(redis_keys.proxy(uid))
-        return {uid: data for uid, data in zip(uids, pipe.execute()) if data}
+        return {uid: data for uid, data in zip(uids, pipe.execute(), strict=True) if data}
     names = [_FIELDS[attr][0] for attr in attrs]
     for uid in uids:
         pipe.hmget(redis_keys.proxy(uid), names)
     out = {}
-    for uid, values in zip(uids, pipe.execute()):
-        data = {name: value for name, value in zip(names, values) if value is not None}
+    for uid, values in zip(uids, pipe.execute(), strict=True):
+        data = {name: value for name, value in zip(names, values, strict=True) if value is not None}
         if data:
             out[uid] = data
     return out

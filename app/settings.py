@@ -34,7 +34,8 @@ def env_number(name: str, default: float, *, minimum: float = 0.0, integer: bool
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}: not a{'n integer' if integer else ' number'}: {raw!r}") from None
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"environment variable {name}: not {kind}: {raw!r}") from None
     if value < minimum:
         raise ValueError(f"environment variable {name}: must be at least {minimum:g}, got {raw!r}")
     return value

@@ -423,7 +423,7 @@ class Server:
             argv = self._gunicorn(port, "floorapp:app", ["--chdir", workdir])
         else:
             code = ("import sys; from api import server; s = server.ServerSettings.from_env(); "
-                    f"server.run(s, server.listen(s.host, s.port), target='floorapp:app', factory=False)")
+                    "server.run(s, server.listen(s.host, s.port), target='floorapp:app', factory=False)")
             argv = [sys.executable, "-c", code]
         env = {**self._env(), "API_BIND": f"127.0.0.1:{port}", "PYTHONPATH": f"{workdir}:{ROOT}",
                "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-metrics-", dir=workdir)}

@@ -207,7 +207,7 @@ def main() -> None:
             totals = [0, 0, 0, 0]
             pending = list(batches)
             busy = {}
-            for proc, conn in probers:  # one batch per process at a time, like a prefork child
+            for _proc, conn in probers:  # one batch per process at a time, like a prefork child
                 if pending:
                     conn.send(pending.pop(0))
                     busy[conn] = True

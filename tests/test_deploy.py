@@ -286,7 +286,7 @@ def routed_queues() -> set[str]:
     (workers/routing.py, else Celery's default queue), the queues the dispatcher and beat name
     (app/dispatch.py: proxies, health, gc) and the queues the Celery app declares. The
     kvm.<provider>.<host> queues are served by the per-host workers (checked above)."""
-    import workers.health_tasks  # noqa: F401 - registers the tasks
+    import workers.health_tasks  # registers the tasks
     import workers.tasks  # noqa: F401
     from app import dispatch
     from workers import routing

@@ -371,7 +371,7 @@ def test_no_user_data_or_credentials_in_logs_task_messages_or_flower(cluster, op
                                  ("squid-secret", {"secretRef": {"name": "ci-secret", "key": "user-data"}})):
             create(cluster, name, cloudInit=cloud_init)
         for name in ("squid-inline", "squid-secret"):
-            wait_for(lambda: phase(cluster, name) == "Running", 60, f"{name} Running")
+            wait_for(lambda n=name: phase(cluster, n) == "Running", 60, f"{name} Running")
         tasks = wait_for(lambda: (t := _flower_tasks(port)) and any(v.get("name") == "proxy.create"
                                                                   for v in t.values()) and t,
                          30, "Flower to list the create tasks")

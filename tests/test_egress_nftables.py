@@ -16,7 +16,6 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
 import sys
 
 import pytest

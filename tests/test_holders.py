@@ -100,7 +100,7 @@ def test_the_resync_sends_work_for_a_proxy_whose_lock_holder_is_gone(redis_clien
 
 
 def test_reap_restores_a_dead_holders_messages_once_and_never_a_live_ones(redis_client):
-    live, dead = _holder(redis_client, "live"), _dead(redis_client, "dead")
+    live, _ = _holder(redis_client, "live"), _dead(redis_client, "dead")
     try:
         redis_client.sadd(redis_keys.holder_messages("live"), "tag-live")
         redis_client.sadd(redis_keys.holder_messages("dead"), "tag-1", "tag-2")

@@ -72,7 +72,7 @@ def test_the_lock_covers_every_dependency_of_pyproject():
     project = _pyproject()["project"]
     _assert_covered(project["dependencies"], lock, "requirements.lock")
     _assert_covered(project["optional-dependencies"]["kvm"], lock, "requirements.lock (kvm extra)")
-    for name, (version, hashes) in lock.items():
+    for name, (_version, hashes) in lock.items():
         assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{name}: {hashes}"
     # the extras the project asks for came along (celery[redis] -> kombu's redis, redis[hiredis])
     assert {"kombu", "hiredis"} <= set(lock)

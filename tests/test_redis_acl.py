@@ -175,7 +175,9 @@ def test_every_component_works_with_its_own_user(acl, kube, tmp_path):
             "crawl.example.com", "v1alpha1", "default", "proxies", body)
         uid = obj["metadata"]["uid"]
         # watcher -> broker -> worker publishes it; beat's sweep -> health worker probes it
-        explain = lambda: f"refused: {acl.denials()}\n" + "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)
+        def explain():
+            return f"refused: {acl.denials()}\n" + "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)
+
         wait_for(lambda: admin.sismember(redis_keys.PROXIES, uid), 60, "the worker to publish the Proxy", explain=explain)
         wait_for(lambda: admin.hget(redis_keys.proxy(uid), "lastProbe"), 60, "the health worker to probe it")
         metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics")

@@ -11,7 +11,7 @@ import redis
 
 from app import redis_retry, serving
 from app.resources import Proxy
-from tests.api.served import TOKEN, request, start_api
+from tests.api.served import request, start_api
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -2,8 +2,8 @@
 
 :func:`run` is what ``proxy-operator watch`` calls.  One process in a Deployment of several
 leads (a ``coordination.k8s.io/v1`` Lease, :mod:`watchers.leader`) and streams Proxy events
-(:mod:`watchers.stream`) into the callback, and ProxyPool events into their own; the others stand by and take over when the
-leader's lease expires or is released.  Losing the lease stops the stream at once.
+(:mod:`watchers.stream`) into the callback, and ProxyPool events into their own; the others stand
+by and take over when the leader's lease expires or is released.  Losing the lease stops the stream at once.
 
 Timing comes from the environment (all seconds; defaults in parentheses):
 ``WATCH_TIMEOUT`` (300, server-side watch timeout), ``WATCH_READ_TIMEOUT`` (90, client-side
@@ -184,7 +184,8 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
 
 
 def _stream_while_leading(stream: ProxyStream, handoff: Handoff, elector: LeaderElector,
-                          stop: threading.Event, while_leading: Callable[[threading.Event], None] | None = None) -> None:
+                          stop: threading.Event,
+                          while_leading: Callable[[threading.Event], None] | None = None) -> None:
     """Run the stream and the hand-off (and ``while_leading``) in threads until ``stop`` or loss
     of leadership; return when the stream and the hand-off have ended."""
     term = threading.Event()
@@ -196,7 +197,7 @@ def _stream_while_leading(stream: ProxyStream, handoff: Handoff, elector: Leader
         def extra() -> None:
             try:
                 while_leading(term)
-            except Exception:  # noqa: BLE001 - never take the stream down with it
+            except Exception:  # never take the stream down with it
                 log.exception("background work of the leader failed")
         threading.Thread(target=extra, name="leader-background", daemon=True).start()
     while worker.is_alive():
@@ -220,7 +221,7 @@ def _with_pool_stream(stream: ProxyStream, handoff: Handoff,
             def other() -> None:
                 try:
                     also(term)
-                except Exception:  # noqa: BLE001 - never take the pool stream down with it
+                except Exception:  # never take the pool stream down with it
                     log.exception("background work of the leader failed")
             threading.Thread(target=other, name="leader-background-2", daemon=True).start()
         worker = threading.Thread(target=stream.run, args=(term,), name="pool-stream", daemon=True)

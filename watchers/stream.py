@@ -159,7 +159,7 @@ class ProxyStream:
                 metrics.WATCH_RESTARTS.labels(self.plural, "error").inc()
                 log.warning("proxy watch connection failed (%s); reconnecting from resourceVersion %s",
                             _describe(exc), self.resource_version)
-            except Exception:  # noqa: BLE001 - the stream must survive anything
+            except Exception:  # the stream must survive anything
                 metrics.WATCH_RESTARTS.labels(self.plural, "error").inc()
                 log.exception("proxy list/watch failed unexpectedly")
             if stop.is_set():
@@ -269,7 +269,7 @@ class ProxyStream:
                   meta.get("resourceVersion"))
         try:
             self.on_event(etype, obj)
-        except Exception:  # noqa: BLE001 - one bad hand-off must not kill the stream
+        except Exception:  # one bad hand-off must not kill the stream
             log.exception("proxy event handler failed for %s %s/%s", etype, meta.get("namespace"),
                           meta.get("name"))
 

@@ -166,7 +166,8 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
                 pipe.exists(key)
                 pipe.zscore(schedule_key, key)
             found = pipe.execute()
-        return [name for name, exists, score in zip(names, found[::2], found[1::2]) if not exists or score is None]
+        return [name for name, exists, score in zip(names, found[::2], found[1::2], strict=True)
+                if not exists or score is None]
 
     def _ensure_schedule(self) -> None:
         """Re-seed the schedule from ``beat_schedule`` if any entry's key or score is missing."""

@@ -140,7 +140,7 @@ class BeatScheduleCollector:
         except Exception as exc:  # noqa: BLE001 - a scrape must not fail because Redis is down
             log.warning("cannot read the beat schedule for /metrics: %s", type(exc).__name__)
             return
-        for name, raw in zip(names, metas):
+        for name, raw in zip(names, metas, strict=True):
             try:
                 last = RedBeatSchedulerEntry.decode_meta(raw).get("last_run_at")
             except ValueError:
@@ -190,7 +190,7 @@ class ServingViewCollector:
         except Exception as exc:  # noqa: BLE001 - a scrape must not fail because Redis is down
             log.warning("cannot read the serving view for /metrics: %s", type(exc).__name__)
             return
-        for state, n in zip(("published", "leasable", "full", "unhealthy", "draining"), counts):
+        for state, n in zip(("published", "leasable", "full", "unhealthy", "draining"), counts, strict=True):
             gauge.add_metric([state], float(n))
         yield gauge
 

@@ -40,7 +40,8 @@ def _lock_timeout(ctx) -> float:
 
 
 def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: int) -> None:
-    """Run one reconcile step under the per-Proxy lock and queue its followup (:meth:`app.dispatch.Dispatcher.run_step`).
+    """Run one reconcile step under the per-Proxy lock and queue its followup
+    (:meth:`app.dispatch.Dispatcher.run_step`).
 
     The followup of the same step goes back on the queue ``task`` was delivered from.
     """

@@ -38,9 +38,9 @@ Two different checks:
 * the **health URL** is fetched by the proxy, which resolves its host itself, in its own
   network.  Here its host is checked as a literal or through this process's resolver
   (:meth:`DestinationPolicy.check_url`), as urllib3 (which writes the probe's request) reads the
-  URL and as :func:`urllib.parse.urlsplit` does when that differs (:func:`url_hosts`); a name that does not resolve here is let through,
-  since the proxy may well resolve it: what the proxy may reach is the job of Squid's own
-  destination rules.
+  URL and as :func:`urllib.parse.urlsplit` does when that differs (:func:`url_hosts`); a name
+  that does not resolve here is let through, since the proxy may well resolve it: what the proxy
+  may reach is the job of Squid's own destination rules.
 """
 
 from __future__ import annotations

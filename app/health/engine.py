@@ -511,7 +511,7 @@ def _defer(batch: _Batch, cut: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: 
     trip): the sweep sees a latency of at least the cut and gives them to the slow lane."""
     floor_ms = batch.settings.slow_seconds * 1000
     pipe = batch.r.pipeline(transaction=False)
-    for target, res in cut:
+    for _target, res in cut:
         rec = recs[res.uid]
         fields = fields_of(last_reason=res.reason, latency_ms=max(res.latency_ms, floor_ms),
                            last_message=f"no answer within the fast lane's {batch.settings.slow_seconds:g} s "
@@ -607,9 +607,9 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
         if v.key() != rec.status_key:
             pending.append((res.uid, rec, v, res))
     out = pipe.execute()
-    applied = [ok for ok, script in zip(out, pipe_scripts) if script is _RECORD]
+    applied = [ok for ok, script in zip(out, pipe_scripts, strict=True) if script is _RECORD]
     report.probed += len(arrived)
-    live = {res.uid for (_, res), ok in zip(arrived, applied) if ok}
+    live = {res.uid for (_, res), ok in zip(arrived, applied, strict=True) if ok}
     for item in pending:
         if item[0] in live:
             batch.submit_status(item)

@@ -6,9 +6,9 @@ Redis lock it reads, through the :class:`app.kube.KubeGateway`,
 * the pool (gone or being deleted: its demand count is forgotten; Kubernetes' garbage collector
   deletes its members, which carry a controller ownerReference with ``blockOwnerDeletion``);
 * its members: the Proxies of its namespace whose controller ownerReference names the pool's UID
-  (and whose labels match ``spec.selector`` when one is given).  A Proxy without that reference is never adopted, whatever
-  its labels; a Proxy controlled by anything else is never touched.  A Proxy the pool controls
-  whose labels no longer match an explicit ``spec.selector`` is *released*, as a ReplicaSet
+  (and whose labels match ``spec.selector`` when one is given).  A Proxy without that reference
+  is never adopted, whatever its labels; a Proxy controlled by anything else is never touched.
+  A Proxy the pool controls whose labels no longer match an explicit ``spec.selector`` is *released*, as a ReplicaSet
   releases such a Pod (``PodControllerRefManager.ReleasePod``): its ownerReference to the pool
   is removed (:meth:`app.kube.KubeGateway.release_proxy`, with a resourceVersion precondition),
   along with the pool's draining mark, its serving record leaves the pool at once
@@ -491,7 +491,8 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",
                                message=f"draining {len(drained)} member(s) ({drained[0].reason}): {_names(drained)}; "
-                                       f"deleted once their leases end, by {format_time(drained[0].until)} at the latest")
+                                       f"deleted once their leases end, by {format_time(drained[0].until)} "
+                                       "at the latest")
     created = []
     for c in result.creates:
         for _ in range(3):
@@ -567,7 +568,8 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
     for zone in sorted(listed | set(by_zone) | {z for z in before if isinstance(z, str)} | set(doc)):
         entry = doc.get(zone) if isinstance(doc.get(zone), dict) else {}
         told_down = entry["down"] if isinstance(entry.get("down"), bool) else zone in before
-        times = [t for t in entry.get("times") or () if isinstance(t, (int, float)) and 0 <= now - t < ZONE_EVENT_WINDOW]
+        times = [t for t in entry.get("times") or ()
+                 if isinstance(t, (int, float)) and 0 <= now - t < ZONE_EVENT_WINDOW]
         down = zone in by_zone
         if zone not in listed and not down:
             continue  # no longer the pool's: forgotten, not said to recover
@@ -623,5 +625,6 @@ def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_
             pass
 
 
-__all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "ZONE_EVENTS_PER_WINDOW", "ZONE_EVENT_WINDOW", "Outcome", "PoolRef", "controlled_by", "member_labels",
-           "member_name", "member_spec", "members_of", "over_namespace_cap", "owner_of", "reconcile", "run", "strays_of", "zone_health"]
+__all__ = ["OVERRIDE_EVENT_INTERVAL", "RELEASE_RETRY", "ZONE_EVENTS_PER_WINDOW", "ZONE_EVENT_WINDOW", "Outcome",
+           "PoolRef", "controlled_by", "member_labels", "member_name", "member_spec", "members_of",
+           "over_namespace_cap", "owner_of", "reconcile", "run", "strays_of", "zone_health"]

@@ -293,8 +293,8 @@ class PoolSpec:
         """Build from a ProxyPool's ``spec``.
 
         Raises:
-            PoolSpecError: naming the field: a negative count or one over :data:`MAX_REPLICAS`, a template that is not Managed or
-                whose labels the selector does not match, a bad duration or percentage.
+            PoolSpecError: naming the field: a negative count or one over :data:`MAX_REPLICAS`, a
+                template that is not Managed or whose labels the selector does not match, a bad duration or percentage.
         """
         d = d or {}
         replicas = _whole("spec.replicas", d.get("replicas"), 1, maximum=MAX_REPLICAS)
@@ -456,6 +456,7 @@ class Member:
         return self.draining_until is not None
 
 
-__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "MAX_POOL_NAME", "Member",
-           "POOL_API_VERSION", "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit", "format_time", "parse_time",
+__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "MAX_POOL_NAME",
+           "Member", "POOL_API_VERSION", "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit",
+           "format_time", "parse_time",
            "selector_requirements", "selector_string", "status_selector", "template_hash", "uid_fraction"]

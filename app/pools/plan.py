@@ -406,7 +406,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     extra = len(updated) - n
     if extra > 0:
         zones = _zone_counts(pool, updated)
-        order = sorted(updated, key=lambda m: (m.leasable, m.unknown, m.leases, -zones.get(m.zone or "", 0), -m.created, m.name))
+        order = sorted(updated, key=lambda m: (m.leasable, m.unknown, m.leases, -zones.get(m.zone or "", 0), -m.created,
+                                               m.name))
         for m in order[:extra]:
             if not leave(m):
                 break

@@ -179,7 +179,7 @@ class PoolCollector:
                 values = [float(doc.get(key, 0) if key in _LATER else doc[key]) for _, key in families]
             except (ValueError, TypeError, KeyError):
                 continue
-            for (family, _), value in zip(families, values):
+            for (family, _), value in zip(families, values, strict=True):
                 family.add_metric([namespace, name], value)
         for family, _ in families:
             yield family

@@ -175,7 +175,8 @@ def test_each_thread_keeps_its_own_connection(redis_client, tokens_file, api_set
     mine = state.thread_redis
     assert mine is state.thread_redis and mine.connection is not None and mine.ping()
     theirs = []
-    t = threading.Thread(target=lambda: theirs.append((state.thread_redis, state.thread_redis.connection)))
+    t = threading.Thread(target=lambda: theirs.append(  # noqa: F821 - runs before the `del theirs` below
+        (state.thread_redis, state.thread_redis.connection)))
     t.start()
     t.join()
     client, connection = theirs[0]

@@ -46,7 +46,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         if body:
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+    def do_GET(self) -> None:  # http.server API
         if self.path.endswith("/generate_204"):
             self._answer(204)
         elif self.path.endswith("/ip"):
@@ -54,7 +54,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         else:
             self._answer(200, b"recorded\n")
 
-    def do_CONNECT(self) -> None:  # noqa: N802
+    def do_CONNECT(self) -> None:
         self._answer(200)
 
 

@@ -53,7 +53,7 @@ def start_all(starters) -> list:
     def run(i, fn):
         try:
             results[i] = fn()
-        except Exception as exc:  # re-raised below
+        except Exception as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(starters)]

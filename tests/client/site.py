@@ -21,7 +21,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+    def do_GET(self) -> None:  # http.server API
         site: BanSite = self.server.site
         client = self.client_address[0]
         with site.lock:

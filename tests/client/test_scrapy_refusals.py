@@ -43,7 +43,7 @@ def strict_squids():
 class _Spoofer(http.server.BaseHTTPRequestHandler):
     """A site answering 403 with the proxy's headers of its own."""
 
-    def do_GET(self):  # noqa: N802 (http.server API)
+    def do_GET(self):  # http.server API
         self.send_response(403)
         for name in ("X-Squid-Error", "X-Proxy-Operator-Error"):
             self.send_header(name, "ERR_ACCESS_DENIED 0")

@@ -251,7 +251,7 @@ def test_one_client_shared_by_many_threads(api, fleet, client_squids, health_set
                     with lease.requests_session() as session:
                         served.append((lease.host, session.get(client_origin.url("/ip"), timeout=10).text.strip()))
                     time.sleep(0.2)
-        except Exception as exc:  # reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=crawl) for _ in range(12)]

@@ -542,7 +542,7 @@ class FakeCompute:
         m = _LABEL_FILTER.match(flt) if flt else None
         if flt and not m:
             raise _HttpError(400, "INVALID", f"Invalid value for field 'filter': '{flt}'")
-        for (p, zone, name), inst in sorted(self.instances.items()):
+        for (p, zone, _name), inst in sorted(self.instances.items()):
             if p != project or zone in self.unreachable_zones:
                 continue
             if m and (inst.get("labels") or {}).get(m.group(1)) != m.group(3):

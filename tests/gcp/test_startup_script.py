@@ -39,7 +39,7 @@ class Metadata:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 outer.requests.append((self.path, self.headers.get("Metadata-Flavor")))
                 key = self.path[len(ATTRIBUTES) + 1:] if self.path.startswith(ATTRIBUTES + "/") else None
                 if self.headers.get("Metadata-Flavor") != "Google":

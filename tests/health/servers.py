@@ -41,7 +41,7 @@ class _OriginHandler(http.server.BaseHTTPRequestHandler):
         if status != 204 and body:
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+    def do_GET(self) -> None:  # http.server API
         self.server.requests.append({"path": self.path, "headers": dict(self.headers.items())})
         path = self.path.split("?")[0]
         if path == "/generate_204":

@@ -142,7 +142,7 @@ def test_settings_read_the_external_ranges_and_name_a_bad_one(monkeypatch):
 def test_one_denied_address_denies_the_name():
     answers = {"mixed.test": ["192.0.2.10", "169.254.169.254"]}
 
-    def resolver(host, port, type=0):  # noqa: A002 - getaddrinfo's keyword
+    def resolver(host, port, type=0):  # getaddrinfo's keyword
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
 
     with pytest.raises(DestinationDenied, match="resolves to 169.254.169.254"):
@@ -155,7 +155,7 @@ def test_the_probe_connects_to_the_address_it_checked(origin, squids, next_addre
     sq = squids(start_squid(next_address()))
     calls = []
 
-    def resolver(host, port, type=0):  # noqa: A002
+    def resolver(host, port, type=0):
         calls.append(host)
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (sq.address, port))]
 

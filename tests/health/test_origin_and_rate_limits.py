@@ -100,7 +100,7 @@ def test_rate_limited_proxies_stay_leasable_and_wait_for_retry_after(fleet, sett
     before = REGISTRY.get_sample_value("proxy_operator_probe_results_total", {"reason": p.RATE_LIMITED}) or 0
     # The limited ones first, alone: they become Ready on a 429 (the proxy works).
     fleet.probe(limited, settings)
-    for sweep in range(3):
+    for _sweep in range(3):
         started = time.time()
         report = fleet.probe(limited + fine, settings)
         assert report.probed == 25 and report.failed == 0

@@ -16,7 +16,10 @@ def bad(reason=p.CONNECTION_REFUSED):
     return p.ProbeResult("u", False, reason, f"failed: {reason}", None, 1.0, NOW)
 
 
-def run(state, results, th=Thresholds(success=2, failure=3), *, now=NOW, deadline=600, outage=False):
+TH = Thresholds(success=2, failure=3)
+
+
+def run(state, results, th=TH, *, now=NOW, deadline=600, outage=False):
     for res in results:
         state = advance(state, res, th, now=now, deadline=deadline, outage=outage)
     return state

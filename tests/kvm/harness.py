@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.loopback import free_port  # noqa: F401 - re-exported: bench/kvm.py and tests use it
+from tests.support.loopback import free_port  # re-exported: bench/kvm.py and tests use it
 from tests.support.waiting import wait_for
 
 # no-ping: dnsmasq otherwise pings every address for 3 s before offering it.
@@ -219,7 +219,7 @@ class ImageServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server API
+            def do_GET(self):  # http.server API
                 server.gets[self.path] = server.gets.get(self.path, 0) + 1
                 time.sleep(server.delays.get(self.path, 0))
                 if self.path in server.redirects:

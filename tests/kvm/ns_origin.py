@@ -15,7 +15,7 @@ import sys
 class Handler(http.server.BaseHTTPRequestHandler):
     """Answer GETs as the module docstring says."""
 
-    def do_GET(self):  # noqa: N802 - http.server API
+    def do_GET(self):  # http.server API
         print(self.client_address[0], self.path, flush=True)
         if self.path.endswith("/generate_204"):
             self.send_response(204)

@@ -19,14 +19,14 @@ pytestmark = pytest.mark.timeout(60)
 AUTH = {"Authorization": f"Bearer {OPEN}"}
 
 
-def _granted(api, redis_client) -> str:  # noqa: F811
+def _granted(api, redis_client) -> str:
     _member(redis_client, "a", "uid-a")
     got = api.post("/v1/leases", json={"ttlSeconds": 60}, headers=AUTH)
     assert got.status_code == 201, got.json
     return got.json["leaseId"]
 
 
-def test_a_renewal_in_the_last_second_before_the_drain_deadline_ends_the_lease(api, redis_client):  # noqa: F811
+def test_a_renewal_in_the_last_second_before_the_drain_deadline_ends_the_lease(api, redis_client):
     lease = _granted(api, redis_client)
     serving.set_draining(redis_client, "uid-a", time.time() + 0.6)
     renewed = api.post(f"/v1/leases/{lease}/renew", json={"ttlSeconds": 60}, headers=AUTH)
@@ -35,7 +35,7 @@ def test_a_renewal_in_the_last_second_before_the_drain_deadline_ends_the_lease(a
     assert again.status_code == 404 and again.json["error"] == "lease_not_found"  # ended, not left to run
 
 
-def test_a_capped_renewal_answers_at_least_one_second(api, redis_client):  # noqa: F811
+def test_a_capped_renewal_answers_at_least_one_second(api, redis_client):
     lease = _granted(api, redis_client)
     serving.set_draining(redis_client, "uid-a", time.time() + 1.8)
     renewed = api.post(f"/v1/leases/{lease}/renew", json={"ttlSeconds": 60}, headers=AUTH)

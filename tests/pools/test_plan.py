@@ -377,7 +377,7 @@ def test_template_change_with_5_replicas_surge_1_unavailable_0_keeps_5_leasable_
         assert len(sim.active()) <= 6, f"pass {steps}: {len(sim.active())} members not draining"
         assert len(result.creates) <= 1
         # a member starts draining only when a new one is leasable
-        for d in result.drains:
+        if result.drains:
             assert sim.leasable() >= 5
     assert max_active == 6
     assert steps > 5  # one member at a time
@@ -416,7 +416,7 @@ def test_a_rollout_waiting_for_held_leases_moves_on_at_the_drain_deadline():
     sim = Sim(p, old, ready_after=1)
     sim.set_spec(template={"metadata": {"labels": {"app": "web"}}, "spec": {"provider": "k8s", "maxLeases": 5,
                                                                              "placement": {"image": "squid:6"}}})
-    for step in range(200):
+    for step in range(200):  # noqa: B007 - read after the loop
         result = sim.step(dt=5.0)
         assert sim.leasable() >= 2 and _instances(sim) <= 3
         if all(m.template_hash == sim.pool.spec.hash for m in sim.members) and len(sim.members) == 2 \
@@ -440,13 +440,13 @@ def test_in_place_replacement_with_no_surge_never_runs_more_than_replicas_instan
 
 
 def test_rollout_with_max_unavailable_1_and_no_surge():
-    for sim, result in _rollout({"replicas": 4, "rollout": {"maxSurge": 0, "maxUnavailable": 1}}):
+    for sim, _result in _rollout({"replicas": 4, "rollout": {"maxSurge": 0, "maxUnavailable": 1}}):
         assert sim.leasable() >= 3
         assert len(sim.active()) <= 4
 
 
 def test_rollout_with_percentages():
-    for sim, result in _rollout({"replicas": 10, "rollout": {"maxSurge": "20%", "maxUnavailable": "10%"}}):
+    for sim, _result in _rollout({"replicas": 10, "rollout": {"maxSurge": "20%", "maxUnavailable": "10%"}}):
         assert sim.leasable() >= 9
         assert len(sim.active()) <= 12
 

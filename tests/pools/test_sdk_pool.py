@@ -40,7 +40,7 @@ class _Api:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 doc = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 path = urlsplit(self.path).path
                 api.seen.append(("POST", path, doc))
@@ -51,7 +51,7 @@ class _Api:
                                               "message": "unknown field (allowed: provider, zone, namespace, ...)"})
                 self._answer(201, LEASE)
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 parts = urlsplit(self.path)
                 q = {k: v[0] for k, v in parse_qs(parts.query).items()}
                 api.seen.append(("GET", parts.path, q))
@@ -59,7 +59,7 @@ class _Api:
                     return self._answer(400, {"error": "unknown_parameter", "field": "pool", "message": "unknown"})
                 self._answer(200, {"items": []})
 
-            def do_DELETE(self):  # noqa: N802
+            def do_DELETE(self):
                 api.seen.append(("DELETE", urlsplit(self.path).path, {}))
                 self._answer(200, {"leaseId": "0" * 32, "released": True, "outcome": "ok", "wasLive": True,
                                    "cooldownUntil": None})

@@ -108,7 +108,7 @@ def kubectl_warning(path: str | None = None) -> str | None:
 
 
 class _OriginHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server API
+    def do_GET(self):  # http.server API
         if self.path.split("?")[0].endswith("/generate_204"):
             self.send_response(204)
             self.end_headers()
@@ -263,7 +263,7 @@ class Demo:
     def banner(self) -> str:
         """The text printed once everything is up."""
         i = self.info()
-        STEPS = "".join(f"  {line}\n" for line in STEPS_LINES)  # noqa: N806 - a template part
+        STEPS = "".join(f"  {line}\n" for line in STEPS_LINES)  # a template part
         return f"""
 proxy-operator demo is up: a SIMULATED Kubernetes cluster (the test suite's API fake; each
 Squid "Pod" is a real Squid on {i['podCIDR']}), with the real watcher, worker, beat, API and Flower.

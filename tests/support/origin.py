@@ -9,7 +9,7 @@ import threading
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server API
+    def do_GET(self):  # http.server API
         if self.path.endswith("/generate_204"):
             self.send_response(204)
             self.end_headers()

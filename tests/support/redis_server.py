@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.support.loopback import free_port  # noqa: F401 - imported from here by many tests
+from tests.support.loopback import free_port  # imported from here by many tests
 
 
 class RedisServer:

@@ -20,7 +20,8 @@ Shape (every key but ``project`` optional; docs/gcp-provider.md is the user refe
       anonymous: false                  # only with apiEndpoint: a local fake or emulator
       requestTimeout: 30s
       operationTimeout: 5m
-      firewall: {ensure: false, sourceRanges: [10.0.0.0/8], ports: [3128]}   # ports: the only spec.endpoint.port values allowed while ensure is on
+      # firewall ports: the only spec.endpoint.port values allowed while ensure is on
+      firewall: {ensure: false, sourceRanges: [10.0.0.0/8], ports: [3128]}
       wireLogging: {enabled: false, fullPayloads: false}
 
 Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the

@@ -33,6 +33,7 @@ the SDK error.  SDK types never leave this module.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -305,12 +306,12 @@ class GcpProvider(Provider, CheckableProvider):
             timeout = max(1.0, min(remaining, _MAX_WAIT_CALL)) + s.request_timeout
             if zone is None:
                 request: Any = compute_v1.WaitGlobalOperationRequest(project=project, operation=op.name)
-                fn: Callable[[], Any] = lambda: api.global_operations.wait(request=request, timeout=timeout, retry=None)
+                wait: Callable[..., Any] = api.global_operations.wait
             else:
                 request = compute_v1.WaitZoneOperationRequest(project=project, zone=zone, operation=op.name)
-                fn = lambda: api.zone_operations.wait(request=request, timeout=timeout, retry=None)
+                wait = api.zone_operations.wait
             started = time.monotonic()
-            op = self._call(f"wait {what}", fn)
+            op = self._call(f"wait {what}", functools.partial(wait, request=request, timeout=timeout, retry=None))
             quick = time.monotonic() - started < _QUICK_WAIT
             pause = min(max(pause * 2, _MIN_PAUSE), _MAX_PAUSE) if quick else 0.0
         failure = operation_error(op)
@@ -543,8 +544,8 @@ class GcpProvider(Provider, CheckableProvider):
                 instances_set_labels_request_resource=compute_v1.InstancesSetLabelsRequest(
                     labels=labels, label_fingerprint=inst.label_fingerprint))
             try:
-                op = self._call(f"setLabels {provider_id}", lambda: api.instances.set_labels_unary(
-                    request=request, timeout=s.request_timeout, retry=None))
+                op = self._call(f"setLabels {provider_id}", functools.partial(
+                    api.instances.set_labels_unary, request=request, timeout=s.request_timeout, retry=None))
                 self._wait(f"setLabels {provider_id}", op, project, zone)
             except NotFound:
                 log.debug("gcp abandon %s: gone meanwhile", provider_id)

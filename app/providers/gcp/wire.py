@@ -253,7 +253,8 @@ class WireBridge(logging.Handler, logging.Filter):
         return None
 
 
-# Not app.lazy.per_process: a forked child inherits this bridge on the `google` logger tree (one per PID would add a second).
+# Not app.lazy.per_process: a forked child inherits this bridge on the `google` logger tree (one per PID would
+# add a second).
 _lock = threading.Lock()
 _bridge: WireBridge | None = None
 _warned = False

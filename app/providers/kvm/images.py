@@ -220,7 +220,7 @@ def _replaceable(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, b
         try:
             vol = link.call("virStorageVolLookupByName", lambda c, n=name: pool.storageVolLookupByName(n),
                             pool=pool_name, volume=name)
-            xml = link.call("virStorageVolGetXMLDesc", lambda c: vol.XMLDesc(0), volume=name, trace_result=True)
+            xml = link.call("virStorageVolGetXMLDesc", lambda c, v=vol: v.XMLDesc(0), volume=name, trace_result=True)
         except NotFound:
             continue
         if backing_path(xml) == base_path:

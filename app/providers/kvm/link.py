@@ -76,7 +76,7 @@ def _run_events() -> None:
     while True:
         try:
             libvirt.virEventRunDefaultImpl()
-        except Exception:  # noqa: BLE001 - keep the loop alive
+        except Exception:  # keep the loop alive
             log.exception("libvirt event loop iteration failed")
             time.sleep(1)
 
@@ -276,7 +276,7 @@ class HostLink:
             if not self._alive(live):
                 self._drop(live, f"{rpc} failed and the connection is gone")
             raise classify_libvirt(exc, f"kvm host {self.host.name}: {what}") from exc
-        except Exception as exc:  # noqa: BLE001 - unclassified: Transient
+        except Exception as exc:  # unclassified: Transient
             self._trace(rpc, ids, started, error=f"{type(exc).__name__}: {exc}")
             if not self._alive(live):
                 self._drop(live, f"{rpc} failed and the connection is gone")

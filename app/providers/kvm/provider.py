@@ -396,7 +396,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             try:
                 net = link.call("virNetworkLookupByName", lambda c, n=network: c.networkLookupByName(n),
                                 network=network)
-                leases = link.call("virNetworkGetDHCPLeases", lambda c, m=mac: net.DHCPLeases(m),
+                leases = link.call("virNetworkGetDHCPLeases", lambda c, m=mac, nt=net: nt.DHCPLeases(m),
                                    network=network, mac=mac)
             except (DialError, BadSSHMaterial):
                 raise

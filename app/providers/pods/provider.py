@@ -273,7 +273,7 @@ class KubernetesProvider(Provider, CheckableProvider):
                 if exc.status != 409:
                     raise
                 api.replace_namespaced_network_policy(egress.NETWORK_POLICY_NAME, namespace, body)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _classify(exc, f"ensure {what}") from exc
         self._egress_ensured[namespace] = (digest, time.monotonic())
 
@@ -321,7 +321,7 @@ class KubernetesProvider(Provider, CheckableProvider):
         except k8s.ApiException as exc:
             if exc.status != 409:
                 raise _classify(exc, f"create pod {namespace}/{request.name}") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _classify(exc, f"create pod {namespace}/{request.name}") from exc
         inst = self.get(f"{namespace}/{request.name}")
         if inst.state == InstanceState.TERMINATED:
@@ -333,7 +333,7 @@ class KubernetesProvider(Provider, CheckableProvider):
         ns, name = split_provider_id(provider_id)
         try:
             return to_instance(self.core.read_namespaced_pod(name, ns))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _classify(exc, f"get pod {provider_id}") from exc
 
     def delete(self, provider_id: str) -> None:
@@ -352,7 +352,7 @@ class KubernetesProvider(Provider, CheckableProvider):
         ns, name = split_provider_id(provider_id)
         try:
             pod = self.core.read_namespaced_pod(name, ns)
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:  # classified below
             if _gone(exc):
                 return
             raise _classify(exc, f"read pod {provider_id} before deleting it") from exc
@@ -367,7 +367,7 @@ class KubernetesProvider(Provider, CheckableProvider):
             if exc.status == 409:
                 raise Transient(f"delete pod {provider_id}: the Pod was replaced since it was read") from exc
             raise _classify(exc, f"delete pod {provider_id}") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _classify(exc, f"delete pod {provider_id}") from exc
 
     def abandon(self, provider_id: str) -> None:
@@ -384,7 +384,7 @@ class KubernetesProvider(Provider, CheckableProvider):
         try:
             self.core.patch_namespaced_pod(name, ns, body)
             log.info("marked pod %s abandoned", provider_id)
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:  # classified below
             if _gone(exc):
                 return
             raise _classify(exc, f"label pod {provider_id} abandoned") from exc
@@ -440,7 +440,7 @@ class KubernetesProvider(Provider, CheckableProvider):
                              len(instances))
                     continue
                 raise _classify(exc, "list managed pods") from exc
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise _classify(exc, "list managed pods") from exc
 
     def _metadata_page(self, selector: str, token: str | None) -> dict:
