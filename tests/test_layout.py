@@ -1,17 +1,9 @@
-"""The layout rules of docs/architecture.md ("Layout rules"), checked on the import statements.
+"""The layout rules of docs/architecture.md ("Layout rules"), checked by import-linter.
 
-* The Kubernetes gateway (``app/kube.py``, ``app/status_writer.py``) knows no provider: it
-  imports nothing from ``app/providers/``.
-* A provider never imports the gateway or the composition root: its clients are injected by
-  ``app/wiring.py`` (the kubernetes provider gets the gateway's per-process client).
-* Plain domain modules (``app/config.py``, ``app/resources.py``, ``app/settings.py``,
-  ``app/provider_types.py`` ...) never import ``app/providers/``: providers depend on the domain.
-* The watcher (``watchers/``) imports nothing from ``workers/`` (the Celery side); the
-  composition root (``cli/main.py``) injects the publisher (also ``tests/test_watcher_imports.py``).
-
-Every ``import`` statement counts, function-level and ``TYPE_CHECKING`` ones included.  Imports
-are resolved as Python resolves them: ``from kubernetes import config`` is the ``kubernetes``
-client package, not ``app/providers/pods``.
+The rules are import-linter contracts in pyproject.toml (``[tool.importlinter]``); ``make lint``
+runs ``lint-imports`` and so does this module, so a broken contract also fails the suite.  Every
+import counts, function-level and ``TYPE_CHECKING`` ones included, and so does what a module
+imports through another.
 
 The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/`` and
 ``cli/``, and every repository path the page names exists.
@@ -19,10 +11,10 @@ The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = ("app/kube.py", "app/status_writer.py")
 DOMAIN = ("app/config.py", "app/resources.py", "app/settings.py", "app/provider_types.py", "app/validation.py",
           "app/squid.py", "app/tenancy.py", "app/naming.py", "app/timefmt.py", "app/lazy.py")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _module_of(path: Path) -> str:
@@ -42,80 +35,52 @@ def _module_of(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path, text: str | None = None) -> list[tuple[int, str]]:
-    """``(line, module)`` for every module an import statement of ``path`` (or ``text`` as if it
-    were that file) may load.
-
-    ``from a.b import c`` yields ``a.b`` and ``a.b.c`` (``c`` may be a submodule); relative
-    imports are resolved against the file's package.
-    """
-    module = _module_of(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text() if text is None else text, str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            found.append((node.lineno, source))
-            found += [(node.lineno, f"{source}.{alias.name}") for alias in node.names if alias.name != "*"]
-    return found
-
-
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def violations(files, forbidden: tuple[str, ...], rule: str) -> list[str]:
-    out = []
-    for path in files:
-        seen = set()
-        for line, module in imports_of(path):
-            if _under(module, forbidden) and line not in seen:
-                seen.add(line)
-                out.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({rule})")
-    return out
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` on the packages of ``tree`` with the contracts of ``tree/pyproject.toml``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tree)
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
-def _files(*patterns: str) -> list[Path]:
-    files = sorted({p for pattern in patterns for p in ROOT.glob(pattern)})
-    assert files, patterns
-    return files
+def test_the_layout_contracts_hold():
+    out = lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout and "7 kept" in out.stdout, out.stdout
 
 
-def test_the_imports_are_resolved_as_python_resolves_them():
-    sample = ROOT / "app" / "pools" / "sample.py"  # parsed as if it lived there; never written
-    assert imports_of(sample, "from kubernetes import config\n") == [(1, "kubernetes"), (1, "kubernetes.config")]
-    assert (1, "app.providers.pods") in imports_of(sample, "from ..providers import pods\n")
-    assert (2, "app.providers.base") in imports_of(sample, "def f():\n    import app.providers.base\n")
-    assert (1, "app.providers") in imports_of(sample, "from app import providers\n")
-
-
-def test_the_gateway_imports_no_provider():
-    assert violations(_files(*GATEWAY), ("app.providers",),
-                      "the Kubernetes gateway knows no provider; clients are injected at app/wiring.py") == []
-
-
-def test_providers_never_import_the_gateway_or_the_composition_root():
-    assert violations(_files("app/providers/**/*.py"),
-                      ("app.kube", "app.status_writer", "app.wiring", "cli"),
-                      "a provider gets its clients injected at the composition root (app/wiring.py)") == []
-
-
-def test_plain_domain_modules_never_import_providers():
-    assert violations(_files(*DOMAIN), ("app.providers",),
-                      "providers depend on the domain, never the reverse; "
-                      "ProviderType lives in app/provider_types.py") == []
-
-
-def test_the_watcher_never_imports_the_celery_side():
-    assert violations(_files("watchers/**/*.py"), ("workers",),
-                      "the watcher imports nothing from workers/; cli/main.py injects the publisher") == []
+@pytest.mark.parametrize(("module", "line", "rule"), [
+    ("app/kube.py", "def _f():\n    import app.providers.pods.provider\n", "The Kubernetes gateway knows no provider"),
+    ("app/providers/gcp/ids.py", "from app import wiring\n", "Providers get their clients injected"),
+    ("app/tenancy.py", "from app.providers import registry\n", "Plain domain modules never import providers"),
+    ("watchers/leader.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import workers.tasks\n",
+     "The watcher never loads the Celery side"),
+    ("app/reconcile.py", "import celery\n", "Reconcile and the probe engine know no Celery"),
+    ("app/health/state.py", "from app import gc\n", None),  # allowed: gc knows no Celery either
+    ("api/routes.py", "from app import kube\n", "The API reads only Redis"),
+])
+def test_a_forbidden_import_breaks_its_contract_and_names_it(tmp_path, module, line, rule):
+    """A copy of the tree with one import added: the contract it breaks is reported by name, with
+    the importing module and line (function-level and TYPE_CHECKING imports count)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    for package in ("app", "api", "workers", "watchers", "cli"):
+        shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tree / module
+    target.write_text(target.read_text() + "\n" + line)
+    out = lint_imports(tree)
+    if rule is None:
+        assert out.returncode == 0, out.stdout + out.stderr
+        return
+    assert out.returncode != 0, out.stdout
+    broken = out.stdout[out.stdout.index("Broken contracts"):]
+    assert rule in broken, out.stdout
+    assert f"{_module_of(ROOT / module)} -> " in broken, out.stdout
 
 
 def test_the_gateway_and_the_domain_load_no_provider_module():
