@@ -12,7 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-import redis
+from redis import Redis
 from flask import Flask, Response, request
 
 from api import inputs, metrics
@@ -40,13 +40,13 @@ NO_STORE = {"Cache-Control": "no-store"}
 class State:
     """What the routes share: Redis client, token store, settings."""
 
-    redis: object
+    redis: Redis
     tokens: TokenStore
     settings: ApiSettings
     _local: threading.local = field(default_factory=threading.local, init=False, repr=False)
 
     @property
-    def thread_redis(self) -> redis.Redis:
+    def thread_redis(self) -> Redis:
         """A client of the calling thread on ``redis``'s connection pool, holding one connection
         of the pool for as long as the thread lives (``single_connection_client``; returned to
         the pool when the thread ends).  The lease operations use it: a command on the shared
@@ -57,8 +57,8 @@ class State:
         answer into the next command."""
         client = getattr(self._local, "redis", None)
         if client is None:
-            client = self._local.redis = redis.Redis(connection_pool=self.redis.connection_pool,
-                                                     single_connection_client=True)
+            client = self._local.redis = Redis(connection_pool=self.redis.connection_pool,
+                                               single_connection_client=True)
         return client
 
 

@@ -74,7 +74,9 @@ class Requirement:
 
 def _split(text: str) -> list[str]:
     """Split on commas outside parentheses."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "(":
             depth += 1

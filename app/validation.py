@@ -7,6 +7,7 @@ a missing required key, a value of the wrong type or shape, or an unknown key.
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import re
 from dataclasses import dataclass
@@ -122,8 +123,9 @@ class Reader:
 
 
     # -- typed readers -----------------------------------------------------------------
-    def str(self, key: str, default: str | None = None, *, required: bool = False,
-            pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] | None = None) -> str | None:
+    def str(self, key: builtins.str, default: builtins.str | None = None, *, required: builtins.bool = False,
+            pattern: re.Pattern[builtins.str] | None = None,
+            choices: tuple[builtins.str, ...] | None = None) -> builtins.str | None:
         """Return a non-empty string; check ``pattern``/``choices`` when given."""
         value = self.raw(key, default, required=required)
         if value is None:
@@ -138,8 +140,8 @@ class Reader:
             raise self.error(key, f"{value!r} is not one of {', '.join(choices)}")
         return value
 
-    def int(self, key: str, default: int | None = None, *, required: bool = False,
-            minimum: int | None = None, maximum: int | None = None) -> int | None:
+    def int(self, key: builtins.str, default: builtins.int | None = None, *, required: builtins.bool = False,
+            minimum: builtins.int | None = None, maximum: builtins.int | None = None) -> builtins.int | None:
         """Return an integer within ``[minimum, maximum]``."""
         value = self.raw(key, default, required=required)
         if value is None:
@@ -152,7 +154,8 @@ class Reader:
             raise self.error(key, f"must be at most {maximum}, got {value}")
         return value
 
-    def bool(self, key: str, default: bool | None = None, *, required: bool = False) -> bool | None:
+    def bool(self, key: builtins.str, default: builtins.bool | None = None, *,
+             required: builtins.bool = False) -> builtins.bool | None:
         """Return a boolean (YAML ``true``/``false`` only)."""
         value = self.raw(key, default, required=required)
         if value is None:
@@ -161,7 +164,8 @@ class Reader:
             raise self.error(key, f"must be true or false, got {value!r}")
         return value
 
-    def duration(self, key: str, default: float | None = None, *, required: bool = False) -> float | None:
+    def duration(self, key: builtins.str, default: float | None = None, *,
+                 required: builtins.bool = False) -> float | None:
         """Return a duration in seconds (see :func:`parse_duration`)."""
         value = self.raw(key, default, required=required)
         if value is None:
@@ -171,7 +175,8 @@ class Reader:
         except ValueError as exc:
             raise self.error(key, str(exc)) from None
 
-    def str_list(self, key: str, default: list[str] | None = None, *, required: bool = False) -> list[str]:
+    def str_list(self, key: builtins.str, default: list[builtins.str] | None = None, *,
+                 required: builtins.bool = False) -> list[builtins.str]:
         """Return a list of non-empty strings."""
         value = self.raw(key, default if default is not None else [], required=required)
         if not isinstance(value, list):
@@ -181,19 +186,19 @@ class Reader:
                 raise self.error(f"{key}[{i}]", "must be a non-empty string")
         return list(value)
 
-    def child(self, key: str, *, required: bool = False) -> "Reader":
+    def child(self, key: builtins.str, *, required: builtins.bool = False) -> "Reader":
         """Return a :class:`Reader` over the mapping at ``key`` (empty when absent and optional)."""
         value = self.raw(key, None, required=required)
         return Reader(value if value is not None else {}, self.file, self.provider, self.where(key) or key)
 
-    def items(self, key: str, *, required: bool = False) -> list["Reader"]:
+    def items(self, key: builtins.str, *, required: builtins.bool = False) -> list["Reader"]:
         """Return one :class:`Reader` per mapping in the list at ``key``."""
         value = self.raw(key, [], required=required)
         if not isinstance(value, list):
             raise self.error(key, f"must be a list, got {type(value).__name__}")
         return [Reader(v, self.file, self.provider, f"{self.where(key)}[{i}]") for i, v in enumerate(value)]
 
-    def mapping(self, key: str, *, required: bool = False) -> dict[str, "Reader"]:
+    def mapping(self, key: builtins.str, *, required: builtins.bool = False) -> dict[builtins.str, "Reader"]:
         """Return ``{name: Reader}`` for a mapping of mappings at ``key``."""
         value = self.raw(key, {}, required=required)
         if not isinstance(value, dict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
+from typing import Any, Callable
 
 from redis.exceptions import NoScriptError
 
@@ -52,7 +53,7 @@ class Lua:
         self.files = files
         self.source = redis_keys.lua_header() + prelude + "".join(source(name) for name in files)
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
-        self._script = None
+        self._script: Callable[..., Any] | None = None  # redis-py's Script, registered on first use
 
     def __call__(self, r, keys: list, args: list):
         """Run the script on ``r`` (a client or a pipeline) with ``keys`` and ``args``."""
