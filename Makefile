@@ -78,7 +78,7 @@ demo: demo-deps venv-demo
 ## docs/architecture.md ("Layout rules").  Each runs even when one before it failed; the target
 ## fails when any did, and names which.
 LINT_PACKAGES := app api workers watchers cli
-lint: venv
+lint: deps venv
 	@failed=""; \
 	echo "$(BIN)/ruff check $(LINT_PACKAGES) tests bench"; \
 	$(BIN)/ruff check $(LINT_PACKAGES) tests bench || failed="$$failed ruff"; \
