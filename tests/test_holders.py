@@ -109,7 +109,9 @@ def test_reap_restores_a_dead_holders_messages_once_and_never_a_live_ones(redis_
         assert holders.reap(redis_client, restored.append, judge) == 2
         assert sorted(restored) == ["tag-1", "tag-2"]
         assert holders.reap(redis_client, restored.append, judge) == 0  # a second reaper finds nothing
-        assert redis_client.smembers(redis_keys.HOLDERS) == {"live", "judge"}
+        # (the session's Redis may hold other processes' live holders too: workers of other tests)
+        holders_left = redis_client.smembers(redis_keys.HOLDERS)
+        assert {"live", "judge"} <= holders_left and "dead" not in holders_left
         assert redis_client.smembers(redis_keys.holder_messages("live")) == {"tag-live"}
     finally:
         live.stop()
