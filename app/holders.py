@@ -89,11 +89,17 @@ class Holder:
         now = time.time()
         if self._since is None or now - self._last_ok > self.ttl:
             self._since = now  # a gap (or the first beat): the heartbeat may have expired meanwhile
+        key, px = redis_keys.holder_heartbeat(self.id), int(self.ttl * 1000)
         try:
             pipe = self.redis.pipeline()
-            pipe.set(redis_keys.holder_heartbeat(self.id), f"{self._since:.3f}", px=int(self.ttl * 1000))
+            pipe.set(key, f"{self._since:.3f}", px=px, get=True)
             pipe.sadd(redis_keys.HOLDERS, self.id)
-            pipe.execute()
+            before, _ = pipe.execute()
+            if before is None and self._since != now:
+                # a gap only Redis saw (restarted from a snapshot in which the heartbeats had
+                # expired, a lagging replica promoted): the others may not have beaten back yet
+                self._since = now
+                self.redis.set(key, f"{self._since:.3f}", px=px)
         except redis_lib.RedisError as exc:
             log.debug("holder %s: heartbeat failed: %s", self.id, type(exc).__name__)
             return False

@@ -595,7 +595,8 @@ def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSetti
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
-    raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000])
+    # a request id: the same release run again after its answer was lost gets that answer
+    raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000, secrets.token_hex(8)])
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         raise LeaseError(doc["error"], _MESSAGES[doc["error"]])

@@ -56,7 +56,7 @@ SERVING = (k.PROXIES, k.proxy("*"))
 AUTH = (k.auth("*"),)
 INDEX = (k.LOAD, k.FULL, k.UNHEALTHY, k.DRAINING)
 PROXY_LEASES = (k.proxy_leases("*"), k.client_leases("*"))
-LEASES = (k.LEASE_EXPIRY, k.lease("*"))
+LEASES = (k.LEASE_EXPIRY, k.lease("*"), k.released("*"))
 CLIENT_STATE = (k.cooldown("*"), k.sticky("*", "*"))
 HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"),
                k.HEALTH_SLOW_SLOTS, k.HEALTH_SLOW_TURNS)

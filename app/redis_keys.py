@@ -138,12 +138,24 @@ LEASE_PREFIX = PREFIX + "lease:"
 
 
 def lease(lease_id: str) -> str:
-    """hash ``uid client ttl expiresAt createdAt sessionKey`` — one lease.  Expires
+    """hash ``uid client ttl expiresAt createdAt sessionKey sticky`` — one lease.  Expires
     ``LEASE_RECORD_GRACE`` seconds after the lease (``PEXPIREAT``), so a late renew says
     "expired" and a late release still reports its outcome.  Written by ``lease_acquire.lua`` /
     ``lease_renew.lua``, deleted by ``lease_renew.lua`` (proxy gone) and ``lease_release.lua``;
     read by those and by the expiry sweep and ``lease_forget.lua`` (its ``client``)."""
     return LEASE_PREFIX + lease_id
+
+
+#: Prefix of :func:`released`.
+RELEASED_PREFIX = PREFIX + "released:"
+
+
+def released(lease_id: str) -> str:
+    """hash ``request answer`` — the answer of the release of lease ``lease_id`` and the id of
+    the request that made it, for 60 s: the same request run again (``app/redis_retry.py``,
+    after its first answer was lost with its connection) gets that answer, not
+    ``lease_not_found``.  Written and read by ``lease_release.lua``."""
+    return RELEASED_PREFIX + lease_id
 
 
 #: Prefix of :func:`client_leases`.
@@ -395,6 +407,7 @@ LUA_NAMES = {
     "P_AUTH": AUTH_PREFIX,
     "P_LEASES": PROXY_LEASES_PREFIX,
     "P_LEASE": LEASE_PREFIX,
+    "P_RELEASED": RELEASED_PREFIX,
     "P_CLIENT_LEASES": CLIENT_LEASES_PREFIX,
     "P_COOLDOWN": COOLDOWN_PREFIX,
     "P_STICKY": STICKY_PREFIX,

@@ -11,9 +11,10 @@ once per connection).
 ``ConnectionError``: Redis runs a command only once it has read all of it, and a connection
 found dead after a restart failed before that, so the retry runs it exactly once.  A
 connection that dies while a command's answer is on its way (the command ran) is retried as
-well; the lease scripts keep that harmless (an acquire retried makes a second lease that
-expires at its TTL; a release retried answers ``lease_not_found``).  Timeouts are never
-retried: the command may still be running.
+well; the lease scripts answer such a retry as the first run did (an acquire finds the lease
+granted under its request's fresh lease id, a release the answer it kept for its request id:
+``app/redis_keys.released``), so it makes no second lease and no ``lease_not_found``.  Timeouts
+are never retried: the command may still be running.
 """
 
 from __future__ import annotations

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
 
 from app import holders, redis_keys
 from app.dispatch import GC, HEALTH, HOST_QUEUE_PREFIX, PROXIES
@@ -67,7 +69,8 @@ class QoS(kombu_redis.QoS):
       as kombu's unacked entry; an acknowledgement removes it.
     * :meth:`restore_visible` (kombu's periodic sweep for messages past the visibility timeout)
       also puts back, at most every :data:`REAP_INTERVAL` seconds, the messages of holders whose
-      heartbeat is gone (:func:`app.holders.reap`, through kombu's own ``restore_by_tag``).
+      heartbeat is gone (:func:`app.holders.reap`, through :meth:`restore_retagged`: kombu's
+      ``restore_by_tag`` under a new delivery tag).
 
     A process without an installed holder (beat, the watcher: they only publish) behaves as kombu's.
     """
@@ -105,9 +108,31 @@ class QoS(kombu_redis.QoS):
         self._reaped_at = now
         with self.channel.conn_or_acquire() as client:
             try:
-                holders.reap(client, lambda tag: self.restore_by_tag(tag, client), holder)
+                holders.reap(client, lambda tag: self.restore_retagged(tag, client), holder)
             except redis.RedisError as exc:
                 log.debug("broker: reaping dead holders' messages failed: %s", type(exc).__name__)
+
+
+    def restore_retagged(self, tag, client):
+        """kombu's ``restore_by_tag`` (atomic: two reapers restore a message once), the message
+        put back under a new delivery tag.
+
+        The holder it is taken from may be alive after all (a pause longer than ``HOLDER_TTL``):
+        it acknowledges the tag when its run ends.  kombu keeps a message's tag when it restores
+        it, so that late acknowledgement would delete the unacked entry of the worker that took
+        the restored copy, and that worker's death would then put nothing back (the step lost).
+        """
+        def restore_transaction(pipe):
+            raw = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if raw:
+                payload, exchange, routing_key = loads(bytes_to_str(raw))
+                if isinstance(payload.get("properties"), dict):
+                    payload["properties"]["delivery_tag"] = str(uuid.uuid4())
+                self.channel._do_restore_message(payload, exchange, routing_key, pipe)
+
+        client.transaction(restore_transaction, self.unacked_key)
 
 
 class Channel(kombu_redis.Channel):

@@ -7,6 +7,24 @@
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local session = ARGV[5]
+-- the answer of a granted lease (its proxy's address and credentials read now)
+local function granted(uid, used, exp, lease_ttl, sticky)
+  local h = redis.call('HMGET', P_PROXY .. uid, 'address', 'port', 'egressIP', 'namespace', 'name',
+                       'provider', 'zone', 'maxLeases', 'authSecret')
+  local auth = {false, false}
+  if h[9] and h[9] ~= '' then auth = redis.call('HMGET', P_AUTH .. uid, 'username', 'password') end
+  return cjson.encode({uid = uid, used = used, expiresAt = exp, ttl = lease_ttl, address = h[1],
+                       port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
+                       zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
+end
+-- the lease id is new for each request: a lease under it already is this request's own, granted
+-- by a first run whose answer was lost with its connection (app/redis_retry.py runs the command
+-- once more): answer it again instead of granting a second lease
+if redis.call('HGET', P_LEASE .. lease_id, 'client') == client then
+  local prior = redis.call('HMGET', P_LEASE .. lease_id, 'uid', 'client', 'ttl', 'expiresAt', 'sticky')
+  return granted(prior[1], redis.call('ZCOUNT', P_LEASES .. prior[1], '(' .. now, '+inf'), tonumber(prior[4]),
+                 tonumber(prior[3]), tonumber(prior[5]) or 0)
+end
 -- the client's own limit (ARGV[8], '' = none) comes first: at it, nothing else is read
 local held = held_key(client)
 local client_max = tonumber(ARGV[8])
@@ -333,13 +351,7 @@ else
 end
 local lk = P_LEASE .. lease_id
 redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
-           'createdAt', now, 'sessionKey', session)
+           'createdAt', now, 'sessionKey', session, 'sticky', sticky)
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
-local h = redis.call('HMGET', P_PROXY .. chosen, 'address', 'port', 'egressIP', 'namespace', 'name',
-                     'provider', 'zone', 'maxLeases', 'authSecret')
-local auth = {false, false}
-if h[9] and h[9] ~= '' then auth = redis.call('HMGET', P_AUTH .. chosen, 'username', 'password') end
-return cjson.encode({uid = chosen, used = used_now, expiresAt = exp, ttl = ttl, address = h[1],
-                     port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
-                     zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
+return granted(chosen, used_now, exp, ttl, sticky)

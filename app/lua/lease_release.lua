@@ -1,10 +1,19 @@
--- app.leases.release.  ARGV: lease id, client, outcome, cooldown (ms).  After now.lua,
--- lease_index.lua.
+-- app.leases.release.  ARGV: lease id, client, outcome, cooldown (ms), request id ('' = none).
+-- After now.lua, lease_index.lua.
 -- Key names (K_*, P_*): locals from app.redis_keys.lua_header(), which the loader prepends.
-local id, client, outcome, cooldown = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local id, client, outcome, cooldown, request = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local lk = P_LEASE .. id
+local rk = P_RELEASED .. id
 local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey')
-if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
+if not h[1] then
+  -- this very request run again (app/redis_retry.py) after a first run that released the lease
+  -- and whose answer was lost with its connection: the first run's answer, not a 404
+  if request and request ~= '' then
+    local prior = redis.call('HMGET', rk, 'request', 'answer')
+    if prior[1] == request then return prior[2] end
+  end
+  return cjson.encode({error = 'lease_not_found'})
+end
 if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = P_LEASES .. h[1]
 local score = redis.call('ZSCORE', zk, id)
@@ -31,4 +40,9 @@ if (outcome == 'blocked' or outcome == 'failed') and cooldown > 0 then
     if redis.call('GET', sk) == h[1] then redis.call('DEL', sk) end
   end
 end
-return cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})
+local answer = cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})
+if request and request ~= '' then
+  redis.call('HSET', rk, 'request', request, 'answer', answer)
+  redis.call('PEXPIRE', rk, 60000)
+end
+return answer

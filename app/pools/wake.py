@@ -37,15 +37,19 @@ def take(r) -> list[tuple[str, str]]:
 
 def next_expiry(r, uids: list[str]) -> float | None:
     """The earliest expiry (epoch seconds, Redis clock) of a live lease on any of ``uids``,
-    ``None`` when they hold none.  One round trip.
+    ``None`` when they hold none.  Two round trips (``TIME``, then the reads).
 
     Raises:
         redis.RedisError: Redis unreachable.
     """
     if not uids:
         return None
+    # a draining member's expired leases stay in its set (reindex drops them only for a
+    # leasable proxy): read the first *live* one, or a pass runs every EXPIRY_SLACK seconds
+    now_s, now_us = r.time()
+    now_ms = now_s * 1000 + now_us // 1000
     pipe = r.pipeline(transaction=False)
     for uid in uids:
-        pipe.zrange(redis_keys.proxy_leases(uid), 0, 0, withscores=True)
+        pipe.zrangebyscore(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf", start=0, num=1, withscores=True)
     firsts = [rows[0][1] for rows in pipe.execute() if rows]
     return min(firsts) / 1000.0 if firsts else None
