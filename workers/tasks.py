@@ -203,9 +203,14 @@ def pool_wake() -> int:
         return 0
     dispatcher = pool_dispatcher()
     sent = 0
-    for pool in ctx.kube.list_pools():
-        if (pool.namespace, pool.name) in woken:
-            sent += dispatcher.enqueue(PoolRef(pool.namespace, pool.name, pool.uid))
+    try:
+        for pool in ctx.kube.list_pools():
+            if (pool.namespace, pool.name) in woken:
+                sent += dispatcher.enqueue(PoolRef(pool.namespace, pool.name, pool.uid))
+                woken.discard((pool.namespace, pool.name))
+    except Exception:
+        wake.put_back(ctx.redis, woken)  # the next wake tries them again; none is lost
+        raise
     return sent
 
 

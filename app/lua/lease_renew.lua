@@ -30,6 +30,10 @@ if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until - n
   redis.call('ZREM', held, id)
   redis.call('DEL', lk)
   reindex(h[1], now)
+  -- a draining member's last live lease ended here: wake its pool (as a release does)
+  if drain_until and p[12] and p[12] ~= '' and p[6] and redis.call('ZCOUNT', zk, '(' .. now, '+inf') == 0 then
+    redis.call('SADD', K_POOL_WAKE, p[6] .. '/' .. p[12])
+  end
   return cjson.encode({error = 'proxy_unavailable'})
 end
 local score = redis.call('ZSCORE', zk, id)

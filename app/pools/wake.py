@@ -35,6 +35,18 @@ def take(r) -> list[tuple[str, str]]:
     return out
 
 
+def put_back(r, pools) -> None:
+    """Wake ``pools`` (``(namespace, name)`` pairs) again: a take whose passes were not all
+    queued (the API or the broker failed) loses none of them.
+
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    keys = [f"{namespace}/{name}" for namespace, name in pools]
+    if keys:
+        r.sadd(redis_keys.POOL_WAKE, *keys)
+
+
 def next_expiry(r, uids: list[str]) -> float | None:
     """The earliest expiry (epoch seconds, Redis clock) of a live lease on any of ``uids``,
     ``None`` when they hold none.  Two round trips (``TIME``, then the reads).

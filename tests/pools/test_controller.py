@@ -181,6 +181,24 @@ def test_only_the_last_live_lease_of_a_draining_member_wakes_its_pool(api, redis
     leases.release(redis_client, "crawler", b.id, outcome="ok", settings=SETTINGS)
     assert wake.take(redis_client) == []  # c still holds it
     leases.release(redis_client, "crawler", c.id, outcome="blocked", settings=SETTINGS)
+    woken = wake.take(redis_client)
+    assert woken == [(NS, "web")]
+    wake.put_back(redis_client, woken)  # a pool.wake whose passes failed to go out loses none
+    assert wake.take(redis_client) == [(NS, "web")]
+
+
+def test_a_renewal_that_ends_a_draining_members_last_lease_wakes_its_pool(api, redis_client):
+    ref = make_pool(api, replicas=1, drain={"drainTimeoutSeconds": 600})
+    run(api, redis_client, ref)
+    [member] = proxies(api)
+    ready(api, redis_client, member)
+    held = leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
+    run(api, redis_client, ref)  # drains it
+    redis_client.hset(serving.proxy_key(member.uid), "healthy", "0")  # the probes turned it unhealthy
+    with pytest.raises(leases.LeaseError) as ended:
+        leases.renew(redis_client, "crawler", held.id, ttl=None, settings=SETTINGS)
+    assert ended.value.code == leases.PROXY_UNAVAILABLE
     assert wake.take(redis_client) == [(NS, "web")]
 
 

@@ -10,7 +10,7 @@ import redis
 from app import leases, serving
 from app.redis_client import client_from_url
 from app.resources import Proxy
-from tests.break2.lossy import LossyRelay
+from tests.faults.lossy import LossyRelay
 
 pytestmark = pytest.mark.timeout(60)
 
