@@ -35,7 +35,7 @@ def _serve_fake(conn) -> None:
     """Child process: the API fake; answers ``log`` (and forgets it) and ``cpu`` until told to stop."""
     import resource
 
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube(history_limit=100000, garbage_collector=False).start()
     log = fake.record_requests()

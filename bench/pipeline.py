@@ -108,7 +108,7 @@ def _serve_fake(conn) -> None:
     """Child process: the API fake; answers ``count`` and ``cpu`` until told to stop."""
     import resource
 
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube(history_limit=100000).start()
     conn.send(fake.url)
@@ -249,7 +249,7 @@ def main() -> int:
     procs: list[Process] = []
     workers: list[Process] = []
     try:
-        from tests.kubefake.server import write_kubeconfig
+        from devcluster.apiserver.server import write_kubeconfig
 
         kubeconfig = write_kubeconfig(os.path.join(workdir, "kubeconfig"), fake_url)
         providers = os.path.join(workdir, "providers.yaml")

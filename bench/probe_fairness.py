@@ -35,7 +35,7 @@ import redis  # noqa: E402
 from app import redis_keys  # noqa: E402
 from tests.health.fleet import Fleet, start_squid  # noqa: E402
 from tests.health.servers import Blackhole, OriginServer  # noqa: E402
-from tests.kubefake.server import FakeKube  # noqa: E402
+from devcluster.apiserver.server import FakeKube  # noqa: E402
 from tests.support import loopback  # noqa: E402
 from tests.support.processes import celery_beat, celery_worker  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402

@@ -74,7 +74,7 @@ def _servers(conn, origin_address: str) -> None:
     import resource
 
     from tests.health.servers import OriginServer
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube().start()
     origin = OriginServer(origin_address).start()
@@ -161,7 +161,7 @@ def main() -> None:
             # the health origin is on loopback: exempt it as an operator would (allowedDestinations)
             policy = loopback_policy(squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {address}",)))
             squids.append(SquidProcess(address, port, squid_conf.render(port, policy)).start())
-        from tests.kubefake.server import write_kubeconfig
+        from devcluster.apiserver.server import write_kubeconfig
 
         os.environ["KUBECONFIG"] = write_kubeconfig(os.path.join(workdir, "kubeconfig"), fake_url)
         from app.kube import KubernetesGateway

@@ -15,7 +15,7 @@ import redis as redis_lib
 
 from tests.support.redis_server import RedisServer
 
-pytest_plugins = ["tests.kubefake.fixtures", "tests.support.contexts", "tests.support.kvm_rig"]
+pytest_plugins = ["tests.support.kube_fixtures", "tests.support.contexts", "tests.support.kvm_rig"]
 
 #: Tests that run in one pytest-xdist worker, one after another (``--dist loadgroup``, the
 #: default in pyproject.toml), by node ID prefix: the kvm tests share one rig per worker and the

@@ -124,13 +124,13 @@ def test_make_demo_names_the_setting_of_a_busy_port_and_starts_nothing():
                              timeout=60)
         assert f"make demo: DEMO_API_PORT={port}: something already listens on 127.0.0.1:{port}" in res.stderr
         assert "--api-port" not in res.stderr and "stopped." not in res.stdout and res.returncode != 0
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port",
+        res = subprocess.run([sys.executable, "-m", "devcluster.demo", "--api-port", "0", "--flower-port",
                               str(port)], cwd=ROOT, env={**os.environ, "DEMO_FLOWER_PORT": "1"},
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 1
         assert f"make demo: --flower-port {port}: something already listens on 127.0.0.1:{port}" in res.stderr
         assert "stopped." not in res.stdout
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo"], cwd=ROOT, capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "devcluster.demo"], cwd=ROOT, capture_output=True, text=True,
                              env={**os.environ, "DEMO_API_PORT": "80a"}, timeout=60)
         assert res.returncode == 2 and "DEMO_API_PORT='80a': not a port number" in res.stderr
 
@@ -163,7 +163,7 @@ def readme_demo_block() -> list[str]:
 
 
 def test_readme_demo_command_is_the_make_target_and_its_steps_are_the_banners():
-    """README's no-Docker command is a Makefile target that runs tests.support.demo, and the
+    """README's no-Docker command is a Makefile target that runs devcluster.demo, and the
     steps README shows after the two per-run lines are the banner's, word for word (the banner
     itself, and those steps run as written, are checked by tests/test_demo_stack.py)."""
     from tests.support import demo
@@ -176,7 +176,7 @@ def test_readme_demo_command_is_the_make_target_and_its_steps_are_the_banners():
     assert re.search(r"^demo: demo-deps venv-demo\n\t\$\(BIN\)/python -m tests\.support\.demo$", makefile, re.M)
     dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert dry.returncode == 0, dry.stderr
-    assert ".venv/bin/python -m tests.support.demo" in dry.stdout.splitlines()
+    assert ".venv/bin/python -m devcluster.demo" in dry.stdout.splitlines()
     # The two lines make demo prints with this run's values, as placeholders ...
     assert re.fullmatch(r"export KUBECONFIG=/tmp/proxy-operator-demo-\w+/kubeconfig", commands[1])
     assert re.fullmatch(r"TOKEN=demo-\S+ API=http://127\.0\.0\.1:8080 ORIGIN=http://127\.0\.0\.1:\S+/", commands[2])
@@ -271,7 +271,7 @@ def test_make_demo_prints_the_kubectl_warning_at_start_and_carries_on(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port",
+        res = subprocess.run([sys.executable, "-m", "devcluster.demo", "--api-port",
                               str(port), "--flower-port", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=60)
     assert "make demo: warning: " in res.stderr and "kubectl v1.20.0" in res.stderr, res.stderr

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from app import resources
-from tests.support.crd_validation import Invalid, admit, load_crd, schema_of
+from devcluster.crd_validation import Invalid, admit, load_crd, schema_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "deploy" / "crd"

@@ -27,8 +27,8 @@ from kubernetes import watch as k8s_watch
 
 from app import squid as squid_conf
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
-from tests.support.kubelet import Kubelet
+from devcluster.cluster import FakeCluster
+from devcluster.kubelet import Kubelet
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.squid import LOOPBACK_SQUID_BLOCK

@@ -26,7 +26,7 @@ from werkzeug.serving import make_server
 
 from app import serving
 from app.resources import Proxy
-from tests.support import crd_validation
+from devcluster import crd_validation
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "docs" / "demo"

@@ -68,7 +68,7 @@ def _alive(pid: int) -> bool:
 def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
     info_file = tmp_path / "demo.json"
     log = open(tmp_path / "demo.out", "wb")
-    demo = subprocess.Popen([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port", "0",
+    demo = subprocess.Popen([sys.executable, "-m", "devcluster.demo", "--api-port", "0", "--flower-port", "0",
                              "--info-file", str(info_file)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started: set[int] = set()
     try:

@@ -30,7 +30,7 @@ from kubernetes import watch as k8s_watch
 from app.providers.pods.config import DEFAULT_IMAGE
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.support.origin import origin_server
 from tests.support.squid import LOOPBACK_SQUID_BLOCK

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.resources import GROUP, PLURAL, VERSION
 from tests.api.served import request as api_request
 from tests.api.served import start_api
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.processes import Process, celery_beat, celery_worker, watcher
 from tests.support.redis_server import RedisServer, free_port

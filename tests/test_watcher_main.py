@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake import FakeKube
+from devcluster.apiserver import FakeKube
 from tests.support.loopback import free_port
 from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings

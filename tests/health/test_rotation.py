@@ -28,7 +28,7 @@ from app import squid as squid_conf
 from app.health.credentials import SecretCredentials
 from app.kube import KubernetesGateway
 from app.resources import API_VERSION, KIND
-from tests.support.kubelet import write_atomic
+from devcluster.kubelet import write_atomic
 from tests.support.squid import loopback_policy, start_on_free_port
 
 pytestmark = pytest.mark.timeout(90)
