@@ -70,7 +70,7 @@ def main() -> None:
     from app.reconcile import CREATE, POLL, Context, Ref
     from app.settings import Settings
     from app.wiring import PROVIDER_TYPES
-    from tests.support.redis_server import RedisServer
+    from devcluster.redis_server import RedisServer
 
     parent, child = SPAWN.Pipe()
     proc = SPAWN.Process(target=_serve_fake, args=(child,), daemon=True)

@@ -9,7 +9,7 @@ What is real:
   chosen by :func:`app.reconcile.decide`) with the real kubernetes provider: Squid Pods are
   created and deleted in the API fake, finalizers added and removed, Proxies published to the
   serving view in Redis when their Pod runs;
-* the Kubernetes API fake (tests/kubefake, with its garbage collector) admitting Proxies and
+* the Kubernetes API fake (devcluster/apiserver/, with its garbage collector) admitting Proxies and
   ProxyPools through the real CRDs (:class:`devcluster.cluster.FakeCluster`), over HTTP;
 * a private ``redis-server`` (serving view, locks, drain marks).
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--surges", default="1,10", help="maxSurge values to run, maxUnavailable 0 each")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from tests.support.redis_server import RedisServer
+    from devcluster.redis_server import RedisServer
 
     server = RedisServer()
     try:

@@ -437,7 +437,7 @@ class Fleet:
     """The fake (own process) and Redis for one size."""
 
     def __init__(self, n: int, workdir: str) -> None:
-        from tests.support.redis_server import RedisServer
+        from devcluster.redis_server import RedisServer
 
         self.redis = RedisServer()
         self.conn, child = SPAWN.Pipe()

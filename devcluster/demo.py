@@ -1,6 +1,7 @@
-"""``make demo``: the whole operator on this machine, without Docker, on a SIMULATED cluster.
+"""``proxy-operator demo`` (``make demo``): the whole operator on this machine, without Docker, on a
+SIMULATED cluster.
 
-Starts, all on loopback: a private Redis (with a generated password), the test suite's HTTP
+Starts, all on loopback: a private Redis (with a generated password), the dev cluster's HTTP
 fake of the Kubernetes API (:mod:`devcluster.apiserver`; Proxies admitted through the real CRD) with
 its kubelet stand-in, which runs every Squid Pod as a real Squid on an address of its own
 (``--pod-cidr``, default a free ``127.A.B.0/24`` claimed for the demo's lifetime, so two demos
@@ -18,7 +19,7 @@ the internet), so a Proxy goes Ready offline.
 
 It prints the ``KUBECONFIG`` to export, the API token and the URLs as shell lines to paste
 (the same steps as README's), then runs until SIGINT (Ctrl-C) or SIGTERM and stops everything
-it started.  Run it as ``.venv/bin/python -m devcluster.demo`` (``make demo``); ``--help``
+it started.  Run it as ``proxy-operator demo`` (``make demo``); ``--help``
 lists the ports.  At start it warns (and carries on: the stack itself needs no kubectl) when
 ``kubectl`` is missing or older than :data:`KUBECTL_MINIMUM`.
 """
@@ -52,6 +53,8 @@ from devcluster.processes import BIN, Process, celery_beat, celery_worker
 from devcluster.redis_server import RedisServer, free_port
 
 PROVIDER = "k8s-local"
+#: The command, as its messages name it.
+PROG = "proxy-operator demo"
 
 #: The oldest kubectl tested against the API fake: it validates and explains with OpenAPI v3
 #: (kubectl 1.27: KEP-3515, kubernetes/kubernetes#117954).  The fake also serves OpenAPI v2 (JSON
@@ -265,7 +268,7 @@ class Demo:
         i = self.info()
         STEPS = "".join(f"  {line}\n" for line in STEPS_LINES)  # noqa: N806 - a template part
         return f"""
-proxy-operator demo is up: a SIMULATED Kubernetes cluster (the test suite's API fake; each
+proxy-operator demo is up: a SIMULATED Kubernetes cluster (devcluster's API fake; each
 Squid "Pod" is a real Squid on {i['podCIDR']}), with the real watcher, worker, beat, API and Flower.
 
 In another shell (bash), from this directory:
@@ -367,10 +370,13 @@ def port_problems(ports: dict[str, tuple[int, str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the local stack until SIGINT/SIGTERM; return the exit status (2: bad settings or a
+    """``proxy-operator demo [FLAGS]`` (``argv``: the flags; ``None``: ``sys.argv[1:]``).
+
+    Run the local stack until SIGINT/SIGTERM; return the exit status (2: bad settings or a
     missing program, 1: a port taken or the stack failed).  Nothing starts, and no "stopped."
     is printed, when a check fails."""
-    ap = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=PROG, description="The whole operator on this machine, without Docker, on a "
+                                                      "SIMULATED cluster; Ctrl-C stops it.")
     ap.add_argument("--api-port", type=int, default=None,
                     help="the discovery API's port (env DEMO_API_PORT; default 8080; 0: a free one)")
     ap.add_argument("--flower-port", type=int, default=None,
@@ -383,28 +389,28 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for tool in ("redis-server", "squid"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
-            print(f"make demo: {tool} is not installed; install it as root with `sudo bash .ci/install-deps demo` "
+            print(f"{PROG}: {tool} is not installed; install it as root with `sudo bash .ci/install-deps demo` "
                   f"(or `sudo apt-get install {tool}`)", file=sys.stderr)
             return 2
     try:
         ports = resolve_ports({"--api-port": args.api_port, "--flower-port": args.flower_port,
                                "--kube-port": args.kube_port}, dict(os.environ))
     except ValueError as exc:
-        print(f"make demo: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
         if args.pod_cidr is not None:
             ipaddress.ip_network(args.pod_cidr)
     except ValueError as exc:
-        print(f"make demo: --pod-cidr {args.pod_cidr}: {exc}", file=sys.stderr)
+        print(f"{PROG}: --pod-cidr {args.pod_cidr}: {exc}", file=sys.stderr)
         return 2
     warning = kubectl_warning()
     if warning:
-        print(f"make demo: warning: {warning}", file=sys.stderr, flush=True)
+        print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
     problems = port_problems(ports)
     if problems:
         for problem in problems:
-            print(f"make demo: {problem}", file=sys.stderr)
+            print(f"{PROG}: {problem}", file=sys.stderr)
         return 1
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -413,13 +419,13 @@ def main(argv: list[str] | None = None) -> int:
         demo = Demo(api_port=ports["--api-port"][0], flower_port=ports["--flower-port"][0],
                     kube_port=ports["--kube-port"][0], pod_cidr=args.pod_cidr, workdir=args.workdir)
     except ValueError as exc:  # --pod-cidr outside 127.0.0.0/8
-        print(f"make demo: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
         try:
             demo.start()
         except (RuntimeError, ValueError, AssertionError) as exc:
-            print(f"make demo: {exc}", file=sys.stderr)
+            print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
         if args.info_file:
             Path(args.info_file).write_text(json.dumps(demo.info(), indent=2))
@@ -427,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.wait(1.0):
             dead = [p.name for p in demo.processes if not p.alive()]
             if dead:
-                print(f"make demo: {', '.join(dead)} exited; logs in {demo.workdir / 'logs'}", file=sys.stderr)
+                print(f"{PROG}: {', '.join(dead)} exited; logs in {demo.workdir / 'logs'}", file=sys.stderr)
                 return 1
         print("stopping...", flush=True)
         return 0

@@ -1,4 +1,4 @@
-"""Real operator processes for end-to-end tests, started through their real commands.
+"""The operator's real processes, started through their real commands (the demo's and the tests').
 
 ``Process(name, argv, env)`` runs one command in its own session with output captured in a
 log file; :meth:`Process.kill` sends SIGKILL to the whole group (the Celery parent and its
@@ -101,11 +101,3 @@ def celery_beat(env: dict[str, str], workdir: str) -> Process:
     return Process("beat", [str(BIN / "celery"), "-A", "workers", "beat", "-S",
                             "workers.beat_scheduler.ResilientRedBeatScheduler",
                             "--loglevel", "INFO", "--pidfile", str(Path(workdir) / "beat.pid")], env)
-
-
-def watcher(env: dict[str, str], health_bind: str | None = None) -> Process:
-    """``proxy-operator watch``."""
-    argv = [str(BIN / "proxy-operator"), "watch", "--lease-namespace", "proxy-operator", "--identity", "test-watcher"]
-    if health_bind:
-        argv += ["--health-bind", health_bind]
-    return Process("watcher", argv, env)

@@ -24,7 +24,7 @@ from app.settings import Settings
 from app.validation import ConfigError
 from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow

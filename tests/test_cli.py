@@ -9,7 +9,7 @@ import time
 import requests
 
 from tests.support.processes import BIN, Process
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 
 CLI = str(BIN / "proxy-operator")
 

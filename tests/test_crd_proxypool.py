@@ -2,7 +2,7 @@
 
 The file is generated (deploy/crd/gen_proxypool.py: a skeleton plus the Proxy CRD's spec
 schema as ``spec.template.spec``); it must be current.  Every ``x-kubernetes-validations``
-rule is evaluated with cel-python (tests/support/crd_validation.py) on objects that satisfy
+rule is evaluated with cel-python (devcluster/crd_validation.py) on objects that satisfy
 and break it; the defaults are checked against app/pools/model.py, which mirrors them, and
 the samples deploy/samples/proxypool_*.yaml must be admitted with ``fieldValidation=Strict``.
 """

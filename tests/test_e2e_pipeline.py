@@ -33,10 +33,10 @@ from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.support.origin import origin_server
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,8 +40,8 @@ from tests.api.served import start_api
 from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.processes import Process, celery_beat, celery_worker, watcher
-from tests.support.redis_server import RedisServer, free_port
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.redis_server import RedisServer, free_port
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import redis
 from app import redis_retry, serving
 from app.resources import Proxy
 from tests.api.served import TOKEN, request, start_api
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ import requests
 import yaml
 
 from tests.support.processes import BIN, ROOT, Process
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 
 CLI = str(BIN / "proxy-operator")
 SAMPLE_TOKENS = ROOT / "deploy" / "samples" / "tokens.yaml"

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k8s
 
 from devcluster.apiserver import FakeKube
-from tests.support.loopback import free_port
+from devcluster.loopback import free_port
 from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings
 from watchers.main import WatcherSettings, run

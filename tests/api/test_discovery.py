@@ -6,7 +6,7 @@ import pytest
 
 from tests.api.helpers import NET, auth, healthy
 from tests.health.fleet import start_squid
-from tests.support.squid import SquidProcess
+from devcluster.squid import SquidProcess
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,7 +29,7 @@ from app.resources import Proxy
 from app.validation import ConfigError
 from tests.api.helpers import TOKEN_A, TOKEN_B, TOKEN_C, auth
 from tests.api.served import TOKEN, request, start_api
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
 

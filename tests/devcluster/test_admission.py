@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 from devcluster.apiserver import FakeKube, Invalid
 
 G, V, P = "crawl.example.com", "v1alpha1", "proxies"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(30)
 
 

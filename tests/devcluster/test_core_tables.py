@@ -31,7 +31,7 @@ def _ago(seconds: int) -> str:
 
 @pytest.fixture()
 def core(api) -> k8s.CoreV1Api:
-    """The core API of the session's fake (``fake`` / ``api``: tests/kubefake/fixtures.py)."""
+    """The core API of the session's fake (``fake`` / ``api``: tests/support/kube_fixtures.py)."""
     return k8s.CoreV1Api(api)
 
 

@@ -23,7 +23,7 @@ from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl
 
 pytestmark = [pytest.mark.timeout(60), needs_kubectl]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"
 
 

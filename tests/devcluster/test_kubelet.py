@@ -17,7 +17,7 @@ from kubernetes import watch
 
 from app import squid as squid_conf
 from devcluster.kubelet import Kubelet
-from tests.support.squid import loopback_policy
+from devcluster.squid import loopback_policy
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)

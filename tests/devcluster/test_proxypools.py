@@ -26,7 +26,7 @@ from devcluster.apiserver import PROXY_POOLS
 from devcluster.cluster import FakeCluster
 from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "samples" / "proxypool_kubernetes.yaml"
 P = "proxypools"
 NS = "default"

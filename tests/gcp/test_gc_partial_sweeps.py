@@ -20,7 +20,7 @@ from app.naming import tags_for
 from tests.gcp.conftest import PROJECT
 from devcluster.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -1,4 +1,4 @@
-"""pytest fixtures for the Kubernetes API fake.
+"""pytest fixtures over the dev cluster's Kubernetes API fake (:mod:`devcluster.apiserver`).
 
 Enable them with ``pytest_plugins = ["tests.support.kube_fixtures"]`` in a conftest, or import
 the fixture names into a test module.
@@ -29,7 +29,7 @@ from devcluster.apiserver.server import FakeKube
 def kube(request):
     """A started FakeKube, closed after the test, admitting Proxies and ProxyPools as the real
     server does with deploy/crd installed (schema, defaults and every CEL rule: a change of
-    the immutable ``spec.provider`` is refused with 422 here too; tests/support/cluster.py).
+    the immutable ``spec.provider`` is refused with 422 here too; devcluster/cluster.py).
 
     A test marked ``no_crd_admission`` (with its reason) gets a fake without the CRDs' rules:
     for the fake's own generic write semantics, or to pin what the operator does with an object
