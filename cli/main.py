@@ -330,7 +330,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", add_help=False, prefix_chars="\0",
                        help="run the whole operator on loopback on a SIMULATED cluster (devcluster), "
                             "without Docker; 'proxy-operator demo --help' for its flags")
-    s.add_argument("demo_args", nargs="*", metavar="FLAGS")
+    s.add_argument("demo_args", nargs="*", metavar="FLAGS",
+                   help="the demo's flags (proxy-operator demo --help lists them)")
     s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("version", help="print the release and the git commit")
