@@ -13,8 +13,11 @@ Every ``import`` statement counts, function-level and ``TYPE_CHECKING`` ones inc
 are resolved as Python resolves them: ``from kubernetes import config`` is the ``kubernetes``
 client package, not ``app/providers/pods``.
 
-The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/`` and
-``cli/``, and every repository path the page names exists.
+* No operator process imports the dev cluster (``devcluster/``): ``cli/main.py`` only inside
+  ``proxy-operator demo``'s function.
+
+The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/``,
+``cli/`` and ``devcluster/``, and every repository path the page names exists.
 """
 
 from __future__ import annotations
@@ -118,6 +121,16 @@ def test_the_watcher_never_imports_the_celery_side():
                       "the watcher imports nothing from workers/; cli/main.py injects the publisher") == []
 
 
+def test_no_operator_process_imports_the_dev_cluster():
+    """devcluster/ is the local simulated cluster; the command loads it for ``proxy-operator demo`` only,
+    inside that command's function (never at module level)."""
+    assert violations(_files("app/**/*.py", "workers/**/*.py", "watchers/**/*.py", "api/**/*.py"), ("devcluster",),
+                      "the operator's processes never load the dev cluster") == []
+    cli = ROOT / "cli" / "main.py"
+    top_level = {node.lineno for node in ast.parse(cli.read_text()).body}
+    assert [(line, m) for line, m in imports_of(cli) if _under(m, ("devcluster",)) and line in top_level] == []
+
+
 def test_the_gateway_and_the_domain_load_no_provider_module():
     """What the import statements promise holds for what they load, transitively."""
     names = [_module_of(ROOT / f) for f in GATEWAY + DOMAIN]
@@ -152,10 +165,10 @@ def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(
 
 # -- docs/architecture.md's module map matches the tree ------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-PACKAGES = ("app", "workers", "watchers", "api", "cli")
+PACKAGES = ("app", "workers", "watchers", "api", "cli", "devcluster")
 #: A repository path as the page writes it: ``app/kube.py``, ``app/providers/<type>/registration.py``,
 #: ``app/lua/*.lua``, ``app/providers/{pods,gcp,kvm}/``, ``tests/x.py::test_y`` (the test id is not part of it).
-_PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|tests|deploy|docs|bench)/[\w./<>*{},-]*")
+_PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|devcluster|tests|deploy|docs|bench)/[\w./<>*{},-]*")
 
 
 def _section(text: str, title: str) -> str:
