@@ -51,8 +51,8 @@ from kubernetes import client as k8s  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 
 from app.resources import GROUP, PLURAL, VERSION  # noqa: E402
-from tests.support.processes import BIN, Process, celery_worker, watcher  # noqa: E402
 from devcluster.redis_server import RedisServer, free_port  # noqa: E402
+from tests.support.processes import BIN, Process, celery_worker, watcher  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 WORKER_YAML = ROOT / "deploy" / "base" / "worker.yaml"

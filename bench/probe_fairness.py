@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from app import redis_keys  # noqa: E402
+from devcluster import loopback  # noqa: E402
+from devcluster.apiserver.server import FakeKube  # noqa: E402
+from devcluster.redis_server import RedisServer  # noqa: E402
 from tests.health.fleet import Fleet, start_squid  # noqa: E402
 from tests.health.servers import Blackhole, OriginServer  # noqa: E402
-from devcluster.apiserver.server import FakeKube  # noqa: E402
-from devcluster import loopback  # noqa: E402
 from tests.support.processes import celery_beat, celery_worker  # noqa: E402
-from devcluster.redis_server import RedisServer  # noqa: E402
 
 
 def main() -> None:

@@ -73,8 +73,8 @@ def _servers(conn, origin_address: str) -> None:
     reports its CPU on request, until told to stop."""
     import resource
 
-    from tests.health.servers import OriginServer
     from devcluster.apiserver.server import FakeKube
+    from tests.health.servers import OriginServer
 
     fake = FakeKube().start()
     origin = OriginServer(origin_address).start()

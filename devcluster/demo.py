@@ -45,8 +45,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from devcluster.apiserver.server import FakeKube
 from devcluster import loopback
+from devcluster.apiserver.server import FakeKube
 from devcluster.cluster import pool_admission, proxy_admission
 from devcluster.kubelet import Kubelet
 from devcluster.processes import BIN, Process, celery_beat, celery_worker

@@ -8,8 +8,8 @@ import time
 
 import requests
 
-from tests.support.processes import BIN, Process
 from devcluster.redis_server import free_port
+from tests.support.processes import BIN, Process
 
 CLI = str(BIN / "proxy-operator")
 

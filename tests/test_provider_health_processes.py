@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.resources import GROUP, VERSION
 from devcluster.apiserver.server import FakeKube
-from tests.support.processes import celery_beat, celery_worker, watcher
 from devcluster.redis_server import free_port
+from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

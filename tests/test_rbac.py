@@ -26,9 +26,9 @@ from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -11,8 +11,8 @@ import redis
 
 from app import redis_retry, serving
 from app.resources import Proxy
-from tests.api.served import TOKEN, request, start_api
 from devcluster.redis_server import RedisServer
+from tests.api.served import TOKEN, request, start_api
 
 pytestmark = pytest.mark.timeout(120)
 

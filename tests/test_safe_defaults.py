@@ -14,8 +14,8 @@ import pytest
 import requests
 import yaml
 
-from tests.support.processes import BIN, ROOT, Process
 from devcluster.redis_server import free_port
+from tests.support.processes import BIN, ROOT, Process
 
 CLI = str(BIN / "proxy-operator")
 SAMPLE_TOKENS = ROOT / "deploy" / "samples" / "tokens.yaml"

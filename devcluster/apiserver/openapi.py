@@ -37,6 +37,7 @@ import yaml
 
 from devcluster import CRD_DIR
 from devcluster.apiserver.resources import ResourceType
+
 OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 LIST_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]

@@ -17,10 +17,10 @@ import pytest
 from app import serving
 from app import squid as squid_conf
 from app.health.settings import HealthSettings
+from devcluster import loopback
 from tests.api.served import TOKEN, start_api
 from tests.health.fleet import Fleet, htpasswd_file, start_squid
 from tests.health.servers import OriginServer
-from devcluster import loopback
 from tests.support.processes import Process
 
 #: The client tests' loopback block in this process: the origin on ``.1``-``.2``, Squids from ``.10``.

@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from app.health.settings import HealthSettings
+from devcluster import loopback
 from tests.health.fleet import Fleet
 from tests.health.servers import OriginServer
-from devcluster import loopback
 
 #: The health tests' loopback block in this process (another run or xdist worker has its own).
 NET = loopback.block("health")
