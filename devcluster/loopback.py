@@ -1,4 +1,4 @@
-"""Loopback addresses and ports claimed per process, so test runs side by side never collide.
+"""Loopback addresses and ports claimed per process, so demos and test runs side by side never collide.
 
 Two runs of the suite on one machine (two developers, two CI jobs, the workers of
 ``pytest -n 2``) share one loopback interface.  Nothing in the tests binds a fixed address

@@ -1,7 +1,7 @@
-"""A private redis-server for the test session (Debian's ``redis-server``).
+"""A private redis-server (Debian's ``redis-server``) for the demo and the test session.
 
-Tests never touch the machine's own Redis: each session starts one on a free loopback port
-with persistence off, and stops it at the end.
+Neither touches the machine's own Redis: each starts one on a free loopback port with
+persistence off, and stops it at the end.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real Squid processes on loopback for tests (Debian's ``squid`` package).
+"""Real Squid processes on loopback, for the kubelet stand-in and the tests (Debian's ``squid`` package).
 
 ``SquidProcess(address, port, conf)`` runs ``squid -n <service name> -N -f <conf>`` with the
 product's squid.conf plus test-only overrides (pid, logs and cache under a temp dir owned by user
