@@ -65,12 +65,12 @@ test: deps venv
 test-fast: venv
 	$(BIN)/pytest -q -m 'not slow' -n $(TEST_WORKERS)
 
-## demo: the whole operator on loopback without Docker, on a SIMULATED cluster (the test suite's API
-## fake + kubelet stand-in running real Squids); prints KUBECONFIG, token and URLs; Ctrl-C stops it.
-## DEMO_API_PORT / DEMO_FLOWER_PORT change the ports (8080, 5555). See tests/support/demo.py.
+## demo: `proxy-operator demo`, the whole operator on loopback without Docker, on a SIMULATED cluster
+## (devcluster's API fake + kubelet stand-in running real Squids); prints KUBECONFIG, token and URLs;
+## Ctrl-C stops it. DEMO_API_PORT / DEMO_FLOWER_PORT change the ports (8080, 5555). See docs/devcluster.md.
 ## Installs only what it runs (demo-deps, venv-demo), not the test suite's packages.
 demo: demo-deps venv-demo
-	$(BIN)/python -m tests.support.demo
+	$(BIN)/proxy-operator demo
 
 ## lint: the gates CI runs before the tests (docs/testing.md, "Gates"), configured in pyproject.toml:
 ## ruff on the product packages, the tests and the benchmarks (a looser rule set there); mypy on the

@@ -35,7 +35,7 @@ def _serve_fake(conn) -> None:
     """Child process: the API fake; answers ``log`` (and forgets it) and ``cpu`` until told to stop."""
     import resource
 
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube(history_limit=100000, garbage_collector=False).start()
     log = fake.record_requests()
@@ -70,7 +70,7 @@ def main() -> None:
     from app.reconcile import CREATE, POLL, Context, Ref
     from app.settings import Settings
     from app.wiring import PROVIDER_TYPES
-    from tests.support.redis_server import RedisServer
+    from devcluster.redis_server import RedisServer
 
     parent, child = SPAWN.Pipe()
     proc = SPAWN.Process(target=_serve_fake, args=(child,), daemon=True)

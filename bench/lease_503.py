@@ -25,7 +25,7 @@ from app import leases, serving  # noqa: E402
 from app.leases import LeaseSettings  # noqa: E402
 from app.resources import Proxy  # noqa: E402
 
-from tests.support.redis_server import RedisServer  # noqa: E402
+from devcluster.redis_server import RedisServer  # noqa: E402
 
 
 def publish(r: redis.Redis, n: int) -> None:

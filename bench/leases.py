@@ -61,8 +61,8 @@ import redis  # noqa: E402
 
 from app import serving  # noqa: E402
 from app.resources import Proxy  # noqa: E402
+from devcluster.redis_server import RedisServer, free_port  # noqa: E402
 from tests.support.processes import BIN, Process  # noqa: E402
-from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 

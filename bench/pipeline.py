@@ -51,8 +51,8 @@ from kubernetes import client as k8s  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 
 from app.resources import GROUP, PLURAL, VERSION  # noqa: E402
+from devcluster.redis_server import RedisServer, free_port  # noqa: E402
 from tests.support.processes import BIN, Process, celery_worker, watcher  # noqa: E402
-from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 WORKER_YAML = ROOT / "deploy" / "base" / "worker.yaml"
@@ -108,7 +108,7 @@ def _serve_fake(conn) -> None:
     """Child process: the API fake; answers ``count`` and ``cpu`` until told to stop."""
     import resource
 
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube(history_limit=100000).start()
     conn.send(fake.url)
@@ -249,7 +249,7 @@ def main() -> int:
     procs: list[Process] = []
     workers: list[Process] = []
     try:
-        from tests.kubefake.server import write_kubeconfig
+        from devcluster.apiserver.server import write_kubeconfig
 
         kubeconfig = write_kubeconfig(os.path.join(workdir, "kubeconfig"), fake_url)
         providers = os.path.join(workdir, "providers.yaml")

@@ -9,13 +9,13 @@ What is real:
   chosen by :func:`app.reconcile.decide`) with the real kubernetes provider: Squid Pods are
   created and deleted in the API fake, finalizers added and removed, Proxies published to the
   serving view in Redis when their Pod runs;
-* the Kubernetes API fake (tests/kubefake, with its garbage collector) admitting Proxies and
-  ProxyPools through the real CRDs (:class:`tests.support.cluster.FakeCluster`), over HTTP;
+* the Kubernetes API fake (devcluster/apiserver/, with its garbage collector) admitting Proxies and
+  ProxyPools through the real CRDs (:class:`devcluster.cluster.FakeCluster`), over HTTP;
 * a private ``redis-server`` (serving view, locks, drain marks).
 
 What is stood in:
 
-* the kubelet (:class:`tests.support.kubelet.Kubelet` with ``start_squid=False``): Squid Pods
+* the kubelet (:class:`devcluster.kubelet.Kubelet` with ``start_squid=False``): Squid Pods
   go ``Running`` with a ``podIP`` nothing listens on, no Squid runs;
 * the health engine: a member whose reconciler made it ``Running`` is made ``Ready`` by hand as
   test_controller.py does (status phase patched, serving record published ``Ready`` and marked
@@ -183,7 +183,7 @@ def rollout(replicas: int, max_surge: int, max_unavailable: int, redis_url: str)
     from app.providers.registry import build
     from app.reconcile import Context
     from app.resources import GROUP, POOL_PLURAL, VERSION
-    from tests.support.cluster import FakeCluster
+    from devcluster.cluster import FakeCluster
     from tests.support.contexts import QUICK, k8s_provider
 
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--surges", default="1,10", help="maxSurge values to run, maxUnavailable 0 each")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from tests.support.redis_server import RedisServer
+    from devcluster.redis_server import RedisServer
 
     server = RedisServer()
     try:

@@ -3,7 +3,7 @@ namespace's healthy Proxies.
 
 Starts a private Redis, the Kubernetes API fake, the origin (health URL + IP echo), a real Squid
 and a tarpit (a loopback listener that accepts and never answers) on a loopback block claimed
-for the run (:mod:`tests.support.loopback`), then the product's own ``health`` worker (``celery
+for the run (:mod:`devcluster.loopback`), then the product's own ``health`` worker (``celery
 -A workers worker -Q health --concurrency 2``, as the demo's health-worker) and beat.  Applies
 ``--tarpits`` External Proxies in namespace ``tarpit`` pointed at the tarpit (timeout
 ``--tarpit-timeout``) and ``--healthy`` in namespace ``healthy`` pointed at the Squid (interval
@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from app import redis_keys  # noqa: E402
+from devcluster import loopback  # noqa: E402
+from devcluster.apiserver.server import FakeKube  # noqa: E402
+from devcluster.redis_server import RedisServer  # noqa: E402
 from tests.health.fleet import Fleet, start_squid  # noqa: E402
 from tests.health.servers import Blackhole, OriginServer  # noqa: E402
-from tests.kubefake.server import FakeKube  # noqa: E402
-from tests.support import loopback  # noqa: E402
 from tests.support.processes import celery_beat, celery_worker  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
 
 
 def main() -> None:

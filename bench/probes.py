@@ -1,7 +1,7 @@
 """Probe benchmark: health sweeps over N External Proxies pointed at a few local Squids.
 
 Starts a private Redis, real Squids on a loopback block claimed for the run
-(:mod:`tests.support.loopback`), and — in a separate process so their CPU is not counted as
+(:mod:`devcluster.loopback`), and — in a separate process so their CPU is not counted as
 the prober's — the Kubernetes API fake and the origin (health URL + IP echo).  Seeds N
 External Proxies (phase Running) straight into the fake (``Store.seed``: no HTTP), publishes
 them to the serving view as the reconciler does when they reach Running, then runs sweeps the
@@ -48,9 +48,9 @@ from app import squid as squid_conf  # noqa: E402
 from app.health import engine, schedule  # noqa: E402
 from app.health.settings import HealthSettings  # noqa: E402
 from app.resources import API_VERSION, KIND  # noqa: E402
-from tests.support import loopback  # noqa: E402
-from tests.support.redis_server import RedisServer, free_port  # noqa: E402
-from tests.support.squid import SquidProcess, loopback_policy  # noqa: E402
+from devcluster import loopback  # noqa: E402
+from devcluster.redis_server import RedisServer, free_port  # noqa: E402
+from devcluster.squid import SquidProcess, loopback_policy  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -73,8 +73,8 @@ def _servers(conn, origin_address: str) -> None:
     reports its CPU on request, until told to stop."""
     import resource
 
+    from devcluster.apiserver.server import FakeKube
     from tests.health.servers import OriginServer
-    from tests.kubefake.server import FakeKube
 
     fake = FakeKube().start()
     origin = OriginServer(origin_address).start()
@@ -161,7 +161,7 @@ def main() -> None:
             # the health origin is on loopback: exempt it as an operator would (allowedDestinations)
             policy = loopback_policy(squid_conf.SquidPolicy(extra=(f"tcp_outgoing_address {address}",)))
             squids.append(SquidProcess(address, port, squid_conf.render(port, policy)).start())
-        from tests.kubefake.server import write_kubeconfig
+        from devcluster.apiserver.server import write_kubeconfig
 
         os.environ["KUBECONFIG"] = write_kubeconfig(os.path.join(workdir, "kubeconfig"), fake_url)
         from app.kube import KubernetesGateway

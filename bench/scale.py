@@ -162,8 +162,8 @@ def seed(fake, n: int) -> dict:
 
     from app import naming
     from app.providers.pods.provider import LABEL_PROXY_UID
-    from tests.kubefake import PODS, PROXIES
-    from tests.kubefake.store import now_rfc3339
+    from devcluster.apiserver import PODS, PROXIES
+    from devcluster.apiserver.store import now_rfc3339
 
     now = now_rfc3339()
     template = pod_template()
@@ -187,7 +187,7 @@ def seed(fake, n: int) -> dict:
 
 def serve_fake(conn, n: int) -> None:
     """Child process: the API fake, seeded with ``n`` Proxies; answers ``usage``/``stop`` on ``conn``."""
-    from tests.kubefake.server import FakeKube
+    from devcluster.apiserver.server import FakeKube
 
     fake = FakeKube(bookmark_interval=5.0)
     t0 = time.monotonic()
@@ -437,7 +437,7 @@ class Fleet:
     """The fake (own process) and Redis for one size."""
 
     def __init__(self, n: int, workdir: str) -> None:
-        from tests.support.redis_server import RedisServer
+        from devcluster.redis_server import RedisServer
 
         self.redis = RedisServer()
         self.conn, child = SPAWN.Pipe()
@@ -445,7 +445,7 @@ class Fleet:
         self.proc.start()
         self.url, self.counts = self.conn.recv()
         kubeconfig = os.path.join(workdir, "kubeconfig")
-        from tests.kubefake.server import write_kubeconfig
+        from devcluster.apiserver.server import write_kubeconfig
 
         write_kubeconfig(kubeconfig, self.url)
         providers = os.path.join(workdir, "providers.yaml")

@@ -2,7 +2,8 @@
 
 Subcommands: ``watch`` (the watcher), ``api`` (discovery/lease API), ``worker`` (a Celery
 worker; ``--kvm-host P/H`` for a dedicated KVM host worker), ``check-config FILE``, ``crds``
-(print the CRD manifests), ``version``.  Every process validates the providers config before
+(print the CRD manifests), ``demo`` (the operator on a simulated local cluster:
+:mod:`devcluster.demo`), ``version``.  Every process validates the providers config before
 doing anything else and exits non-zero with one message naming the file, the provider and the
 field when it is bad: it never half-starts.
 """
@@ -90,6 +91,18 @@ def cmd_crds(args) -> int:
         return 1
     print("\n---\n".join(p.read_text().strip() for p in docs))
     return 0
+
+
+def cmd_demo(args) -> int:
+    """``proxy-operator demo``: hand the flags to :func:`devcluster.demo.main` (imported here
+    only, so no operator process loads the dev cluster or its extra's packages)."""
+    try:
+        from devcluster import demo
+    except ImportError as exc:
+        print(f"proxy-operator demo: {exc}; the demo needs the project's 'demo' extra: "
+              f"pip install -e '.[demo]' from the source checkout (make demo does it)", file=sys.stderr)
+        return 2
+    return demo.main(args.demo_args)
 
 
 def cmd_watch(args) -> int:
@@ -311,6 +324,15 @@ def parser() -> argparse.ArgumentParser:
     from app.providers.kvm import secret_helper
     secret_helper.add_arguments(s)
     s.set_defaults(fn=cmd_kvm_ssh_secret)
+
+    # The demo's flags (--help included) are devcluster.demo's own: prefix_chars no argument starts
+    # with makes every argument after "demo" a positional one, passed through unparsed.
+    s = sub.add_parser("demo", add_help=False, prefix_chars="\0",
+                       help="run the whole operator on loopback on a SIMULATED cluster (devcluster), "
+                            "without Docker; 'proxy-operator demo --help' for its flags")
+    s.add_argument("demo_args", nargs="*", metavar="FLAGS",
+                   help="the demo's flags (proxy-operator demo --help lists them)")
+    s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("version", help="print the release and the git commit")
     s.set_defaults(fn=cmd_version)

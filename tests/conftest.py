@@ -1,11 +1,11 @@
 """Session-wide fixtures: a private Redis.  Area fixtures live in each area's conftest.py.
 
 Shared fixtures come from plugins: the API fake (``kube``, ``kube_client``, ``kubeconfig`` and
-their other names ``fake``, ``api``, ``custom_api``: tests/kubefake/fixtures.py) and the
+their other names ``fake``, ``api``, ``custom_api``: tests/support/kube_fixtures.py) and the
 reconcile Context on it (``make_context``: tests/support/contexts.py) and the kvm rig (``rig``,
 ``second_daemon``, ``image``: tests/support/kvm_rig.py).  With pytest-xdist every
 worker is a process of its own with its own session fixtures (its own Redis, its own kvm rig);
-addresses and ports come from tests/support/loopback.py, so workers and other runs never collide.
+addresses and ports come from devcluster/loopback.py, so workers and other runs never collide.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import redis as redis_lib
 
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 
-pytest_plugins = ["tests.kubefake.fixtures", "tests.support.contexts", "tests.support.kvm_rig"]
+pytest_plugins = ["tests.support.kube_fixtures", "tests.support.contexts", "tests.support.kvm_rig"]
 
 #: Tests that run in one pytest-xdist worker, one after another (``--dist loadgroup``, the
 #: default in pyproject.toml), by node ID prefix: the kvm tests share one rig per worker and the

@@ -22,9 +22,9 @@ from app.reconcile import Context, Ref, create, delete, poll
 from app.resources import GROUP, PLURAL, VERSION
 from app.settings import Settings
 from app.validation import ConfigError
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The demo as a user starts it: the project's command, from the venv running the tests.
+DEMO = [str(Path(sys.executable).parent / "proxy-operator"), "demo"]
 
 
 def test_readme_test_command_is_what_ci_runs():
@@ -122,21 +124,21 @@ def test_make_demo_names_the_setting_of_a_busy_port_and_starts_nothing():
         res = subprocess.run(["make", "-o", "demo-deps", "-o", "venv-demo", "demo"], cwd=ROOT,
                              env={**os.environ, "DEMO_API_PORT": str(port)}, capture_output=True, text=True,
                              timeout=60)
-        assert f"make demo: DEMO_API_PORT={port}: something already listens on 127.0.0.1:{port}" in res.stderr
+        assert f"proxy-operator demo: DEMO_API_PORT={port}: something already listens on 127.0.0.1:{port}" in res.stderr
         assert "--api-port" not in res.stderr and "stopped." not in res.stdout and res.returncode != 0
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port",
+        res = subprocess.run([*DEMO, "--api-port", "0", "--flower-port",
                               str(port)], cwd=ROOT, env={**os.environ, "DEMO_FLOWER_PORT": "1"},
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 1
-        assert f"make demo: --flower-port {port}: something already listens on 127.0.0.1:{port}" in res.stderr
+        assert f"proxy-operator demo: --flower-port {port}: something already listens on 127.0.0.1:{port}" in res.stderr
         assert "stopped." not in res.stdout
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo"], cwd=ROOT, capture_output=True, text=True,
+        res = subprocess.run(DEMO, cwd=ROOT, capture_output=True, text=True,
                              env={**os.environ, "DEMO_API_PORT": "80a"}, timeout=60)
         assert res.returncode == 2 and "DEMO_API_PORT='80a': not a port number" in res.stderr
 
 
 def test_demo_port_settings_as_the_user_wrote_them():
-    from tests.support import demo
+    from devcluster import demo
 
     got = demo.resolve_ports({"--api-port": None, "--flower-port": 7000, "--kube-port": None},
                              {"DEMO_API_PORT": "9000", "DEMO_FLOWER_PORT": "7001"})
@@ -163,20 +165,20 @@ def readme_demo_block() -> list[str]:
 
 
 def test_readme_demo_command_is_the_make_target_and_its_steps_are_the_banners():
-    """README's no-Docker command is a Makefile target that runs tests.support.demo, and the
+    """README's no-Docker command is a Makefile target that runs ``proxy-operator demo``, and the
     steps README shows after the two per-run lines are the banner's, word for word (the banner
     itself, and those steps run as written, are checked by tests/test_demo_stack.py)."""
-    from tests.support import demo
+    from devcluster import demo
 
     lines = readme_demo_block()
     commands = [line for line in lines if not line.startswith("#")]
     assert commands[0] == "make demo"
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^\.PHONY:.*\bdemo\b", makefile, re.M)
-    assert re.search(r"^demo: demo-deps venv-demo\n\t\$\(BIN\)/python -m tests\.support\.demo$", makefile, re.M)
+    assert re.search(r"^demo: demo-deps venv-demo\n\t\$\(BIN\)/proxy-operator demo$", makefile, re.M)
     dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert dry.returncode == 0, dry.stderr
-    assert ".venv/bin/python -m tests.support.demo" in dry.stdout.splitlines()
+    assert ".venv/bin/proxy-operator demo" in dry.stdout.splitlines()
     # The two lines make demo prints with this run's values, as placeholders ...
     assert re.fullmatch(r"export KUBECONFIG=/tmp/proxy-operator-demo-\w+/kubeconfig", commands[1])
     assert re.fullmatch(r"TOKEN=demo-\S+ API=http://127\.0\.0\.1:8080 ORIGIN=http://127\.0\.0\.1:\S+/", commands[2])
@@ -203,7 +205,7 @@ JSON
     ("error: unknown flag: --output", "could not tell the version"),
 ])
 def test_demo_warns_about_a_kubectl_older_than_the_minimum(tmp_path, answer, warned):
-    from tests.support import demo
+    from devcluster import demo
 
     fake = tmp_path / "kubectl"
     fake.write_text(FAKE_KUBECTL % answer)
@@ -216,7 +218,7 @@ def test_demo_warns_about_a_kubectl_older_than_the_minimum(tmp_path, answer, war
 
 
 def test_demo_warns_when_kubectl_is_missing(tmp_path):
-    from tests.support import demo
+    from devcluster import demo
 
     got = demo.kubectl_warning(path=str(tmp_path))
     assert "kubectl is not on PATH" in got and "1.27 or newer" in got
@@ -271,10 +273,10 @@ def test_make_demo_prints_the_kubectl_warning_at_start_and_carries_on(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "tests.support.demo", "--api-port",
+        res = subprocess.run([*DEMO, "--api-port",
                               str(port), "--flower-port", "0"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=60)
-    assert "make demo: warning: " in res.stderr and "kubectl v1.20.0" in res.stderr, res.stderr
+    assert "proxy-operator demo: warning: " in res.stderr and "kubectl v1.20.0" in res.stderr, res.stderr
     assert "1.27 or newer" in res.stderr
     assert res.returncode == 1 and f"--api-port {port}: something already listens" in res.stderr
 

@@ -8,8 +8,8 @@ import time
 
 import requests
 
+from devcluster.redis_server import free_port
 from tests.support.processes import BIN, Process
-from tests.support.redis_server import free_port
 
 CLI = str(BIN / "proxy-operator")
 
@@ -96,7 +96,7 @@ def test_kvm_worker_checks_its_host_and_its_time_limits(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-COMMANDS = ("watch", "worker", "api", "check-config", "crds", "kvm-ssh-secret", "version")
+COMMANDS = ("watch", "worker", "api", "check-config", "crds", "kvm-ssh-secret", "demo", "version")
 
 
 def test_no_command_prints_the_usage_with_the_commands():
@@ -140,3 +140,49 @@ def test_every_option_has_help_naming_its_default_or_environment_variable():
         assert words in api, words
     check = " ".join(run("check-config", "--help").stdout.split())
     assert "FILE the providers config file" in check
+    demo = " ".join(run("demo", "--help").stdout.split())
+    for words in ("usage: proxy-operator demo", "DEMO_API_PORT", "default 8080", "DEMO_FLOWER_PORT", "default 5555",
+                  "--pod-cidr", "--info-file"):
+        assert words in demo, words
+
+
+#: A fresh interpreter: ``cli.main.main(ARGV)``, then the loaded modules as JSON on the last line.
+_MODULES_AFTER = """
+import json, sys
+from cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_no_operator_command_loads_the_dev_cluster():
+    """The demo is a command of the CLI, but the operator's commands never import devcluster
+    nor the demo extra's packages (cel-python, jsonpatch)."""
+    import json
+    import sys
+
+    from tests.support.processes import ROOT
+
+    for argv in (["check-config", str(ROOT / "deploy" / "samples" / "providers.yaml")], ["crds"], ["--help"]):
+        out = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *argv], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+        modules = json.loads(out.stdout.splitlines()[-1])
+        loaded = [m for m in modules if m.split(".")[0] in ("devcluster", "celpy", "jsonpatch")]
+        assert loaded == [], (argv, loaded)
+
+
+def test_demo_without_its_extra_names_the_missing_package_and_the_install():
+    """Without the demo extra (cel-python absent: an import of it fails), ``proxy-operator demo``
+    starts nothing and says what is missing and how to install it (exit status 2)."""
+    import sys
+
+    from tests.support.processes import ROOT
+
+    script = "import sys; sys.modules['celpy'] = None\nfrom cli.main import main\nsys.exit(main(['demo']))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("proxy-operator demo: ") and "celpy" in out.stderr
+    assert "pip install -e '.[demo]'" in out.stderr and "is up" not in out.stdout

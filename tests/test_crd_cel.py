@@ -1,7 +1,7 @@
 """The CRDs in deploy/crd, admitted the way kube-apiserver admits custom resources.
 
 Every ``x-kubernetes-validations`` rule of the Proxy CRD is evaluated with cel-python
-(through tests/support/crd_validation.py) on an object that satisfies it and on one that
+(through devcluster/crd_validation.py) on an object that satisfies it and on one that
 breaks it, and the schema defaults are checked against app/resources.py, which mirrors them.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from app import resources
-from tests.support.crd_validation import Invalid, StrictDecodingError, admit, load_crd, schema_of
+from devcluster.crd_validation import Invalid, StrictDecodingError, admit, load_crd, schema_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "deploy" / "crd"

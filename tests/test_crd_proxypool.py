@@ -2,7 +2,7 @@
 
 The file is generated (deploy/crd/gen_proxypool.py: a skeleton plus the Proxy CRD's spec
 schema as ``spec.template.spec``); it must be current.  Every ``x-kubernetes-validations``
-rule is evaluated with cel-python (tests/support/crd_validation.py) on objects that satisfy
+rule is evaluated with cel-python (devcluster/crd_validation.py) on objects that satisfy
 and break it; the defaults are checked against app/pools/model.py, which mirrors them, and
 the samples deploy/samples/proxypool_*.yaml must be admitted with ``fieldValidation=Strict``.
 """
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from app import resources
-from tests.support.crd_validation import Invalid, admit, load_crd, schema_of
+from devcluster.crd_validation import Invalid, admit, load_crd, schema_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "deploy" / "crd"

@@ -2,7 +2,7 @@
 
 The real watcher, worker and beat; the API fake with the CRD's admission; the kubelet stand-in
 running a real Squid per Pod and mounting the Proxy's credentials Secret the way the kubelet
-does for a volume without ``subPath`` (tests/support/kubelet.py): when the Secret changes, the
+does for a volume without ``subPath`` (devcluster/kubelet.py): when the Secret changes, the
 file in the Pod is swapped atomically a few seconds later (here 6 s, the stand-in for the
 kubelet's sync delay), and Squid's ``basic_ncsa_auth`` re-reads it.
 
@@ -27,11 +27,11 @@ from kubernetes import watch as k8s_watch
 
 from app import squid as squid_conf
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
-from tests.support.kubelet import Kubelet
+from devcluster.cluster import FakeCluster
+from devcluster.kubelet import Kubelet
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -4,7 +4,7 @@
   ``--once`` run as a subprocess against the real discovery API (``api.create_app`` served on
   loopback, the session's private Redis holding a published serving view).
 * ``create-proxies.sh``: the manifests it renders are admitted by the real Proxy CRD (schema,
-  defaults and CEL rules through tests/support/crd_validation), spread over the zones given,
+  defaults and CEL rules through devcluster/crd_validation), spread over the zones given,
   and reach ``kubectl apply -f -`` in one call (a stand-in kubectl on PATH records it).
 """
 
@@ -26,7 +26,7 @@ from werkzeug.serving import make_server
 
 from app import serving
 from app.resources import Proxy
-from tests.support import crd_validation
+from devcluster import crd_validation
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "docs" / "demo"

@@ -1,4 +1,4 @@
-"""``make demo`` (tests/support/demo.py) as a user meets it: started as a command, driven with
+"""``make demo`` (devcluster/demo.py) as a user meets it: started as a command, driven with
 the real kubectl and curl exactly as README documents, stopped with Ctrl-C (SIGINT).
 
 Checks: the Proxy from ``deploy/samples/proxy_kubernetes.yaml`` (applied with validation on)
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import demo as demo_module
+from devcluster import demo as demo_module
 from tests.support.waiting import wait_for
 from tests.test_ci_commands import readme_demo_block
 
@@ -68,7 +68,7 @@ def _alive(pid: int) -> bool:
 def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
     info_file = tmp_path / "demo.json"
     log = open(tmp_path / "demo.out", "wb")
-    demo = subprocess.Popen([sys.executable, "-m", "tests.support.demo", "--api-port", "0", "--flower-port", "0",
+    demo = subprocess.Popen([str(Path(sys.executable).parent / "proxy-operator"), "demo", "--api-port", "0", "--flower-port", "0",
                              "--info-file", str(info_file)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started: set[int] = set()
     try:
@@ -81,7 +81,7 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         assert f"\n  {variables}\n" in banner and info["flower"] in banner
         # The steps it prints are README's, word for word (tests/test_ci_commands.py), in order.
         assert "".join(f"  {line}\n" for line in demo_module.STEPS_LINES) in banner
-        assert "make demo: warning" not in banner  # this machine's kubectl is new enough
+        assert "proxy-operator demo: warning" not in banner  # this machine's kubectl is new enough
         env = {**os.environ, "KUBECONFIG": info["kubeconfig"], "KUBECACHEDIR": str(tmp_path / "kcache")}
 
         def sh(*argv: str, check: bool = True) -> str:

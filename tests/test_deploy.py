@@ -511,7 +511,7 @@ def test_every_process_logs_in_as_its_own_redis_user(default_render, kvm_render)
 def test_the_redis_start_script_refuses_odd_passwords_and_logs_each_user_in(default_render, tmp_path):
     import redis as redis_lib
 
-    from tests.support.redis_server import free_port
+    from devcluster.redis_server import free_port
     from tests.support.waiting import wait_for
 
     [c] = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]["containers"]
@@ -598,7 +598,7 @@ def test_compose_protects_redis_and_flower(compose):
 def test_the_compose_redis_logs_each_service_in_as_its_user(compose, tmp_path):
     import redis as redis_lib
 
-    from tests.support.redis_server import free_port
+    from devcluster.redis_server import free_port
     from tests.support.waiting import wait_for
 
     redis = compose["services"]["redis"]

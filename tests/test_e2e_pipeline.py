@@ -30,13 +30,13 @@ from kubernetes import watch as k8s_watch
 from app.providers.pods.config import DEFAULT_IMAGE
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.support.origin import origin_server
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import pytest
 
 from app import egress, squid as squid_conf
 from tests.support.netns import NetNamespace, available
-from tests.support.squid import SquidProcess
+from devcluster.squid import SquidProcess
 from tests.test_squid_destinations import CLIENT
 
 NFT = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin")

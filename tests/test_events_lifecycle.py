@@ -18,11 +18,11 @@ from kubernetes import client as k8s
 
 from app.providers.pods.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
+from devcluster.redis_server import free_port
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.redis_server import free_port
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

@@ -48,7 +48,7 @@ ALTERNATIVE_CONNECTS = ["2130706433:443", "127.1:443", "[::ffff:7f00:1]:443", "[
 @pytest.mark.skipif(available() is not None, reason=str(available()))
 def test_squid_refuses_every_other_spelling_of_loopback_link_local_and_metadata():
     from tests.support.netns import NetNamespace
-    from tests.support.squid import SquidProcess
+    from devcluster.squid import SquidProcess
     from tests.test_squid_destinations import SQUID_ADDRESS, squid_block, statuses
 
     with NetNamespace(["10.77.0.1/24", "10.77.0.2/24", "169.254.10.1/16", "169.254.169.254/32",

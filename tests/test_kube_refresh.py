@@ -37,7 +37,7 @@ def test_the_hook_runs_at_most_once_per_period_and_follows_the_hook_it_reinstall
 
 
 def test_load_configuration_throttles_the_kubeconfig_loaders_hook(tmp_path, monkeypatch):
-    from tests.kubefake.server import write_kubeconfig
+    from devcluster.apiserver.server import write_kubeconfig
 
     monkeypatch.setenv("KUBECONFIG", write_kubeconfig(str(tmp_path / "kubeconfig"), "http://127.0.0.1:1"))
     cfg = kube.load_configuration()

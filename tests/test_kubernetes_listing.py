@@ -15,7 +15,7 @@ from app.providers.pods import provider as kp
 from app.providers.pods.config import KubernetesSettings
 from app.providers.pods.provider import (LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID,
                                                KubernetesProvider, instance_from_metadata)
-from tests.kubefake import negotiation
+from devcluster.apiserver import negotiation
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,8 +5,11 @@ runs ``lint-imports`` and so does this module, so a broken contract also fails t
 import counts, function-level and ``TYPE_CHECKING`` ones included, and so does what a module
 imports through another.
 
-The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/`` and
-``cli/``, and every repository path the page names exists.
+* No operator process imports the dev cluster (``devcluster/``): ``cli/main.py`` only inside
+  ``proxy-operator demo``'s function.
+
+The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/``,
+``cli/`` and ``devcluster/``, and every repository path the page names exists.
 """
 
 from __future__ import annotations
@@ -83,6 +86,19 @@ def test_a_forbidden_import_breaks_its_contract_and_names_it(tmp_path, module, l
     assert f"{_module_of(ROOT / module)} -> " in broken, out.stdout
 
 
+def test_the_command_loads_the_dev_cluster_only_inside_a_function():
+    """devcluster/ is the local simulated cluster: the operator's processes never load it (a
+    layout contract), and ``cli/main.py`` loads it for ``proxy-operator demo`` only, inside that
+    command's function, never when the module is imported."""
+    import ast
+
+    tree = ast.parse((ROOT / "cli" / "main.py").read_text())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = [alias.name for node in top if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module or "" for node in top if isinstance(node, ast.ImportFrom)]
+    assert not [n for n in names if n == "devcluster" or n.startswith("devcluster.")]
+
+
 def test_the_gateway_and_the_domain_load_no_provider_module():
     """What the import statements promise holds for what they load, transitively."""
     names = [_module_of(ROOT / f) for f in GATEWAY + DOMAIN]
@@ -117,10 +133,10 @@ def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(
 
 # -- docs/architecture.md's module map matches the tree ------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-PACKAGES = ("app", "workers", "watchers", "api", "cli")
+PACKAGES = ("app", "workers", "watchers", "api", "cli", "devcluster")
 #: A repository path as the page writes it: ``app/kube.py``, ``app/providers/<type>/registration.py``,
 #: ``app/lua/*.lua``, ``app/providers/{pods,gcp,kvm}/``, ``tests/x.py::test_y`` (the test id is not part of it).
-_PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|tests|deploy|docs|bench)/[\w./<>*{},-]*")
+_PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|devcluster|tests|deploy|docs|bench)/[\w./<>*{},-]*")
 
 
 def _section(text: str, title: str) -> str:

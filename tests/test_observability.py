@@ -35,13 +35,13 @@ from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.resources import GROUP, PLURAL, VERSION
+from devcluster.cluster import FakeCluster
+from devcluster.redis_server import RedisServer, free_port
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.api.served import request as api_request
 from tests.api.served import start_api
-from tests.support.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.processes import Process, celery_beat, celery_worker, watcher
-from tests.support.redis_server import RedisServer, free_port
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

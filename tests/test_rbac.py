@@ -4,7 +4,7 @@ what deploy/rbac grants that process's own ServiceAccount, nothing missing and n
 The real watcher, worker (``-Q proxies,gc``), health-worker (``-Q health``) and beat run through a
 whole lifecycle against the API fake (CRD admission, kubelet stand-in with real Squids), each
 with a kubeconfig whose bearer token only it uses; the fake records every ``(verb, group,
-resource, namespace)`` sent with each token (:meth:`tests.kubefake.server.FakeKube.audit`).  The
+resource, namespace)`` sent with each token (:meth:`devcluster.apiserver.server.FakeKube.audit`).  The
 lifecycle: a stale ProviderHealth pruned at start, leader election (acquire, renew, release), a
 Proxy with generated basic-auth credentials applied, Running, probed to Ready through its Squid
 with those credentials, a provider check written to its ProviderHealth, a GC sweep, a Proxy
@@ -25,10 +25,10 @@ import yaml
 from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

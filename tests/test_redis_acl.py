@@ -23,9 +23,9 @@ import redis as redis_lib
 import requests
 
 from app import redis_acl, redis_keys
+from devcluster.redis_server import free_port
 from tests.support.acl_redis import AclRedis
 from tests.support.processes import BIN, Process, celery_beat, celery_worker, watcher
-from tests.support.redis_server import free_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,9 +19,9 @@ import pytest
 import redis as redis_lib
 import requests
 
+from devcluster.redis_server import RedisServer, free_port
 from tests.api.served import request, start_api
 from tests.support.processes import BIN, Process, celery_beat, celery_worker, watcher
-from tests.support.redis_server import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

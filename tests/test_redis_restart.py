@@ -11,8 +11,8 @@ import redis
 
 from app import redis_retry, serving
 from app.resources import Proxy
+from devcluster.redis_server import RedisServer
 from tests.api.served import request, start_api
-from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 

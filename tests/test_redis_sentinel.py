@@ -22,7 +22,7 @@ import redis as redis_lib
 import requests
 
 from app.redis_client import client_from_url
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.redis_sentinel import SentinelRedis
 from tests.test_redis_loss import (RESYNC_S, TOKEN, apply_proxy, assert_alive, leasable, lease_once,

@@ -22,8 +22,8 @@ import pytest
 from celery import Celery
 from kubernetes import client as k8s
 
+from devcluster.loopback import reserve_port
 from tests.kvm.harness import known_hosts_line, kvm_entry, make_keys
-from tests.support.loopback import reserve_port
 from tests.support.processes import celery_worker
 from tests.support.retire import replaced_pod, retire_lines, retire_pattern, send_retire, worker_env
 from tests.support.waiting import wait_for

@@ -14,8 +14,8 @@ import pytest
 import requests
 import yaml
 
+from devcluster.redis_server import free_port
 from tests.support.processes import BIN, ROOT, Process
-from tests.support.redis_server import free_port
 
 CLI = str(BIN / "proxy-operator")
 SAMPLE_TOKENS = ROOT / "deploy" / "samples" / "tokens.yaml"

@@ -25,8 +25,8 @@ from kubernetes import client as k8s
 
 from app.providers.pods.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION
+from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env
-from tests.support.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.processes import ROOT, celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for

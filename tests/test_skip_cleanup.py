@@ -32,7 +32,7 @@ from app.reconcile import (
 )
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 from app.settings import Settings
-from tests.support import loopback
+from devcluster import loopback
 from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, read
 

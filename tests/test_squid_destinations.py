@@ -19,8 +19,8 @@ import pytest
 
 from app import squid as squid_conf
 from app.wiring import parse_config as parse
+from devcluster.squid import SQUID_BIN, SquidProcess
 from tests.support.netns import NetNamespace, available
-from tests.support.squid import SQUID_BIN, SquidProcess
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(available() is not None, reason=str(available()))]

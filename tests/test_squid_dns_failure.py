@@ -20,8 +20,8 @@ import sys
 import pytest
 
 from app import squid as squid_conf
+from devcluster.squid import SquidProcess
 from tests.support.netns import NetNamespace, available
-from tests.support.squid import SquidProcess
 from tests.test_squid_destinations import CLIENT
 
 pytestmark = [pytest.mark.timeout(180),

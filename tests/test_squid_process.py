@@ -1,4 +1,4 @@
-"""The test Squid (tests/support/squid.py): a start that fails says why; one that loses its port is retried.
+"""The test Squid (devcluster/squid.py): a start that fails says why; one that loses its port is retried.
 
 Real Squids on this process's loopback block; every cause of failure is a real one (a port held
 by a listener, a shared-memory segment that already exists), never a patched function.
@@ -14,8 +14,8 @@ import socket
 import pytest
 
 from app import squid as squid_conf
-from tests.support import loopback
-from tests.support.squid import SquidProcess, SquidStartError, loopback_policy, start_on_free_port
+from devcluster import loopback
+from devcluster.squid import SquidProcess, SquidStartError, loopback_policy, start_on_free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from kubernetes import client as k8s
 
-from tests.kubefake import FakeKube
+from devcluster.apiserver import FakeKube
 from tests.support.waiting import wait_until
 from watchers.handoff import Handoff
 from watchers.leader import ElectionSettings

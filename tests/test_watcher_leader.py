@@ -8,7 +8,7 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake import FakeKube
+from devcluster.apiserver import FakeKube
 from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings, LeaderElector
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.kubefake import FakeKube
-from tests.support.loopback import free_port
+from devcluster.apiserver import FakeKube
+from devcluster.loopback import free_port
 from tests.support.waiting import wait_until
 from watchers.leader import ElectionSettings
 from watchers.main import WatcherSettings, run

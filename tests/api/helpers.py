@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support import loopback
+from devcluster import loopback
 
 #: The API tests' loopback block in this process: the origin on ``.1``, the test server on
 #: ``.2``, the session Squids on ``.10``-``.14``, single-test Squids on ``.20`` and up.

@@ -11,8 +11,8 @@ import socket
 import threading
 import time
 
+from devcluster.redis_server import free_port
 from tests.support.processes import BIN, Process
-from tests.support.redis_server import free_port
 
 TOKEN = "server-test-token-0123456789"
 CLI = str(BIN / "proxy-operator")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from devcluster.squid import SquidProcess
 from tests.api.helpers import NET, auth, healthy
 from tests.health.fleet import start_squid
-from tests.support.squid import SquidProcess
 
 pytestmark = pytest.mark.timeout(60)
 

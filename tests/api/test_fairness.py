@@ -27,9 +27,9 @@ from api.settings import ApiSettings
 from app import leases, selectors, serving, tokens
 from app.resources import Proxy
 from app.validation import ConfigError
+from devcluster.redis_server import RedisServer
 from tests.api.helpers import TOKEN_A, TOKEN_B, TOKEN_C, auth
 from tests.api.served import TOKEN, request, start_api
-from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
 

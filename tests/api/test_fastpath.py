@@ -17,8 +17,8 @@ from api.fastpath import FastPath
 from api.settings import ApiSettings
 from app import serving
 from app.resources import Proxy
+from devcluster.redis_server import free_port
 from tests.api.helpers import TOKEN_A, TOKEN_B, auth
-from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -177,7 +177,7 @@ def test_the_api_rebuilds_the_index_when_it_starts(redis_client, api_settings):
 def test_the_api_starts_while_redis_is_down(tokens_file):
     from api.settings import ApiSettings
 
-    from tests.support.redis_server import free_port
+    from devcluster.redis_server import free_port
 
     app = create_app(ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tokens_file=tokens_file))
     assert app.test_client().get("/healthz").status_code >= 500

@@ -23,8 +23,8 @@ import pytest
 
 from app import serving
 from app.resources import Proxy
+from devcluster.redis_server import free_port
 from tests.api.served import CLI, TOKEN, exchange, head, read_response, request, start_api, write_tokens
-from tests.support.redis_server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -3,7 +3,7 @@
 Everything is real and local: ``proxy-operator api`` (the real command, granian) on a free
 port, the session Redis, Proxy objects in the Kubernetes API fake pointing at real Squids on
 the area's loopback block :data:`NET` (probed healthy by the health engine), and local origins.  The Squids may reach
-loopback origins the way an operator declares it (:func:`tests.support.squid.loopback_policy`,
+loopback origins the way an operator declares it (:func:`devcluster.squid.loopback_policy`,
 applied by :func:`tests.health.fleet.start_squid`).
 """
 
@@ -17,10 +17,10 @@ import pytest
 from app import serving
 from app import squid as squid_conf
 from app.health.settings import HealthSettings
+from devcluster import loopback
 from tests.api.served import TOKEN, start_api
 from tests.health.fleet import Fleet, htpasswd_file, start_squid
 from tests.health.servers import OriginServer
-from tests.support import loopback
 from tests.support.processes import Process
 
 #: The client tests' loopback block in this process: the origin on ``.1``-``.2``, Squids from ``.10``.

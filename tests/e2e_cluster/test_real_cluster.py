@@ -161,8 +161,8 @@ def namespace(cluster):
 @pytest.fixture()
 def operator(cluster, namespace, tmp_path):
     """Private Redis + the watcher + a Celery worker, as local processes using KUBECONFIG."""
+    from devcluster.redis_server import RedisServer
     from tests.support.processes import BIN, Process, celery_worker
-    from tests.support.redis_server import RedisServer
 
     _preflight(cluster, namespace)
     if os.environ.get("PROXY_OPERATOR_E2E_APPLY_CRDS", "1") != "0":

@@ -45,7 +45,7 @@ def main(url: str) -> None:
         elif cmd == "reap":
             stop = threading.Event()
 
-            def loop():
+            def loop(stop: threading.Event = stop) -> None:
                 while not stop.is_set():
                     ch.qos.restore_visible()
                     time.sleep(0.3)

@@ -6,7 +6,6 @@ lost, not restored within 2 x HOLDER_TTL + 2 s)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import time
 import pytest
 import redis
 
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -19,7 +19,7 @@ Serves, on ``127.0.0.1:<free port>``, what the gcp provider uses:
 Mutations return an operation that is RUNNING; each get/wait of it advances it by one poll
 and after ``op_polls`` polls it is DONE and its effect applies (the instance becomes RUNNING
 with addresses, or disappears).  Instances get loopback addresses only, from blocks claimed for
-this process (:func:`tests.support.loopback.block`: natIP in :attr:`FakeCompute.external_addresses`,
+this process (:func:`devcluster.loopback.block`: natIP in :attr:`FakeCompute.external_addresses`,
 networkIP in :attr:`FakeCompute.internal_addresses`; nothing listens there, and no other test
 run or xdist worker uses them): data never leaves this machine, even when a test connects to them.
 
@@ -53,7 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import loopback
+from devcluster import loopback
 
 PREFIX = "/compute/v1"
 _LABEL_FILTER = re.compile(r'^\s*labels\.([a-z][-_a-z0-9]*)\s*(=|eq)\s*"?([-_a-z0-9]*)"?\s*$')

@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
 from app.providers.gcp.startup import STARTUP_SCRIPT
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
 

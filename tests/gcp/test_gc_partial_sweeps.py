@@ -17,10 +17,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.naming import tags_for
+from devcluster.cluster import FakeCluster
+from devcluster.redis_server import free_port
 from tests.gcp.conftest import PROJECT
-from tests.support.cluster import FakeCluster
 from tests.support.processes import celery_beat, celery_worker
-from tests.support.redis_server import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -1,7 +1,7 @@
 """Fixtures of the health tests: a local origin (health URL + IP echo), the Kubernetes API
 fake, real Redis (``redis_client`` from tests/conftest.py) and a :class:`Fleet` helper.
 
-Addresses: this process's loopback block :data:`NET` (``tests/support/loopback.py``): origins
+Addresses: this process's loopback block :data:`NET` (``devcluster/loopback.py``): origins
 on ``.1``-``.9``, Squids on ``.10`` and up.
 """
 
@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from app.health.settings import HealthSettings
+from devcluster import loopback
 from tests.health.fleet import Fleet
 from tests.health.servers import OriginServer
-from tests.support import loopback
 
 #: The health tests' loopback block in this process (another run or xdist worker has its own).
 NET = loopback.block("health")

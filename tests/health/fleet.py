@@ -26,7 +26,7 @@ from app.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
 from app.settings import Settings
 from app.tenancy import Tenancy
-from tests.support.squid import SquidProcess, loopback_policy, start_on_free_port
+from devcluster.squid import SquidProcess, loopback_policy, start_on_free_port
 
 
 def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
@@ -34,9 +34,9 @@ def start_squid(address: str, *, policy: squid_conf.SquidPolicy | None = None,
     """Start a real Squid on ``address`` with the product policy; ``egress`` pins its outgoing
     address to ``address`` so an IP-echo origin sees a per-proxy egress IP;
     ``loopback_origins`` exempts the loopback test origins from the product's destination
-    denial (:func:`tests.support.squid.loopback_policy`).  The port is the kernel's pick; a start
+    denial (:func:`devcluster.squid.loopback_policy`).  The port is the kernel's pick; a start
     that loses it to another process is tried again on a fresh one
-    (:func:`tests.support.squid.start_on_free_port`, which also names the error raised)."""
+    (:func:`devcluster.squid.start_on_free_port`, which also names the error raised)."""
     policy = policy or squid_conf.SquidPolicy()
     if loopback_origins:
         policy = loopback_policy(policy)

@@ -22,7 +22,7 @@ import ssl
 import tempfile
 import threading
 
-from tests.support.loopback import free_port  # noqa: F401 - re-exported: the health tests use it
+from devcluster.loopback import free_port  # noqa: F401 - re-exported: the health tests use it
 
 
 class _OriginHandler(http.server.BaseHTTPRequestHandler):

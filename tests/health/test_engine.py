@@ -16,7 +16,7 @@ from app.health import probe as p
 from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole, free_port
-from tests.support.squid import SquidProcess, loopback_policy
+from devcluster.squid import SquidProcess, loopback_policy
 
 pytestmark = pytest.mark.timeout(90)
 

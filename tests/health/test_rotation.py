@@ -1,7 +1,7 @@
 """A password rotation never withdraws the proxy it rotates (issue 12, item 7), in process.
 
 A real Squid with basic auth reads its htpasswd file from a volume directory written the way
-the kubelet writes Secret volumes (tests/support/kubelet.py ``write_atomic``); the Proxy's
+the kubelet writes Secret volumes (devcluster/kubelet.py ``write_atomic``); the Proxy's
 credentials Secret lives in the API fake; probes run through the real engine with the real
 :class:`SecretCredentials`.  Both orders of a rotation are covered:
 
@@ -28,8 +28,8 @@ from app import squid as squid_conf
 from app.health.credentials import SecretCredentials
 from app.kube import KubernetesGateway
 from app.resources import API_VERSION, KIND
-from tests.support.kubelet import write_atomic
-from tests.support.squid import loopback_policy, start_on_free_port
+from devcluster.kubelet import write_atomic
+from devcluster.squid import loopback_policy, start_on_free_port
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.loopback import free_port  # re-exported: bench/kvm.py and tests use it
+from devcluster.loopback import free_port  # re-exported: bench/kvm.py and tests use it
 from tests.support.waiting import wait_for
 
 # no-ping: dnsmasq otherwise pings every address for 3 s before offering it.

@@ -19,7 +19,7 @@ from app.providers.kvm import domain as dom_xml
 from app.providers.kvm.provider import AGENT_UNAVAILABLE, WAITING_FOR_AGENT
 from app.resources import GROUP, PLURAL, VERSION
 from tests.kvm import harness
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.waiting import wait_for
 from tests.support.processes import BIN, Process, celery_worker, watcher
 from tests.test_rbac import granted, grants_of

@@ -59,8 +59,8 @@ import yaml
 from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
+from devcluster.cluster import FakeCluster
 from tests.kvm import guest_image, harness
-from tests.support.cluster import FakeCluster
 from tests.support.processes import BIN, Process, celery_beat, watcher
 from tests.support.waiting import wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from app.providers.errors import Transient, describe
 from app.providers.kvm.config import ImageSettings
 from app.providers.kvm.images import _fetch
-from tests.support.redis_server import free_port
+from devcluster.redis_server import free_port
 
 SECRET = "X-Goog-Signature=topsecret123"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.squid import LOOPBACK_SQUID_BLOCK
+from devcluster.squid import LOOPBACK_SQUID_BLOCK
 
 
 def pool_operator_env(tmp: Path, cluster, redis_url: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from app.pools import controller, wake
 from app.pools.controller import PoolRef
 from app.pools.model import LABEL_POOL, LABEL_TEMPLATE_HASH
 from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.support.contexts import k8s_provider
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,11 +26,11 @@ from app.providers.pods.provider import LABEL_PROXY_UID
 from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION
 from app.serving_record import ServingRecord, load_all
 from tests.api.served import TOKEN, start_api
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import redis_keys
 from app.resources import GROUP, POOL_PLURAL, VERSION
-from tests.support.cluster import FakeCluster
+from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env
 from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
-from tests.support.redis_server import RedisServer, free_port
+from devcluster.redis_server import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

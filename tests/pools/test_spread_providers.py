@@ -38,7 +38,7 @@ from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.kvm import harness
 from tests.support.contexts import QUICK
 from tests.support.kvm_rig import wipe_domains
-from tests.support.loopback import reserve_port
+from devcluster.loopback import reserve_port
 
 NS = "crawl"
 

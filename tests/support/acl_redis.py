@@ -10,7 +10,7 @@ import secrets
 import redis as redis_lib
 
 from app import redis_acl
-from tests.support.redis_server import RedisServer
+from devcluster.redis_server import RedisServer
 
 
 class AclRedis:

@@ -1,10 +1,10 @@
 """The real ``kubectl`` against the API fake, as a user runs it.
 
 :class:`Kubectl` runs the kubectl binary found on ``PATH`` with a kubeconfig written for one
-:class:`tests.kubefake.server.FakeKube` and a private discovery cache and ``HOME`` (nothing of
+:class:`devcluster.apiserver.server.FakeKube` and a private discovery cache and ``HOME`` (nothing of
 the machine's own ``~/.kube`` is read or written).  :data:`needs_kubectl` skips a test, with
 :data:`KUBECTL_MISSING` as the reason, when kubectl is not installed: the fake serves what kubectl
-1.27 or newer needs (OpenAPI v3; see :data:`tests.support.demo.KUBECTL_MINIMUM`), and no package
+1.27 or newer needs (OpenAPI v3; see :data:`devcluster.demo.KUBECTL_MINIMUM`), and no package
 registry this project installs from has one (Debian 12's ``kubernetes-client`` is 1.20).
 """
 
@@ -29,7 +29,7 @@ class Kubectl:
     """``kubectl`` pointed at one API fake.
 
     ``Kubectl(fake, workdir, cwd=None)`` writes ``workdir/kubeconfig`` for ``fake`` (a
-    :class:`~tests.kubefake.server.FakeKube`) and keeps kubectl's discovery cache and ``HOME``
+    :class:`~devcluster.apiserver.server.FakeKube`) and keeps kubectl's discovery cache and ``HOME``
     under ``workdir``.  Commands run in ``cwd`` (default ``workdir``), so relative ``-f`` paths are
     read from there.  kubectl sends no bearer token to a plain-HTTP server (seen with ``-v=8``
     on 1.32), so :meth:`FakeKube.audit` does not see its requests: tell them apart by their

@@ -1,6 +1,6 @@
 """A Sentinel-managed Redis for tests: a master, replicas and Sentinels on loopback.
 
-Real ``redis-server`` processes (:class:`tests.support.redis_server.RedisServer`, replicas with
+Real ``redis-server`` processes (:class:`devcluster.redis_server.RedisServer`, replicas with
 ``replicaof``) and real ``redis-sentinel`` processes (Debian's ``redis-sentinel``), each on a
 free loopback port, persistence off; :meth:`SentinelRedis.stop` ends them all.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.redis_server import RedisServer, free_port
+from devcluster.redis_server import RedisServer, free_port
 
 MASTER_NAME = "proxy-operator"
 
