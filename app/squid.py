@@ -261,6 +261,10 @@ def render(port: int, policy: SquidPolicy | None = None, *, listen_address: str 
         "forwarded_for delete",
         "via off",
         "cache deny all",
+        # No ICMP pinger: Squid talks to it over a UDP socket on loopback, which the guests'
+        # egress rules refuse to Squid's user (app/egress.py), and Squid then never starts
+        # ("ipcCreate: CHILD: hello write test failed"); nothing here uses its measurements.
+        "pinger_enable off",
         "coredump_dir /tmp",
         "pid_filename /tmp/squid.pid",
         "cache_log stdio:/dev/stderr",

@@ -127,3 +127,40 @@ def test_a_squid_whose_acls_allow_everything_still_cannot_reach_denied_addresses
     ns.stop(ns.origin_proc)
     hits = [line.split()[1] for line in ns.origin_proc.stdout.read().splitlines() if line.startswith("HIT")]
     assert hits == ["192.0.2.10:80"], hits
+
+
+def test_the_products_squid_starts_under_the_rules(ns):
+    """Squid as a guest's systemd unit starts it (``--foreground -sYC``, its kid processes and
+    helpers) with the product's squid.conf, basic auth included, while the rules are loaded: a
+    helper Squid reaches over loopback (its ICMP pinger) would leave it hanging before it ever
+    listens (the real-guest test saw the unit time out)."""
+    import pathlib
+    import subprocess
+    import tempfile
+    import time
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="squid-egress-"))  # (pytest's tmp_path: root only)
+    os.chmod(work, 0o777)
+    (work / "htpasswd").write_text(squid_conf.htpasswd_entry("crawler", "secret") + "\n")
+    os.chmod(work / "htpasswd", 0o644)
+    policy = squid_conf.SquidPolicy(basic_auth_file=str(work / "htpasswd"),
+                                    denied_destinations=POLICY.denied_destinations)
+    conf = squid_conf.render(3128, policy, overrides=(f"pid_filename {work}/squid.pid",
+                                                      f"cache_log {work}/cache.log", "access_log none"))
+    (work / "squid.conf").write_text(conf)
+    proc = subprocess.Popen(["ip", "netns", "exec", ns.name, "/usr/sbin/squid", "--foreground", "-sYC", "-f",
+                             str(work / "squid.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, log = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "Accepting HTTP Socket connections" not in log:
+            time.sleep(0.3)
+            log = (work / "cache.log").read_text() if (work / "cache.log").exists() else ""
+        assert "Accepting HTTP Socket connections" in log, log
+        assert "hello write test failed" not in log, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
