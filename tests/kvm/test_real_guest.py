@@ -270,7 +270,10 @@ def test_real_guest_goes_ready_is_leased_and_deleted(rig, guest_qcow2, tmp_path,
                    "REDIS_URL": redis_url, "PROVIDERS_CONFIG": str(providers), "API_TOKENS_FILE": str(tokens),
                    "RESYNC_INTERVAL": "3600", "GC_INTERVAL": "3600", "POLL_INITIAL": "1", "POLL_MAX": "3",
                    "RETRY_INITIAL": "1", "RETRY_MAX": "3", "HEALTH_SWEEP_INTERVAL": "2", "EGRESS_ECHO_URL": "",
-                   "HEALTH_CREDENTIALS_TTL": "5", "LOG_LEVEL": "INFO"}
+                   "HEALTH_CREDENTIALS_TTL": "5", "LOG_LEVEL": "INFO",
+                   # the health URL is the origin on the network's gateway, a private address:
+                   # allowed on purpose, as an operator would
+                   "PROBE_EXTERNAL_ALLOWED_RANGES": f"{GATEWAY}/32"}
             # Redis and the API fake, reachable inside the namespace at the same addresses.
             procs += _bridge(ns, redis_server.port, sockdir, "redis")
             procs += _bridge(ns, urlsplit(cluster.fake.url).port, sockdir, "kube")
