@@ -20,9 +20,9 @@ restarts it as a kubelet restarts a container).  The schedule is rounds of every
 seeded random order with seeded gaps; the first round always completes (every kind at least
 once), later rounds stop at ``--duration``.
 
-Then the workload stops, the pool is re-applied if the workload last deleted it, and the
-settle phase checks the invariants every 2 s until they all hold at once or ``--settle``
-seconds pass:
+Then the workload stops, one last change is made (the pool scaled to another size, or applied
+again if the workload last deleted it, and one more Proxy created), and the settle phase checks
+the invariants every 2 s until they all hold at once or ``--settle`` seconds pass:
 
 * every Proxy converged: ``Ready`` with exactly one running Pod, or ``Failed`` with a reason;
 * no Proxy is Terminating;
@@ -118,7 +118,8 @@ class Chaos:
         self.procs: dict[str, Process] = {}
         self.killed: set[str] = set()  # processes the run has down on purpose right now
         self.exits: list[str] = []  # unexpected exits seen
-        self.faults: list[tuple[float, str, str]] = []  # (seconds, kind, what was done)
+        self.faults: list[tuple[float, str, str, float]] = []  # (start s, kind, what was done, end s)
+        self.grants: list[float] = []  # when each lease was granted during the run, s
         self.counts: collections.Counter = collections.Counter()
         self.leases: dict[str, dict] = {}
         self.lock = threading.Lock()
@@ -196,13 +197,23 @@ class Chaos:
                 what = getattr(self, "_" + kind.replace("-", "_"))(rng)
             except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
                 what = f"NOT INJECTED: {type(exc).__name__}: {exc}"
-            self.faults.append((started, kind, what))
+            self.faults.append((started, kind, what, self.now()))
             print(f"+{started:6.1f} s  {kind:20} {what}", flush=True)
         time.sleep(max(0.0, self.duration - self.now()))
         self.stop_workload.set()
         for t in threads[1:]:
             t.join(30)
         self.fault_end = self.now()
+
+    def lease_gaps(self) -> dict[str, str]:
+        """Per fault kind, the longest wait from a fault's end to the next lease granted (``"-"``:
+        none granted before the fault phase ended), as text."""
+        worst: dict[str, float | None] = {}
+        for _, kind, _, ended in self.faults:
+            gap = next((g - ended for g in self.grants if g >= ended), None)
+            prev = worst.get(kind, 0.0)
+            worst[kind] = None if gap is None or prev is None else max(prev, gap)
+        return {k: "-" if v is None else f"{v:.1f}" for k, v in worst.items()}
 
     def _restart_after_kill(self, name: str, rng: random.Random) -> str:
         p = self.procs[name]
@@ -356,6 +367,7 @@ class Chaos:
                     if res.status_code == 201:
                         lease = res.json()
                         self.leases[lease["leaseId"]] = lease
+                        self.grants.append(self.now())
                     self.counts[f"lease acquire {res.status_code}"] += 1
                 elif action == "renew":
                     lease_id = rng.choice(sorted(self.leases))
@@ -382,9 +394,22 @@ class Chaos:
         Returns ``{invariant: (seconds after the fault phase when it last began to hold, or None
         if it does not hold at the end; the violations of the last check)}``.
         """
-        if not self._pool_exists():
-            self.apply_pool(2)
+        # The last change, made as the faults end, so the settle phase times a real convergence.
+        pool = next((p for p in self.pools() if p["metadata"]["name"] == POOL), None)
+        if pool is None or pool["metadata"].get("deletionTimestamp"):
+            wait_gone = time.monotonic() + 30
+            while pool is not None and time.monotonic() < wait_gone:
+                time.sleep(0.5)
+                pool = next((p for p in self.pools() if p["metadata"]["name"] == POOL), None)
+            self.apply_pool(MAX_REPLICAS)
             self.counts["pool applied (settle)"] += 1
+        else:
+            replicas = pool["spec"]["replicas"] % MAX_REPLICAS + 1
+            self.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NS, POOL_PLURAL, POOL,
+                                                             {"spec": {"replicas": replicas}})
+            self.counts["pool scaled (settle)"] += 1
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, self._proxy_body("chaos-px-last"))
+        self.counts["proxy created (settle)"] += 1
         start = time.monotonic()
         held_since: dict[str, float | None] = {name: None for name, _ in INVARIANTS}
         last: dict[str, list[str]] = {}
@@ -555,8 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         chaos.run()
         results = chaos.settle()
         violated = any(v for _, v in results.values())
-        kinds = collections.Counter(kind for _, kind, what in chaos.faults if "NOT INJECTED" not in what)
+        kinds = collections.Counter(kind for _, kind, what, _ in chaos.faults if "NOT INJECTED" not in what)
         print(f"\nfaults injected: {sum(kinds.values())} ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})")
+        print("first lease granted after each fault's end (s; max per kind): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(chaos.lease_gaps().items())))
         print(f"workload: {', '.join(f'{k} {n}' for k, n in sorted(chaos.counts.items()))}")
         settled = ("settled %.1f s after the last fault" % chaos.settled_after if chaos.settled_after is not None
                    else f"NOT settled within {args.settle:g} s")
