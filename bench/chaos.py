@@ -18,7 +18,9 @@ loaded at start), one that comes back empty (SIGKILL, no dump), an outage of sev
 (SIGKILL, down, back empty); SIGKILL of the Squid behind a Ready Proxy (the kubelet stand-in
 restarts it as a kubelet restarts a container).  The schedule is rounds of every kind in a
 seeded random order with seeded gaps; the first round always completes (every kind at least
-once), later rounds stop at ``--duration``.
+once), later rounds stop at ``--duration``.  Each fault runs in a thread of its own from its
+time on, so faults overlap (a worker killed during a Redis outage), except two on one target
+(a process, Redis), which take turns.
 
 Then the workload stops, one last change is made (the pool scaled to another size, or applied
 again if the workload last deleted it, and one more Proxy created), and the settle phase checks
@@ -123,6 +125,7 @@ class Chaos:
         self.counts: collections.Counter = collections.Counter()
         self.leases: dict[str, dict] = {}
         self.lock = threading.Lock()
+        self.targets: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)  # one fault at a time each
         self.stop_workload = threading.Event()
         self.stop_monitor = threading.Event()
         self.t0 = 0.0
@@ -189,45 +192,56 @@ class Chaos:
                    threading.Thread(target=self._clients, daemon=True, name="clients")]
         for t in threads:
             t.start()
+        faults = []
         for i, (at, kind) in enumerate(schedule):
             time.sleep(max(0.0, at - self.now()))
-            rng = random.Random(f"{self.seed}:{i}")
-            started = self.now()
-            try:
-                what = getattr(self, "_" + kind.replace("-", "_"))(rng)
-            except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
-                what = f"NOT INJECTED: {type(exc).__name__}: {exc}"
-            self.faults.append((started, kind, what, self.now()))
-            print(f"+{started:6.1f} s  {kind:20} {what}", flush=True)
+            faults.append(threading.Thread(target=self._inject, args=(i, kind), daemon=True, name=kind))
+            faults[-1].start()
+        for t in faults:
+            t.join()
+        self.faults.sort()
         time.sleep(max(0.0, self.duration - self.now()))
         self.stop_workload.set()
         for t in threads[1:]:
             t.join(30)
         self.fault_end = self.now()
 
+    def _inject(self, i: int, kind: str) -> None:
+        """Inject fault ``i`` of the schedule (its own seeded randomness); record and print it."""
+        rng = random.Random(f"{self.seed}:{i}")
+        started = self.now()
+        try:
+            what = getattr(self, "_" + kind.replace("-", "_"))(rng)
+        except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
+            what = f"NOT INJECTED: {type(exc).__name__}: {exc}"
+        with self.lock:
+            self.faults.append((started, kind, what, self.now()))
+        print(f"+{started:6.1f} s  {kind:20} {what} (until +{self.now():.1f} s)", flush=True)
+
     def lease_gaps(self) -> dict[str, str]:
-        """Per fault kind, the longest wait from a fault's end to the next lease granted (``"-"``:
-        none granted before the fault phase ended), as text."""
-        worst: dict[str, float | None] = {}
+        """Per fault kind, the longest wait from a fault's end to the next lease granted, seconds,
+        as text (``">=N"``: none granted in the N s left of the fault phase)."""
+        worst: dict[str, tuple[float, bool]] = {}
         for _, kind, _, ended in self.faults:
             gap = next((g - ended for g in self.grants if g >= ended), None)
-            prev = worst.get(kind, 0.0)
-            worst[kind] = None if gap is None or prev is None else max(prev, gap)
-        return {k: "-" if v is None else f"{v:.1f}" for k, v in worst.items()}
+            value = (gap, False) if gap is not None else (max(0.0, self.fault_end - ended), True)
+            worst[kind] = max(worst.get(kind, (0.0, False)), value)
+        return {k: (">=" if censored else "") + f"{v:.1f}" for k, (v, censored) in worst.items()}
 
     def _restart_after_kill(self, name: str, rng: random.Random) -> str:
         p = self.procs[name]
-        with self.lock:
-            self.killed.add(name)
-        pid = p.proc.pid
-        p.kill()
-        pause = rng.uniform(0.5, 3.0)
-        time.sleep(pause)
-        if name == "beat":
-            (self.demo.workdir / "beat.pid").unlink(missing_ok=True)
-        p.start()
-        with self.lock:
-            self.killed.discard(name)
+        with self.targets[name]:
+            with self.lock:
+                self.killed.add(name)
+            pid = p.proc.pid
+            p.kill()
+            pause = rng.uniform(0.5, 3.0)
+            time.sleep(pause)
+            if name == "beat":
+                (self.demo.workdir / "beat.pid").unlink(missing_ok=True)
+            p.start()
+            with self.lock:
+                self.killed.discard(name)
         return f"{name} (pid {pid}) SIGKILLed, restarted after {pause:.1f} s"
 
     def _kill_worker(self, rng):
@@ -249,16 +263,18 @@ class Chaos:
         name = rng.choice(["worker", "worker2"])
         p = self.procs[name]
         pause = rng.uniform(3.0, 16.0)
-        with self.lock:
-            self.killed.add(name)
-        os.killpg(p.proc.pid, signal.SIGSTOP)
-        try:
-            time.sleep(pause)
-        finally:
-            os.killpg(p.proc.pid, signal.SIGCONT)
+        with self.targets[name]:
             with self.lock:
-                self.killed.discard(name)
-        return f"{name} (pid {p.proc.pid}) SIGSTOPped for {pause:.1f} s, then SIGCONT"
+                self.killed.add(name)
+            pid = p.proc.pid
+            os.killpg(pid, signal.SIGSTOP)
+            try:
+                time.sleep(pause)
+            finally:
+                os.killpg(pid, signal.SIGCONT)
+                with self.lock:
+                    self.killed.discard(name)
+        return f"{name} (pid {pid}) SIGSTOPped for {pause:.1f} s, then SIGCONT"
 
     def _redis_down(self) -> None:
         r = self.demo.redis
@@ -266,6 +282,10 @@ class Chaos:
         (Path(r.dir) / "dump.rdb").unlink(missing_ok=True)
 
     def _redis_restart_kept(self, rng):
+        with self.targets["redis"]:
+            return self._redis_restart_kept_locked()
+
+    def _redis_restart_kept_locked(self):
         r = self.demo.redis
         client = redis.Redis.from_url(r.authed_url, socket_timeout=5)
         keys = client.dbsize()
@@ -279,16 +299,18 @@ class Chaos:
         return f"SHUTDOWN SAVE with {keys} keys, back with {kept} from its dump"
 
     def _redis_restart_empty(self, rng):
-        self._redis_down()
-        time.sleep(rng.uniform(0.2, 1.0))
-        self.demo.redis.start()
+        with self.targets["redis"]:
+            self._redis_down()
+            time.sleep(rng.uniform(0.2, 1.0))
+            self.demo.redis.start()
         return "SIGKILLed, back empty"
 
     def _redis_outage(self, rng):
-        self._redis_down()
         down = rng.uniform(5.0, 12.0)
-        time.sleep(down)
-        self.demo.redis.start()
+        with self.targets["redis"]:
+            self._redis_down()
+            time.sleep(down)
+            self.demo.redis.start()
         return f"SIGKILLed, down {down:.1f} s, back empty"
 
     def _kill_squid(self, rng):
