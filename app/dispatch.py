@@ -172,13 +172,15 @@ class Enqueuer:
         self._send, self.redis, self.stale_after = send, redis, stale_after
 
     def send(self, action: str, ref: Ref, *, queue: str, delay: float = 0.0, attempt: int = 0,
-             only_if_idle: bool = False) -> bool:
+             only_if_idle: bool = False, slack: float = 1.0) -> bool:
         """Queue ``action`` for ``ref`` on ``queue`` after ``delay`` seconds.
 
         Args:
             only_if_idle: send only when no message for this action is queued at all (the
                 resync uses this, so it never cuts a scheduled backoff short); by default a
                 message is also sent when it would run earlier than the queued one.
+            slack: seconds (>= 0); without ``only_if_idle``, a queued message that runs at most
+                this long after this one counts as the same and nothing is sent.
         Returns:
             whether a message was sent.
         Raises:
@@ -190,7 +192,7 @@ class Enqueuer:
         ttl_ms = int((max(0.0, delay) + self.stale_after) * 1000)
         mode = "idle" if only_if_idle else "earlier"
         key = dedup_key(action, ref.uid)
-        if not _CLAIM(self.redis, [key], [f"{eta:.3f}", ttl_ms, mode]):
+        if not _CLAIM(self.redis, [key], [f"{eta:.3f}", ttl_ms, mode, f"{max(0.0, slack):.3f}"]):
             return False
         try:
             self._send(TASKS[action], [ref.namespace, ref.name, ref.uid, attempt], queue, delay if delay > 0 else None)
