@@ -79,9 +79,10 @@ MAX_REPLICAS = 3
 #: Every kind of fault, each injected at least once per run.
 FAULT_KINDS = ("kill-worker", "kill-watcher", "kill-beat", "kill-api", "kill-flower", "stop-worker",
                "redis-restart-kept", "redis-restart-empty", "redis-outage", "kill-squid")
-#: The stack's settings over the demo's: the product's defaults for holders, beat's lock and
-#: GC (so a leak is not hidden by a short GC grace); probes every 2 s (the Proxies' own
-#: healthCheck); the demo's short resync and polls.
+#: The stack's settings over the demo's (its short polls and health sweeps kept): the product's
+#: defaults for holders, beat's lock and GC (so a leak is not hidden by a short GC grace); the
+#: Proxy resync every 15 s (demo 30 s) and the pool resync every 5 s (default 30 s), so a
+#: settle phase of a minute or two sees a few of each.
 CHAOS_ENV = {"LOG_LEVEL": "INFO", "POOL_RESYNC_INTERVAL": "5", "RESYNC_INTERVAL": "15"}
 HEALTH_CHECK = {"intervalSeconds": 2, "timeoutSeconds": 1}
 LEASE_TTL = 60
@@ -125,7 +126,9 @@ class Chaos:
         self.counts: collections.Counter = collections.Counter()
         self.leases: dict[str, dict] = {}
         self.lock = threading.Lock()
-        self.targets: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)  # one fault at a time each
+        # one fault at a time on each target (a process, Redis)
+        self.targets = {name: threading.Lock() for name in
+                        ("worker", "worker2", "watcher", "watcher2", "beat", "api", "flower", "redis")}
         self.stop_workload = threading.Event()
         self.stop_monitor = threading.Event()
         self.t0 = 0.0
