@@ -114,7 +114,9 @@ class PoolDispatcher:
     def resync(self, pools: Iterable[Pool], within: float) -> int:
         """Queue a pass now over every pool that has none queued to run within ``within``
         seconds (the resync period: a pass due before the next resync makes this one
-        redundant); return how many were sent.
+        redundant) and none overdue by more than two periods (taken for lost: a pass a live
+        worker had reserved when Redis restarted with its data never runs, and its mark would
+        hold every pass back for the mark's 300 s); return how many were sent.
 
         Raises:
             redis.RedisError / kombu.exceptions.OperationalError: Redis or the broker unreachable.
@@ -122,7 +124,7 @@ class PoolDispatcher:
         sent = 0
         for pool in pools:
             if self.enqueuer.send(POOL_ACTION, Ref(pool.namespace, pool.name, pool.uid), queue=self.queue,
-                                  slack=within):
+                                  slack=within, lost_after=2 * within):
                 sent += 1
         log.info("pool resync queued %d pass(es)", sent)
         return sent
