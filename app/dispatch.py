@@ -172,13 +172,19 @@ class Enqueuer:
         self._send, self.redis, self.stale_after = send, redis, stale_after
 
     def send(self, action: str, ref: Ref, *, queue: str, delay: float = 0.0, attempt: int = 0,
-             only_if_idle: bool = False) -> bool:
+             only_if_idle: bool = False, slack: float = 1.0, lost_after: float | None = None) -> bool:
         """Queue ``action`` for ``ref`` on ``queue`` after ``delay`` seconds.
 
         Args:
             only_if_idle: send only when no message for this action is queued at all (the
                 resync uses this, so it never cuts a scheduled backoff short); by default a
                 message is also sent when it would run earlier than the queued one.
+            slack: seconds (>= 0); without ``only_if_idle``, a queued message that runs at most
+                this long after this one counts as the same and nothing is sent.
+            lost_after: seconds; a queued message that was due more than this long before this
+                one counts as lost (its mark outlived it: a message a live worker had reserved
+                when Redis restarted with its data stays unacknowledged) and this one is sent.
+                ``None``: only the mark's expiry (``stale_after``) ends such a wait.
         Returns:
             whether a message was sent.
         Raises:
@@ -190,7 +196,10 @@ class Enqueuer:
         ttl_ms = int((max(0.0, delay) + self.stale_after) * 1000)
         mode = "idle" if only_if_idle else "earlier"
         key = dedup_key(action, ref.uid)
-        if not _CLAIM(self.redis, [key], [f"{eta:.3f}", ttl_ms, mode]):
+        args = [f"{eta:.3f}", ttl_ms, mode, f"{max(0.0, slack):.3f}"]
+        if lost_after is not None:
+            args.append(f"{max(0.0, lost_after):.3f}")
+        if not _CLAIM(self.redis, [key], args):
             return False
         try:
             self._send(TASKS[action], [ref.namespace, ref.name, ref.uid, attempt], queue, delay if delay > 0 else None)

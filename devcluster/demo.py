@@ -158,10 +158,17 @@ class Demo:
             ``/24`` claimed with :func:`devcluster.loopback.claim_block`, held until exit).
         workdir: where the kubeconfig, configs and logs go (default: a new temp directory,
             removed by :meth:`stop` unless ``keep`` is set).
+        extra_env: more environment for the operator's processes, over the demo's own
+            (``bench/chaos.py`` shortens holder and resync periods this way).
+
+    Attributes:
+        env: the operator processes' environment once :meth:`start` wrote the configs (to start
+            more processes of the same stack).
     """
 
     def __init__(self, *, api_port: int = 8080, flower_port: int = 5555, kube_port: int = 0,
-                 pod_cidr: str | None = None, workdir: str | None = None, keep: bool = False) -> None:
+                 pod_cidr: str | None = None, workdir: str | None = None, keep: bool = False,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.api_port = api_port or free_port()
         self.flower_port = flower_port or free_port()
         self.kube_port = kube_port
@@ -175,6 +182,8 @@ class Demo:
         self.token = "demo-" + secrets.token_urlsafe(18)
         self.flower_password = secrets.token_urlsafe(12)
         self.processes: list[Process] = []
+        self.extra_env = dict(extra_env or {})
+        self.env: dict[str, str] = {}
         self.redis = self.origin = self.fake = self.kubelet = None
 
     # -- start -------------------------------------------------------------------------------
@@ -191,7 +200,7 @@ class Demo:
         first = next(self.pod_cidr.hosts())
         self.kubelet = Kubelet(self.fake, first_address=str(first)).start()
         self.kubeconfig = self.fake.write_kubeconfig(str(self.workdir / "kubeconfig"))
-        env = self._env()
+        env = self.env = {**self._env(), **self.extra_env}
         logs = str(self.workdir / "logs")
         os.makedirs(logs, exist_ok=True)
         bin_ = str(BIN)

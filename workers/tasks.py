@@ -216,8 +216,9 @@ def pool_wake() -> int:
 
 @celery_app.task(name="pool.resync")
 def pool_resync() -> int:
-    """Queue a pass over every ProxyPool that has none queued (beat): age limits and the
-    autoscaler need passes no event asks for, and drop the gauges' counts of pools no longer
+    """Queue a pass over every ProxyPool that has none queued to run before the next resync
+    (beat): age limits, the autoscaler and leases running out on draining members need passes
+    no event asks for, and drop the gauges' counts of pools no longer
     listed (:func:`app.pools.stats.prune`: a deletion whose pass was missed).  Returns how many
     were queued."""
     from app.pools import stats as pool_stats
@@ -226,7 +227,7 @@ def pool_resync() -> int:
     listed_at = time.time()
     pools = ctx.kube.list_pools()
     pool_stats.prune(ctx.redis, [(p.namespace, p.name) for p in pools], listed_at=listed_at)
-    return pool_dispatcher().resync(pools)
+    return pool_dispatcher().resync(pools, within=ctx.settings.pool_resync_interval)
 
 
 @celery_app.task(name="gc.sweep")

@@ -13,8 +13,10 @@ What queues a pass:
 * a Proxy watch event of a member (:meth:`PoolDispatcher.on_member_event`): the owner comes from
   the Proxy's controller ownerReference of kind ProxyPool; queued a second ahead, so a burst of
   member events (a rollout, a health sweep) makes one pass;
-* beat's ``pool.resync`` (:meth:`PoolDispatcher.resync`): every pool, when nothing is queued for
-  it (age limits and the autoscaler need passes nobody else asks for);
+* beat's ``pool.resync`` (:meth:`PoolDispatcher.resync`): every pool with no pass queued to run
+  before the next resync (age limits, the autoscaler and the leases of a draining member that
+  run out need passes nobody else asks for; a pass queued for a far deadline, a drain timeout
+  up to :data:`workers.tasks.POOL_REQUEUE_MAX` ahead, does not hold them back);
 * a pass itself, when its plan has a deadline (a drain timeout, an age limit).
 """
 
@@ -109,15 +111,20 @@ class PoolDispatcher:
         if ref is not None:
             self.enqueue(ref, delay=MEMBER_DELAY)
 
-    def resync(self, pools: Iterable[Pool]) -> int:
-        """Queue a pass over every pool that has none queued; return how many were sent.
+    def resync(self, pools: Iterable[Pool], within: float) -> int:
+        """Queue a pass now over every pool that has none queued to run within ``within``
+        seconds (the resync period: a pass due before the next resync makes this one
+        redundant) and none overdue by more than two periods (taken for lost: a pass a live
+        worker had reserved when Redis restarted with its data never runs, and its mark would
+        hold every pass back for the mark's 300 s); return how many were sent.
 
         Raises:
             redis.RedisError / kombu.exceptions.OperationalError: Redis or the broker unreachable.
         """
         sent = 0
         for pool in pools:
-            if self.enqueue(PoolRef(pool.namespace, pool.name, pool.uid), only_if_idle=True):
+            if self.enqueuer.send(POOL_ACTION, Ref(pool.namespace, pool.name, pool.uid), queue=self.queue,
+                                  slack=within, lost_after=2 * within):
                 sent += 1
         log.info("pool resync queued %d pass(es)", sent)
         return sent

@@ -3,6 +3,8 @@ which queue, with what payload, de-duplicated; and the watcher's handler wiring.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from app import redis_keys
@@ -76,9 +78,23 @@ def test_member_events_queue_a_pass_over_their_pool_a_second_ahead(pools):
     assert len(pools.recorder.sent) == 1
 
 
-def test_resync_sends_only_for_pools_with_nothing_queued(pools):
+def test_resync_sends_only_for_pools_with_nothing_queued_before_the_next_resync(pools):
     a = Pool.from_dict({"metadata": {"namespace": "n", "name": "a", "uid": "ua"}, "spec": {}})
     b = Pool.from_dict({"metadata": {"namespace": "n", "name": "b", "uid": "ub"}, "spec": {}})
-    pools.enqueue(PoolRef("n", "a", "ua"), delay=30)
-    assert pools.resync([a, b]) == 1
-    assert [s[1][1] for s in pools.recorder.sent] == ["a", "b"]
+    c = Pool.from_dict({"metadata": {"namespace": "n", "name": "c", "uid": "uc"}, "spec": {}})
+    pools.enqueue(PoolRef("n", "a", "ua"), delay=20)  # due before the next resync: enough
+    pools.enqueue(PoolRef("n", "c", "uc"), delay=300)  # a far drain deadline: does not hold the resync back
+    assert pools.resync([a, b, c], within=30) == 2
+    assert [(s[1][1], s[3]) for s in pools.recorder.sent] == [("a", 20), ("c", 300), ("b", None), ("c", None)]
+    assert pools.resync([a, b, c], within=30) == 0  # all three now due within the period
+
+
+def test_resync_takes_a_pass_overdue_by_two_periods_for_lost(pools, redis_client):
+    # A pass a live worker had reserved when Redis restarted with its data never runs; its mark
+    # (due 90 s ago here) must not hold the pool's passes back until the mark expires.
+    a = Pool.from_dict({"metadata": {"namespace": "n", "name": "a", "uid": "ua"}, "spec": {}})
+    b = Pool.from_dict({"metadata": {"namespace": "n", "name": "b", "uid": "ub"}, "spec": {}})
+    redis_client.set(redis_keys.queued("pool", "ua"), f"{time.time() - 90:.3f}", px=300_000)
+    redis_client.set(redis_keys.queued("pool", "ub"), f"{time.time() - 20:.3f}", px=300_000)  # late, not lost
+    assert pools.resync([a, b], within=30) == 1
+    assert [s[1][1] for s in pools.recorder.sent] == ["a"]

@@ -246,6 +246,27 @@ def test_age_rotation_keeps_a_live_lease_usable_until_it_is_released(stack):
              "the drained member deleted once its lease was released")
 
 
+def test_a_draining_member_whose_leases_ran_out_is_deleted_by_the_next_resync(stack):
+    # Its drain deadline is 10 minutes away: the pass that drained it asked for its next pass
+    # then (at most POOL_REQUEUE_MAX, 300 s, ahead); nothing tells the pool when a lease merely
+    # runs out, so beat's pool resync (every 2 s here) must still make passes meanwhile.
+    stack.create_pool("expiring", 2, drain={"drainTimeoutSeconds": 600})
+    wait_for(lambda: stack.settled("expiring", 2), 150, "2 members leasable")
+    for _ in range(2):  # one lease on each member, never released
+        got = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "expiring", "ttlSeconds": 5}, timeout=10)
+        assert got.status_code == 201, got.text
+    stack.scale("expiring", 1)
+    [draining] = wait_for(lambda: [p for p in stack.members(stack.pool("expiring"))
+                                   if (p["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)], 30,
+                          "one member draining with its lease")
+    try:
+        wait_for(lambda: all(p["metadata"]["uid"] != draining["metadata"]["uid"] for p in stack.proxies()), 30,
+                 "the drained member deleted once its lease ran out")
+    except AssertionError:
+        raise AssertionError(f"{stack.pool('expiring')['status']}\n{stack.logs()}") from None
+    wait_for(lambda: stack.settled("expiring", 1), 30, "1 member left")
+
+
 def test_deleting_the_pool_deletes_every_member_and_never_a_hand_made_proxy(stack):
     hand = stack.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
