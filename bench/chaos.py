@@ -1,6 +1,6 @@
 """Chaos run: the whole stack on loopback under a seeded schedule of faults, then invariant checks.
 
-The stack is ``make demo``'s (:class:`tests.support.demo.Demo`: the Kubernetes API fake
+The stack is ``make demo``'s (:class:`devcluster.demo.Demo`: the Kubernetes API fake
 admitting Proxies and ProxyPools through the real CRDs, the kubelet stand-in running every
 Squid Pod as a real Squid, a private Redis with a password, a local origin, beat, the API and
 Flower) with two watchers (leader-elected) and two Celery workers.  While two workload threads
@@ -67,7 +67,7 @@ from kubernetes import client as k8s  # noqa: E402
 
 from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID  # noqa: E402
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION  # noqa: E402
-from tests.support.demo import PROVIDER, Demo  # noqa: E402
+from devcluster.demo import PROVIDER, Demo  # noqa: E402
 from tests.support.processes import BIN, Process, celery_worker  # noqa: E402
 
 NS = "default"
