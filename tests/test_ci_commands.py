@@ -22,8 +22,9 @@ def test_readme_test_command_is_what_ci_runs():
     assert re.search(r"```sh\nmake test\n```", readme), "README shows `make test` as the test command"
     commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
-    assert commands == ["make test"]
+    assert commands == ["make lint", "make test"]  # the gates, then README's test command
     makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^lint: deps venv$", makefile, re.M), "make lint installs what the venv builds against"
     assert re.search(r"^test: deps venv$", makefile, re.M), "make test installs the packages, then the venv"
     assert re.search(r"^deps:\n\tbash \.ci/install-deps$", makefile, re.M)
 
