@@ -18,17 +18,17 @@ from api import errors, routes
 from api.fastpath import FastPath
 from api.inputs import MAX_BODY_BYTES
 from api.settings import ApiSettings
-from app import serving
-from app.redis_client import client_from_url
-from app.tokens import TokenStore
-from app.validation import ConfigError
+from app.serving import view as serving
+from app.store.client import client_from_url
+from api.tokens import TokenStore
+from app.config.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = True) -> Flask:
     """Build the Flask application, after rebuilding the lease index from the serving view
-    (:func:`app.serving.reindex_all`; skipped with a warning while Redis is unreachable).
+    (:func:`app.serving.view.reindex_all`; skipped with a warning while Redis is unreachable).
 
     Args:
         settings: :class:`api.settings.ApiSettings` (default: from the environment).
@@ -37,7 +37,7 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
         the Flask app, a WSGI application; its ``wsgi_app`` is :class:`api.fastpath.FastPath`
         in front of Flask's own.
     Raises:
-        app.validation.ConfigError: no tokens file configured, or the file is invalid (the
+        app.config.validation.ConfigError: no tokens file configured, or the file is invalid (the
             message names the file and field) — the API never starts without client tokens.
         ValueError: a malformed setting in the environment.
     """

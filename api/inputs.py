@@ -4,7 +4,7 @@ Every problem is a 400 (413 for a body over :data:`MAX_BODY_BYTES`, 415 for a bo
 JSON) whose ``field`` names the culprit; nothing unknown is silently ignored, and no input
 makes a 5xx.  What reaches the lease script has been checked here: no lone UTF-16 surrogate
 (Redis' JSON decoder refuses them), no control character, selectors within the caps of
-:mod:`app.selectors`.
+:mod:`app.serving.selectors`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from flask import Request
 from werkzeug.wsgi import get_content_length
 
 from api.errors import ApiError, bad_field
-from app import selectors
-from app.leases import OUTCOMES, Filters
+from app.serving import selectors
+from app.serving.leases import OUTCOMES, Filters
 
 #: Largest request body, bytes, however it is framed (Content-Length or chunked).
 MAX_BODY_BYTES = 64 * 1024
@@ -217,14 +217,14 @@ def _text(field: str, value) -> str:
 
 
 def filters(values: dict) -> Filters:
-    """Build :class:`app.leases.Filters` from ``provider zone namespace pool selector`` values
+    """Build :class:`app.serving.leases.Filters` from ``provider zone namespace pool selector`` values
     (a JSON body or the query string).
 
     Raises:
         ApiError: 400 ``invalid_field`` naming the field: not a string, empty or over
             :data:`MAX_FILTER_LENGTH` characters, a control character or lone surrogate in
             ``provider``/``zone``/``namespace``/``pool``; a selector that does not parse or exceeds a
-            cap of :mod:`app.selectors` (the message names the cap).
+            cap of :mod:`app.serving.selectors` (the message names the cap).
     """
     reqs = ()
     if "selector" in values:

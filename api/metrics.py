@@ -1,7 +1,7 @@
 """Metrics of the API: lease requests by outcome (counter) and live leases (read from Redis
 at scrape time, so every worker process reports the same truth).
 
-A scrape costs Redis two commands whatever the fleet's size (:func:`app.leases.live_leases`:
+A scrape costs Redis two commands whatever the fleet's size (:func:`app.serving.leases.live_leases`:
 ``TIME`` and one ``ZCOUNT`` of the expiry index), so ``/metrics``, which needs no token, is
 no lever on Redis.  Nothing in it names a client, a proxy, an address or a credential.
 """
@@ -13,8 +13,8 @@ import logging
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from app import leases
-from app.metrics import registry_for_scrape
+from app.serving import leases
+from app.observability.metrics import registry_for_scrape
 
 log = logging.getLogger(__name__)
 

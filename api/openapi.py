@@ -3,8 +3,8 @@ and its errors.  Limits that come from settings (the maximum TTL) are filled in 
 
 from __future__ import annotations
 
-from app import selectors
-from app.leases import OUTCOMES, LeaseSettings
+from app.serving import selectors
+from app.serving.leases import OUTCOMES, LeaseSettings
 from api.inputs import MAX_FILTER_LENGTH
 
 _FILTER = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_LENGTH,

@@ -19,9 +19,9 @@ from api import inputs, metrics
 from api.errors import ApiError, json_bytes
 from api.openapi import document
 from api.settings import ApiSettings
-from app import leases
+from app.serving import leases
 from app.timefmt import rfc3339
-from app.tokens import Client, TokenStore
+from api.tokens import Client, TokenStore
 
 log = logging.getLogger(__name__)
 

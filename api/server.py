@@ -28,11 +28,11 @@ so the benchmark measures what is deployed.
 * **Logs**: the server's own records (logger ``_granian``), the access log (one line per
   request: client address, method, path, status, duration; never headers, bodies or the query
   string; written by :class:`AccessLog` in each worker on granian's ``granian.access`` logger)
-  and the application's records go to stderr in the format of :mod:`app.logs`
+  and the application's records go to stderr in the format of :mod:`app.observability.logs`
   (``LOG_FORMAT=json``: one JSON object per line; access lines add ``http`` fields) at
   ``LOG_LEVEL`` (the access log is INFO: ``LOG_LEVEL=WARNING`` turns it off).
 * **Metrics**: the caller sets ``PROMETHEUS_MULTIPROC_DIR`` up before anything imports
-  prometheus-client (:mod:`app.multiproc`), so ``/metrics`` sums the counters of every worker.
+  prometheus-client (:mod:`app.observability.multiproc`), so ``/metrics`` sums the counters of every worker.
 
 Settings (environment; ``--bind`` and ``--workers`` of ``proxy-operator api`` win):
 ``API_BIND`` (``127.0.0.1:8080``), ``API_WORKERS`` (2), ``API_THREADS`` (4),
@@ -53,8 +53,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from app.logs import TRACE, JsonFormatter
-from app.settings import env_number
+from app.observability.logs import TRACE, JsonFormatter
+from app.config.settings import env_number
 
 log = logging.getLogger("proxy_operator.api")
 
@@ -196,7 +196,7 @@ def _escaped(record: logging.LogRecord) -> dict | None:
 
 
 class AccessTextFormatter(logging.Formatter):
-    """The :mod:`app.logs` text format; access lines get their path escaped (:func:`_escaped`)."""
+    """The :mod:`app.observability.logs` text format; access lines get their path escaped (:func:`_escaped`)."""
 
     _second: tuple[int, str] = (-1, "")
 
@@ -220,7 +220,7 @@ class AccessTextFormatter(logging.Formatter):
 
 
 class AccessJsonFormatter(JsonFormatter):
-    """:class:`app.logs.JsonFormatter`; an access record also gets
+    """:class:`app.observability.logs.JsonFormatter`; an access record also gets
     ``http: {remote, method, path, protocol, status, durationMs}`` (path escaped as in
     :func:`_escaped`)."""
 
@@ -237,7 +237,7 @@ class AccessJsonFormatter(JsonFormatter):
 
 
 def log_level() -> int:
-    """``LOG_LEVEL`` (default INFO) as a number; ``TRACE`` is :data:`app.logs.TRACE`.
+    """``LOG_LEVEL`` (default INFO) as a number; ``TRACE`` is :data:`app.observability.logs.TRACE`.
 
     Raises:
         ValueError: an unknown level name, naming the variable.
@@ -254,7 +254,7 @@ def log_level() -> int:
 def logging_config(json_format: bool, level: int) -> dict:
     """The ``logging.config.dictConfig`` document granian applies in its main process and in
     every worker: the root logger (the app), granian's own logger and its access log, all to
-    stderr in the :mod:`app.logs` format at ``level``."""
+    stderr in the :mod:`app.observability.logs` format at ``level``."""
     formatter = ({"()": f"{__name__}.AccessJsonFormatter"} if json_format
                  else {"()": f"{__name__}.AccessTextFormatter",
                        "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"})

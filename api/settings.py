@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from app.leases import LeaseSettings
-from app.settings import env_number, redis_url_from_env
+from app.serving.leases import LeaseSettings
+from app.config.settings import env_number, redis_url_from_env
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -19,7 +19,7 @@ class ApiSettings:
         redis_url: the Redis holding the serving view and leases (``REDIS_URL`` with
             ``REDIS_PASSWORD`` put in; never log it).
         tokens_file: the clients' bearer tokens (``API_TOKENS_FILE``; required).
-        leases: :class:`app.leases.LeaseSettings` (``LEASE_DEFAULT_TTL``, ``LEASE_MAX_TTL``,
+        leases: :class:`app.serving.leases.LeaseSettings` (``LEASE_DEFAULT_TTL``, ``LEASE_MAX_TTL``,
             ``LEASE_COOLDOWN_SECONDS``, ``LEASE_STICKY_TTL``, ``LEASE_RECORD_GRACE``).
         tokens_check_every: seconds between checks for a changed tokens file
             (``API_TOKENS_RELOAD_SECONDS``).
@@ -39,7 +39,7 @@ class ApiSettings:
         """
         check_every = env_number("API_TOKENS_RELOAD_SECONDS", cls.tokens_check_every)
         return cls(
-            redis_url=redis_url_from_env(),  # REDIS_URL + REDIS_PASSWORD (app.settings)
+            redis_url=redis_url_from_env(),  # REDIS_URL + REDIS_PASSWORD (app.config.settings)
             tokens_file=os.environ.get("API_TOKENS_FILE") or None,
             leases=LeaseSettings.from_env(),
             tokens_check_every=check_every,

@@ -3,7 +3,7 @@
 :func:`Proxy.from_dict` reads an object as the API server returns it (a dict) and applies
 the same defaults as the CRD's OpenAPI schema, so code behaves the same whether or not the
 server defaulted the object (the HTTP fake and old objects may not have).  Nothing here
-talks to the API; see :mod:`app.kube` (the gateway) for that.
+talks to the API; see :mod:`app.kube.gateway` (the gateway) for that.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ FINALIZER = "crawl.example.com/cleanup"
 SKIP_CLEANUP_ANNOTATION = "crawl.example.com/skip-cleanup"
 #: On a ProxyPool member leaving its pool: RFC 3339 time until which it drains (no new leases,
 #: live ones run out); written by the pool controller (:mod:`app.pools`), copied into the serving
-#: record (``drainUntil``) by :func:`app.serving.publish` / :func:`app.serving.refresh`.
+#: record (``drainUntil``) by :func:`app.serving.view.publish` / :func:`app.serving.view.refresh`.
 DRAINING_ANNOTATION = "crawl.example.com/draining-until"
 #: On a draining ProxyPool member: why it drains (``ScaleDown`` or ``Outdated``), written with
 #: :data:`DRAINING_ANNOTATION`; only a ``ScaleDown`` member may be reclaimed by a later scale-up
@@ -34,7 +34,7 @@ DRAINING_REASON_ANNOTATION = "crawl.example.com/draining-reason"
 #: ownerReference to it.
 POOL_PLURAL = "proxypools"
 POOL_KIND = "ProxyPool"
-#: The cluster-scoped ``ProviderHealth`` resource of the same group (:mod:`app.provider_health`).
+#: The cluster-scoped ``ProviderHealth`` resource of the same group (:mod:`app.providers.checks`).
 PROVIDER_HEALTH_PLURAL = "providerhealths"
 PROVIDER_HEALTH_KIND = "ProviderHealth"
 
@@ -294,7 +294,7 @@ class Proxy:
 
 
 class ProxyRef(NamedTuple):
-    """The little of a Proxy GC needs (:mod:`app.gc`), kept from a listing instead of the object.
+    """The little of a Proxy GC needs (:mod:`app.proxy.gc`), kept from a listing instead of the object.
 
     Attributes:
         uid: ``metadata.uid``.

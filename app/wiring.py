@@ -18,21 +18,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from app.config import ProviderConfig, ProvidersConfig, load, parse
-from app.provider_types import ProviderType
+from app.config.providers import ProviderConfig, ProvidersConfig, load, parse
+from app.config.provider_types import ProviderType
 from app.providers.gcp.registration import PROVIDER as GCP
-from app.providers.pods import registration as pods_registration
+from app.providers.kubernetes import registration as pods_registration
 from app.providers.kvm.registration import PROVIDER as KVM
 from app.providers.registry import Registry, build
 
 
 def kube_api_client():
-    """Return the gateway's per-process ``ApiClient`` (:func:`app.kube.api_client`) for the kubernetes provider.
+    """Return the gateway's per-process ``ApiClient`` (:func:`app.kube.gateway.api_client`) for the kubernetes provider.
 
     Imported when first called, so routing and config checks never load the gateway; the
     provider calls it on every use, so a provider built before a fork uses the child's client.
     """
-    from app.kube import api_client
+    from app.kube.gateway import api_client
 
     return api_client()
 
@@ -51,7 +51,7 @@ def parse_config(data: Any, file: str) -> ProvidersConfig:
     """Validate an already-decoded providers config with every shipped provider type.
 
     Raises:
-        app.validation.ConfigError: the first problem, naming the file, the provider and the field.
+        app.config.validation.ConfigError: the first problem, naming the file, the provider and the field.
     """
     return parse(data, file, PROVIDER_TYPES)
 
@@ -60,7 +60,7 @@ def load_config(path: str | Path | None) -> ProvidersConfig:
     """Read and validate the providers config at ``path`` (``None``/``""``: no providers).
 
     Raises:
-        app.validation.ConfigError: unreadable file, bad YAML or any validation problem.
+        app.config.validation.ConfigError: unreadable file, bad YAML or any validation problem.
     """
     return load(path, PROVIDER_TYPES)
 
@@ -76,13 +76,16 @@ def load_registry(path: str | None) -> Registry:
     """Load the providers config at ``path`` and build the registry.
 
     Raises:
-        app.validation.ConfigError: the config is invalid.
+        app.config.validation.ConfigError: the config is invalid.
     """
     return build_registry(load_config(path))
 
 
 def router(configs: ProvidersConfig | Iterable[ProviderConfig]):
-    """Return the :class:`app.dispatch.Router` of ``configs`` (built from the config alone: no provider is made)."""
-    from app.dispatch import Router
+    """Return the :class:`app.dispatch.proxies.Router` of ``configs``.
+
+    Built from the config alone: no provider is made.
+    """
+    from app.dispatch.proxies import Router
 
     return Router(configs, PROVIDER_TYPES)

@@ -65,7 +65,7 @@ import redis  # noqa: E402
 import requests  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID  # noqa: E402
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID  # noqa: E402
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION  # noqa: E402
 from devcluster.demo import PROVIDER, Demo  # noqa: E402
 from tests.support.processes import BIN, Process, celery_worker  # noqa: E402

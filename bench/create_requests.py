@@ -61,14 +61,14 @@ def main() -> None:
 
     import redis as redis_lib
 
-    from app.config import ProviderConfig, ProvidersConfig
-    from app.dispatch import Dispatcher, Router
-    from app.kube import KubernetesGateway
-    from app.providers.pods.config import KubernetesSettings
-    from app.providers.pods.provider import KubernetesProvider
+    from app.config.providers import ProviderConfig, ProvidersConfig
+    from app.dispatch.proxies import Dispatcher, Router
+    from app.kube.gateway import KubernetesGateway
+    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.kubernetes.provider import KubernetesProvider
     from app.providers.registry import build
-    from app.reconcile import CREATE, POLL, Context, Ref
-    from app.settings import Settings
+    from app.proxy.reconcile import CREATE, POLL, Context, Ref
+    from app.config.settings import Settings
     from app.wiring import PROVIDER_TYPES
     from devcluster.redis_server import RedisServer
 

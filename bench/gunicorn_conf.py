@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import os
 
-from app.settings import env_flag, env_number
+from app.config.settings import env_flag, env_number
 
 bind = os.environ.get("API_BIND") or "127.0.0.1:8080"  # deploy/ binds 0.0.0.0:8080 with -b
 workers = int(env_number("API_WORKERS", 2, minimum=1, integer=True))

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.naming import instance_name, tags_for  # noqa: E402
+from app.providers.naming import instance_name, tags_for  # noqa: E402
 from app.providers.base import CreateRequest  # noqa: E402
 from app.providers.kvm.provider import KvmProvider  # noqa: E402
 from tests.kvm import harness  # noqa: E402

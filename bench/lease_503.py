@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from app import leases, serving  # noqa: E402
-from app.leases import LeaseSettings  # noqa: E402
+from app.serving import leases, view as serving  # noqa: E402
+from app.serving.leases import LeaseSettings  # noqa: E402
 from app.resources import Proxy  # noqa: E402
 
 from devcluster.redis_server import RedisServer  # noqa: E402

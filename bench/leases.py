@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from app import serving  # noqa: E402
+from app.serving import view as serving  # noqa: E402
 from app.resources import Proxy  # noqa: E402
 from devcluster.redis_server import RedisServer, free_port  # noqa: E402
 from tests.support.processes import BIN, Process  # noqa: E402

@@ -5,8 +5,8 @@ What is real:
 * the pool controller's pass, :func:`app.pools.controller.run` (reads, :func:`app.pools.plan.plan`,
   creates, drain marks, deletes, status writes), driven in process pass after pass as
   tests/pools/test_controller.py drives it (no Celery, no watcher: each pass follows the last);
-* the reconciler's steps for every member (:func:`app.reconcile.create`, ``poll``, ``delete``,
-  chosen by :func:`app.reconcile.decide`) with the real kubernetes provider: Squid Pods are
+* the reconciler's steps for every member (:func:`app.proxy.reconcile.create`, ``poll``, ``delete``,
+  chosen by :func:`app.proxy.reconcile.decide`) with the real kubernetes provider: Squid Pods are
   created and deleted in the API fake, finalizers added and removed, Proxies published to the
   serving view in Redis when their Pod runs;
 * the Kubernetes API fake (devcluster/apiserver/, with its garbage collector) admitting Proxies and
@@ -32,8 +32,8 @@ during the rollout (each pass counts what it reads, before acting).
 A second figure samples what the API could actually lease during the rollout, independently of
 the controller: a thread with its own Redis connection reads, every
 :data:`SAMPLE_INTERVAL` seconds while the rollout runs, the lease index the lease script reads
-and its 503 counts come from (:data:`app.redis_keys.LOAD`: leasable with room,
-:data:`app.redis_keys.FULL`: leasable at ``maxLeases``; a draining, unhealthy or unpublished
+and its 503 counts come from (:data:`app.store.keys.LOAD`: leasable with room,
+:data:`app.store.keys.FULL`: leasable at ``maxLeases``; a draining, unhealthy or unpublished
 proxy is in neither) and counts the uids whose serving record names the pool
 (:func:`leasable_in_index`).  It sees the moments between a pass's writes that the status,
 computed before the pass acts, does not.
@@ -66,14 +66,15 @@ SAMPLE_INTERVAL = 0.02
 
 def leasable_in_index(r, pool: str) -> int:
     """Members of ``pool`` a lease request could get now, as the lease script sees them: uids in
-    the lease index's :data:`~app.redis_keys.LOAD` or :data:`~app.redis_keys.FULL` (healthy,
+    the lease index's :data:`~app.store.keys.LOAD` or :data:`~app.store.keys.FULL` (healthy,
     ``maxLeases`` > 0, not draining; the sets the 503 counts are read from) whose serving record's
     ``pool`` is ``pool``.  Two round trips; a uid withdrawn between them is not counted.
 
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    from app import redis_keys, serving
+    from app.store import keys as redis_keys
+    from app.serving import view as serving
 
     pipe = r.pipeline(transaction=False)
     pipe.zrange(redis_keys.LOAD, 0, -1)
@@ -123,7 +124,7 @@ class IndexSampler:
 
 def _ready(custom, r, proxy) -> None:
     """The health engine stand-in: Ready, published, healthy (as tests/pools/test_controller.py)."""
-    from app import serving
+    from app.serving import view as serving
     from app.resources import GROUP, PLURAL, VERSION
 
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, proxy.name, {"status": {"phase": "Ready"}})
@@ -134,7 +135,7 @@ def _ready(custom, r, proxy) -> None:
 
 def _sweep(ctx, custom, r) -> int:
     """One reconcile step for every Proxy that needs one, then Running -> Ready.  Returns steps taken."""
-    from app import reconcile
+    from app.proxy import reconcile
     from app.resources import RUNNING
 
     steps = 0
@@ -176,12 +177,12 @@ def rollout(replicas: int, max_surge: int, max_unavailable: int, redis_url: str)
     import redis as redis_lib
     from kubernetes import client as k8s
 
-    from app.config import ProvidersConfig
-    from app.kube import KubernetesGateway
+    from app.config.providers import ProvidersConfig
+    from app.kube.gateway import KubernetesGateway
     from app.pools.controller import PoolRef
-    from app.providers.pods.provider import KubernetesProvider
+    from app.providers.kubernetes.provider import KubernetesProvider
     from app.providers.registry import build
-    from app.reconcile import Context
+    from app.proxy.reconcile import Context
     from app.resources import GROUP, POOL_PLURAL, VERSION
     from devcluster.cluster import FakeCluster
     from tests.support.contexts import QUICK, k8s_provider

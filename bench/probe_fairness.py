@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from app import redis_keys  # noqa: E402
+from app.store import keys as redis_keys  # noqa: E402
 from devcluster import loopback  # noqa: E402
 from devcluster.apiserver.server import FakeKube  # noqa: E402
 from devcluster.redis_server import RedisServer  # noqa: E402

@@ -5,9 +5,9 @@ Starts a private Redis, real Squids on a loopback block claimed for the run
 the prober's — the Kubernetes API fake and the origin (health URL + IP echo).  Seeds N
 External Proxies (phase Running) straight into the fake (``Store.seed``: no HTTP), publishes
 them to the serving view as the reconciler does when they reach Running, then runs sweeps the
-way the ``health`` workers do: :func:`app.health.schedule.sweep` claims the due proxies (at most
+way the ``health`` workers do: :func:`app.probes.schedule.sweep` claims the due proxies (at most
 ``sweep_limit`` per claim, so 10,000 take two claims, as two beat ticks would), and each batch
-goes through :func:`app.health.engine.probe_batch` exactly as the ``health.probe_batch`` task
+goes through :func:`app.probes.engine.probe_batch` exactly as the ``health.probe_batch`` task
 calls it (concurrent probes, Redis writes, status writes through the real kubernetes client),
 on ``--processes`` forked worker processes (the prefork children of the health workers).
 
@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from app import serving  # noqa: E402
-from app import squid as squid_conf  # noqa: E402
-from app.health import engine, schedule  # noqa: E402
-from app.health.settings import HealthSettings  # noqa: E402
+from app.serving import view as serving  # noqa: E402
+from app.squid import conf as squid_conf  # noqa: E402
+from app.probes import engine, schedule  # noqa: E402
+from app.probes.settings import HealthSettings  # noqa: E402
 from app.resources import API_VERSION, KIND  # noqa: E402
 from devcluster import loopback  # noqa: E402
 from devcluster.redis_server import RedisServer, free_port  # noqa: E402
@@ -107,7 +107,7 @@ def _prober(conn, redis_url: str, settings: HealthSettings, profile: str | None)
     prefork child runs the ``health.probe_batch`` task; answers ``None`` with totals."""
     import cProfile
 
-    from app.kube import KubernetesGateway
+    from app.kube.gateway import KubernetesGateway
 
     r = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5,
                              socket_keepalive=True)
@@ -164,7 +164,7 @@ def main() -> None:
         from devcluster.apiserver.server import write_kubeconfig
 
         os.environ["KUBECONFIG"] = write_kubeconfig(os.path.join(workdir, "kubeconfig"), fake_url)
-        from app.kube import KubernetesGateway
+        from app.kube.gateway import KubernetesGateway
 
         t0 = time.monotonic()
         parent.send(("seed", args.proxies, [(sq.address, sq.port) for sq in squids], health_url))

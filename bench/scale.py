@@ -17,18 +17,18 @@ the product's code:
   proxies" log line, *dispatched* until the N-th SYNC went through ``on_event``; RSS at both
   moments and the peak;
 * **resync**: the ``proxy.resync`` task body (``workers.tasks.resync``, what beat triggers),
-  whatever ``app.reconcile.decide`` and the dispatcher do with steady Proxies today; messages
+  whatever ``app.proxy.reconcile.decide`` and the dispatcher do with steady Proxies today; messages
   counted in the broker's Redis lists afterwards;
 * **gc**: one GC diff as ``gc.collect`` makes it, without the deletes: the provider's
   ``list_by_tag`` (metadata only, paged), the Proxy listing (``kube.list_proxy_refs``, paged,
-  consumed by :func:`app.gc.current_instances`; ``kube.list_proxies`` on a tree without it) and
-  :func:`app.gc.orphans`, the listings with the cyclic
-  collector paused as ``collect`` does (:func:`app.gc.cyclic_gc_paused`); the orphans found are
+  consumed by :func:`app.proxy.gc.current_instances`; ``kube.list_proxies`` on a tree without it) and
+  :func:`app.proxy.gc.orphans`, the listings with the cyclic
+  collector paused as ``collect`` does (:func:`app.proxy.gc.cyclic_gc_paused`); the orphans found are
   checked against the seeded ones.  Time spent in Python's cyclic GC is measured with ``gc.callbacks``;
 * **gc (full Pods)**: the same diff with the listing as it was before (one unpaged list of
-  full ``V1Pod`` objects, :func:`app.providers.pods.provider.to_instance`), for
+  full ``V1Pod`` objects, :func:`app.providers.kubernetes.provider.to_instance`), for
   comparison; only up to ``--legacy-max`` Proxies (default 10,000);
-* **health**: one beat health sweep's claim (:func:`app.health.schedule.sweep`) with every
+* **health**: one beat health sweep's claim (:func:`app.probes.schedule.sweep`) with every
   published Proxy due; the probes themselves are bench/probes.py's subject.
 
 Before the clock starts, each process makes one small list of each kind (the client builds a
@@ -99,7 +99,7 @@ def pid_cpu_seconds(pid: int) -> float:
 # -- the seeded objects ------------------------------------------------------------------------
 def proxy_object(i: int, uid: str, now: str) -> dict:
     """A steady managed Proxy: Ready, finalizer set, status current, its Pod recorded."""
-    from app import naming
+    from app.providers import naming
     from app.resources import API_VERSION, FINALIZER, KIND, spec_hash
 
     ns = f"bench-{i % NAMESPACES}"
@@ -127,12 +127,12 @@ def pod_template() -> str:
     """One Squid Pod as the kubernetes provider builds it, with a Running status, as JSON."""
     from kubernetes import client as k8s
 
-    from app import naming
-    from app import squid as squid_conf
-    from app.config import ProviderConfig
+    from app.providers import naming
+    from app.squid import conf as squid_conf
+    from app.config.providers import ProviderConfig
     from app.providers.base import CreateRequest
-    from app.providers.pods.config import KubernetesSettings
-    from app.providers.pods.provider import KubernetesProvider
+    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.kubernetes.provider import KubernetesProvider
 
     prov = KubernetesProvider(ProviderConfig(PROVIDER, "kubernetes", 60, 15, KubernetesSettings()), client=object())
     uid = "00000000-0000-0000-0000-000000000000"
@@ -160,8 +160,8 @@ def seed(fake, n: int) -> dict:
     """Seed ``n`` steady Proxies, their Pods and n/100 orphan Pods; return counts."""
     import uuid
 
-    from app import naming
-    from app.providers.pods.provider import LABEL_PROXY_UID
+    from app.providers import naming
+    from app.providers.kubernetes.provider import LABEL_PROXY_UID
     from devcluster.apiserver import PODS, PROXIES
     from devcluster.apiserver.store import now_rfc3339
 
@@ -209,7 +209,7 @@ def list_proxies_paged():
     """Every Proxy, listed in pages (setup only)."""
     from kubernetes import client as k8s
 
-    from app.kube import api_client
+    from app.kube.gateway import api_client
     from app.resources import GROUP, PLURAL, VERSION, Proxy
 
     api = k8s.CustomObjectsApi(api_client())
@@ -228,8 +228,8 @@ def setup_publish() -> dict:
 
     import redis
 
-    from app import serving
-    from app.settings import Settings
+    from app.serving import view as serving
+    from app.config.settings import Settings
 
     r = redis.Redis.from_url(Settings.from_env().redis_url, decode_responses=True)
     t0 = time.monotonic()
@@ -264,7 +264,7 @@ def warm_up() -> float:
     """
     from kubernetes import client as k8s
 
-    from app.kube import api_client
+    from app.kube.gateway import api_client
     from app.resources import GROUP, PLURAL, VERSION
 
     t0 = time.monotonic()
@@ -351,21 +351,21 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
     """One GC diff (list_by_tag, the Proxy listing, the orphan diff), deleting nothing."""
     from datetime import datetime, timezone
 
-    from app import gc as gc_logic
-    from app.naming import MANAGED_BY
+    from app.proxy import gc as gc_logic
+    from app.providers.naming import MANAGED_BY
     from app.providers.base import ListResult
-    from app.providers.pods.provider import LABEL_MANAGED_BY, KubernetesProvider, to_instance
+    from app.providers.kubernetes.provider import LABEL_MANAGED_BY, KubernetesProvider, to_instance
     from workers import runtime
 
     ctx = runtime.context()
     provider = ctx.registry.get(PROVIDER)
-    from app.kube import api_client
+    from app.kube.gateway import api_client
     try:
         raw = KubernetesProvider(_provider_config(), client_factory=api_client)  # the process's client (KUBECONFIG)
-    except TypeError:  # before the client was injected: the provider used app.kube.api_client itself
+    except TypeError:  # before the client was injected: the provider used app.kube.gateway.api_client itself
         raw = KubernetesProvider(_provider_config())
     cold = warm_up()
-    # gc.collect lists with the cyclic collector paused (app.gc.cyclic_gc_paused); before, it did not
+    # gc.collect lists with the cyclic collector paused (app.proxy.gc.cyclic_gc_paused); before, it did not
     paused = getattr(gc_logic, "cyclic_gc_paused", None)
     scope = contextlib.nullcontext() if legacy or paused is None else paused()
     gct = _GcTimer()
@@ -394,16 +394,16 @@ def phase_gc(n: int, legacy: bool = False) -> dict:
 
 
 def phase_health(n: int) -> dict:
-    """One beat health sweep (:func:`app.health.schedule.sweep`) with every published Proxy due.
+    """One beat health sweep (:func:`app.probes.schedule.sweep`) with every published Proxy due.
 
     Only the claim: the probes themselves are per Proxy and go through real Squids
     (bench/probes.py measures them).
     """
     import redis
 
-    from app.health import schedule
-    from app.health.settings import HealthSettings
-    from app.settings import Settings
+    from app.probes import schedule
+    from app.probes.settings import HealthSettings
+    from app.config.settings import Settings
 
     r = redis.Redis.from_url(Settings.from_env().redis_url, decode_responses=True)
     settings = HealthSettings()
@@ -416,8 +416,8 @@ def phase_health(n: int) -> dict:
 
 
 def _provider_config():
-    from app.config import ProviderConfig
-    from app.providers.pods.config import KubernetesSettings
+    from app.config.providers import ProviderConfig
+    from app.providers.kubernetes.config import KubernetesSettings
 
     return ProviderConfig(PROVIDER, "kubernetes", 60, 15, KubernetesSettings())
 

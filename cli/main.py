@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from app import version
-from app.settings import env_number
-from app.validation import ConfigError
+from app.config.settings import env_number
+from app.config.validation import ConfigError
 
 log = logging.getLogger("proxy_operator")
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,20 +106,20 @@ def cmd_demo(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from app.logs import setup
+    from app.observability.logs import setup
     os.environ["PROVIDERS_CONFIG"] = args.providers_config or ""
     cfg = _validated(args.providers_config)
     setup("watch")
-    from app.redis_check import exit_if_credentials_refused
-    from app.settings import Settings
+    from app.store.check import exit_if_credentials_refused
+    from app.config.settings import Settings
     try:
         redis_url = Settings.from_env().redis_url
     except ValueError as exc:
         print(f"proxy-operator: watch: {exc}", file=sys.stderr)
         return 2
     exit_if_credentials_refused(redis_url, "watch")  # a wrong REDIS_PASSWORD never heals by retrying
-    from app.kube import KubernetesGateway
-    from app.provider_health import ProviderHealthWriter
+    from app.kube.gateway import KubernetesGateway
+    from app.providers.checks import ProviderHealthWriter
     try:
         pruned = ProviderHealthWriter(KubernetesGateway()).prune(
             cfg.names(), {p.name for p in cfg.providers if p.check_interval})
@@ -127,12 +127,12 @@ def cmd_watch(args) -> int:
             log.info("deleted ProviderHealth of providers no longer checked: %s", ", ".join(pruned))
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop the watcher
         log.warning("could not prune ProviderHealth objects: %s", exc)
-    from app.provider_health import StaleSweeper
-    from app.redis_client import client_from_url
+    from app.providers.checks import StaleSweeper
+    from app.store.client import client_from_url
     from watchers.main import run
     from watchers.events import make_on_event, make_on_pool_event
     if args.metrics_bind:
-        from app import metrics
+        from app.observability import metrics
         try:
             metrics.serve(args.metrics_bind, metrics.registry_for_scrape())
         except (ValueError, OSError) as exc:
@@ -157,8 +157,8 @@ def cmd_api(args) -> int:
     if not os.environ.get("API_TOKENS_FILE"):
         print("proxy-operator: api: no tokens file (--tokens-file or API_TOKENS_FILE)", file=sys.stderr)
         return 2
-    from app import multiproc
-    from app.logs import setup
+    from app.observability import multiproc
+    from app.observability.logs import setup
     try:
         setup("api")  # the first line: release and commit
     except ValueError as exc:
@@ -207,7 +207,7 @@ def cmd_worker(args) -> int:
             print(f"proxy-operator: --kvm-host {args.kvm_host}: no kvm provider {provider!r} with host {host!r} "
                   f"in {cfg.source}", file=sys.stderr)
             return 2
-        from app.dispatch import kvm_queue
+        from app.store.queues import kvm_queue
         queues = kvm_queue(provider, host)
         # A first image fetch may take up to kvm.imageTimeout inside one create: the task time
         # limits (and the broker visibility timeout above them) must leave room for it.

@@ -1,7 +1,7 @@
 """A kubelet stand-in for the Kubernetes API fake: Squid Pods become real Squids.
 
 When a Pod appears in the fake whose container has the env var ``SQUID_CONF`` (the
-squid.conf the kubernetes provider renders with :func:`app.squid.render`), the kubelet:
+squid.conf the kubernetes provider renders with :func:`app.squid.conf.render`), the kubelet:
 
 1. reports the Pod ``Pending`` with the container waiting in ``ContainerCreating`` (the API
    server already made it ``Pending`` without a ``podIP``);
@@ -64,7 +64,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from app.squid import DEFAULT_HTPASSWD_PATH
+from app.squid.conf import DEFAULT_HTPASSWD_PATH
 from devcluster.apiserver import resources as R
 from devcluster.apiserver.errors import ApiError
 from devcluster.apiserver.store import DELETED, Closed, Store, now_rfc3339

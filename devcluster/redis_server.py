@@ -26,7 +26,7 @@ class RedisServer:
             line, so it is in no command line); :attr:`url` stays without it, clients add it
             (``REDIS_PASSWORD``) or use :attr:`authed_url`.
         config: more redis.conf lines, given on stdin after ``requirepass`` (e.g. the ACL
-            users of :func:`app.redis_acl.config`).
+            users of :func:`app.store.acl.config`).
 
     Raises:
         RuntimeError: redis-server is not installed or did not answer within 10 s.
@@ -89,7 +89,7 @@ class RedisServer:
     @property
     def authed_url(self) -> str:
         """:attr:`url` with the password, for the test's own clients (never give it to a log)."""
-        from app.settings import compose_redis_url
+        from app.config.settings import compose_redis_url
 
         return compose_redis_url(self.url, self.password)
 

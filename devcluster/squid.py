@@ -17,9 +17,9 @@ every container has its own ``/dev/shm``; the service name gives each test Squid
 isolation, and :meth:`SquidProcess.stop` removes its segments (a killed Squid leaves them).
 
 The product denies loopback destinations and plain HTTP to ports other than 80/443
-(app/squid.py); test origins run on loopback (``127.0.0.0/8``) at ephemeral ports, so every test proxy that
+(app/squid/conf.py); test origins run on loopback (``127.0.0.0/8``) at ephemeral ports, so every test proxy that
 must reach one declares it the way an operator would: :func:`loopback_policy` (a
-:class:`app.squid.SquidPolicy`) or :data:`LOOPBACK_SQUID_BLOCK` (a providers-config ``squid:``
+:class:`app.squid.conf.SquidPolicy`) or :data:`LOOPBACK_SQUID_BLOCK` (a providers-config ``squid:``
 block).  Nothing here rewrites the product's rules.
 """
 
@@ -37,7 +37,7 @@ import time
 import uuid
 from typing import Callable
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from devcluster.loopback import free_port
 
 SQUID_BIN = shutil.which("squid") or "/usr/sbin/squid"
@@ -126,7 +126,7 @@ class SquidProcess:
     Args:
         address: loopback address, ``127.0.0.1`` or one of a claimed block (:mod:`devcluster.loopback`).
         port: TCP port.
-        conf: product squid.conf text (default: :func:`app.squid.render` of
+        conf: product squid.conf text (default: :func:`app.squid.conf.render` of
             :func:`loopback_policy`: loopback clients and loopback origins allowed).
         htpasswd: content of the basic-auth password file the conf refers to (written into the
             workdir, readable by Squid's helper), or ``None``.
@@ -277,7 +277,7 @@ def start_on_free_port(address: str, conf_for_port: Callable[[int], str] | None 
 
     Args:
         address: loopback address to listen on.
-        conf_for_port: product squid.conf text for a port (default: :func:`app.squid.render` of
+        conf_for_port: product squid.conf text for a port (default: :func:`app.squid.conf.render` of
             :func:`loopback_policy`).
         attempts: starts tried at most (each on a new port), >= 1.
         timeout: seconds each start may take (:meth:`SquidProcess.start`).

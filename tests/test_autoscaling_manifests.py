@@ -20,13 +20,13 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from app.settings import Settings
+from app.config.settings import Settings
 from tests.test_deploy import (DEPLOY, KUBECTL, _admits, _env, _kind, _pod_labels, _process_command,
                                _secret_ref, needs_kubectl)
 from workers import routing
 
-try:  # the one definition of a KVM host queue's name: app.dispatch, or workers.routing before it moved
-    from app.dispatch import kvm_queue
+try:  # the one definition of a KVM host queue's name: app.dispatch.proxies, or workers.routing before it moved
+    from app.store.queues import kvm_queue
 except ImportError:  # pragma: no cover - older layout
     kvm_queue = routing.kvm_queue
 

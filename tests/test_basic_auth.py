@@ -10,18 +10,20 @@ import pytest
 import requests
 from kubernetes import client as k8s
 
-from app import serving, squid
+from app.serving import view as serving
+
+from app.squid import conf as squid
 from app.wiring import parse_config as parse
-from app.health import engine
-from app.health.credentials import SecretCredentials
-from app.health.settings import HealthSettings
-from app.kube import KubernetesGateway
-from app.providers.pods.provider import KubernetesProvider
+from app.probes import engine
+from app.probes.credentials import SecretCredentials
+from app.probes.settings import HealthSettings
+from app.kube.gateway import KubernetesGateway
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.providers.registry import build
-from app.reconcile import Context, Ref, create, delete, poll
+from app.proxy.reconcile import Context, Ref, create, delete, poll
 from app.resources import GROUP, PLURAL, VERSION
-from app.settings import Settings
-from app.validation import ConfigError
+from app.config.settings import Settings
+from app.config.validation import ConfigError
 from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
 from devcluster.squid import LOOPBACK_SQUID_BLOCK

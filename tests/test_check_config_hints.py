@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 from app.wiring import load_config
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from app.wiring import load_config as load
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 
 KVM_OK = """
   - name: kvm-lab

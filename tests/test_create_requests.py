@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from app import conditions, status_writer
-from app.config import ProvidersConfig
-from app.dispatch import Dispatcher, Router
-from app.kube import KubernetesGateway
-from app.naming import instance_name
-from app.reconcile import CREATE, DELETE, POLL, create, decide
+from app.kube import conditions, status_writer
+from app.config.providers import ProvidersConfig
+from app.dispatch.proxies import Dispatcher, Router
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name
+from app.proxy.reconcile import CREATE, DELETE, POLL, create, decide
 from app.resources import PLURAL
 from app.wiring import PROVIDER_TYPES
 from tests.support.contexts import k8s_provider

@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from devcluster.kubelet import Kubelet

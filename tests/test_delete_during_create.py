@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app.kube import KubernetesGateway
-from app.naming import instance_name, tags_for
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.reconcile import DELETE, Ref, create, delete
+from app.proxy.reconcile import DELETE, Ref, create, delete
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from tests.support.proxies import (
     Background,
@@ -165,7 +165,7 @@ def test_gcp_delete_without_a_recorded_id_looks_in_every_zone(api, compute, gcp_
 
 # -- replaced instances ---------------------------------------------------------------------------
 def test_a_retired_instance_is_deleted_unless_its_proxy_names_it_again(api, k8s_ctx):
-    from app.reconcile import retire_instance
+    from app.proxy.reconcile import retire_instance
 
     ref = apply(api, "moved-1", {"provider": "k8s-local"})
     create(k8s_ctx, ref)
@@ -183,9 +183,9 @@ def test_gcp_zone_change_creates_in_the_new_zone_and_gc_leaves_exactly_one(api, 
     """The zone changes while the old zone is failing: the new instance is created without it,
     the old one is handed to retire (which fails while the zone is down), and once the zone is
     back GC's real pass (gc.collect, grace 0) deletes the superseded instance: one is left."""
-    from app import gc as gc_logic
-    from app.providers.errors import ProviderError
-    from app.reconcile import retire_instance
+    from app.proxy import gc as gc_logic
+    from app.errors import ProviderError
+    from app.proxy.reconcile import retire_instance
     from app.providers.gcp.provider import GcpProvider
     from tests.gcp.conftest import gcp_config
 

@@ -24,7 +24,7 @@ import redis as redis_lib
 import yaml
 from werkzeug.serving import make_server
 
-from app import serving
+from app.serving import view as serving
 from app.resources import Proxy
 from devcluster import crd_validation
 
@@ -77,7 +77,7 @@ def _publish(r, name: str, namespace: str, address: str, *, provider: str, zone:
     obj = {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
            "spec": {"provider": provider, "placement": {"zone": zone}, "maxLeases": max_leases}}
     serving.publish(r, Proxy.from_dict(obj), address=address, port=3128, phase="Ready")
-    # What the health engine records after probes through the proxy (app/serving.py's fields).
+    # What the health engine records after probes through the proxy (app/serving/view.py's fields).
     r.hset(serving.proxy_key(f"uid-{name}"), mapping={
         "healthy": "1" if healthy else "0", "health": "healthy" if healthy else "unhealthy", "egressIP": egress})
     serving.reindex(r, f"uid-{name}")

@@ -284,11 +284,11 @@ def test_kvm_worker_overlay_consumes_one_host_queue():
 def routed_queues() -> set[str]:
     """Every fixed queue the code sends to: the default route of every registered task
     (workers/routing.py, else Celery's default queue), the queues the dispatcher and beat name
-    (app/dispatch.py: proxies, health, gc) and the queues the Celery app declares. The
+    (app/dispatch/proxies.py: proxies, health, gc) and the queues the Celery app declares. The
     kvm.<provider>.<host> queues are served by the per-host workers (checked above)."""
-    import workers.health_tasks  # registers the tasks
+    import workers.probe_tasks  # registers the tasks
     import workers.tasks  # noqa: F401
-    from app import dispatch
+    from app.store import queues as dispatch
     from workers import routing
     from workers.celery_app import celery_app
 
@@ -464,7 +464,7 @@ def _redis_secret(user: str) -> dict:
 
 @needs_kubectl
 def test_redis_gives_each_user_the_password_of_its_secret(default_render):
-    from app import redis_acl
+    from app.store import acl as redis_acl
 
     redis = _kind(default_render, "Deployment")["redis"]["spec"]["template"]["spec"]
     [c] = redis["containers"]

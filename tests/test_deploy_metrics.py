@@ -4,7 +4,7 @@ The worker, health-worker and KVM worker Deployments set ``METRICS_BIND`` (worke
 ``PROMETHEUS_MULTIPROC_DIR``, and wrap the Celery command in a shell line that wipes and
 recreates that directory before ``exec``-ing the process (prometheus-client's multiprocess
 mode needs an existing, empty directory at start).  The api (``proxy-operator api``, two granian
-workers) prepares its own directory (app/multiproc.py; tests/api/test_server.py checks the sums
+workers) prepares its own directory (app/observability/multiproc.py; tests/api/test_server.py checks the sums
 over its workers), so it needs neither the variable nor the wrapper.  The wrapper is run here for real with
 ``sh``; the ServiceMonitor is matched against the rendered Services the way the Prometheus
 Operator does (label selector, then port name).

@@ -1,4 +1,4 @@
-"""The dispatcher (app.dispatch) in process: real Redis, the Kubernetes API fake, no broker.
+"""The dispatcher (app.dispatch.proxies) in process: real Redis, the Kubernetes API fake, no broker.
 
 Messages go to a recorder passed as the dispatcher's ``send``; everything else is the product's
 code: the per-Proxy lock, parking, de-duplication, routing from the providers config, the
@@ -11,13 +11,15 @@ import threading
 
 import pytest
 
-from app import redis_keys, serving
-from app.config import ProvidersConfig
-from app.dispatch import Dispatcher, Router, dedup_key
-from app.kube import KubernetesGateway
-from app.reconcile import Context, Ref, drifted, steady
+from app.store import keys as redis_keys
+
+from app.serving import view as serving
+from app.config.providers import ProvidersConfig
+from app.dispatch.proxies import Dispatcher, Router, dedup_key
+from app.kube.gateway import KubernetesGateway
+from app.proxy.reconcile import Context, Ref, drifted, steady
 from app.resources import FINALIZER, Proxy
-from app.settings import Settings
+from app.config.settings import Settings
 from app.wiring import PROVIDER_TYPES, build_registry, parse_config
 from tests.support.proxies import apply, rotate_credentials
 from tests.support.waiting import wait_until
@@ -217,8 +219,8 @@ def test_resync_queues_a_rotated_proxy_for_replacement_only_where_the_credential
     Secret and follows it, so its Proxy is left alone."""
     from kubernetes import client as k8s
 
-    from app import credentials
-    from app.reconcile import CREATE, credentials_hash, poll
+    from app.kube import credentials
+    from app.proxy.reconcile import CREATE, credentials_hash, poll
 
     config = parse_config({"providers": [
         {"name": "lab", "type": "kvm", "squid": {"basicAuth": True}, "kvm": {

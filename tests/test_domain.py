@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from app import conditions, gc, naming
+from app.kube import conditions
+
+from app.proxy import gc
+
+from app.providers import naming
 from app.providers.base import Instance, InstanceState, ListResult
-from app.reconcile import CREATE, DELETE, POLL, decide
+from app.proxy.reconcile import CREATE, DELETE, POLL, decide
 from app.resources import FINALIZER, Proxy, spec_hash
 
 

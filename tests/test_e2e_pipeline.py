@@ -27,8 +27,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from app.providers.pods.config import DEFAULT_IMAGE
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
+from app.providers.kubernetes.config import DEFAULT_IMAGE
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl

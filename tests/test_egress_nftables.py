@@ -1,10 +1,10 @@
-"""The VM guests' egress rules (app/egress.py) with the real nft, in a private network namespace.
+"""The VM guests' egress rules (app/squid/egress.py) with the real nft, in a private network namespace.
 
 The namespace carries the metadata address, a link-local address, a ``deniedDestinations``
 range, an ordinary address and AWS's IPv6 metadata address, with an origin on each (and on
 loopback).  The rules are loaded by the product's own install function
-(:data:`app.egress.INSTALL_EGRESS_SH`, the one the gcp startup script and the kvm vendor-data
-script run) from :func:`app.egress.nftables_rules`, the text both providers ship.  A client
+(:data:`app.squid.egress.INSTALL_EGRESS_SH`, the one the gcp startup script and the kvm vendor-data
+script run) from :func:`app.squid.egress.nftables_rules`, the text both providers ship.  A client
 running as Squid's user (``proxy``) is refused where the rules say, one running as ``nobody``
 is not; a real Squid, running as ``proxy`` with a squid.conf that allows everything, cannot
 fetch the metadata server or the denied range: no Squid ACL decides any more.
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from app import egress, squid as squid_conf
+from app.squid import egress, conf as squid_conf
 from tests.support.netns import NetNamespace, available
 from devcluster.squid import SquidProcess
 from tests.test_squid_destinations import CLIENT

@@ -6,8 +6,8 @@ import json
 
 from celery import Celery
 
-from app.dispatch import Enqueuer, OwnWrites, dedup_key
-from app.reconcile import Ref
+from app.dispatch.proxies import Enqueuer, OwnWrites, dedup_key
+from app.proxy.reconcile import Ref
 
 REF = Ref("ns", "p", "uid-1")
 

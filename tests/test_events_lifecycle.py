@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from app.providers.pods.provider import LABEL_MANAGED_BY
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from devcluster.redis_server import free_port

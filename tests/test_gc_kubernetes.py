@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig
-from app.gc import collect
-from app.kube import KubernetesGateway
-from app.providers.pods.config import KubernetesSettings
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.config.providers import ProviderConfig
+from app.proxy.gc import collect
+from app.kube.gateway import KubernetesGateway
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.resources import GROUP, PLURAL, VERSION
 
 

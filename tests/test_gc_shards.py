@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from app import gc, naming
+from app.proxy import gc
+
+from app.providers import naming
 from app.providers.base import Instance, InstanceState, ListResult
 
 OLD = datetime(2020, 1, 1, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""Locks and messages held by a dead process (app/holders.py), on a real Redis.
+"""Locks and messages held by a dead process (app/store/holders.py), on a real Redis.
 
 A lock whose holder's heartbeat is gone is taken over at once (not after its timeout), a live
 holder's never; a holder that has not beaten for a whole TTL itself judges nobody (after a Redis
@@ -13,8 +13,10 @@ import time
 
 import pytest
 
-from app import holders, redis_keys
-from app.dispatch import Dispatcher, Router
+from app.store import holders
+
+from app.store import keys as redis_keys
+from app.dispatch.proxies import Dispatcher, Router
 from app.wiring import PROVIDER_TYPES
 from tests.test_dispatch import _proxy
 
@@ -124,7 +126,7 @@ def test_a_malformed_holder_ttl_is_refused_naming_the_variable(monkeypatch):
 
 
 def test_a_beat_lock_timeout_below_ten_seconds_is_refused_naming_the_variable(monkeypatch):
-    from app.settings import Settings
+    from app.config.settings import Settings
 
     monkeypatch.setenv("BEAT_LOCK_TIMEOUT", "5")
     with pytest.raises(ValueError, match="BEAT_LOCK_TIMEOUT"):

@@ -22,8 +22,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from app.providers.pods import config as pods_config
-from app.validation import Reader
+from app.providers.kubernetes import config as pods_config
+from app.config.validation import Reader
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")

@@ -15,14 +15,14 @@ import threading
 
 import pytest
 
-from app import gc as gc_logic
-from app.health import probe as p
-from app.health.destinations import DestinationPolicy, parse_ranges
-from app.kube import KubernetesGateway
-from app.naming import instance_name
+from app.proxy import gc as gc_logic
+from app.probes import probe as p
+from app.probes.destinations import DestinationPolicy, parse_ranges
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name
 from app.providers.base import CreateRequest
-from app.providers.errors import SpecNotAllowed
-from app.validation import ConfigError
+from app.errors import SpecNotAllowed
+from app.config.validation import ConfigError
 from tests.support.netns import available
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,7 +148,7 @@ def test_squid_error_codes_and_standard_phrases_are_still_shown(talker):
 def test_the_probe_refuses_every_metadata_name_squid_refuses(host):
     """``metadata.goog`` was refused by Squid but not by the probe's policy (which only denies it
     when it resolves here to a link-local address)."""
-    from app.health.destinations import DestinationDenied
+    from app.probes.destinations import DestinationDenied
 
     with pytest.raises(DestinationDenied, match="metadata"):
         DestinationPolicy().endpoint_address(host, 80)
@@ -161,7 +161,7 @@ FIREWALL = {"ensure": True, "sourceRanges": ["0.0.0.0/0"]}
 
 
 def _gce_request(uid: str, port: int) -> CreateRequest:
-    from app.naming import tags_for
+    from app.providers.naming import tags_for
 
     return CreateRequest(name=instance_name(uid), tags=tags_for(uid), namespace="crawl", zone="europe-west1-b",
                          port=port)
@@ -208,10 +208,10 @@ def test_firewall_ports_are_parsed_strictly(ports, field):
 
 # -- a Pod that got into Redis: forged gc.delete messages --------------------------------------------
 def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client, make_context):
-    """What the gc.delete task runs (app.gc.verify_and_delete) re-reads the instance and judges it
+    """What the gc.delete task runs (app.proxy.gc.verify_and_delete) re-reads the instance and judges it
     by GC's rules: a live Proxy's current Pod is kept whatever the message says; a real orphan past
     the grace period is still collected."""
-    from app.naming import tags_for
+    from app.providers.naming import tags_for
     from app.providers.base import CreateRequest
     from tests.test_issue9_adversarial import apply, k8s_provider, pods, read, settle
 
@@ -235,7 +235,7 @@ def test_a_forged_gc_delete_cannot_take_a_live_proxys_pod(api, redis_client, mak
 def test_a_forged_retire_cannot_take_a_live_proxys_pod(api, make_context):
     """instance.retire's arguments come from Redis too: an instance whose Proxy-UID tag is not the
     message's, or that its Proxy names, is kept."""
-    from app.reconcile import Ref, retire_instance
+    from app.proxy.reconcile import Ref, retire_instance
     from tests.test_issue9_adversarial import apply, k8s_provider, pods, read, settle
 
     ctx = make_context(k8s_provider())

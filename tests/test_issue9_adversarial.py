@@ -13,12 +13,12 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from app import gc as gc_logic
-from app.config import ProviderConfig
-from app.kube import KubernetesGateway
-from app.providers.pods.config import DEFAULT_IMAGE
-from app.naming import instance_name
-from app.reconcile import (
+from app.proxy import gc as gc_logic
+from app.config.providers import ProviderConfig
+from app.kube.gateway import KubernetesGateway
+from app.providers.kubernetes.config import DEFAULT_IMAGE
+from app.providers.naming import instance_name
+from app.proxy.reconcile import (
     CREATE,
     DELETE,
     POLL,
@@ -203,7 +203,7 @@ def test_gc_does_not_delete_an_instance_its_proxy_names_again(api, redis_client,
     listing; sharded sweeps: a gc.delete queued on the host queue, possibly behind the create).
     A Proxy moved back in between names the instance again (the create adopted it); GC used
     to delete it by ID anyway (Ready -> InstanceLost -> rebuilt).  Now the superseded verdict
-    is re-checked under the per-Proxy lock (app.gc.delete_superseded)."""
+    is re-checked under the per-Proxy lock (app.proxy.gc.delete_superseded)."""
     retired: list = []
     ctx = make_context(k8s_provider("k8s-a", "ns-a"), k8s_provider("k8s-b", "ns-b"),
                retire=lambda name, pid, ref: retired.append((name, pid)))
@@ -294,7 +294,7 @@ def test_a_delete_beside_a_create_that_never_makes_anything_releases_after_the_w
     nothing ever appears.  The delete keeps the finalizer while a create may still be running,
     and releases once ``create_window`` (task_time_limit + 10 s) has passed since the stamp.
     The stamp is written back in time here: the state a create killed that long ago leaves."""
-    from app.reconcile import create_window
+    from app.proxy.reconcile import create_window
     from app.timefmt import rfc3339
 
     ref = apply(api, "dead-create-1", {"provider": "k8s-local"})
@@ -362,7 +362,7 @@ def test_a_create_stamp_from_the_future_holds_a_delete_no_longer_than_the_window
     ``deletionTimestamp`` (the API server's clock) + the window: the delete releases then."""
     import dataclasses
 
-    from app.reconcile import create_window
+    from app.proxy.reconcile import create_window
 
     ctx = make_context(k8s_provider(), settings=dataclasses.replace(contexts.QUICK, task_time_limit=1.0))
     window = create_window(ctx.settings)  # 11 s
@@ -431,7 +431,7 @@ def test_a_delete_during_a_move_to_another_provider_runs_on_the_recorded_hosts_q
     new instance yet (its write-ahead failed, or it is still queued) when the Proxy is
     deleted.  The delete removes the recorded domain on h1 (status.provider), so it must run
     on h1's queue; it used to be routed by spec.provider (no hosts: ``proxies``)."""
-    from app.dispatch import Router
+    from app.dispatch.proxies import Router
     from app.resources import Proxy
     from app.wiring import PROVIDER_TYPES
     from tests.test_routing import UID

@@ -1,6 +1,6 @@
 """The gateway's cluster-wide Proxy listings against the API fake: paged, page by page, 410 restarts.
 
-:meth:`app.kube.KubernetesGateway.list_proxies` and :meth:`~app.kube.KubernetesGateway.list_proxy_refs`
+:meth:`app.kube.gateway.KubernetesGateway.list_proxies` and :meth:`~app.kube.gateway.KubernetesGateway.list_proxy_refs`
 list as kube-apiserver serves large lists (API concepts, "Retrieving large results sets in
 chunks"): ``limit`` and ``continue`` from one snapshot; a continue token that expired (410
 Expired) starts the listing over, at most ``LIST_RESTARTS`` times, and nothing is yielded twice.
@@ -13,8 +13,8 @@ import types
 import pytest
 from kubernetes import client as k8s
 
-from app import kube as kube_mod
-from app.kube import KubernetesGateway
+from app.kube import gateway as kube_mod
+from app.kube.gateway import KubernetesGateway
 from app.resources import GROUP, PLURAL, VERSION, Proxy, ProxyRef
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""The kubernetes provider keeps the Squid Pods' egress NetworkPolicy (app/egress.py), against the API fake."""
+"""The kubernetes provider keeps the Squid Pods' egress NetworkPolicy (app/squid/egress.py), against the API fake."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 from kubernetes import client as k8s
 
-from app import egress, squid
-from app.config import ProviderConfig
-from app.naming import instance_name, tags_for
+from app.squid import egress, conf as squid
+from app.config.providers import ProviderConfig
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.providers.pods.config import KubernetesSettings
-from app.providers.pods.provider import KubernetesProvider
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.wiring import parse_config as parse
 
 POLICY = squid.SquidPolicy(denied_destinations=("10.96.0.0/12", "10.244.0.0/16", "fd00:10::/64"),

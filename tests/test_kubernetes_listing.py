@@ -7,13 +7,13 @@ from datetime import datetime, timezone
 import pytest
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig
-from app.naming import MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID
+from app.config.providers import ProviderConfig
+from app.providers.naming import MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID
 from app.providers.base import InstanceState
-from app.providers.errors import Transient
-from app.providers.pods import provider as kp
-from app.providers.pods.config import KubernetesSettings
-from app.providers.pods.provider import (LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID,
+from app.errors import Transient
+from app.providers.kubernetes import provider as kp
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import (LABEL_ABANDONED, LABEL_MANAGED_BY, LABEL_PROXY_UID,
                                                KubernetesProvider, instance_from_metadata)
 from devcluster.apiserver import negotiation
 
@@ -154,7 +154,7 @@ def test_instance_from_metadata_without_a_creation_time():
 def test_gc_collect_lists_with_the_cyclic_collector_paused(provider, core):
     import gc as pygc
 
-    from app import gc as gc_logic
+    from app.proxy import gc as gc_logic
 
     pod(core, "p0", managed("uid-gone"))
     seen = []
@@ -178,7 +178,7 @@ def test_gc_collect_lists_with_the_cyclic_collector_paused(provider, core):
 def test_cyclic_gc_pause_nests_and_leaves_a_disabled_collector_alone():
     import gc as pygc
 
-    from app.gc import cyclic_gc_paused
+    from app.proxy.gc import cyclic_gc_paused
 
     with cyclic_gc_paused():
         with cyclic_gc_paused():

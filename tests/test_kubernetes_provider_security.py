@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig, ProvidersConfig
+from app.config.providers import ProviderConfig, ProvidersConfig
 from app.wiring import parse_config as parse
-from app.kube import KubernetesGateway
-from app.providers.errors import NotManaged, Permanent, SpecNotAllowed
-from app.providers.pods.config import DEFAULT_IMAGE, KubernetesSettings
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
+from app.kube.gateway import KubernetesGateway
+from app.errors import NotManaged, Permanent, SpecNotAllowed
+from app.providers.kubernetes.config import DEFAULT_IMAGE, KubernetesSettings
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID, KubernetesProvider
 from app.providers.registry import build
-from app.reconcile import Context, Ref, create
+from app.proxy.reconcile import Context, Ref, create
 from app.resources import GROUP, PLURAL, VERSION
-from app.settings import Settings
-from app.validation import ConfigError
+from app.config.settings import Settings
+from app.config.validation import ConfigError
 
 MANAGED = {LABEL_MANAGED_BY: "proxy-operator"}
 
@@ -67,7 +67,7 @@ def test_delete_removes_ours_and_an_already_gone_pod_is_success(api):
 # -- item 3: what runs -------------------------------------------------------------------------
 
 def _request(image=None, port=3128):
-    from app.naming import instance_name, tags_for
+    from app.providers.naming import instance_name, tags_for
     from app.providers.base import CreateRequest
     return CreateRequest(name=instance_name("uid-img"), tags=tags_for("uid-img"), namespace="default",
                          image=image, port=port, squid_config="http_port 3128\n")

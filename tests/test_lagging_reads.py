@@ -14,8 +14,8 @@ import pytest
 from kubernetes import client as k8s
 
 from app import timefmt
-from app.naming import instance_name
-from app.reconcile import CREATE, DELETE, POLL, create, create_window, delete, poll
+from app.providers.naming import instance_name
+from app.proxy.reconcile import CREATE, DELETE, POLL, create, create_window, delete, poll
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
 from tests.support.proxies import apply, kubectl_delete, kubelet_runs, pods, read
 

@@ -8,8 +8,10 @@ imports through another.
 * No operator process imports the dev cluster (``devcluster/``): ``cli/main.py`` only inside
   ``proxy-operator demo``'s function.
 
-The page's "Module map" names every module of ``app/``, ``workers/``, ``watchers/``, ``api/``,
-``cli/`` and ``devcluster/``, and every repository path the page names exists.
+The page's "Package map" names every package of ``app/``, ``workers/``, ``watchers/``, ``api/``,
+``cli/`` and ``devcluster/`` (and the few modules of ``app/`` outside a subpackage), every
+subpackage of ``app/`` says in its ``__init__`` docstring what it owns, and every repository path
+the page names exists.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-GATEWAY = ("app/kube.py", "app/status_writer.py")
-DOMAIN = ("app/config.py", "app/resources.py", "app/settings.py", "app/provider_types.py", "app/validation.py",
-          "app/squid.py", "app/tenancy.py", "app/naming.py", "app/timefmt.py", "app/lazy.py")
+GATEWAY = ("app/kube/gateway.py", "app/kube/status_writer.py")
+DOMAIN = ("app/config/providers.py", "app/resources.py", "app/config/settings.py", "app/config/provider_types.py", "app/config/validation.py",
+          "app/squid/conf.py", "app/config/tenancy.py", "app/providers/naming.py", "app/timefmt.py", "app/lazy.py")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -58,14 +60,16 @@ def test_the_layout_contracts_hold():
 
 
 @pytest.mark.parametrize(("module", "line", "rule"), [
-    ("app/kube.py", "def _f():\n    import app.providers.pods.provider\n", "The Kubernetes gateway knows no provider"),
+    ("app/kube/gateway.py", "def _f():\n    import app.providers.kubernetes.provider\n", "The Kubernetes gateway knows no provider"),
     ("app/providers/gcp/ids.py", "from app import wiring\n", "Providers get their clients injected"),
-    ("app/tenancy.py", "from app.providers import registry\n", "Plain domain modules never import providers"),
+    ("app/config/tenancy.py", "from app.providers import registry\n", "Plain domain modules never import a provider package"),
     ("watchers/leader.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import workers.tasks\n",
      "The watcher never loads the Celery side"),
-    ("app/reconcile.py", "import celery\n", "Reconcile and the probe engine know no Celery"),
-    ("app/health/state.py", "from app import gc\n", None),  # allowed: gc knows no Celery either
-    ("api/routes.py", "from app import kube\n", "The API reads only Redis"),
+    ("app/proxy/reconcile.py", "import celery\n", "Reconcile, dispatch, pools and the probe engine know no Celery"),
+    ("app/probes/state.py", "from app.serving import view\n", None),  # allowed: a lower layer
+    ("app/probes/state.py", "from app.proxy import gc\n", "The domain's own layers"),  # siblings are independent
+    ("app/store/keys.py", "from app.kube import gateway\n", "The serving view and the Redis plumbing know no gateway"),
+    ("api/routes.py", "from app.kube import gateway\n", "The API reads only Redis"),
 ])
 def test_a_forbidden_import_breaks_its_contract_and_names_it(tmp_path, module, line, rule):
     """A copy of the tree with one import added: the contract it breaks is reported by name, with
@@ -112,19 +116,21 @@ def test_the_gateway_and_the_domain_load_no_provider_module():
                          timeout=45)
     assert out.returncode == 0, out.stderr
     modules = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "app.kube" in modules
-    assert [m for m in modules if _under(m, ("app.providers", "workers"))] == []
+    assert "app.kube.gateway" in modules
+    providers = ("app.providers.base", "app.providers.registry", "app.providers.checks", "app.providers.kubernetes",
+                 "app.providers.gcp", "app.providers.kvm", "workers")
+    assert [m for m in modules if _under(m, providers)] == []
 
 
 def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(monkeypatch):
-    import app.kube
+    import app.kube.gateway
     from app import wiring
-    from app.config import ProviderConfig
-    from app.providers.pods.config import KubernetesSettings
-    from app.providers.pods.provider import KubernetesProvider
+    from app.config.providers import ProviderConfig
+    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.kubernetes.provider import KubernetesProvider
 
     client = object()
-    monkeypatch.setattr(app.kube, "api_client", lambda: client)
+    monkeypatch.setattr(app.kube.gateway, "api_client", lambda: client)
     provider = wiring.PROVIDER_TYPES["kubernetes"].build(ProviderConfig("k8s", "kubernetes", 60, 15,
                                                                         KubernetesSettings()))
     assert provider.core.api_client is client  # looked up on use, not at construction
@@ -132,11 +138,11 @@ def test_the_composition_root_gives_the_kubernetes_provider_the_gateways_client(
         KubernetesProvider(ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings()))
 
 
-# -- docs/architecture.md's module map matches the tree ------------------------------------------
+# -- docs/architecture.md's package map matches the tree ------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("app", "workers", "watchers", "api", "cli", "devcluster")
-#: A repository path as the page writes it: ``app/kube.py``, ``app/providers/<type>/registration.py``,
-#: ``app/lua/*.lua``, ``app/providers/{pods,gcp,kvm}/``, ``tests/x.py::test_y`` (the test id is not part of it).
+#: A repository path as the page writes it: ``app/kube/gateway.py``, ``app/providers/<type>/registration.py``,
+#: ``app/store/lua/*.lua``, ``app/providers/{pods,gcp,kvm}/``, ``tests/x.py::test_y`` (the test id is not part of it).
 _PATH = re.compile(r"(?<![\w./<>*{}-])(?:app|workers|watchers|api|cli|devcluster|tests|deploy|docs|bench)/[\w./<>*{},-]*")
 
 
@@ -168,22 +174,38 @@ def missing_paths(text: str) -> list[str]:
 
 
 def test_the_path_reader_sees_what_the_page_writes():
-    text = ("`app/kube.py`, app/providers/{pods,gcp}/ and `app/providers/<type>/registration.py`, "
+    text = ("`app/kube/gateway.py`, app/providers/{kubernetes,gcp}/ and `app/providers/<type>/registration.py`, "
             "`tests/test_layout.py::test_x`; see docs/redis.md. Not https://kubernetes.io/docs/concepts/x "
             "nor no/such/app/thing.")
-    assert named_paths(text) == {"app/kube.py", "app/providers/pods/", "app/providers/gcp/",
+    assert named_paths(text) == {"app/kube/gateway.py", "app/providers/kubernetes/", "app/providers/gcp/",
                                  "app/providers/*/registration.py", "tests/test_layout.py", "docs/redis.md"}
-    assert missing_paths(text + " app/no_such_module.py, app/providers/{pods,nope}/") == [
+    assert missing_paths(text + " app/no_such_module.py, app/providers/{kubernetes,nope}/") == [
         "app/no_such_module.py", "app/providers/nope/"]
 
 
-def test_every_module_is_in_the_module_map():
-    """docs/architecture.md's "Module map" names every module of the product's packages, so it
-    cannot drift from the tree (a new module fails here until it has its line)."""
-    mapped = named_paths(_section(ARCHITECTURE.read_text(), "Module map"))
-    modules = sorted(str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
-    assert len(modules) > 50
-    assert [m for m in modules if m not in mapped] == []
+def _packages() -> list[Path]:
+    return sorted(p.parent for top in PACKAGES for p in (ROOT / top).rglob("__init__.py"))
+
+
+def test_every_package_is_in_the_package_map():
+    """docs/architecture.md's "Package map" names every package of the product (and every module
+    of ``app/`` outside a subpackage), so it cannot drift from the tree: a new package fails here
+    until it has its line."""
+    mapped = {p.rstrip("/") for p in named_paths(_section(ARCHITECTURE.read_text(), "Package map"))}
+    names = [str(p.relative_to(ROOT)) for p in _packages()]
+    names += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "app").glob("*.py")) if p.name != "__init__.py"]
+    assert len(names) > 20
+    assert [n for n in names if n not in mapped] == []
+
+
+def test_every_domain_package_says_what_it_owns():
+    """Each subpackage of ``app/`` opens with a docstring: what it owns and what it must not import."""
+    for package in _packages():
+        if package.parent != ROOT / "app":
+            continue
+        import ast
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+        assert doc and len(doc.split()) > 15, package
 
 
 def test_every_path_the_architecture_page_names_exists():

@@ -176,7 +176,7 @@ def _permanent_reasons() -> set[str]:
     import pkgutil
 
     import app.providers
-    from app.providers.errors import Permanent
+    from app.errors import Permanent
 
     for mod in pkgutil.walk_packages(app.providers.__path__, "app.providers."):
         importlib.import_module(mod.name)
@@ -195,7 +195,7 @@ def test_every_proxy_event_reason_is_documented():
     reason), the Permanent errors' reasons (Failed by a provider error) and degraded instance
     notes (kvm's GuestAgentUnavailable)."""
     import app.providers.kvm.provider as kvm_provider
-    from app.health import status as health_status
+    from app.probes import status as health_status
     from app.resources import FAILED, PENDING, PHASES
 
     files = sorted((ROOT / "app").rglob("*.py"))

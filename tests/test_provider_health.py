@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from app.config import ProviderConfig
-from app.kube import KubernetesGateway
-from app.provider_health import PLURAL, ProviderHealthWriter, check, status_for
+from app.config.providers import ProviderConfig
+from app.kube.gateway import KubernetesGateway
+from app.providers.checks import PLURAL, ProviderHealthWriter, check, status_for
 from app.providers.base import TargetVerdict
-from app.providers.pods.config import KubernetesSettings
-from app.providers.pods.provider import KubernetesProvider
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.resources import GROUP, VERSION
 
 
@@ -87,7 +87,7 @@ import dataclasses  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from app import provider_health as ph  # noqa: E402
+from app.providers import checks as ph  # noqa: E402
 from app.wiring import parse_config  # noqa: E402
 
 
@@ -167,12 +167,12 @@ def test_silent_targets_go_check_stale_after_three_intervals(redis_client):
 
 def test_reason_changes_are_logged_as_well_as_up_and_down(fake, caplog):
     writer = ProviderHealthWriter(KubernetesGateway(fake.api_client()))
-    caplog.set_level(logging.INFO, logger="app.provider_health")
+    caplog.set_level(logging.INFO, logger="app.providers.checks")
     writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready")])
     writer.publish("kvm-lab", [TargetVerdict("lab1", False, "DialFailed", "TCP: connection refused")])
     writer.publish("kvm-lab", [TargetVerdict("lab1", False, ph.CHECK_STALE, "last check 31s ago")])
     writer.publish("kvm-lab", [TargetVerdict("lab1", True, "Ready")])
-    lines = [r.getMessage() for r in caplog.records if r.name == "app.provider_health"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.providers.checks"]
     assert any("lab1 went down: DialFailed" in m for m in lines)
     assert any("lab1 still down, reason changed DialFailed -> CheckStale" in m for m in lines)
     assert any("lab1 came back: Ready" in m for m in lines)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from app.config import ProviderConfig, ProvidersConfig
+from app.config.providers import ProviderConfig, ProvidersConfig
 from app.providers.base import Instance, InstanceState, ListResult, TargetVerdict
-from app.providers.errors import NotFound
+from app.errors import NotFound
 from app.providers.metrics import wrap
 from app.providers.registry import UnknownProvider, build
 

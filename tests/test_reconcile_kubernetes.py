@@ -1,6 +1,6 @@
 """Reconcile steps on the kubernetes provider, in-process, against the API fake and real Redis.
 
-The tests drive :mod:`app.reconcile` the way the Celery tasks do and play the kubelet by
+The tests drive :mod:`app.proxy.reconcile` the way the Celery tasks do and play the kubelet by
 writing Pod status through the API, so every reconcile rule is pinned without a broker.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app import serving
-from app.config import ProvidersConfig
-from app.providers.pods.config import DEFAULT_IMAGE
-from app.providers.pods.provider import LABEL_PROXY_UID
+from app.serving import view as serving
+from app.config.providers import ProvidersConfig
+from app.providers.kubernetes.config import DEFAULT_IMAGE
+from app.providers.kubernetes.provider import LABEL_PROXY_UID
 from app.providers.registry import build
-from app.reconcile import (
+from app.proxy.reconcile import (
     ABANDONED_KEY,
     CREATE,
     POLL,
@@ -25,7 +25,7 @@ from app.reconcile import (
     poll,
 )
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
-from app.settings import Settings
+from app.config.settings import Settings
 from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, kubelet_runs, pods, read
 

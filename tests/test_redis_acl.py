@@ -1,6 +1,6 @@
-"""Redis ACL users per component (app/redis_acl.py, deploy/base/redis-users.acl).
+"""Redis ACL users per component (app/store/acl.py, deploy/base/redis-users.acl).
 
-* The ACL file deploy/ ships is the one app/redis_acl.py renders from the key table, and every
+* The ACL file deploy/ ships is the one app/store/acl.py renders from the key table, and every
   key family of the table belongs to some user.
 * With a real redis-server started with those users, the real watcher, worker, health worker,
   beat and Flower, each logged in as its own user, take a Proxy from its creation in the
@@ -22,7 +22,7 @@ import pytest
 import redis as redis_lib
 import requests
 
-from app import redis_acl, redis_keys
+from app.store import acl as redis_acl, keys as redis_keys
 from devcluster.redis_server import free_port
 from tests.support.acl_redis import AclRedis
 from tests.support.processes import BIN, Process, celery_beat, celery_worker, watcher
@@ -51,7 +51,7 @@ def _allowed(user: redis_acl.User, key: str) -> bool:
 
 def test_the_shipped_acl_file_is_the_rendered_one():
     assert ACL_FILE.read_text() == redis_acl.render(), \
-        "deploy/base/redis-users.acl is stale: python -m app.redis_acl > deploy/base/redis-users.acl"
+        "deploy/base/redis-users.acl is stale: python -m app.store.acl > deploy/base/redis-users.acl"
 
 
 def test_every_key_family_belongs_to_a_user():

@@ -1,12 +1,12 @@
-"""REDIS_URL forms (app/redis_client.py): one Redis, or Sentinels and a master name; what
+"""REDIS_URL forms (app/store/client.py): one Redis, or Sentinels and a master name; what
 Celery's broker and redbeat are given for each; bad Sentinel URLs named clearly."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.redis_client import celery_broker, parse_sentinel_url, redbeat_settings
-from app.settings import compose_redis_url, redis_url_from_env
+from app.store.client import celery_broker, parse_sentinel_url, redbeat_settings
+from app.config.settings import compose_redis_url, redis_url_from_env
 
 URL = "redis+sentinel://s0:26379,s1:26380,s2/proxy-operator/2"
 

@@ -1,4 +1,4 @@
-"""The Redis key table (app/redis_keys.py) and the Lua scripts (app/lua/*.lua).
+"""The Redis key table (app/store/keys.py) and the Lua scripts (app/store/lua/*.lua).
 
 * The keys on the wire are the ones every earlier release used (a rolling upgrade shares Redis).
 * No module but the key table spells a ``po:`` key, and no Lua script spells one at all.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from app import lua, redis_keys
+from app.store import lua, keys as redis_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("app", "api", "watchers", "workers", "cli")
@@ -59,7 +59,7 @@ def _python_files():
 def test_only_the_key_table_spells_a_key():
     offenders = []
     for path in _python_files():
-        if path == ROOT / "app" / "redis_keys.py":
+        if path == ROOT / "app" / "store" / "keys.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -78,7 +78,7 @@ def test_every_script_file_is_found_and_used():
     """Each ``.lua`` file is package data the loader finds, and each is part of a script
     (``Lua("now", "lease_index", ...)`` somewhere in the sources), and each one named exists."""
     files = lua.names()
-    assert files and all(resources.files("app.lua").joinpath(f"{n}.lua").is_file() for n in files)
+    assert files and all(resources.files("app.store.lua").joinpath(f"{n}.lua").is_file() for n in files)
     used = set()
     for path in _python_files():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -91,8 +91,8 @@ def test_every_script_file_is_found_and_used():
 
 def test_pyproject_ships_every_script():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    globs = config["tool"]["setuptools"]["package-data"]["app.lua"]
-    for path in (ROOT / "app" / "lua").glob("*.lua"):
+    globs = config["tool"]["setuptools"]["package-data"]["app.store.lua"]
+    for path in (ROOT / "app" / "store" / "lua").glob("*.lua"):
         assert any(fnmatch.fnmatch(path.name, g) for g in globs), path.name
 
 
@@ -115,6 +115,6 @@ def test_the_wheel_carries_the_scripts(tmp_path):
         pytest.skip("pip cannot fetch the build backend (offline)")
     assert done.returncode == 0, done.stdout + done.stderr
     wheel, = (tmp_path / "dist").glob("*.whl")
-    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("app/lua/")}
-    assert {f"app/lua/{n}.lua" for n in lua.names()} <= shipped
-    assert "app/lua/__init__.py" in shipped
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("app/store/lua/")}
+    assert {f"app/store/lua/{n}.lua" for n in lua.names()} <= shipped
+    assert "app/store/lua/__init__.py" in shipped

@@ -28,7 +28,7 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server

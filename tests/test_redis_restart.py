@@ -1,5 +1,5 @@
 """A Redis restart that is already over is never seen by a client: a pooled connection found
-dead is replaced and the command retried once (app/redis_retry.py), in the real API and in the
+dead is replaced and the command retried once (app/store/retry.py), in the real API and in the
 clients every other process builds."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import json
 import pytest
 import redis
 
-from app import redis_retry, serving
+from app.store import retry as redis_retry
+
+from app.serving import view as serving
 from app.resources import Proxy
 from devcluster.redis_server import RedisServer
 from tests.api.served import request, start_api

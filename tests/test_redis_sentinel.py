@@ -21,7 +21,7 @@ import pytest
 import redis as redis_lib
 import requests
 
-from app.redis_client import client_from_url
+from app.store.client import client_from_url
 from devcluster.cluster import FakeCluster
 from tests.support.origin import origin_server
 from tests.support.redis_sentinel import SentinelRedis

@@ -86,7 +86,7 @@ def test_remote_control_on_request_obeys_broadcasts(redis_url, control):
 
 
 def test_a_bad_flag_names_the_variable(monkeypatch):
-    from app.settings import Settings
+    from app.config.settings import Settings
 
     monkeypatch.setenv("WORKER_REMOTE_CONTROL", "sometimes")
     with pytest.raises(ValueError, match="WORKER_REMOTE_CONTROL"):

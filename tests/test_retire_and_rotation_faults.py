@@ -12,11 +12,11 @@ import threading
 import pytest
 from kubernetes import client as k8s
 
-from app import credentials
-from app.kube import KubernetesGateway
-from app.providers.errors import NotFound
-from app.reconcile import CREATE, ROTATED_SPEC_HASH, Ref, create, delete, poll, retire_instance
-from app.settings import Settings
+from app.kube import credentials
+from app.kube.gateway import KubernetesGateway
+from app.errors import NotFound
+from app.proxy.reconcile import CREATE, ROTATED_SPEC_HASH, Ref, create, delete, poll, retire_instance
+from app.config.settings import Settings
 from app.wiring import parse_config as parse
 from tests.gcp.conftest import PROJECT, ZONES
 from tests.support.proxies import NS, apply, kubectl_delete, patch_spec, read, rotate_credentials

@@ -1,7 +1,7 @@
 """``instance.retire`` waiting for a busy per-Proxy lock, through a real Celery worker process.
 
 A replaced Pod (managed by the kubernetes provider, tagged with the UID of a Proxy that no
-longer exists) is retired while the Proxy's lock (:func:`app.redis_keys.proxy_lock`) is held in
+longer exists) is retired while the Proxy's lock (:func:`app.store.keys.proxy_lock`) is held in
 Redis for more than ``max_retries`` (8) lock waits, ``POLL_INITIAL`` (0.2 s here) apart.  The
 waits are not failures: once the lock is released the Pod is deleted, the worker never logs
 ``MaxRetriesExceededError``, and Transient failures of the delete right after are still retried
@@ -19,7 +19,7 @@ import redis as redis_lib
 from celery import Celery
 from kubernetes import client as k8s
 
-from app import redis_keys
+from app.store import keys as redis_keys
 from tests.support.processes import celery_worker
 from tests.support.retire import replaced_pod, retire_pattern, send_retire, worker_env
 

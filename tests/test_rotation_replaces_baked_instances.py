@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app import credentials
+from app.kube import credentials
 from app.wiring import parse_config as parse
-from app.reconcile import CREATE, create, credentials_hash, poll
-from app.settings import Settings
+from app.proxy.reconcile import CREATE, create, credentials_hash, poll
+from app.config.settings import Settings
 from tests.gcp.conftest import PROJECT, ZONES
 from tests.support.proxies import NS, apply, read, rotate_credentials
 

@@ -9,11 +9,11 @@ the same config agrees with it.
 
 from __future__ import annotations
 
-from app import dispatch
-from app.config import ProvidersConfig
-from app.dispatch import RETIRE_TASK, Router
+from app.store import queues
+from app.config.providers import ProvidersConfig
+from app.dispatch.proxies import RETIRE_TASK, Router
 from app.providers.base import CheckableProvider, ShardedProvider
-from app.reconcile import CREATE, DELETE, POLL
+from app.proxy.reconcile import CREATE, DELETE, POLL
 from app.resources import Proxy
 from app.wiring import PROVIDER_TYPES, build_registry
 from tests.kvm import harness
@@ -48,18 +48,18 @@ def test_every_task_type_runs_on_the_queue_of_the_host_it_touches(tmp_path):
     # Nothing recorded yet: a delete looks where the spec places it.
     assert router.queue_for_proxy(_proxy("h2", None), DELETE) == "kvm.lab.h2"
     # A host that is not configured, an ID that does not parse, an unknown provider: the shared queue.
-    assert router.queue_for("lab", "h9") == router.queue_for("lab", None) == dispatch.PROXIES
-    assert router.queue_for_instance("lab", "hosts/h9/domains/x") == dispatch.PROXIES
-    assert router.queue_for_instance("lab", "garbage") == dispatch.PROXIES
-    assert router.queue_for("nope", "h1") == router.queue_for_instance("nope", old_id) == dispatch.PROXIES
+    assert router.queue_for("lab", "h9") == router.queue_for("lab", None) == queues.PROXIES
+    assert router.queue_for_instance("lab", "hosts/h9/domains/x") == queues.PROXIES
+    assert router.queue_for_instance("lab", "garbage") == queues.PROXIES
+    assert router.queue_for("nope", "h1") == router.queue_for_instance("nope", old_id) == queues.PROXIES
     assert RETIRE_TASK == "instance.retire"
-    assert routing.PROXIES == dispatch.PROXIES and dispatch.kvm_queue("lab", "h1") == "kvm.lab.h1"
+    assert routing.PROXIES == queues.PROXIES and queues.kvm_queue("lab", "h1") == "kvm.lab.h1"
 
 
 def test_a_single_host_takes_placements_without_a_zone(tmp_path):
     router = Router(_config(tmp_path, hosts=("h1",)), PROVIDER_TYPES)
     assert router.queue_for("lab", None) == "kvm.lab.h1"
-    assert router.queue_for("lab", "h2") == dispatch.PROXIES
+    assert router.queue_for("lab", "h2") == queues.PROXIES
 
 
 def test_the_built_provider_declares_its_capabilities_and_agrees_with_the_router(tmp_path):
@@ -73,13 +73,13 @@ def test_the_built_provider_declares_its_capabilities_and_agrees_with_the_router
     assert inner.credentials_in_instance and wrapped.credentials_in_instance
     assert wrapped.hosts() == list(router.host_queues("lab")) == ["h1", "h2"]
     old_id = "hosts/h1/domains/proxy-abc"
-    assert router.queue_for_instance("lab", old_id) == dispatch.kvm_queue("lab", wrapped.host_of(old_id))
+    assert router.queue_for_instance("lab", old_id) == queues.kvm_queue("lab", wrapped.host_of(old_id))
 
 
 def test_providers_without_hosts_use_the_shared_queues(tmp_path):
-    from app.config import ProviderConfig
-    from app.providers.pods.config import KubernetesSettings
-    from app.providers.pods.provider import KubernetesProvider
+    from app.config.providers import ProviderConfig
+    from app.providers.kubernetes.config import KubernetesSettings
+    from app.providers.kubernetes.provider import KubernetesProvider
     from app.providers.metrics import wrap
 
     pc = ProviderConfig("k8s", "kubernetes", 60, 15, KubernetesSettings())

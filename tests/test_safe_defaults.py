@@ -108,7 +108,8 @@ def test_every_process_refuses_the_default_providers_config_until_the_ranges_are
 
 
 def test_the_filled_default_config_asks_for_basic_auth_and_denies_the_cluster_ranges(tmp_path):
-    from app import squid, wiring
+    from app import wiring
+    from app.squid import conf as squid
 
     text = DEFAULT_PROVIDERS.read_text()
     filled = tmp_path / "providers.yaml"

@@ -1,14 +1,14 @@
-"""The serving record's one schema (app/serving_record.py): what is stored, field by field, and
+"""The serving record's one schema (app/serving/records.py): what is stored, field by field, and
 that the writers (publish, refresh, the health engine) and the readers (engine, API) agree."""
 
 from __future__ import annotations
 
-from app import leases, serving
-from app.health import engine
-from app.health.probe import ProbeResult
-from app.health.state import HealthState
+from app.serving import leases, view as serving
+from app.probes import engine
+from app.probes.probe import ProbeResult
+from app.probes.state import HealthState
 from app.resources import Proxy
-from app.serving_record import HEALTH, HEALTH_DEFAULTS, IDENTITY, ServingRecord, fields_of, load, load_all
+from app.serving.records import HEALTH, HEALTH_DEFAULTS, IDENTITY, ServingRecord, fields_of, load, load_all
 
 
 def _proxy(**spec) -> Proxy:

@@ -3,7 +3,7 @@
 The product is app/, api/, workers/, watchers/ and cli/ (not tests/, bench/ or clients/).
 A variable is *read* when its name reaches ``os.environ.get`` / ``os.environ[...]`` /
 ``os.environ.setdefault`` / ``os.getenv``, the project's parsers
-(:func:`app.settings.env_number`, :func:`app.settings.env_flag`), or any function of the
+(:func:`app.config.settings.env_number`, :func:`app.config.settings.env_flag`), or any function of the
 product that passes one of its own parameters on to one of those (``_float``, ``_ranges``,
 ``num``, ...: found by reading the source, so a new helper needs no change here).  The name
 may be a string literal, a module-level constant (``ENV = "..."``) or a loop over a
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("app", "api", "workers", "watchers", "cli")
-#: The project's own env parsers (``app.settings``); the variable's name is their first argument.
+#: The project's own env parsers (``app.config.settings``); the variable's name is their first argument.
 SEED_READERS = {"env_number": 0, "env_flag": 0}
 ENV_METHODS = {"get", "setdefault"}
 SETTINGS_COLUMNS = {"env", "variable"}
@@ -30,7 +30,7 @@ ENV_NAME = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b|\b[A-Z]{4,}\b")
 
 
 def product_sources() -> dict[str, str]:
-    """``{"app/settings.py": source, ...}`` for every Python file of the product."""
+    """``{"app/config/settings.py": source, ...}`` for every Python file of the product."""
     return {str(p.relative_to(ROOT)): p.read_text()
             for top in PRODUCT for p in sorted((ROOT / top).rglob("*.py"))}
 
@@ -218,7 +218,7 @@ def test_the_collector_finds_reads_through_every_route():
     # Not vacuous: literals, module constants, loops over constant tuples, the project's
     # parsers, and helpers that wrap them (methods and nested functions included).
     reads, _ = env_reads(product_sources())
-    for name in ("REDIS_URL",                     # os.environ.get literal (app/settings.py)
+    for name in ("REDIS_URL",                     # os.environ.get literal (app/config/settings.py)
                  "HEALTH_BATCH_SIZE",             # env_number
                  "POOL_RESYNC_INTERVAL",          # _float -> env_number
                  "WATCH_READ_TIMEOUT",            # nested num() -> env_number(env=...)
@@ -236,7 +236,7 @@ def test_the_collector_finds_reads_through_every_route():
 def test_a_new_undocumented_variable_fails_the_check():
     new = {"app/new_feature.py": (
         "import os\n"
-        "from app.settings import env_number, env_flag\n"
+        "from app.config.settings import env_number, env_flag\n"
         "KNOB_ENV = 'PROXY_OPERATOR_NEW_KNOB'\n"
         "class S:\n"
         "    def _num(self, name, default):\n"

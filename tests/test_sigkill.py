@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from app.providers.pods.provider import LABEL_MANAGED_BY
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env

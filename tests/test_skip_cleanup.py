@@ -1,6 +1,6 @@
 """Skip-cleanup outlives Redis: the abandoned mark lives on the instance (kubernetes provider).
 
-Driven like the Celery tasks drive :mod:`app.reconcile`, against the API fake and the session
+Driven like the Celery tasks drive :mod:`app.proxy.reconcile`, against the API fake and the session
 Redis.  The kvm cases here need no libvirt: a host that cannot be dialled is what a dead
 hypervisor looks like from the operator (the real-libvirtd cases are in tests/kvm/).
 """
@@ -10,17 +10,17 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app import naming
-from app.config import ProviderConfig
-from app.gc import collect
-from app.kube import KubernetesGateway
-from app.providers.errors import NotFound
-from app.providers.pods.provider import (
+from app.providers import naming
+from app.config.providers import ProviderConfig
+from app.proxy.gc import collect
+from app.kube.gateway import KubernetesGateway
+from app.errors import NotFound
+from app.providers.kubernetes.provider import (
     LABEL_ABANDONED,
     LABEL_MANAGED_BY,
     LABEL_PROXY_UID,
 )
-from app.reconcile import (
+from app.proxy.reconcile import (
     ABANDONED_KEY,
     CREATE,
     DELETE,
@@ -31,7 +31,7 @@ from app.reconcile import (
     poll,
 )
 from app.resources import GROUP, PLURAL, VERSION, Proxy
-from app.settings import Settings
+from app.config.settings import Settings
 from devcluster import loopback
 from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, read

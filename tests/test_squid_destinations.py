@@ -4,7 +4,7 @@ Everything runs in a private network namespace (:mod:`tests.support.netns`): a d
 carries an RFC 1918 address (Squid listens there; the client connects from it), a "normal"
 origin at 10.77.0.2 and 192.0.2.10, a link-local address 169.254.10.1 and the metadata
 address 169.254.169.254; a tiny origin answers on all of them and on the namespace's own
-loopback.  Squid runs in the namespace with the squid.conf ``app.squid.render`` makes from a
+loopback.  Squid runs in the namespace with the squid.conf ``app.squid.conf.render`` makes from a
 providers-config ``squid:`` block parsed by the real config loader; the client is a raw HTTP
 client run inside the namespace, so every status is Squid's own answer.
 """
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from app.wiring import parse_config as parse
 from devcluster.squid import SQUID_BIN, SquidProcess
 from tests.support.netns import NetNamespace, available

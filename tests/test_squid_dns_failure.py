@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from devcluster.squid import SquidProcess
 from tests.support.netns import NetNamespace, available
 from tests.test_squid_destinations import CLIENT

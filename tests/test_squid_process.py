@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from devcluster import loopback
 from devcluster.squid import SquidProcess, SquidStartError, loopback_policy, start_on_free_port
 

@@ -1,9 +1,9 @@
 """The Kubernetes gateway and the one Proxy status writer, against the API fake.
 
-:mod:`app.status_writer` is what both the reconciler and the health engine write status
+:mod:`app.kube.status_writer` is what both the reconciler and the health engine write status
 through: only what differs, the read's resourceVersion as a precondition, a fixed patch never
 re-applied after a 409, a patch built from the object re-read and rebuilt after one, Events once
-per happening.  :class:`app.kube.KubernetesGateway` records its own writes for the watcher's
+per happening.  :class:`app.kube.gateway.KubernetesGateway` records its own writes for the watcher's
 de-duplication unless told not to.
 """
 
@@ -12,9 +12,11 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from app import conditions, credentials, status_writer
-from app.kube import KubeGateway, KubernetesGateway, OwnerReference, Secret
-from app.providers.errors import Permanent, Transient
+from app.kube import conditions, status_writer
+
+from app.kube import credentials
+from app.kube.gateway import KubeGateway, KubernetesGateway, OwnerReference, Secret
+from app.errors import Permanent, Transient
 from app.resources import PLURAL
 from tests.support.proxies import NS, apply
 

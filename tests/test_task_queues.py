@@ -3,7 +3,7 @@
 tests/test_routing.py checks the Router's answers; here the senders themselves are run and
 what they publish is recorded:
 
-* :meth:`app.dispatch.Dispatcher.retire` (the delete of a replaced instance) through an
+* :meth:`app.dispatch.proxies.Dispatcher.retire` (the delete of a replaced instance) through an
   injected ``send``, as every dispatcher test does;
 * the Celery tasks of :mod:`workers.tasks` (``gc.sweep`` fanning out ``gc.collect_shard`` and
   ``gc.collect``, ``providers.check`` fanning out ``providers.check_host``) in a process of
@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.config import ProvidersConfig
-from app.dispatch import GC, PROXIES, RETIRE_TASK, Dispatcher, Router
-from app.reconcile import Ref
+from app.config.providers import ProvidersConfig
+from app.dispatch.proxies import RETIRE_TASK, Dispatcher, Router
+from app.store.queues import GC, PROXIES
+from app.proxy.reconcile import Ref
 from app.wiring import PROVIDER_TYPES, parse_config
 from tests.kvm import harness
 

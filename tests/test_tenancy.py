@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from app import serving, tokens
-from app.reconcile import create
-from app.tenancy import Tenancy
-from app.validation import ConfigError
+from app.serving import view as serving
+
+from api import tokens
+from app.proxy.reconcile import create
+from app.config.tenancy import Tenancy
+from app.config.validation import ConfigError
 from app.wiring import parse_config
 from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, patch_spec, pods, read

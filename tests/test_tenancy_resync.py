@@ -3,7 +3,7 @@ before the operator narrowed ``tenancy:``.
 
 docs/security.md promises: "anything else is Failed, reason SpecNotAllowed ... and is never
 served (a serving one is withdrawn at the next resync)".  These tests run the real resync
-(:meth:`app.dispatch.Dispatcher.resync` with :func:`app.reconcile.drifted`, as the
+(:meth:`app.dispatch.proxies.Dispatcher.resync` with :func:`app.proxy.reconcile.drifted`, as the
 ``proxy.resync`` task does), then every step it queued, with the narrowed settings, against the
 API fake and real Redis.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from app import serving
-from app.config import ProvidersConfig
-from app.dispatch import Dispatcher, Router
-from app.reconcile import CREATE, DELETE, POLL, create, delete, drifted, poll, steady
-from app.tenancy import Tenancy
+from app.serving import view as serving
+from app.config.providers import ProvidersConfig
+from app.dispatch.proxies import Dispatcher, Router
+from app.proxy.reconcile import CREATE, DELETE, POLL, create, delete, drifted, poll, steady
+from app.config.tenancy import Tenancy
 from app.wiring import PROVIDER_TYPES, parse_config
 from tests.support.contexts import k8s_provider
 from tests.support.proxies import apply, kubelet_runs, pods, read
@@ -43,7 +43,7 @@ def _resync_and_run(ctx, redis_client, rounds: int = 3) -> list[str]:
         dispatcher.resync(ctx.kube.list_proxies(), drifted=lambda p: drifted(ctx, p))
         for task, args, _queue, _countdown in list(sent):
             names.append(task)
-            from app.reconcile import Ref
+            from app.proxy.reconcile import Ref
             ref = Ref(*args[:3]) if len(args) >= 3 else None
             followup = STEPS[task](ctx, ref)
             for _ in range(5):

@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent("""
     print(json.dumps(sorted(sys.modules)))
 """)
 
-FORBIDDEN = ("workers.tasks", "workers.health_tasks", "workers.beat", "workers.metrics_server", "libvirt",
+FORBIDDEN = ("workers.tasks", "workers.probe_tasks", "workers.beat", "workers.metrics_server", "libvirt",
              "paramiko", "google.cloud")
 
 
@@ -70,7 +70,7 @@ def test_the_watchers_event_handler_loads_no_task_module_and_no_provider_sdk(tmp
 
     loaded = [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
     assert loaded == []
-    assert "app.dispatch" in modules and "app.providers.kvm.placement" in modules
+    assert "app.dispatch.proxies" in modules and "app.providers.kvm.placement" in modules
     # The event was routed from the config alone, to the queue of the host its spec names.
     [message] = [json.loads(m) for m in redis_client.lrange("kvm.lab.h2", 0, -1)]
     assert message["headers"]["task"] == "proxy.create"

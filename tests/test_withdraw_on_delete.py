@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from app import leases, serving
-from app.leases import Filters, LeaseSettings
-from app.reconcile import create
-from app.tenancy import Tenancy
+from app.serving import leases, view as serving
+from app.serving.leases import Filters, LeaseSettings
+from app.proxy.reconcile import create
+from app.config.tenancy import Tenancy
 from tests.support.contexts import k8s_provider
 from tests.support.processes import watcher
 from tests.support.proxies import apply, kubectl_delete, read

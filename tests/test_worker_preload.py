@@ -17,7 +17,7 @@ _SCRIPT = textwrap.dedent("""
     from workers.runtime import preload
     preload()
     print("core" if "kubernetes.client.api.core_v1_api" in sys.modules else "no-core")
-    print("provider" if "app.providers.pods.provider" in sys.modules else "no-provider")
+    print("provider" if "app.providers.kubernetes.provider" in sys.modules else "no-provider")
 """)
 
 

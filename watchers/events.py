@@ -1,4 +1,4 @@
-"""The watcher's event handler: the dispatcher (:mod:`app.dispatch`) wired for the watcher process.
+"""The watcher's event handler: the dispatcher (:mod:`app.dispatch.proxies`) wired for the watcher process.
 
 What it loads is what routing needs and nothing more: the providers config (validated; no
 provider is built, so no SDK such as libvirt or google-cloud is imported) and a Redis client.
@@ -10,15 +10,15 @@ task module, the beat schedule or the worker's hooks), so this package imports n
 
 from __future__ import annotations
 
-from app.dispatch import Dispatcher, Send
-from app.pools.dispatch import PoolDispatcher
-from app.settings import Settings
+from app.dispatch.proxies import Dispatcher, Send
+from app.dispatch.pools import PoolDispatcher
+from app.config.settings import Settings
 from app.wiring import load_config, router
 from watchers.stream import OnEvent
 
 
 def _redis(settings: Settings):
-    from app.redis_client import client_from_url
+    from app.store.client import client_from_url
 
     # timeouts: a Redis gone silent fails a call instead of hanging the watcher
     return client_from_url(settings.redis_url, decode_responses=True, socket_timeout=10,
@@ -27,11 +27,11 @@ def _redis(settings: Settings):
 
 def make_on_pool_event(send: Send, settings: Settings | None = None) -> OnEvent:
     """Return ``on_pool_event(event_type, obj)`` for the ProxyPool stream of :func:`watchers.main.run`
-    (:meth:`app.pools.dispatch.PoolDispatcher.on_pool_event`: a ``pool.reconcile`` pass per change).
+    (:meth:`app.dispatch.pools.PoolDispatcher.on_pool_event`: a ``pool.reconcile`` pass per change).
 
     Args:
-        send: the publisher (:class:`app.dispatch.Send`; the watcher's is ``workers.celery_app.send``).
-        settings: the process settings (default: :meth:`app.settings.Settings.from_env`).
+        send: the publisher (:class:`app.dispatch.proxies.Send`; the watcher's is ``workers.celery_app.send``).
+        settings: the process settings (default: :meth:`app.config.settings.Settings.from_env`).
     Raises:
         ValueError: a bad setting in the environment.
     """
@@ -40,19 +40,21 @@ def make_on_pool_event(send: Send, settings: Settings | None = None) -> OnEvent:
 
 
 def make_on_event(send: Send, settings: Settings | None = None) -> OnEvent:
-    """Return ``on_event(event_type, obj)`` for :func:`watchers.main.run` (:meth:`app.dispatch.Dispatcher.on_event`).
+    """Return ``on_event(event_type, obj)`` for :func:`watchers.main.run`.
+
+    The callable is :meth:`app.dispatch.proxies.Dispatcher.on_event`.
 
     A Proxy controlled by a ProxyPool also queues a pass over its pool
-    (:meth:`app.pools.dispatch.PoolDispatcher.on_member_event`), whatever the dispatcher decides
+    (:meth:`app.dispatch.pools.PoolDispatcher.on_member_event`), whatever the dispatcher decides
     for the Proxy itself (the events of the reconciler's own writes included: a member that went
     Failed is news to its pool).
 
     Args:
-        send: the publisher (:class:`app.dispatch.Send`; the watcher's is ``workers.celery_app.send``).
-        settings: the process settings (default: :meth:`app.settings.Settings.from_env`):
+        send: the publisher (:class:`app.dispatch.proxies.Send`; the watcher's is ``workers.celery_app.send``).
+        settings: the process settings (default: :meth:`app.config.settings.Settings.from_env`):
             ``redis_url`` and ``providers_config`` are used.
     Raises:
-        app.validation.ConfigError: the providers config is invalid.
+        app.config.validation.ConfigError: the providers config is invalid.
         ValueError: a bad setting in the environment.
 
     ``on_event`` raises ``redis.RedisError`` or ``kombu.exceptions.OperationalError`` while

@@ -1,6 +1,6 @@
 """Handing Proxy events to the dispatcher without ever dropping one.
 
-The watcher's callback (``watchers.events``, :meth:`app.dispatch.Dispatcher.on_event`) needs Redis:
+The watcher's callback (``watchers.events``, :meth:`app.dispatch.proxies.Dispatcher.on_event`) needs Redis:
 it de-duplicates and queues tasks there.  While Redis is unreachable (a restart, an outage) it raises, and an event it
 raised on used to be logged and lost until the next resync.  :class:`Handoff` sits between
 the stream and the callback:

@@ -34,10 +34,10 @@ from typing import Callable
 
 from kubernetes import client as k8s
 
-from app import kube
-from app.settings import env_number
+from app.kube import gateway as kube
+from app.config.settings import env_number
 from watchers.handoff import Handoff
-from watchers.health import Progress, serve
+from watchers.liveness import Progress, serve
 from watchers.leader import ElectionSettings, LeaderElector
 from watchers.stream import OnEvent, ProxyStream, StreamSettings
 from app.resources import POOL_PLURAL
@@ -72,7 +72,7 @@ class WatcherSettings:
         """Read the settings from the environment (names in the module docstring).
 
         Raises:
-            ValueError: a value is not a number (or negative: :func:`app.settings.env_number`)
+            ValueError: a value is not a number (or negative: :func:`app.config.settings.env_number`)
                 or the combination is invalid; the message names the variable or the rule.
         """
         env = os.environ if env is None else env
@@ -110,11 +110,11 @@ def run(on_event: OnEvent, *, lease_namespace: str, lease_name: str = "proxy-ope
         stop: an event that ends the watcher; ``None`` installs SIGTERM/SIGINT handlers
             (main thread only) that set an internal one.
         settings: :class:`WatcherSettings` (default: :meth:`WatcherSettings.from_env`).
-        api_client: client to use (default: :func:`app.kube.api_client`, i.e. KUBECONFIG
+        api_client: client to use (default: :func:`app.kube.gateway.api_client`, i.e. KUBECONFIG
             or in-cluster).
         while_leading: ``while_leading(term)`` runs in a thread of its own for each term of
             leadership and must return once ``term`` is set (the provider-health stale sweep,
-            :class:`app.provider_health.StaleSweeper`); an exception in it is logged.
+            :class:`app.providers.checks.StaleSweeper`); an exception in it is logged.
         on_pool_event: like ``on_event`` for ProxyPool objects: while leading, a second
             list+watch (the same loop, :class:`watchers.stream.ProxyStream` on ``proxypools``)
             with its own hand-off delivers them (:func:`watchers.events.make_on_pool_event`).

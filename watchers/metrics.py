@@ -1,6 +1,6 @@
 """Prometheus metrics of the watcher (served on ``METRICS_BIND`` by ``proxy-operator watch``).
 
-Defined here, not in :mod:`app.metrics`, so that only the watcher process has them: an
+Defined here, not in :mod:`app.observability.metrics`, so that only the watcher process has them: an
 unlabelled gauge defined in a shared module would read 0 in every other process.  Meanings and
 labels: docs/observability.md.
 """

@@ -7,7 +7,7 @@
 * ``pool.wake`` every ``POOL_WAKE_INTERVAL`` seconds: a pass now over each pool a lease release
   woke (a draining member's last lease ended: :mod:`app.pools.wake`).
 * ``providers.check`` per provider every ``checkInterval`` (skipped when 0).
-* entries contributed by ``workers.health_tasks.BEAT_SCHEDULE`` (probe sweeps).
+* entries contributed by ``workers.probe_tasks.BEAT_SCHEDULE`` (probe sweeps).
 
 The providers config is validated here, at import, so a worker or beat started on a bad
 file exits with the config error instead of half-starting.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 from app.wiring import load_config
 from workers import routing
 from workers.celery_app import celery_app, settings
@@ -44,7 +44,7 @@ for _pc in providers_config.providers:
         }
 
 try:
-    from workers.health_tasks import BEAT_SCHEDULE as _HEALTH
+    from workers.probe_tasks import BEAT_SCHEDULE as _HEALTH
 except ImportError:  # health tasks not installed in this build
     _HEALTH = {}
 

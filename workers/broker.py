@@ -24,7 +24,7 @@ building one per operation, as kombu does (see :meth:`Channel._create_client`).
 
 :class:`QoS` records which worker holds each message it takes and puts back the messages of
 workers that died without acknowledging them (SIGKILL, OOM kill, a lost node) within seconds,
-instead of kombu's visibility timeout (an hour): see :mod:`app.holders`.
+instead of kombu's visibility timeout (an hour): see :mod:`app.store.holders`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from app import holders, redis_keys
-from app.dispatch import GC, HEALTH, HOST_QUEUE_PREFIX, PROXIES
+from app.store import holders
+
+from app.store import keys as redis_keys
+from app.store.queues import GC, HEALTH, HOST_QUEUE_PREFIX, PROXIES
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,11 @@ class QoS(kombu_redis.QoS):
     """kombu's Redis acknowledgement emulation, with each taken message's holder recorded.
 
     * :meth:`append` (a message delivered to this worker) also adds its delivery tag to this
-      process's holder's set (:func:`app.redis_keys.holder_messages`), in the same transaction
+      process's holder's set (:func:`app.store.keys.holder_messages`), in the same transaction
       as kombu's unacked entry; an acknowledgement removes it.
     * :meth:`restore_visible` (kombu's periodic sweep for messages past the visibility timeout)
       also puts back, at most every :data:`REAP_INTERVAL` seconds, the messages of holders whose
-      heartbeat is gone (:func:`app.holders.reap`, through :meth:`restore_retagged`: kombu's
+      heartbeat is gone (:func:`app.store.holders.reap`, through :meth:`restore_retagged`: kombu's
       ``restore_by_tag`` under a new delivery tag).
 
     A process without an installed holder (beat, the watcher: they only publish) behaves as kombu's.

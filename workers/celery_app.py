@@ -1,14 +1,14 @@
 """The Celery application every worker, beat and the watcher share (``celery -A workers``).
 
-Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.settings.redis_url_from_env`;
+Broker: Redis at ``REDIS_URL``, with ``REDIS_PASSWORD`` put in (:func:`app.config.settings.redis_url_from_env`;
 Celery logs the URL masked, ``redis://:**@...``), or the master of the Sentinels of a
-``redis+sentinel://`` URL (:mod:`app.redis_client`: kombu's ``sentinel://`` transport, redbeat's
+``redis+sentinel://`` URL (:mod:`app.store.client`: kombu's ``sentinel://`` transport, redbeat's
 Sentinel options).  Delivery: ``acks_late`` with ``reject_on_worker_lost`` so a
 task whose worker dies is redelivered; prefetch 1; JSON only; results ignored.  The broker's
 visibility timeout exceeds the hard time limit of every task and the longest countdown we
 schedule (Celery docs, "Using Redis: Visibility timeout").  A worker SIGKILLed whole (parent included) does not
 wait for it: the other workers put its messages back within seconds (``workers/broker.py``,
-:mod:`app.holders`).
+:mod:`app.store.holders`).
 
 Queues: ``proxies`` (create/poll/delete for kubernetes and gcp proxies), ``health`` (probes),
 ``gc`` (sweeps), and one ``kvm.<provider>.<host>`` queue per KVM host, created on demand and
@@ -23,8 +23,8 @@ from celery import Celery
 from celery.signals import beat_init, setup_logging, worker_init
 from kombu import Exchange, Queue
 
-from app import redis_client, redis_keys
-from app.settings import Settings
+from app.store import client as redis_client, keys as redis_keys
+from app.config.settings import Settings
 from workers import broker, routing
 
 # redis:// resolves to kombu's Redis transport re-creating the queue bindings a flushed or
@@ -33,7 +33,7 @@ broker.install()
 
 settings = Settings.from_env()
 # A redis+sentinel:// REDIS_URL becomes kombu's sentinel:// broker URL and redbeat's Sentinel
-# options (app/redis_client.py); a redis:// one is used as is.
+# options (app/store/client.py); a redis:// one is used as is.
 _broker_url, _broker_sentinel_options = redis_client.celery_broker(settings.redis_url)
 _redbeat_url, _redbeat_sentinel_options = redis_client.redbeat_settings(settings.redis_url)
 
@@ -51,7 +51,7 @@ celery_app.conf.update(
     broker_transport_options={
         "visibility_timeout": int(settings.visibility_timeout),
         # kombu's sweep runs every REAP_INTERVAL s, so messages of a dead worker go back within
-        # seconds (workers/broker.py, app/holders.py); its visibility scan stays ~once a minute.
+        # seconds (workers/broker.py, app/store/holders.py); its visibility scan stays ~once a minute.
         "unacked_restore_interval": broker.REAP_INTERVAL, "unacked_restore_throttle": 30,
         # A Redis that vanishes without closing the connection (failover, a network partition)
         # must fail a command, not hang it: the consumer's BRPOP answers within 1 s normally.
@@ -93,12 +93,14 @@ celery_app.conf.update(
     # redbeat's scheduler, riding out Redis outages, restarts and flushes (workers/beat_scheduler.py).
     beat_scheduler="workers.beat_scheduler.ResilientRedBeatScheduler",
     timezone="UTC",
-    include=[m for m in ("workers.tasks", "workers.health_tasks") if importlib.util.find_spec(m)],
+    include=[m for m in ("workers.tasks", "workers.probe_tasks") if importlib.util.find_spec(m)],
 )
 
 
 def sender(app: Celery):
-    """Return the ``send(task_name, args, queue, countdown)`` callable of :class:`app.dispatch.Send` for ``app``.
+    """Return the ``send(task_name, args, queue, countdown)`` callable for ``app``.
+
+    The callable is an :class:`app.dispatch.proxies.Send`.
 
     Publishes by task name (``send_task``), so no task module is imported.  Raises what the
     broker raises while unreachable (``kombu.exceptions.OperationalError``, ``redis.RedisError``).
@@ -124,18 +126,18 @@ def _logging(**_):
     Connecting this signal makes Celery leave logging configuration to us (Celery docs,
     "Signals: setup_logging").
     """
-    from app.logs import setup
+    from app.observability.logs import setup
 
     setup("celery")
 
 
 @worker_init.connect
 def _worker_credentials(**_):
-    """Exit (status 2, one clear line) if Redis refuses the worker's credentials (app.redis_check),
-    then install the worker's holder and its heartbeat before the pool forks (app.holders): the
+    """Exit (status 2, one clear line) if Redis refuses the worker's credentials (app.store.check),
+    then install the worker's holder and its heartbeat before the pool forks (app.store.holders): the
     messages it takes and the locks its children take name it."""
-    from app import holders
-    from app.redis_check import exit_if_credentials_refused
+    from app.store import holders
+    from app.store.check import exit_if_credentials_refused
 
     exit_if_credentials_refused(settings.redis_url, "worker")
     holders.install(settings.redis_url)
@@ -143,7 +145,7 @@ def _worker_credentials(**_):
 
 @beat_init.connect
 def _beat_credentials(**_):
-    """Exit (status 2, one clear line) if Redis refuses beat's credentials (app.redis_check)."""
-    from app.redis_check import exit_if_credentials_refused
+    """Exit (status 2, one clear line) if Redis refuses beat's credentials (app.store.check)."""
+    from app.store.check import exit_if_credentials_refused
 
     exit_if_credentials_refused(settings.redis_url, "beat")

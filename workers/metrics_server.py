@@ -17,7 +17,7 @@ What each process adds on top of the shared metrics (docs/observability.md lists
   (workers/beat_scheduler.py), ``proxy_operator_beat_last_run_timestamp_seconds{entry}`` read
   from redbeat's schedule in Redis at scrape time (:class:`BeatScheduleCollector`: the standby
   shows the leader's runs too), the provider-health gauges
-  (:class:`app.provider_health.ProviderHealthCollector`), exported here because beat is not
+  (:class:`app.providers.checks.ProviderHealthCollector`), exported here because beat is not
   the process that runs the checks: a dead checker shows as a stale target, not as silence;
   ``proxy_operator_serving_proxies{state}`` (:class:`ServingViewCollector`), the fleet as
   the lease API sees it, and the ProxyPool gauges (``proxy_operator_pool_*_replicas{namespace,
@@ -36,8 +36,8 @@ from celery.signals import (beat_init, task_failure, task_postrun, task_prerun, 
 from prometheus_client import Counter, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 
-from app import metrics
-from app.metrics import registry_for_scrape
+from app.observability import metrics
+from app.observability.metrics import registry_for_scrape
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 
 def _redis_factory():
     """A decode_responses Redis client on the broker (``REDIS_URL`` with ``REDIS_PASSWORD``)."""
-    from app.redis_client import client_from_url
-    from app.settings import Settings
+    from app.store.client import client_from_url
+    from app.config.settings import Settings
 
     return lambda: client_from_url(Settings.from_env().redis_url, decode_responses=True, socket_timeout=5,
                                    socket_connect_timeout=3)
@@ -153,7 +153,7 @@ class BeatScheduleCollector:
 class ServingViewCollector:
     """``proxy_operator_serving_proxies{state}``: the published proxies by what a lease can do with them.
 
-    Read from the Redis serving view at scrape time (:mod:`app.serving`): ``published`` (every
+    Read from the Redis serving view at scrape time (:mod:`app.serving.view`): ``published`` (every
     published proxy), ``leasable`` (healthy, not draining, below ``maxLeases``: the lease
     index), ``full`` (at ``maxLeases``), ``unhealthy`` (unhealthy or not yet probed),
     ``draining`` (``maxLeases`` 0).  The last four add up to ``published``.
@@ -172,7 +172,7 @@ class ServingViewCollector:
 
     def collect(self):
         """Yield the gauge family."""
-        from app import redis_keys
+        from app.store import keys as redis_keys
 
         gauge = GaugeMetricFamily("proxy_operator_serving_proxies",
                                   "Published proxies by state in the serving view (published, leasable, full, "
@@ -213,7 +213,7 @@ def _serve_beat(sender=None, **_) -> None:
     if not bind:
         return
     from app.pools.stats import PoolCollector
-    from app.provider_health import ProviderHealthCollector
+    from app.providers.checks import ProviderHealthCollector
     from workers.beat import providers_config
     from workers.celery_app import celery_app
 

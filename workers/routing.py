@@ -1,6 +1,6 @@
 """Celery's default routing by task name.
 
-Queue names and routing by Proxy, provider and host live in :mod:`app.dispatch` (every task
+Queue names and routing by Proxy, provider and host live in :mod:`app.dispatch.proxies` (every task
 that touches KVM host H of provider P runs on ``kvm.P.H``): the dispatcher knows the Proxy when
 it enqueues and passes the queue explicitly; :func:`route_task` only supplies defaults by task
 name.
@@ -8,7 +8,7 @@ name.
 
 from __future__ import annotations
 
-from app.dispatch import GC, HEALTH, PROXIES
+from app.store.queues import GC, HEALTH, PROXIES
 
 _DEFAULTS = {"health.": HEALTH, "gc.": GC, "proxy.resync": GC}
 

@@ -1,5 +1,5 @@
-"""Per-process runtime of a worker: the reconcile :class:`~app.reconcile.Context` and the
-:class:`~app.dispatch.Dispatcher`, built lazily.
+"""Per-process runtime of a worker: the reconcile :class:`~app.proxy.reconcile.Context` and the
+:class:`~app.dispatch.proxies.Dispatcher`, built lazily.
 
 Built on first use in each process (after Celery's fork; :func:`app.lazy.per_process`), so no
 connection or SSH session is shared between prefork children.
@@ -7,13 +7,13 @@ connection or SSH session is shared between prefork children.
 
 from __future__ import annotations
 
-from app.dispatch import RETIRE_TASK, Dispatcher
-from app.pools.dispatch import PoolDispatcher
-from app.kube import KubernetesGateway
+from app.dispatch.proxies import RETIRE_TASK, Dispatcher
+from app.dispatch.pools import PoolDispatcher
+from app.kube.gateway import KubernetesGateway
 from app.lazy import per_process
-from app.reconcile import Context, Ref
-from app.redis_client import client_from_url
-from app.settings import Settings
+from app.proxy.reconcile import Context, Ref
+from app.store.client import client_from_url
+from app.config.settings import Settings
 from app.wiring import build_registry, load_config, router
 
 
@@ -22,7 +22,7 @@ def context() -> Context:
     """Return this process's reconcile context (config loaded and validated on first use).
 
     Raises:
-        app.validation.ConfigError: the providers config is invalid.
+        app.config.validation.ConfigError: the providers config is invalid.
     """
     settings = Settings.from_env()
     config = load_config(settings.providers_config)
@@ -40,13 +40,13 @@ def context() -> Context:
 
 @per_process
 def dispatcher() -> Dispatcher:
-    """Return this process's :class:`~app.dispatch.Dispatcher` (shares the context's Redis client).
+    """Return this process's :class:`~app.dispatch.proxies.Dispatcher` (shares the context's Redis client).
 
     It publishes through ``workers.celery_app.send`` and routes from the providers config of
     the context's registry.
 
     Raises:
-        app.validation.ConfigError: the providers config is invalid (building the context).
+        app.config.validation.ConfigError: the providers config is invalid (building the context).
     """
     from workers.celery_app import send
 
@@ -56,11 +56,11 @@ def dispatcher() -> Dispatcher:
 
 @per_process
 def pool_dispatcher() -> PoolDispatcher:
-    """Return this process's :class:`~app.pools.dispatch.PoolDispatcher` (the context's Redis,
+    """Return this process's :class:`~app.dispatch.pools.PoolDispatcher` (the context's Redis,
     publishing through ``workers.celery_app.send``).
 
     Raises:
-        app.validation.ConfigError: the providers config is invalid (building the context).
+        app.config.validation.ConfigError: the providers config is invalid (building the context).
     """
     from workers.celery_app import send
 
@@ -115,7 +115,7 @@ PRELOADED_CORE = ("create_namespaced_pod", "read_namespaced_pod", "delete_namesp
 def _queue_retire(provider_name: str, provider_id: str, ref: Ref) -> None:
     """Queue the deletion of a replaced instance on the queue of the place it lives in.
 
-    Sent by name (task :data:`~app.dispatch.RETIRE_TASK`), so building a context never imports
+    Sent by name (task :data:`~app.dispatch.proxies.RETIRE_TASK`), so building a context never imports
     the task module.
     """
     dispatcher().retire(provider_name, provider_id, ref)

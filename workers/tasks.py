@@ -1,10 +1,10 @@
-"""Celery tasks: thin shells around :mod:`app.dispatch`, :mod:`app.reconcile` and :mod:`app.gc`.
+"""Celery tasks: thin shells around :mod:`app.dispatch.proxies`, :mod:`app.proxy.reconcile` and :mod:`app.proxy.gc`.
 
 Every task takes references only, re-reads the object, holds the per-Proxy Redis lock while
 it works (so concurrent or duplicate deliveries of the same Proxy serialise), and is safe to
 run twice.  Followups go back on the queue the task came from, so KVM work stays on its
-host's queue.  Deciding, routing and sending live in :mod:`app.dispatch`
-(:meth:`~app.dispatch.Dispatcher.run_step`, :meth:`~app.dispatch.Dispatcher.resync`).
+host's queue.  Deciding, routing and sending live in :mod:`app.dispatch.proxies`
+(:meth:`~app.dispatch.proxies.Dispatcher.run_step`, :meth:`~app.dispatch.proxies.Dispatcher.resync`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,17 @@ import uuid
 
 from celery.signals import worker_init
 
-from app import gc as gc_logic
-from app import holders, metrics, naming, reconcile, redis_keys
-from app.dispatch import GC, PROXIES, lock_timeout
+from app.proxy import gc as gc_logic
+from app.store import holders
+from app.observability import metrics
+from app.providers import naming
+from app.proxy import reconcile
+from app.store import keys as redis_keys
+from app.dispatch.proxies import lock_timeout
+from app.store.queues import GC, PROXIES
 from app.providers.base import ShardedProvider
-from app.providers.errors import Permanent, classify, describe
-from app.reconcile import Ref
+from app.errors import Permanent, classify, describe
+from app.proxy.reconcile import Ref
 from workers.celery_app import celery_app
 from workers.runtime import context, dispatcher, pool_dispatcher, preload
 
@@ -41,7 +46,7 @@ def _lock_timeout(ctx) -> float:
 
 def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: int) -> None:
     """Run one reconcile step under the per-Proxy lock and queue its followup
-    (:meth:`app.dispatch.Dispatcher.run_step`).
+    (:meth:`app.dispatch.proxies.Dispatcher.run_step`).
 
     The followup of the same step goes back on the queue ``task`` was delivered from.
     """
@@ -51,19 +56,19 @@ def run_step(task, action: str, namespace: str, name: str, uid: str, attempt: in
 
 @celery_app.task(name="proxy.create", bind=True)
 def create(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
-    """Ensure the finalizer and the instance of one Proxy (see :func:`app.reconcile.create`)."""
+    """Ensure the finalizer and the instance of one Proxy (see :func:`app.proxy.reconcile.create`)."""
     run_step(self, "create", namespace, name, uid, attempt)
 
 
 @celery_app.task(name="proxy.poll", bind=True)
 def poll(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
-    """Follow one Proxy's instance (see :func:`app.reconcile.poll`)."""
+    """Follow one Proxy's instance (see :func:`app.proxy.reconcile.poll`)."""
     run_step(self, "poll", namespace, name, uid, attempt)
 
 
 @celery_app.task(name="proxy.delete", bind=True)
 def delete(self, namespace: str, name: str, uid: str, attempt: int = 0) -> None:
-    """Finish one Proxy's deletion (see :func:`app.reconcile.delete`)."""
+    """Finish one Proxy's deletion (see :func:`app.proxy.reconcile.delete`)."""
     run_step(self, "delete", namespace, name, uid, attempt)
 
 
@@ -76,7 +81,7 @@ _RETIRE_CELERY_MAX_RETRIES = 1_000_000
 def retire_lock_waits(settings) -> int:
     """Return how many times ``instance.retire`` waits for a busy per-Proxy lock before leaving
     the instance to GC (int >= 1): enough tries, ``settings.poll_initial`` seconds apart, to
-    outlast the lock timeout (:func:`app.dispatch.lock_timeout`) twice (64 with the defaults)."""
+    outlast the lock timeout (:func:`app.dispatch.proxies.lock_timeout`) twice (64 with the defaults)."""
     return max(1, math.ceil(2 * lock_timeout(settings) / max(settings.poll_initial, 0.1)))
 
 
@@ -85,7 +90,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
            lock_waits: int = 0) -> None:
     """Delete an instance its Proxy replaced, on the queue of the place it lives in.
 
-    See :func:`app.reconcile.retire_instance`.  Retried with backoff on failure, on the same
+    See :func:`app.proxy.reconcile.retire_instance`.  Retried with backoff on failure, on the same
     queue, up to ``max_retries`` (8) times; when the place stays unreachable, GC collects the
     instance as superseded.  While a step of the Proxy holds its lock the task is tried again
     every ``POLL_INITIAL`` seconds; these waits (``lock_waits``: how many so far, carried in
@@ -93,7 +98,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
     them the instance is left to GC (a warning, no error).
 
     A message naming a provider that is not configured, or delivered on a queue other than
-    the one :meth:`~app.dispatch.Router.queue_for_instance` gives its instance (stale or
+    the one :meth:`~app.dispatch.proxies.Router.queue_for_instance` gives its instance (stale or
     forged: every sender routes by it), is dropped with a warning before any lock or provider
     call, so a worker never dials another host's place; GC collects what it named when its
     provider is configured (GC sweeps configured providers only).  The provider ID of a dropped
@@ -148,7 +153,7 @@ def retire(self, provider_name: str, provider_id: str, namespace: str, name: str
 def resync() -> int:
     """List every Proxy and queue what each needs (beat); return how many messages were sent.
 
-    Steady Proxies get nothing unless unpublished or drifted (:meth:`app.dispatch.Dispatcher.resync`).
+    Steady Proxies get nothing unless unpublished or drifted (:meth:`app.dispatch.proxies.Dispatcher.resync`).
     """
     ctx = context()
     return dispatcher().resync(ctx.kube.list_proxies(), drifted=lambda proxy: reconcile.drifted(ctx, proxy))
@@ -288,7 +293,7 @@ def gc_delete(provider_name: str, provider_id: str, uid: str | None = None) -> N
 
     The message is not trusted (anyone who can write to Redis can send one): the instance is
     read and judged again by GC's rules under its Proxy's lock before it is deleted
-    (:func:`app.gc.verify_and_delete`).  ``uid`` is accepted for messages of older releases
+    (:func:`app.proxy.gc.verify_and_delete`).  ``uid`` is accepted for messages of older releases
     and ignored: the instance's own tag names its Proxy.
     """
     ctx = context()
@@ -303,7 +308,7 @@ def gc_delete(provider_name: str, provider_id: str, uid: str | None = None) -> N
 
 @celery_app.task(name="gc.collect")
 def gc_collect(provider_name: str) -> dict:
-    """List one provider's managed instances and delete the orphans (see :mod:`app.gc`)."""
+    """List one provider's managed instances and delete the orphans (see :mod:`app.proxy.gc`)."""
     ctx = context()
     provider = ctx.registry.get(provider_name)
     abandoned = set(ctx.redis.smembers(redis_keys.ABANDONED))
@@ -324,7 +329,7 @@ def provider_check(provider_name: str) -> dict:
     Providers with hosts (kvm) are checked one host per task on the host's queue
     (``providers.check_host``), so the check uses the connection that worker owns.
     """
-    from app.provider_health import ProviderHealthWriter, expected_targets, publish_snapshot, record_round, run_check
+    from app.providers.checks import ProviderHealthWriter, expected_targets, publish_snapshot, record_round, run_check
 
     ctx = context()
     pc = ctx.registry.configs[provider_name]
@@ -336,7 +341,7 @@ def provider_check(provider_name: str) -> dict:
                                             expires=pc.check_interval or None)
         return {"provider": provider_name, "fanned_out": len(hosts)}
     verdicts, elapsed, failed = run_check(provider, pc.check_timeout)
-    # One snapshot in Redis (app.provider_health): the object and the metrics are read from it.
+    # One snapshot in Redis (app.providers.checks): the object and the metrics are read from it.
     record_round(ctx.redis, provider_name, verdicts, elapsed=elapsed, failed=failed, targets=expected_targets(pc))
     states = publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube), pc)
     return {"provider": provider_name, "ready": sum(s.verdict.ready for s in states), "total": len(states)}
@@ -345,7 +350,7 @@ def provider_check(provider_name: str) -> dict:
 @celery_app.task(name="providers.check_host")
 def provider_check_host(provider_name: str, host: str) -> dict:
     """Check one host of a provider and publish the provider's ProviderHealth with every host's latest verdict."""
-    from app.provider_health import ProviderHealthWriter, check_one, publish_snapshot, record_target
+    from app.providers.checks import ProviderHealthWriter, check_one, publish_snapshot, record_target
 
     ctx = context()
     pc = ctx.registry.configs[provider_name]
@@ -353,6 +358,6 @@ def provider_check_host(provider_name: str, host: str) -> dict:
     # A timeout is recorded under the host's own name: that host reads 0, not a generic target.
     verdict, elapsed = check_one(lambda: provider.check_host(host), host, pc.check_timeout)
     record_target(ctx.redis, provider_name, verdict, elapsed=elapsed)
-    # Every host's latest verdict, silent ones as CheckStale (app.provider_health.read_snapshot).
+    # Every host's latest verdict, silent ones as CheckStale (app.providers.checks.read_snapshot).
     publish_snapshot(ctx.redis, ProviderHealthWriter(ctx.kube), pc)
     return {"provider": provider_name, "host": host, "ready": verdict.ready}

@@ -14,7 +14,7 @@ call for, with hysteresis.  Pure functions; :func:`app.pools.plan.plan` calls :f
 * **Scale up** at once; **scale down** only to the highest recommendation of the last
   ``scaleDownDelaySeconds`` (the Kubernetes HPA's stabilization window), so a pool under
   steady or bursty load never oscillates.  The recommendations of that window are kept by the
-  controller in Redis (one entry per change, not per pass: :func:`app.redis_keys.pool_scale`);
+  controller in Redis (one entry per change, not per pass: :func:`app.store.keys.pool_scale`);
   losing them (a flushed Redis) only restarts the window, which delays a scale-down, never a
   scale-up.
 * **Where the count goes.**  Like the HPA, the autoscaler writes the pool's ``spec.replicas``

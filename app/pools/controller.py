@@ -1,7 +1,7 @@
 """The pool controller's pass: read a ProxyPool and its members, decide, apply.  Free of Celery.
 
 :func:`run` is the body of the ``pool.reconcile`` task (``workers.tasks``): under a per-pool
-Redis lock it reads, through the :class:`app.kube.KubeGateway`,
+Redis lock it reads, through the :class:`app.kube.gateway.KubeGateway`,
 
 * the pool (gone or being deleted: its demand count is forgotten; Kubernetes' garbage collector
   deletes its members, which carry a controller ownerReference with ``blockOwnerDeletion``);
@@ -10,21 +10,21 @@ Redis lock it reads, through the :class:`app.kube.KubeGateway`,
   is never adopted, whatever its labels; a Proxy controlled by anything else is never touched.
   A Proxy the pool controls whose labels no longer match an explicit ``spec.selector`` is *released*, as a ReplicaSet
   releases such a Pod (``PodControllerRefManager.ReleasePod``): its ownerReference to the pool
-  is removed (:meth:`app.kube.KubeGateway.release_proxy`, with a resourceVersion precondition),
+  is removed (:meth:`app.kube.gateway.KubeGateway.release_proxy`, with a resourceVersion precondition),
   along with the pool's draining mark, its serving record leaves the pool at once
-  (:func:`app.serving.leave_pool`), and it goes on as a standalone Proxy (never deleted by the
+  (:func:`app.serving.view.leave_pool`), and it goes on as a standalone Proxy (never deleted by the
   pool); the pool does not count it and replaces it like any missing member (``MemberReleased``
   Event);
 
 and from Redis what the serving view says of each member (leasable, live leases), the provider
-health of the zones it may place members in (:mod:`app.provider_health`), the refused requests
+health of the zones it may place members in (:mod:`app.providers.checks`), the refused requests
 counted for it (:mod:`app.pools.demand`) and the autoscaler's recent recommendations.  Then
 :func:`app.pools.plan.plan` decides and the pass applies, in this order: delete drained members,
 reclaim members drained for ``ScaleDown`` that a scale-up wants back (their draining mark taken
 off the Proxy, then off the serving view at once: ``MemberReclaimed`` Event), mark leaving
 members draining (the annotation on the Proxy, with the reason, then the serving view at once),
 create new members, write ``spec.replicas`` through the scale subresource when the autoscaler
-moved it, write the status (:func:`app.status_writer.write_pool`).  One Event per kind of action
+moved it, write the status (:func:`app.kube.status_writer.write_pool`).  One Event per kind of action
 and pass, and one when zones start being skipped for a provider target that is not Ready
 (``ZoneNotReady``) or recover (``ZoneReady``), told from ``status.skippedZones`` before and
 after the pass (:func:`app.pools.plan.skipped_zones`), so a zone that stays down is not
@@ -48,8 +48,16 @@ from typing import Any, Callable, Mapping
 
 from kubernetes.client import ApiException
 
-from app import holders, leases, metrics, redis_keys, selectors, serving, status_writer
-from app.kube import KubeGateway, OwnerReference
+from app.store import holders
+
+from app.serving import leases, selectors, view as serving
+
+from app.observability import metrics
+
+from app.store import keys as redis_keys
+
+from app.kube import status_writer
+from app.kube.gateway import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
 from app.pools import wake as pool_wake
 from app.pools import stats as pool_stats
@@ -57,9 +65,9 @@ from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
                              parse_time, selector_string)
 from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
-from app.provider_health import CHECK_PENDING, read_snapshot
+from app.providers.checks import CHECK_PENDING, read_snapshot
 from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
-from app.serving_record import ServingRecord
+from app.serving.records import ServingRecord
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +218,7 @@ def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> 
 
     Args:
         r: ``redis.Redis``.
-        pc: the template's provider config (:class:`app.config.ProviderConfig`).
+        pc: the template's provider config (:class:`app.config.providers.ProviderConfig`).
         zones: the zones to judge.
         now: epoch seconds (staleness of the verdicts).
     Returns:
@@ -233,7 +241,7 @@ OVERRIDE_EVENT_INTERVAL = 300.0
 
 
 def _scale_state(r, uid: str) -> tuple[list[dict], dict]:
-    """The autoscaler's state kept in :func:`app.redis_keys.pool_scale`: its recommendations
+    """The autoscaler's state kept in :func:`app.store.keys.pool_scale`: its recommendations
     (the scale-down window) and the document (``replicas``: the count it last settled on,
     ``warnedAt``: epoch seconds of the last ``ReplicasOverridden`` Event).  A plain list (what
     earlier releases wrote) is the recommendations alone."""
@@ -281,7 +289,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         kube: the gateway.
         r: ``redis.Redis`` (``decode_responses=True``): serving view, leases, provider health,
             demand counts, the autoscaler's history.
-        configs: provider name -> :class:`app.config.ProviderConfig` (the registry's configs).
+        configs: provider name -> :class:`app.config.providers.ProviderConfig` (the registry's configs).
         ref: the pool.
         now: epoch seconds (default: now).
         rand: random source of member names.
@@ -550,7 +558,7 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
     listed in the pool recover (``ZoneReady``): a pass that finds the same zones skipped emits none.
     A zone dropped from ``spec.spread.zones`` while skipped is not said to recover.
 
-    What was last told of each zone, and when, is kept in :func:`app.redis_keys.pool_zone_events`
+    What was last told of each zone, and when, is kept in :func:`app.store.keys.pool_zone_events`
     (lost, e.g. a flushed Redis: the status read stands for it).  A zone gets at most
     :data:`ZONE_EVENTS_PER_WINDOW` Events per :data:`ZONE_EVENT_WINDOW`: a zone flapping faster is
     told by the ``ZonesReady`` condition at every pass, and by an Event of the state it is in once
@@ -601,9 +609,9 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
 
 def run(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef, lock_timeout: float,
         now: float | None = None, namespace_cap: int | None = None) -> Outcome:
-    """:func:`reconcile` under the per-pool lock (:func:`app.redis_keys.pool_lock`), so two
+    """:func:`reconcile` under the per-pool lock (:func:`app.store.keys.pool_lock`), so two
     deliveries of the same pool never act together; a lock whose holder died (no heartbeat,
-    :mod:`app.holders`) is taken over.
+    :mod:`app.store.holders`) is taken over.
 
     Args:
         lock_timeout: seconds the lock is held at most (the task hard time limit + 10 s).

@@ -1,6 +1,6 @@
 """Per-pool demand: lease requests refused for lack of a proxy in a pool, counted in Redis.
 
-The API's lease script adds one (a single ``INCR`` of :func:`app.redis_keys.pool_demand`,
+The API's lease script adds one (a single ``INCR`` of :func:`app.store.keys.pool_demand`,
 nothing else written) for every ``503 no_proxy_available`` of a request whose ``pool`` filter
 names a registered pool; the pool controller registers each pool it reconciles
 (:func:`register`), reads and resets the count once per pass (:func:`take`) and forgets a
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app import redis_keys
-from app.lua import Lua
+from app.store import keys as redis_keys
+from app.store.lua import Lua
 
 _REGISTER = Lua("now", "pool_register")
 _TAKE = Lua("now", "pool_take")

@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from app import selectors
+from app.serving import selectors
 from app.resources import DRAINING_ANNOTATION, GROUP, MODE_MANAGED, POOL_KIND, POOL_PLURAL, VERSION
 from app.timefmt import parse_rfc3339, rfc3339
-from app.validation import parse_duration
+from app.config.validation import parse_duration
 
 POOL_API_VERSION = f"{GROUP}/{VERSION}"
 LABEL_TEMPLATE_HASH = "crawl.example.com/pool-template-hash"

@@ -59,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from app import conditions
+from app.kube import conditions
 from app.pools import autoscale as scaler
 from app.pools.model import Member, Pool, age_limit, format_time, parse_time, status_selector
 from app.resources import FAILED

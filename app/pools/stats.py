@@ -2,7 +2,7 @@
 reads them all when Prometheus scrapes.
 
 The counts a pool pass computes (desired, members, Ready, leasable, updated, draining, skipped
-zones) are written by :func:`record` to one Redis hash (:data:`app.redis_keys.POOL_STATS`, a
+zones) are written by :func:`record` to one Redis hash (:data:`app.store.keys.POOL_STATS`, a
 field per pool), not kept in the worker that ran the pass: under prefork each pass runs in
 whichever child took the task, and a per-process gauge would be the last value *that child*
 saw (prometheus-client's multiprocess gauges cannot tell a fresh value from a stale one).  The
@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Mapping
 import redis
 from prometheus_client.core import GaugeMetricFamily
 
-from app import redis_keys
+from app.store import keys as redis_keys
 
 log = logging.getLogger(__name__)
 

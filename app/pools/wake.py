@@ -1,7 +1,7 @@
 """Pools woken by what changes only in Redis: a draining member's last live lease released.
 
 A release only touches Redis (``lease_release.lua`` adds the pool to
-:data:`app.redis_keys.POOL_WAKE`); no watch event follows, and the pass already queued for the
+:data:`app.store.keys.POOL_WAKE`); no watch event follows, and the pass already queued for the
 drain deadline may be minutes away.  The ``pool.wake`` task (beat, every ``POOL_WAKE_INTERVAL``
 seconds) takes the woken pools and queues a pass over each now, so the drained member is
 deleted within seconds of its last release (docs/pools.md).  A lease that *expires* needs no
@@ -11,7 +11,7 @@ their expiries (:func:`next_expiry`).
 
 from __future__ import annotations
 
-from app import redis_keys
+from app.store import keys as redis_keys
 
 #: Woken pools one take reads at most (the rest: the next take).
 TAKE_LIMIT = 1000

@@ -3,20 +3,20 @@
 A provider is any object with these methods (structural typing via :class:`Provider`):
 
 * ``create(request: CreateRequest) -> Instance`` — idempotent by ``request.name``.
-* ``get(provider_id: str) -> Instance`` — raises :class:`~app.providers.errors.NotFound`.
+* ``get(provider_id: str) -> Instance`` — raises :class:`~app.errors.NotFound`.
 * ``delete(provider_id: str) -> None`` — succeeds when the instance is already gone; re-reads
-  the instance first and raises :class:`~app.providers.errors.NotManaged` (Permanent, logged,
+  the instance first and raises :class:`~app.errors.NotManaged` (Permanent, logged,
   the instance left in place) when it does not carry our managed-by tag and a Proxy UID
   (:func:`require_managed`).
 * ``list_by_tag(tag: str) -> ListResult`` — every instance carrying the managed-by tag
   ``tag``; ``ListResult.partial`` is true when some target could not be listed.
 * ``abandon(provider_id: str) -> None`` — mark the instance abandoned (the tag
-  :data:`app.naming.TAG_ABANDONED` = ``"true"``, stored on the instance itself and given back in
+  :data:`app.providers.naming.TAG_ABANDONED` = ``"true"``, stored on the instance itself and given back in
   ``Instance.tags``) so GC never deletes it; succeeds when the instance is already gone.
   Called when a Proxy is released with the skip-cleanup annotation.
 * ``start(provider_id: str) -> None`` — start a ``Stopped`` instance again (the same instance,
   not a new one); a running or starting instance is left alone; raises
-  :class:`~app.providers.errors.NotFound` when it does not exist.  Called by the poll for
+  :class:`~app.errors.NotFound` when it does not exist.  Called by the poll for
   ``Stopped``; ``Terminated`` means "cannot be started, replace it" and is recreated instead.
 * ``instance_ids(name: str, namespace: str, zone: str | None) -> list[str]`` — the provider
   IDs an instance named ``name`` (of a Proxy in ``namespace`` placed in ``zone``) may have,
@@ -35,13 +35,14 @@ Protocols it implements, and callers test ``isinstance(provider, <Protocol>)``.
   H's queue.
 
 Each provider type registers itself once, in its package (``app/providers/<type>/registration.py``):
-a :class:`app.provider_types.ProviderType` naming its config parser, its constructor and, for a
-sharded type, its :class:`app.provider_types.HostPlacement` (routing known from the config alone,
+a :class:`app.config.provider_types.ProviderType` naming its config parser, its constructor and, for a
+sharded type, its :class:`app.config.provider_types.HostPlacement` (routing known from the config alone,
 so no provider is built and no SDK imported to pick a queue).  Both live in the domain
-(:mod:`app.provider_types`), so :mod:`app.config` and :mod:`app.dispatch` never import this package.
+(:mod:`app.config.provider_types`), so :mod:`app.config.providers` and :mod:`app.dispatch.proxies`
+never import this package.
 
 SDK types never cross this boundary: requests and results are the dataclasses below, and
-errors are the taxonomy of :mod:`app.providers.errors`.
+errors are the taxonomy of :mod:`app.errors`.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from app.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
-from app.provider_types import HostPlacement, ProviderType  # noqa: F401 - their home is the domain; kept importable here
-from app.providers.errors import NotManaged
+from app.providers.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
+from app.config.provider_types import HostPlacement, ProviderType  # noqa: F401 - their home is the domain; kept importable here
+from app.errors import NotManaged
 
 log = logging.getLogger("proxy_operator.providers")
 
@@ -105,11 +106,11 @@ class Instance:
     Attributes:
         provider_id: self-contained ID (kubernetes ``<ns>/<pod>``, gcp
             ``projects/<p>/zones/<z>/instances/<name>``, kvm ``hosts/<host>/domains/<name>``).
-        name: the instance name (see :func:`app.naming.instance_name`).
+        name: the instance name (see :func:`app.providers.naming.instance_name`).
         state: :class:`InstanceState`.
         address: reachable IPv4 address as a string, or ``None`` while unknown.
         created: creation time (timezone-aware UTC) or ``None`` when the provider cannot tell.
-        tags: the tags the instance carries (keys of :mod:`app.naming`), ``{}`` for none.
+        tags: the tags the instance carries (keys of :mod:`app.providers.naming`), ``{}`` for none.
         zone: where it runs (kvm host, gcp zone, kubernetes namespace), or ``None``.
         note: an :class:`InstanceNote` for the Proxy's status (why it is still Provisioning,
             or how a Running instance is degraded), or ``None``.
@@ -130,8 +131,8 @@ class CreateRequest:
     """Everything a provider needs to create one proxy instance.
 
     Attributes:
-        name: deterministic instance name (:func:`app.naming.instance_name`).
-        tags: tags to attach (managed-by marker and Proxy UID, see :func:`app.naming.tags_for`).
+        name: deterministic instance name (:func:`app.providers.naming.instance_name`).
+        tags: tags to attach (managed-by marker and Proxy UID, see :func:`app.providers.naming.tags_for`).
         namespace: the Proxy's namespace.
         zone: ``spec.placement.zone`` or ``None``.
         image: ``spec.placement.image`` or ``None`` (provider default).
@@ -139,14 +140,14 @@ class CreateRequest:
         port: the Squid port (``spec.endpoint.port``, default 3128).
         user_data: the resolved cloud-init document (bytes as given) or ``None``.  Never log it.
         vendor_data: extra vendor-data (kvm) or ``None``.  Never log it.
-        squid_config: the squid.conf the instance must run (see :mod:`app.squid`), or ``None``.
+        squid_config: the squid.conf the instance must run (see :mod:`app.squid.conf`), or ``None``.
         auth_secret: name of the Secret (in ``namespace``) whose ``htpasswd`` key the instance
-            must install at :data:`app.squid.DEFAULT_HTPASSWD_PATH` when the squid.conf
+            must install at :data:`app.squid.conf.DEFAULT_HTPASSWD_PATH` when the squid.conf
             requires basic auth, else ``None`` (Pods mount it).
         auth_htpasswd: the same htpasswd line itself, for providers that ship it inside the
             instance's bootstrap (kvm vendor-data); a bcrypt hash, but still never log it.
         egress_rules: the nftables ruleset VM guests load for Squid's user before Squid
-            starts (:func:`app.egress.nftables_rules` of the same policy), or ``None``.
+            starts (:func:`app.squid.egress.nftables_rules` of the same policy), or ``None``.
     """
 
     name: str
@@ -211,7 +212,7 @@ class Provider(Protocol):
         name: the provider's name in the providers config.
         type: its type (``"kubernetes"``, ``"gcp"``, ``"kvm"``).
         credentials_in_instance: whether the basic-auth htpasswd travels inside the instance
-            (its bootstrap), so a rotated Secret replaces the instance (``app.reconcile``);
+            (its bootstrap), so a rotated Secret replaces the instance (``app.proxy.reconcile``);
             ``False`` unless a provider class says otherwise.
     """
 
@@ -270,8 +271,8 @@ class ShardedProvider(Protocol):
 def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:
     """Refuse to touch an instance that is not ours (issue 10, item 1; docs/security.md).
 
-    Ours means: the managed-by tag equals :data:`app.naming.MANAGED_BY` and a non-empty Proxy
-    UID tag is present (the tags every create writes, :func:`app.naming.tags_for`).  Every
+    Ours means: the managed-by tag equals :data:`app.providers.naming.MANAGED_BY` and a non-empty Proxy
+    UID tag is present (the tags every create writes, :func:`app.providers.naming.tags_for`).  Every
     provider's ``delete`` calls this on the instance it has just re-read, so a forged or
     mistaken ``gc.delete`` naming ``kube-system/<pod>``, someone's VM or domain deletes nothing.
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 
-from app.metrics import PROVIDER_DURATION, PROVIDER_REQUESTS
+from app.observability.metrics import PROVIDER_DURATION, PROVIDER_REQUESTS
 from app.providers.base import Provider, ShardedProvider
-from app.providers.errors import classify
+from app.errors import classify
 
 OPERATIONS = ("create", "get", "delete", "list_by_tag", "abandon", "start")
 #: Members of capability Protocols: only a wrapper class that declares the capability has them.

@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from app.config import ProviderConfig, ProvidersConfig
-from app.providers.errors import Permanent
+from app.config.providers import ProviderConfig, ProvidersConfig
+from app.errors import Permanent
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ Typical use::
     with FakeKube() as kube:
         api = kubernetes.client.CustomObjectsApi(kube.api_client())
         ...
-        kube.write_kubeconfig(path)  # for subprocesses using app.kube.api_client()
+        kube.write_kubeconfig(path)  # for subprocesses using app.kube.gateway.api_client()
 
 Test hooks: :meth:`FakeKube.compact` (force 410), :meth:`FakeKube.hang_watches` (a stream
 that stops answering), :meth:`FakeKube.fail_next` (scripted errors), :meth:`FakeKube.delay_next` (a request in flight),

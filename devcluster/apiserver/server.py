@@ -339,7 +339,7 @@ class FakeKube:
 def write_kubeconfig(path: str, url: str, *, namespace: str = "default", token: str = "kubefake") -> str:
     """Write a kubeconfig that points ``kubectl``-style clients at ``url``; return ``path``.
 
-    ``KUBECONFIG=path`` then makes :func:`app.kube.api_client` (and subprocesses using it)
+    ``KUBECONFIG=path`` then makes :func:`app.kube.gateway.api_client` (and subprocesses using it)
     reach the fake.  The token is a placeholder: the fake does not authenticate, it only
     records requests by token (:meth:`FakeKube.audit`).
     """

@@ -14,8 +14,8 @@ import pytest
 
 from api import create_app
 from api.settings import ApiSettings
-from app.health.settings import HealthSettings
-from app.leases import LeaseSettings
+from app.probes.settings import HealthSettings
+from app.serving.leases import LeaseSettings
 from tests.health.fleet import Fleet, start_squid
 from tests.health.servers import OriginServer
 

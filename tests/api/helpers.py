@@ -40,6 +40,6 @@ def healthy(fleet, squids, settings, *, count: int = 5, max_leases: int = 3, lab
 
 def excluded(published: int, *, unhealthy: int = 0, draining: int = 0, full: int = 0, cooling: int = 0,
              filtered: int = 0) -> str:
-    """The counts a ``no_proxy_available`` message ends with (:func:`app.leases.no_proxy_message`)."""
+    """The counts a ``no_proxy_available`` message ends with (:func:`app.serving.leases.no_proxy_message`)."""
     return (f"{published} published; excluded: {unhealthy} unhealthy or not yet probed, {draining} draining "
             f"(maxLeases 0 or leaving a pool), {full} at maxLeases, {cooling} cooling down for this client, {filtered} filtered out")

@@ -11,8 +11,8 @@ import pytest
 
 from api import create_app
 from api.settings import ApiSettings
-from app import tokens
-from app.validation import ConfigError
+from api import tokens
+from app.config.validation import ConfigError
 from tests.api.helpers import TOKEN_A, TOKEN_B, TOKEN_C, auth
 
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from app import serving
+from app.serving import view as serving
 from tests.api.helpers import NET, TOKEN_A, TOKEN_B, auth, healthy
 
 pytestmark = pytest.mark.timeout(180)

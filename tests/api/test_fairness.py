@@ -24,9 +24,10 @@ import requests
 
 from api import create_app
 from api.settings import ApiSettings
-from app import leases, selectors, serving, tokens
+from app.serving import leases, selectors, view as serving
+from api import tokens
 from app.resources import Proxy
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 from devcluster.redis_server import RedisServer
 from tests.api.helpers import TOKEN_A, TOKEN_B, TOKEN_C, auth
 from tests.api.served import TOKEN, request, start_api

@@ -15,7 +15,7 @@ from werkzeug.test import Client
 from api import create_app
 from api.fastpath import FastPath
 from api.settings import ApiSettings
-from app import serving
+from app.serving import view as serving
 from app.resources import Proxy
 from devcluster.redis_server import free_port
 from tests.api.helpers import TOKEN_A, TOKEN_B, auth

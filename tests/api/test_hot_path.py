@@ -18,7 +18,7 @@ from api import inputs
 from api.errors import ApiError, json_bytes, plain_json_bytes
 from api.routes import State
 from api.server import ACCESS_FORMAT, ACCESS_LOGGER, AccessLog, AccessTextFormatter
-from app.leases import Filters
+from app.serving.leases import Filters
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,10 +18,10 @@ import pytest
 import requests
 from kubernetes import client as k8s
 
-from app import leases, serving
-from app import squid as squid_conf
-from app.health.credentials import SecretCredentials
-from app.kube import KubernetesGateway
+from app.serving import leases, view as serving
+from app.squid import conf as squid_conf
+from app.probes.credentials import SecretCredentials
+from app.kube.gateway import KubernetesGateway
 from tests.api.helpers import NET
 from tests.api.served import TOKEN, request, start_api
 from tests.health.fleet import htpasswd_file, start_squid

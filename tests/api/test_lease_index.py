@@ -10,7 +10,7 @@ import time
 import pytest
 
 from api import create_app
-from app import leases, selectors, serving
+from app.serving import leases, selectors, view as serving
 from app.pools import demand
 from app.resources import Proxy
 from tests.api.helpers import NET, auth, excluded

@@ -9,8 +9,8 @@ import pytest
 import requests
 
 from api import create_app
-from app import leases
-from app import squid as squid_conf
+from app.serving import leases
+from app.squid import conf as squid_conf
 from tests.api.helpers import NET, TOKEN_B, auth, excluded, healthy
 from tests.health.fleet import htpasswd_file, start_squid
 

@@ -1,4 +1,4 @@
-"""The API's Redis ACL user (deploy/base/redis-users.acl, app/redis_acl.py) is enough for every
+"""The API's Redis ACL user (deploy/base/redis-users.acl, app/store/acl.py) is enough for every
 route, and no more.
 
 A real redis-server started with the ACL users of deploy/; the reconciler's create step runs as
@@ -17,10 +17,12 @@ import pytest
 import redis as redis_lib
 from kubernetes import client as k8s
 
-from app import redis_acl, redis_keys, serving
-from app import squid as squid_conf
-from app.health.credentials import SecretCredentials
-from app.kube import KubernetesGateway
+from app.store import acl as redis_acl, keys as redis_keys
+
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.probes.credentials import SecretCredentials
+from app.kube.gateway import KubernetesGateway
 from tests.api.helpers import NET
 from tests.api.served import request, start_api
 from tests.health.fleet import Fleet, htpasswd_file, start_squid

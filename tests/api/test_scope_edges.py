@@ -1,8 +1,8 @@
 """Client scopes in the lease scripts at their edges, on real Redis.
 
-Records are published with :func:`app.serving.publish` and marked healthy as the health engine
-would (as tests/api/test_lease_index.py does); leases go through :func:`app.leases.acquire`,
-:func:`app.leases.renew` and :func:`app.leases.discover` with a :class:`app.leases.Scope`.
+Records are published with :func:`app.serving.view.publish` and marked healthy as the health engine
+would (as tests/api/test_lease_index.py does); leases go through :func:`app.serving.leases.acquire`,
+:func:`app.serving.leases.renew` and :func:`app.serving.leases.discover` with a :class:`app.serving.leases.Scope`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import re
 
 import pytest
 
-from app import leases, redis_keys, serving
-from app.leases import Filters, Scope
+from app.serving import leases, view as serving
+
+from app.store import keys as redis_keys
+from app.serving.leases import Filters, Scope
 from app.pools import demand
 from app.resources import Proxy
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from app import serving
+from app.serving import view as serving
 from app.resources import Proxy
 from devcluster.redis_server import free_port
 from tests.api.served import CLI, TOKEN, exchange, head, read_response, request, start_api, write_tokens

@@ -16,8 +16,8 @@ import threading
 import pytest
 import yaml
 
-from app import redis_keys
-from app.reconcile import Context, Ref, create
+from app.store import keys as redis_keys
+from app.proxy.reconcile import Context, Ref, create
 from app.wiring import parse_config
 from tests.api.helpers import NET
 from tests.api.served import request, start_api
@@ -235,8 +235,8 @@ def test_a_scoped_client_never_sees_or_keeps_a_proxy_outside_its_scope(
 
 def test_an_out_of_scope_pool_filter_counts_no_demand(fleet, redis_client):
     """A request naming another team's pool counts no demand for it (which would scale it up)."""
-    from app import leases
-    from app.leases import Filters, LeaseSettings, Scope
+    from app.serving import leases
+    from app.serving.leases import Filters, LeaseSettings, Scope
 
     redis_client.hset(redis_keys.POOLS, mapping={"team-b/eu": "1", "eu": "team-b"})
     scope = Scope(frozenset({"team-a"}))

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from app import serving
-from app import squid as squid_conf
-from app.health.settings import HealthSettings
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.probes.settings import HealthSettings
 from devcluster import loopback
 from tests.api.served import TOKEN, start_api
 from tests.health.fleet import Fleet, htpasswd_file, start_squid

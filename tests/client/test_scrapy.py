@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from proxy_operator_client import ApiError, Client
 from tests.client.conftest import NET, PASSWORD, USER, publish_authed, start_all, stop_all
 from tests.client.site import BanSite

@@ -1,5 +1,5 @@
 """Responses the proxy makes itself are not bans: a real Scrapy crawl (tests/client/crawl.py)
-through real Squids rendered by the product (app/squid.py) that refuse the crawl's site (a
+through real Squids rendered by the product (app/squid/conf.py) that refuse the crawl's site (a
 denied destination: ``403`` ``ERR_ACCESS_DENIED``), cannot reach it (``503``
 ``ERR_CONNECT_FAIL``) or refuse a CONNECT to it.  The middleware logs the proxy's refusal with
 Squid's reason and the class of the rule that refused, keeps the lease and reports no ban (no
@@ -13,7 +13,7 @@ import threading
 import pytest
 import requests
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from proxy_operator_client import Client
 from tests.api.helpers import healthy
 from tests.client.conftest import NET, start_all, stop_all

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from app import serving
+from app.serving import view as serving
 from proxy_operator_client import ApiError, Client, ClientClosed, TransportError
 from tests.api.helpers import healthy
 from tests.client.conftest import PASSWORD, SQUID_ADDRESSES, USER, publish_authed

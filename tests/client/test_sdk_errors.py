@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app import serving
+from app.serving import view as serving
 from app.pools import demand
 from proxy_operator_client import ApiError, Client
 from tests.pools.test_serving_drain import _member

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from app import squid as squid_conf
+from app.squid import conf as squid_conf
 from devcluster.kubelet import Kubelet
 from devcluster.squid import loopback_policy
 from tests.support.waiting import wait_for

@@ -196,7 +196,7 @@ def _logs(procs: dict) -> str:
 
 
 def test_sample_proxy_runs_a_squid_pod_and_deletion_removes_it(cluster, namespace, operator):
-    from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
+    from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 
     timeout = float(os.environ.get("PROXY_OPERATOR_E2E_TIMEOUT", "300"))
     body = yaml.safe_load(SAMPLE.read_text())

@@ -20,7 +20,7 @@ def main(url: str) -> None:
     broker.install()
     from kombu import Connection, Exchange, Queue
 
-    from app import holders
+    from app.store import holders
 
     holder = holders.install(url)
     print("holder", holder.id, flush=True)

@@ -1,6 +1,6 @@
 """A holder judges others only after its heartbeat has run without a gap for HOLDER_TTL, "after
 a Redis outage every heartbeat may have expired, and the live holders need one period to beat
-again" (app/holders.py).  A gap only Redis saw (a restart from a snapshot in which the
+again" (app/store/holders.py).  A gap only Redis saw (a restart from a snapshot in which the
 heartbeats had expired, a failover to a replica that lagged) must count as a gap too: else the
 first holder to beat again takes the locks of every live holder that has not beaten yet."""
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 
-from app import holders, redis_keys
+from app.store import holders
+
+from app.store import keys as redis_keys
 
 TTL = 1.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from app import leases
+from app.serving import leases
 from tests.pools.test_controller import NS, POOL_PLURAL, GROUP, VERSION, SETTINGS, custom, make_pool, proxies, ready, run
 
 

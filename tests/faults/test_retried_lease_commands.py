@@ -1,5 +1,5 @@
 """A lease command whose answer is lost with its connection (the command ran) is retried by
-app/redis_retry.py on a fresh connection.  The lease scripts are not idempotent: the retry must
+app/store/retry.py on a fresh connection.  The lease scripts are not idempotent: the retry must
 not turn a granted lease into a refusal (and a ghost lease), nor a done release into a 404."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from app import leases, serving
-from app.redis_client import client_from_url
+from app.serving import leases, view as serving
+from app.store.client import client_from_url
 from app.resources import Proxy
 from tests.faults.lossy import LossyRelay
 

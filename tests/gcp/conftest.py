@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from app.config import ProviderConfig
+from app.config.providers import ProviderConfig
 from app.wiring import parse_config as parse
 from tests.gcp.fake_compute import FakeCompute
 

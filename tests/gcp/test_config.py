@@ -6,7 +6,7 @@ import pytest
 
 from app.wiring import parse_config as parse
 from app.providers.gcp.config import DEFAULT_IMAGE, GcpSettings
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 
 
 def _parse(gcp):

@@ -7,10 +7,10 @@ import socket
 import pytest
 from google.api_core import exceptions as gexc
 
-from app.naming import MANAGED_BY, instance_name, tags_for
+from app.providers.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.providers.errors import NotFound, Permanent, QuotaExceeded, Transient, describe
-from app.validation import ConfigError
+from app.errors import NotFound, Permanent, QuotaExceeded, Transient, describe
+from app.config.validation import ConfigError
 from tests.gcp.conftest import PROJECT, gcp_config, write_service_account_key
 
 ZONE = "europe-west1-b"

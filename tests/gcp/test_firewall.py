@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.naming import instance_name, tags_for
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.providers.errors import Permanent, QuotaExceeded
+from app.errors import Permanent, QuotaExceeded
 from tests.gcp.conftest import PROJECT
 
 FIREWALL = {"ensure": True, "sourceRanges": ["10.8.0.0/16", "192.0.2.0/24"]}

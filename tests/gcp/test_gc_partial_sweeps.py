@@ -16,7 +16,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.naming import tags_for
+from app.providers.naming import tags_for
 from devcluster.cluster import FakeCluster
 from devcluster.redis_server import free_port
 from tests.gcp.conftest import PROJECT

@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.naming import MANAGED_BY, instance_name, tags_for
+from app.providers.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
-from app.providers.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
+from app.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
 from app.providers.gcp import ids, startup
 from tests.gcp.conftest import PROJECT, ZONES, gcp_config
 

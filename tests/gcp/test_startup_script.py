@@ -2,7 +2,7 @@
 
 The script is the one the provider puts into the insert request (read back from the Compute
 fake), the attributes it fetches are that request's metadata items, and the squid.conf is the
-one :mod:`app.squid` renders.  Only what lies outside the operator's code is faked: the
+one :mod:`app.squid.conf` renders.  Only what lies outside the operator's code is faked: the
 ``systemctl``, ``squid``, ``cloud-init`` and ``apt-get`` commands on PATH, which record their
 calls (and what the conf file held when Squid was restarted).  Paths come from the
 ``PROXY_OPERATOR_*`` variables the script documents; GCE runs it without them.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from app import egress, squid
-from app.naming import instance_name, tags_for
+from app.squid import egress, conf as squid
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.gcp import startup
 

@@ -13,15 +13,17 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 from kubernetes import client as k8s
 
-from app import naming, serving
-from app.gc import collect
-from app.kube import KubernetesGateway
-from app.naming import instance_name, tags_for
+from app.providers import naming
+
+from app.serving import view as serving
+from app.proxy.gc import collect
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
-from app.providers.errors import NotFound, Transient
-from app.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
+from app.errors import NotFound, Transient
+from app.proxy.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
 from app.resources import GROUP, PLURAL, VERSION, Proxy
-from app.settings import Settings
+from app.config.settings import Settings
 from tests.gcp.conftest import PROJECT, gcp_config
 from tests.gcp.fake_compute import label_fingerprint
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from app.naming import MANAGED_BY, instance_name, tags_for
+from app.providers.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest
-from app.providers.errors import QuotaExceeded
+from app.errors import QuotaExceeded
 from app.providers.gcp import wire
 from tests.gcp.conftest import write_service_account_key
 

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from app.health.settings import HealthSettings
+from app.probes.settings import HealthSettings
 from devcluster import loopback
 from tests.health.fleet import Fleet
 from tests.health.servers import OriginServer

@@ -15,17 +15,17 @@ import tempfile
 
 from kubernetes import client as k8s
 
-from app import serving
-from app import squid as squid_conf
-from app.config import ProvidersConfig
-from app.health import engine
-from app.health.settings import HealthSettings
-from app.kube import KubernetesGateway
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.config.providers import ProvidersConfig
+from app.probes import engine
+from app.probes.settings import HealthSettings
+from app.kube.gateway import KubernetesGateway
 from app.providers.registry import build
-from app.reconcile import Context, Ref, create
+from app.proxy.reconcile import Context, Ref, create
 from app.resources import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
-from app.settings import Settings
-from app.tenancy import Tenancy
+from app.config.settings import Settings
+from app.config.tenancy import Tenancy
 from devcluster.squid import SquidProcess, loopback_policy, start_on_free_port
 
 

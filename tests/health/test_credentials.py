@@ -14,11 +14,11 @@ import logging
 import pytest
 from kubernetes import client as k8s
 
-from app import serving
-from app import squid as squid_conf
-from app.health import engine
-from app.health.credentials import SecretCredentials
-from app.kube import KubernetesGateway
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.probes import engine
+from app.probes.credentials import SecretCredentials
+from app.kube.gateway import KubernetesGateway
 from app.resources import API_VERSION, KIND
 from tests.health.conftest import NET
 from tests.health.servers import OriginServer
@@ -114,7 +114,7 @@ def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, ori
     assert _authorizations(real) == [f"user-victim-proxy-auth:{VICTIM_PASSWORD}"]
     assert _authorizations(forger) == []
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "app.health.credentials"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "app.probes.credentials"]
     assert any("endpoint is not the Proxy's" in w for w in warnings)
     assert any("no such Proxy" in w for w in warnings)
     assert any("uid is not the Proxy's" in w for w in warnings)

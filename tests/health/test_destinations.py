@@ -14,11 +14,11 @@ import threading
 
 import pytest
 
-from app import serving
-from app.health import engine
-from app.health import probe as p
-from app.health.destinations import DestinationDenied, DestinationPolicy, parse_ranges
-from app.health.settings import HealthSettings
+from app.serving import view as serving
+from app.probes import engine
+from app.probes import probe as p
+from app.probes.destinations import DestinationDenied, DestinationPolicy, parse_ranges
+from app.probes.settings import HealthSettings
 from tests.health.conftest import NET, ORIGIN_ADDRESS
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole
@@ -209,8 +209,8 @@ def test_an_external_endpoint_in_an_external_denied_range_is_refused_but_a_manag
 
 
 def test_the_origin_control_request_honours_the_external_ranges():
-    """The worker's own direct GET of a health URL (app.health.origin) is author-chosen too."""
-    from app.health import origin as origin_mod
+    """The worker's own direct GET of a health URL (app.probes.origin) is author-chosen too."""
+    from app.probes import origin as origin_mod
 
     listener = Blackhole(NET.host(6))
     try:

@@ -9,10 +9,10 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from app import serving
-from app import squid as squid_conf
-from app.health import schedule
-from app.health import probe as p
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.probes import schedule
+from app.probes import probe as p
 from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole, free_port
@@ -147,7 +147,7 @@ def test_probe_side_outage_marks_nothing_unhealthy(fleet, settings, squids, next
 
     for s in procs:
         s.stop()
-    caplog.set_level(logging.ERROR, logger="app.health.engine")
+    caplog.set_level(logging.ERROR, logger="app.probes.engine")
     report = fleet.probe(pxs, settings)
     assert report.outage and report.failed == 3 and report.status_written == 0
     assert REGISTRY.get_sample_value("proxy_operator_probe_outage") == 1

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from app import redis_keys, serving
+from app.store import keys as redis_keys
+
+from app.serving import view as serving
 from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import Blackhole

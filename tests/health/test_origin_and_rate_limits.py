@@ -20,9 +20,9 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import REGISTRY
 
-from app import serving
-from app.health import engine
-from app.health import probe as p
+from app.serving import view as serving
+from app.probes import engine
+from app.probes import probe as p
 from tests.health.conftest import NET
 from tests.health.fleet import start_squid
 from tests.health.servers import OriginServer, free_port

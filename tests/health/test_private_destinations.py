@@ -15,10 +15,10 @@ import json
 
 import pytest
 
-from app import serving
-from app.health import probe as p
-from app.health.destinations import DestinationDenied, DestinationPolicy, parse_ranges
-from app.health.settings import HealthSettings
+from app.serving import view as serving
+from app.probes import probe as p
+from app.probes.destinations import DestinationDenied, DestinationPolicy, parse_ranges
+from app.probes.settings import HealthSettings
 from tests.health.fleet import start_squid
 
 pytestmark = pytest.mark.timeout(90)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from app import squid as squid_conf
-from app.health import probe as p
+from app.squid import conf as squid_conf
+from app.probes import probe as p
 from tests.health.conftest import NET
 from tests.health.fleet import htpasswd_file, start_squid
 from tests.health.servers import Blackhole, TLSOrigin, free_port

@@ -23,10 +23,10 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from app import serving
-from app import squid as squid_conf
-from app.health.credentials import SecretCredentials
-from app.kube import KubernetesGateway
+from app.serving import view as serving
+from app.squid import conf as squid_conf
+from app.probes.credentials import SecretCredentials
+from app.kube.gateway import KubernetesGateway
 from app.resources import API_VERSION, KIND
 from devcluster.kubelet import write_atomic
 from devcluster.squid import loopback_policy, start_on_free_port

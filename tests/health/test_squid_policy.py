@@ -1,4 +1,4 @@
-"""The proxies' own policy (app/squid.py): config block, credentials, Secret, rendered rules."""
+"""The proxies' own policy (app/squid/conf.py): config block, credentials, Secret, rendered rules."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from app import squid as squid_conf
-from app.validation import ConfigError, Reader
+from app.squid import conf as squid_conf
+from app.config.validation import ConfigError, Reader
 
 
 def policy(block) -> squid_conf.SquidPolicy:

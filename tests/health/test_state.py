@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.health import probe as p
-from app.health.state import HEALTHY, UNHEALTHY_STATE, UNKNOWN, HealthState, Thresholds, advance, verdict
+from app.probes import probe as p
+from app.probes.state import HEALTHY, UNHEALTHY_STATE, UNKNOWN, HealthState, Thresholds, advance, verdict
 
 NOW = 1_000_000.0
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from celery import Celery
 
-from app import serving
-from app.health.settings import HealthSettings
+from app.serving import view as serving
+from app.probes.settings import HealthSettings
 from tests.health.fleet import start_squid
 from tests.support.processes import celery_worker
 
@@ -46,7 +46,7 @@ def test_sweep_and_probe_batch_in_a_worker(fake, fleet, redis_url, origin, squid
 
 
 def test_beat_schedule_entry():
-    from workers.health_tasks import BEAT_SCHEDULE
+    from workers.probe_tasks import BEAT_SCHEDULE
 
     entry = BEAT_SCHEDULE["health-sweep"]
     assert entry["task"] == "health.sweep"

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from app.naming import instance_name, tags_for
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from tests.kvm import harness
 from tests.support.kvm_rig import wipe_domains

@@ -385,7 +385,7 @@ def kvm_entry(*, user: str, port: int, key_file: Path | str, known_hosts_file: P
 
 
 def provider_config(entry: dict):
-    """Parse ``entry`` with the real config loader; return its :class:`app.config.ProviderConfig`."""
+    """Parse ``entry`` with the real config loader; return its :class:`app.config.providers.ProviderConfig`."""
     from app.wiring import parse_config as parse
     return parse({"providers": [entry]}, "<kvm-test>").providers[0]
 

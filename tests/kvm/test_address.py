@@ -18,12 +18,12 @@ import pytest
 
 from kubernetes import client as k8s
 
-from app.kube import KubernetesGateway
-from app.naming import MANAGED_BY, instance_name, tags_for
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import InstanceState
-from app.providers.errors import NotFound
+from app.errors import NotFound
 from app.providers.kvm import domain as dom_xml
-from app.reconcile import POLL, Ref, create, poll
+from app.proxy.reconcile import POLL, Ref, create, poll
 from app.resources import GROUP, PLURAL, VERSION
 from tests.kvm import harness
 

@@ -7,7 +7,7 @@ import email
 import re
 import subprocess
 
-from app import squid
+from app.squid import conf as squid
 from app.providers.kvm import seed
 
 

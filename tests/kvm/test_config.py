@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from app.validation import ConfigError
+from app.config.validation import ConfigError
 from tests.kvm.harness import kvm_entry, provider_config
 
 SHA = "ab" * 32

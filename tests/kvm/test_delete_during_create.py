@@ -25,16 +25,18 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from app import gc, naming
-from app.config import ProvidersConfig
-from app.kube import KubernetesGateway
-from app.naming import instance_name, tags_for
+from app.proxy import gc
+
+from app.providers import naming
+from app.config.providers import ProvidersConfig
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name, tags_for
 from app.providers.base import CreateRequest
 from app.providers.kvm.provider import KvmProvider
 from app.providers.registry import build
-from app.reconcile import CREATE, DELETE, POLL, Context, Ref, create, delete, poll
+from app.proxy.reconcile import CREATE, DELETE, POLL, Context, Ref, create, delete, poll
 from app.resources import FINALIZER, GROUP, PLURAL, VERSION
-from app.settings import Settings
+from app.config.settings import Settings
 from tests.kvm import harness
 from tests.support.kvm_rig import wipe_domains
 from tests.support.proxies import Background
@@ -68,8 +70,8 @@ def _gc(provider: KvmProvider, kube_client, redis_client) -> list[str]:
     """One GC sweep of ``provider`` the way the tasks run it, grace 0; return what it deleted.
 
     ``gc.collect_shard`` per host (each host listed, the last shard gets the merged listing
-    and the verdict: :func:`app.gc.sweep`), ``gc.delete`` per instance found
-    (:func:`app.gc.verify_and_delete`: judged again under the Proxy's lock, then deleted).
+    and the verdict: :func:`app.proxy.gc.sweep`), ``gc.delete`` per instance found
+    (:func:`app.proxy.gc.verify_and_delete`: judged again under the Proxy's lock, then deleted).
     """
     kube = KubernetesGateway(kube_client)
     sweep_id, hosts, merged = f"{provider.name}:{uuid.uuid4().hex}", provider.hosts(), None
@@ -267,8 +269,8 @@ def test_moving_off_a_dead_host_creates_on_the_new_one_and_gc_leaves_exactly_one
     replacing create never dials h1 and hands the old domain to h1's queue; that retire fails
     while h1 is down (the task retries, then gives up).  When h1 is back, GC's real path
     deletes the superseded domain: exactly one instance is left, on h2."""
-    from app.reconcile import retire_instance
-    from app.providers.errors import ProviderError
+    from app.proxy.reconcile import retire_instance
+    from app.errors import ProviderError
     from app.wiring import router
 
     path, url, sha, _ = image()
@@ -347,7 +349,7 @@ def test_a_domain_without_a_recorded_id_on_another_host_is_retired_on_its_own_qu
     for that host's queue, without waiting for it.  When h2's worker runs it, the domain is
     deleted (it carries this Proxy's UID); when h2 never answers, GC deletes the domain as an
     orphan (its Proxy UID is gone) once it is older than the grace period (grace 0 here)."""
-    from app.reconcile import retire_instance
+    from app.proxy.reconcile import retire_instance
 
     _, url, sha, _ = image()
     key = "elsewhere-" + uuid.uuid4().hex[:8]

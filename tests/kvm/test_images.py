@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from app.providers.errors import Permanent, SpecNotAllowed, Transient
+from app.errors import Permanent, SpecNotAllowed, Transient
 from app.providers.kvm.images import ImageInUse, resolve
 from app.providers.kvm.config import ImageSettings
 

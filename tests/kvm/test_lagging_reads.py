@@ -12,9 +12,9 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
-from app.kube import KubernetesGateway
-from app.naming import instance_name
-from app.reconcile import POLL, create, poll
+from app.kube.gateway import KubernetesGateway
+from app.providers.naming import instance_name
+from app.proxy.reconcile import POLL, create, poll
 from app.resources import GROUP, PLURAL, VERSION
 from tests.kvm.test_delete_during_create import NS, _apply, _ctx, _domains, _release
 from tests.support.proxies import Background

@@ -12,9 +12,9 @@ import xml.etree.ElementTree as ET
 import pycdlib
 import pytest
 
-from app.naming import MANAGED_BY
+from app.providers.naming import MANAGED_BY
 from app.providers.base import InstanceState
-from app.providers.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
+from app.errors import NotFound, NotManaged, Permanent, SpecNotAllowed
 from app.providers.kvm import domain as dom_xml
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from app.naming import MANAGED_BY
-from app.providers.errors import NotFound, Permanent, Transient
+from app.providers.naming import MANAGED_BY
+from app.errors import NotFound, Permanent, Transient
 from app.providers.kvm.faults import (STAGE_HANDSHAKE, STAGE_LIBVIRT, STAGE_MATERIAL, STAGE_TCP,
                                       BadSSHMaterial, DialError)
 from tests.kvm import harness

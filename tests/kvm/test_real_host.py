@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from app.naming import MANAGED_BY, instance_name, tags_for
+from app.providers.naming import MANAGED_BY, instance_name, tags_for
 from app.providers.base import CreateRequest, InstanceState
-from app.providers.errors import NotFound
+from app.errors import NotFound
 from tests.kvm import harness
 
 pytestmark = [pytest.mark.kvmhost, pytest.mark.timeout(1800)]

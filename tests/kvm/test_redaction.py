@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.providers.errors import Transient, describe
+from app.errors import Transient, describe
 from app.providers.kvm.config import ImageSettings
 from app.providers.kvm.images import _fetch
 from devcluster.redis_server import free_port

@@ -17,9 +17,11 @@ import libvirt
 import pytest
 from kubernetes import client as k8s
 
-from app import credentials, squid
+from app.kube import credentials
+
+from app.squid import conf as squid
 from app.providers.kvm import domain as dom_xml
-from app.reconcile import CREATE, create, credentials_hash, drifted, poll
+from app.proxy.reconcile import CREATE, create, credentials_hash, drifted, poll
 from tests.kvm import harness
 from tests.kvm.test_seed import read_iso
 from tests.support.proxies import NS, apply, read

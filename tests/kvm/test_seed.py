@@ -10,7 +10,7 @@ import subprocess
 import pycdlib
 import pytest
 
-from app import egress, squid
+from app.squid import egress, conf as squid
 from app.providers.kvm import seed
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,7 +92,7 @@ def test_the_squid_script_loads_the_egress_rules_before_squid_restarts():
     script = seed.squid_script("http_port 3128\n", None, rules)
     subprocess.run(["sh", "-n"], input=script, check=True)
     text = script.decode()
-    # The rules travel base64-encoded, exactly as app.egress renders them (the text
+    # The rules travel base64-encoded, exactly as app.squid.egress renders them (the text
     # tests/test_egress_nftables.py loads with the real nft), through the same install function.
     blob = text.split("echo '")[2].split("'", 1)[0]
     assert base64.b64decode(blob).decode() == rules

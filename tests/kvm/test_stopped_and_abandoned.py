@@ -13,14 +13,14 @@ import libvirt
 import pytest
 from kubernetes import client as k8s
 
-from app import naming
-from app.gc import collect
-from app.kube import KubernetesGateway
+from app.providers import naming
+from app.proxy.gc import collect
+from app.kube.gateway import KubernetesGateway
 from app.providers.base import InstanceState
-from app.providers.errors import NotFound
+from app.errors import NotFound
 from app.providers.kvm import domain as dom_xml
-from app.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
-from app.settings import Settings
+from app.proxy.reconcile import ABANDONED_KEY, POLL, Ref, create, poll
+from app.config.settings import Settings
 from tests.kvm import harness
 from tests.support.proxies import apply
 

@@ -3,7 +3,7 @@ renewal is capped at the deadline but never answers a TTL of 0; within the last 
 the lease with ``409 proxy_unavailable``, the answer the documentation promises.
 
 The real app (Flask test client) on the session Redis; the member published and marked draining
-the way the reconciler and the pool controller do (:func:`app.serving.set_draining`)."""
+the way the reconciler and the pool controller do (:func:`app.serving.view.set_draining`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app import serving
+from app.serving import view as serving
 from tests.pools.test_pool_not_found import OPEN, api  # noqa: F401 (the fixture)
 from tests.pools.test_serving_drain import _member
 

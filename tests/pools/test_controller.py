@@ -12,8 +12,10 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from app import leases, redis_keys, serving
-from app.kube import KubernetesGateway
+from app.serving import leases, view as serving
+
+from app.store import keys as redis_keys
+from app.kube.gateway import KubernetesGateway
 from app.pools import controller, wake
 from app.pools.controller import PoolRef
 from app.pools.model import LABEL_POOL, LABEL_TEMPLATE_HASH
@@ -221,7 +223,7 @@ def _zones_ready(r, pc, zones) -> dict[str, bool]:
     return {zone: why is None for zone, why in controller.zone_health(r, pc, zones).items()}
 
 def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api, redis_client):
-    from app.provider_health import record_target
+    from app.providers.checks import record_target
     from app.providers.base import TargetVerdict
 
     configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}
@@ -237,7 +239,7 @@ def test_spread_places_members_by_zone_and_skips_a_zone_whose_target_is_down(api
 
 
 def test_a_skipped_zone_is_told_in_the_status_and_by_one_event_each_way(api, redis_client):
-    from app.provider_health import record_target
+    from app.providers.checks import record_target
     from app.providers.base import TargetVerdict
 
     configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}
@@ -332,7 +334,7 @@ def test_each_pass_leaves_the_pools_counts_for_the_gauges_and_a_deleted_pool_non
 
 
 def test_zone_readiness_of_providers_checked_as_a_whole(redis_client):
-    from app.provider_health import record_round
+    from app.providers.checks import record_round
     from app.providers.base import TargetVerdict
 
     pc = k8s_provider("k8s-local")  # one target: "cluster"
@@ -658,7 +660,7 @@ def test_a_zone_flapping_every_pass_is_told_by_a_bounded_number_of_events(api, r
     fails one time in two) must not make two Events per pass; the condition follows every flip,
     the Events are bounded per zone, and the state the zone settles in is told at the end."""
     from app.pools.controller import ZONE_EVENTS_PER_WINDOW, ZONE_EVENT_WINDOW
-    from app.provider_health import record_target
+    from app.providers.checks import record_target
     from app.providers.base import TargetVerdict
 
     configs = {"k8s-local": _kvm_like("k8s-local", ["z1", "z2"])}

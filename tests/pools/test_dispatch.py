@@ -1,4 +1,4 @@
-"""Pool dispatch (app.pools.dispatch): which watch events queue a ``pool.reconcile`` pass, on
+"""Pool dispatch (app.dispatch.pools): which watch events queue a ``pool.reconcile`` pass, on
 which queue, with what payload, de-duplicated; and the watcher's handler wiring."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from app import redis_keys
+from app.store import keys as redis_keys
 from app.pools.controller import PoolRef
-from app.pools.dispatch import MEMBER_DELAY, PoolDispatcher, pool_of
+from app.dispatch.pools import MEMBER_DELAY, PoolDispatcher, pool_of
 from app.pools.model import Pool
 
 

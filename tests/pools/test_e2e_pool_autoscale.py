@@ -19,8 +19,8 @@ import pytest
 import requests
 from kubernetes import client as k8s
 
-from app import redis_keys
-from app.providers.pods.provider import LABEL_PROXY_UID
+from app.store import keys as redis_keys
+from app.providers.kubernetes.provider import LABEL_PROXY_UID
 from app.resources import GROUP, POOL_PLURAL, VERSION
 from tests.api.served import TOKEN
 from tests.pools.test_e2e_pools import NS, stack  # noqa: F401 - the module-scoped stack fixture

@@ -22,9 +22,9 @@ import requests
 from kubernetes import client as k8s
 
 from app.pools.model import LABEL_TEMPLATE_HASH
-from app.providers.pods.provider import LABEL_PROXY_UID
+from app.providers.kubernetes.provider import LABEL_PROXY_UID
 from app.resources import DRAINING_ANNOTATION, GROUP, PLURAL, POOL_PLURAL, VERSION
-from app.serving_record import ServingRecord, load_all
+from app.serving.records import ServingRecord, load_all
 from tests.api.served import TOKEN, start_api
 from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env

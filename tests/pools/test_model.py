@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import selectors
+from app.serving import selectors
 from app.pools.model import (AGE_JITTER, Pool, PoolSpec, PoolSpecError, age_limit, format_time, parse_time,
                              selector_requirements, selector_string, template_hash)
 

@@ -11,7 +11,7 @@ from kubernetes.client import ApiException
 
 from app.pools.model import MAX_REPLICAS, Pool
 from app.resources import GROUP, POOL_PLURAL, VERSION
-from app.settings import Settings
+from app.config.settings import Settings
 from tests.pools.test_controller import NS, TEMPLATE, api, cluster, custom, make_pool, pool_obj, proxies, run  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)

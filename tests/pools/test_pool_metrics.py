@@ -21,7 +21,7 @@ import requests
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import redis_keys
+from app.store import keys as redis_keys
 from app.resources import GROUP, POOL_PLURAL, VERSION
 from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env

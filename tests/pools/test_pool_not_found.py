@@ -12,7 +12,7 @@ import yaml
 
 from api import create_app
 from api.settings import ApiSettings
-from app import leases
+from app.serving import leases
 from app.pools import demand
 from tests.pools.test_serving_drain import SETTINGS, _member
 

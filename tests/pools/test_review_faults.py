@@ -72,7 +72,7 @@ def test_an_owned_proxy_relabelled_out_of_the_selector_no_longer_serves_the_pool
     # record still said the pool: pool-filtered leases kept going to it.  It is released now, as a
     # ReplicaSet releases such a Pod (app.pools.controller._release; details pinned by
     # test_controller's test_a_released_proxy_*).
-    from app import leases
+    from app.serving import leases
 
     ref = tc.make_pool(api, "sel", replicas=1, selector={"matchLabels": {"app": "web"}})
     tc.run(api, redis_client, ref)
@@ -91,7 +91,8 @@ def test_a_refused_request_naming_ns_slash_name_as_pool_writes_no_stray_counter(
     # K_POOLS holds '<ns>/<name>' -> '1' next to '<name>' -> '<ns>': a `pool` of "crawl/web" with no
     # namespace used to hit the first kind and INCR "po:pool-demand:1/crawl/web", a key nobody
     # reads, resets or forgets.  Such a request names no pool (pool names have no '/').
-    from app import leases, redis_keys
+    from app.serving import leases
+    from app.store import keys as redis_keys
 
     ref = tc.make_pool(api, replicas=0)
     tc.run(api, redis_client, ref)

@@ -10,7 +10,8 @@ import pytest
 
 from api import create_app
 from api.settings import ApiSettings
-from app import leases, redis_keys, serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.pools import demand
 from app.pools.model import format_time
 from app.resources import DRAINING_ANNOTATION, Proxy

@@ -6,7 +6,7 @@ The readiness of the zones comes from real provider checks, run as the ``provide
 per KVM host, ``run_check`` + ``record_round`` for a provider checked as a whole, then the
 ProviderHealth object published from the snapshot); the pool controller's pass
 (:func:`app.pools.controller.run`) reads that snapshot in Redis, against the API fake with the
-real CRDs; the members' creates run the reconcile create step (:func:`app.reconcile.create`)
+real CRDs; the members' creates run the reconcile create step (:func:`app.proxy.reconcile.create`)
 with the real providers, so the instances land where the plan put them:
 
 * kvm: the rig of tests/kvm (a real libvirtd reached over a real sshd on loopback) for host
@@ -23,17 +23,17 @@ from __future__ import annotations
 import libvirt
 import pytest
 
-from app import serving
-from app.config import ProvidersConfig
-from app.kube import KubernetesGateway
+from app.serving import view as serving
+from app.config.providers import ProvidersConfig
+from app.kube.gateway import KubernetesGateway
 from app.pools import controller
 from app.pools.controller import PoolRef
-from app.provider_health import (ProviderHealthWriter, check_one, expected_targets, publish_snapshot, record_round,
+from app.providers.checks import (ProviderHealthWriter, check_one, expected_targets, publish_snapshot, record_round,
                                  record_target, run_check)
 from app.providers.base import ShardedProvider
 from app.providers.registry import build
-from app.reconcile import Context, Ref, create
-from app.naming import instance_name
+from app.proxy.reconcile import Context, Ref, create
+from app.providers.naming import instance_name
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
 from tests.kvm import harness
 from tests.support.contexts import QUICK

@@ -1,4 +1,4 @@
-"""A private redis-server with the ACL users of deploy/ (:mod:`app.redis_acl`), for the tests of
+"""A private redis-server with the ACL users of deploy/ (:mod:`app.store.acl`), for the tests of
 least privilege: each component's client logs in as its own user, the test's own client as
 ``default`` (every right), and :meth:`AclRedis.denials` reads what Redis refused (``ACL LOG``).
 """
@@ -9,12 +9,12 @@ import secrets
 
 import redis as redis_lib
 
-from app import redis_acl
+from app.store import acl as redis_acl
 from devcluster.redis_server import RedisServer
 
 
 class AclRedis:
-    """A :class:`RedisServer` started with :func:`app.redis_acl.config` of the rendered ACL file.
+    """A :class:`RedisServer` started with :func:`app.store.acl.config` of the rendered ACL file.
 
     Attributes:
         server: the server (``server.url`` has no credentials).

@@ -1,4 +1,4 @@
-"""The reconcile :class:`app.reconcile.Context` on the API fake, for reconcile-level tests.
+"""The reconcile :class:`app.proxy.reconcile.Context` on the API fake, for reconcile-level tests.
 
 A pytest plugin (``pytest_plugins`` in tests/conftest.py): the ``make_context`` fixture builds
 the Context a worker would, with the kubernetes provider bound to the test's API fake
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import ProviderConfig, ProvidersConfig
-from app.kube import KubernetesGateway
-from app.providers.pods.config import KubernetesSettings
-from app.providers.pods.provider import KubernetesProvider
+from app.config.providers import ProviderConfig, ProvidersConfig
+from app.kube.gateway import KubernetesGateway
+from app.providers.kubernetes.config import KubernetesSettings
+from app.providers.kubernetes.provider import KubernetesProvider
 from app.providers.registry import build
-from app.reconcile import Context
-from app.settings import Settings
-from app.tenancy import Tenancy
+from app.proxy.reconcile import Context
+from app.config.settings import Settings
+from app.config.tenancy import Tenancy
 
 #: Short poll and retry delays: followups in tests come within a second.
 QUICK = Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, quota_backoff=1)

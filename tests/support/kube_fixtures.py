@@ -7,7 +7,7 @@ the fixture names into a test module.
   collector runs, ``kube.gc``: pause it for objects whose owners must look absent for a while).
 * ``kube_client`` — a :class:`kubernetes.client.ApiClient` for it.
 * ``kubeconfig`` — path of a kubeconfig for it, also exported as ``KUBECONFIG`` for the test
-  (so :func:`app.kube.api_client` in this process and in subprocesses reaches the fake).
+  (so :func:`app.kube.gateway.api_client` in this process and in subprocesses reaches the fake).
 * ``fake`` / ``api`` — the same ``kube`` / ``kube_client`` under the names most test modules
   use (one fake per test whichever names it is asked by).
 * ``custom_api`` — a :class:`kubernetes.client.CustomObjectsApi` on ``kube_client`` (the

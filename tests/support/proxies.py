@@ -13,10 +13,10 @@ import time
 
 from kubernetes import client as k8s
 
-from app import squid
-from app.kube import KubernetesGateway
-from app.providers.pods.provider import LABEL_MANAGED_BY
-from app.reconcile import DELETE, Ref, delete
+from app.squid import conf as squid
+from app.kube.gateway import KubernetesGateway
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY
+from app.proxy.reconcile import DELETE, Ref, delete
 from app.resources import GROUP, PLURAL, VERSION, Proxy
 
 NS = "default"

@@ -19,7 +19,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from kubernetes import client as k8s
 
-from app.providers.pods.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
+from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 
 #: The kubernetes provider every :func:`worker_env` configures.
 K8S_PROVIDER = "k8s-local"
@@ -56,7 +56,7 @@ def replaced_pod(core: k8s.CoreV1Api, name: str = "replaced-pod") -> str:
 
 def send_retire(client: Celery, uid: str, *, provider: str = K8S_PROVIDER,
                 provider_id: str = "default/replaced-pod", queue: str = "proxies") -> AsyncResult:
-    """Send ``instance.retire`` the way ``Dispatcher.retire`` does (app/dispatch.py): the
+    """Send ``instance.retire`` the way ``Dispatcher.retire`` does (app/dispatch/proxies.py): the
     instance ``provider_id`` of ``provider``, once of the Proxy ``default/gone`` with ``uid``,
     on ``queue`` (by default a kubernetes instance on its queue, ``proxies``).  Returns the
     message's result handle (its ``id`` is the task ID the worker logs)."""

@@ -36,7 +36,7 @@ import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
-from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
+from app.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
 
 log = logging.getLogger("proxy_operator.gcp")
 

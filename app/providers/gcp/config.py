@@ -24,7 +24,7 @@ Shape (every key but ``project`` optional; docs/gcp-provider.md is the user refe
       firewall: {ensure: false, sourceRanges: [10.0.0.0/8], ports: [3128]}
       wireLogging: {enabled: false, fullPayloads: false}
 
-Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the
+Every check raises :class:`app.config.validation.ConfigError` naming the file, the provider and the
 dotted field (``gcp.firewall.sourceRanges[1]``), so the operator refuses to start on a bad
 block instead of failing per Proxy later.
 """
@@ -36,8 +36,8 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from app.provider_types import CheckTargets
-from app.validation import Reader
+from app.config.provider_types import CheckTargets
+from app.config.validation import Reader
 
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 DEFAULT_MACHINE_TYPE = "e2-micro"
@@ -276,11 +276,11 @@ def parse(block: Reader) -> GcpSettings:
     """Parse the ``gcp`` block.
 
     Args:
-        block: a :class:`Reader` over the block (``app.config`` calls ``done()`` on it).
+        block: a :class:`Reader` over the block (``app.config.providers`` calls ``done()`` on it).
     Returns:
         :class:`GcpSettings`.
     Raises:
-        app.validation.ConfigError: a missing project or zone list, a malformed value, an
+        app.config.validation.ConfigError: a missing project or zone list, a malformed value, an
             unknown key in a nested block, or an inconsistent combination (``anonymous`` without
             ``apiEndpoint`` or with ``credentialsFile``, ``firewall.ensure`` without source
             ranges or network tags), naming the field.

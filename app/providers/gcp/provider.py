@@ -52,11 +52,11 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from app.config import ProviderConfig
-from app.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
+from app.config.providers import ProviderConfig
+from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
                                 TargetVerdict, require_managed)
-from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
+from app.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.gcp import ids, startup, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
@@ -67,12 +67,12 @@ log = logging.getLogger("proxy_operator.gcp")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: Metadata key of the Proxy's cloud-init (read by cloud-init's GCE datasource).
 USER_DATA_KEY = "user-data"
-#: Metadata key carrying the rendered squid.conf (:mod:`app.squid`); the ``startup-script``
+#: Metadata key carrying the rendered squid.conf (:mod:`app.squid.conf`); the ``startup-script``
 #: (:mod:`app.providers.gcp.startup`) installs it at every boot.
 SQUID_CONF_KEY = "squid-conf"
 #: Metadata key carrying the Proxy's htpasswd line (basic auth), installed by the same script.
 SQUID_HTPASSWD_KEY = "squid-htpasswd"
-#: Metadata key carrying the nftables ruleset for Squid's user (:mod:`app.egress`), loaded by the
+#: Metadata key carrying the nftables ruleset for Squid's user (:mod:`app.squid.egress`), loaded by the
 #: same script before Squid starts.
 SQUID_EGRESS_KEY = "squid-egress-nft"
 #: Longest single ``operations.wait`` call we make (the API itself returns after ~2 minutes).
@@ -182,7 +182,7 @@ class GcpProvider(Provider, CheckableProvider):
 
     type = "gcp"
     #: The htpasswd travels inside the instance (its bootstrap), so a rotated Secret means a new
-    #: instance (see ``app.reconcile``).
+    #: instance (see ``app.proxy.reconcile``).
     credentials_in_instance = True
 
     def __init__(self, pc: ProviderConfig) -> None:
@@ -389,7 +389,7 @@ class GcpProvider(Provider, CheckableProvider):
         the insert answers 404 for a while, as EC2 documents for its own API,
         https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).  The operation
         says the instance exists, so such a read returns it as Provisioning, without an address;
-        the reconciler's poll reads it again (:func:`app.reconcile.visibility_window`).
+        the reconciler's poll reads it again (:func:`app.proxy.reconcile.visibility_window`).
 
         Raises:
             ProviderError: the read failed otherwise (classified as :meth:`get` does).

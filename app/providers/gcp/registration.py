@@ -6,7 +6,7 @@ is called, so loading the providers config or routing a task never does.
 
 from __future__ import annotations
 
-from app.provider_types import ProviderType
+from app.config.provider_types import ProviderType
 from app.providers.gcp import config
 
 

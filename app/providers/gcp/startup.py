@@ -1,6 +1,6 @@
 """The ``startup-script`` every gcp instance gets: it installs the operator's squid.conf itself.
 
-The squid.conf (:mod:`app.squid`: loopback, link-local and the metadata server refused, plus
+The squid.conf (:mod:`app.squid.conf`: loopback, link-local and the metadata server refused, plus
 ``squid.deniedDestinations``) and the htpasswd line travel in instance metadata
 (``squid-conf``, ``squid-htpasswd``).  Nothing on the instance would read them unless the
 Proxy's cloud-init did, so a VM running the user's own Squid setup would be an open proxy to
@@ -34,7 +34,7 @@ installed):
 
 Between 2 and 3 it loads ``squid-egress-nft`` (required), the nftables ruleset that rejects
 Squid's user's new connections to the denied destinations, and makes ``squid.service`` load it
-before every start (:mod:`app.egress`); when it cannot, Squid is stopped.
+before every start (:mod:`app.squid.egress`); when it cannot, Squid is stopped.
 
 Every path is overridable through ``PROXY_OPERATOR_*`` environment variables for the tests
 (``tests/gcp/test_startup_script.py`` runs the script against a local stand-in for the
@@ -43,8 +43,8 @@ metadata server); GCE runs it with none of them set.
 
 from __future__ import annotations
 
-from app.egress import INSTALL_EGRESS_SH
-from app.squid import DEFAULT_HTPASSWD_PATH
+from app.squid.egress import INSTALL_EGRESS_SH
+from app.squid.conf import DEFAULT_HTPASSWD_PATH
 
 #: Metadata key GCE's guest environment runs at every boot.
 STARTUP_SCRIPT_KEY = "startup-script"

@@ -35,7 +35,7 @@ Shape (docs/kvm-provider.md is the user reference; every key not marked required
           libvirtSocket: /var/run/libvirt/libvirt-sock
           libvirtURI: qemu:///system      # the driver URI the daemon is asked for
 
-Every check raises :class:`app.validation.ConfigError` naming the file, the provider and the
+Every check raises :class:`app.config.validation.ConfigError` naming the file, the provider and the
 dotted field (``kvm.hosts[0].name``), so the operator refuses to start on a bad block.
 """
 
@@ -45,8 +45,8 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from app.provider_types import CheckTargets
-from app.validation import IDENTIFIER, Reader
+from app.config.provider_types import CheckTargets
+from app.config.validation import IDENTIFIER, Reader
 
 DEFAULT_LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
 DEFAULT_LIBVIRT_URI = "qemu:///system"
@@ -286,7 +286,7 @@ def parse(block: Reader) -> KvmSettings:
     """Parse the block.
 
     Raises:
-        app.validation.ConfigError: naming the field, e.g. ``kvm.hosts[0].name`` for a host
+        app.config.validation.ConfigError: naming the field, e.g. ``kvm.hosts[0].name`` for a host
             name that is not a plain identifier or ``kvm.images.x.sha256`` for a bad digest.
     """
     ssh = block.child("ssh", required=True)

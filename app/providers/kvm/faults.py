@@ -2,7 +2,7 @@
 
 libvirt reports every failure as ``libvirt.libvirtError`` carrying a numeric code
 (``virErrorNumber``, https://libvirt.org/html/libvirt-virterror.html).  :func:`classify_libvirt`
-maps the code onto :mod:`app.providers.errors` and keeps the original as ``__cause__``.  Whether
+maps the code onto :mod:`app.errors` and keeps the original as ``__cause__``.  Whether
 the *link* must be dropped is a separate question answered by the pool from the connection's
 liveness, never from the class: an error that already carries a taxonomy class is a local
 verdict and says nothing about the link.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libvirt
 
-from app.providers.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
+from app.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
 
 #: Dial stages, in order ("Dial errors say their stage").
 STAGE_MATERIAL = "SSH material"

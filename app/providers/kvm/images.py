@@ -36,7 +36,7 @@ from urllib.parse import urljoin, urlsplit
 import libvirt
 import requests
 
-from app.providers.errors import NotFound, Permanent, SpecNotAllowed, Transient
+from app.errors import NotFound, Permanent, SpecNotAllowed, Transient
 from app.providers.kvm.config import ImageSettings, KvmSettings
 from app.providers.kvm.domain import backing_path, volume_xml
 from app.providers.kvm.link import HostLink

@@ -4,7 +4,7 @@
 ``virConnect`` for its host.  Nothing is dialled until the first :meth:`HostLink.call`; a link
 found dead (SSH session closed, libvirt reports the connection not alive, or a call overran its
 timeout) is dropped and the next call dials again.  Errors that already carry a taxonomy class
-(:mod:`app.providers.errors`) are local verdicts — a missing domain, a bad checksum — and never
+(:mod:`app.errors`) are local verdicts — a missing domain, a bad checksum — and never
 drop a working link.
 
 Every call logs one line at DEBUG on the ``proxy_operator.kvm.libvirt`` logger: the libvirt
@@ -30,7 +30,7 @@ import libvirt
 import paramiko
 
 from app.lazy import per_process
-from app.providers.errors import ProviderError, Transient
+from app.errors import ProviderError, Transient
 from app.providers.kvm import sshlink
 from app.providers.kvm.config import KvmHost, KvmSettings
 from app.providers.kvm.faults import STAGE_LIBVIRT, DialError, classify_libvirt, code_name

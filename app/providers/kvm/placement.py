@@ -2,7 +2,7 @@
 
 The one definition of the host rules: :class:`~app.providers.kvm.provider.KvmProvider` uses it
 to place instances, and the dispatcher (through :data:`HOSTS`, the type's
-:class:`~app.provider_types.HostPlacement`) to route work to the host's queue without building
+:class:`~app.config.provider_types.HostPlacement`) to route work to the host's queue without building
 a provider.
 """
 
@@ -38,7 +38,7 @@ def host_of(provider_id: str) -> str | None:
 
 
 class _Hosts:
-    """:class:`~app.provider_types.HostPlacement` of the kvm type (the functions above)."""
+    """:class:`~app.config.provider_types.HostPlacement` of the kvm type (the functions above)."""
 
     @staticmethod
     def hosts(settings: KvmSettings) -> list[str]:

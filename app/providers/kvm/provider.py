@@ -16,11 +16,11 @@ from datetime import datetime, timezone
 
 import libvirt
 
-from app.config import ProviderConfig
-from app.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
+from app.config.providers import ProviderConfig
+from app.providers.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState, ListResult,
                                 Provider, ShardedProvider, TargetVerdict, require_managed)
-from app.providers.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
+from app.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.kvm import domain as dom_xml
 from app.providers.kvm import images, placement, seed, sshlink
 from app.providers.kvm.config import DEFAULT_MACHINE_TYPE, KvmHost, KvmSettings, MachineType
@@ -66,7 +66,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
 
     type = "kvm"
     #: The htpasswd travels inside the instance (its bootstrap), so a rotated Secret means a new
-    #: instance (see ``app.reconcile``).
+    #: instance (see ``app.proxy.reconcile``).
     credentials_in_instance = True
 
     def __init__(self, pc: ProviderConfig) -> None:
@@ -205,7 +205,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         Only that host: work for host H runs on H's queue, so a step never looks at other
         hosts.  A domain left on another host is found through the provider ID recorded before
         every create; without one, the delete hands the name on each other host to that host's
-        queue (``app.reconcile`` retires it there), and GC collects what stays unreachable.
+        queue (``app.proxy.reconcile`` retires it there), and GC collects what stays unreachable.
 
         Raises:
             Permanent: ``zone`` is not a configured host, or is empty with several hosts.
@@ -439,7 +439,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         without our metadata (``managed-by=proxy-operator`` and a ``proxy-uid``) is refused and
         left alone, volumes included (:func:`app.providers.base.require_managed`).  With no
         domain, the leftover overlay and seed of an interrupted create are removed only when
-        the name has the shape of our instance names (:func:`app.naming.is_instance_name`).
+        the name has the shape of our instance names (:func:`app.providers.naming.is_instance_name`).
         Every already-gone case is success, and so is a host that is no longer configured.
 
         Raises:

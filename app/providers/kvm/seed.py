@@ -26,8 +26,8 @@ from email import encoders
 
 import pycdlib
 
-from app.egress import INSTALL_EGRESS_SH
-from app.squid import DEFAULT_HTPASSWD_PATH
+from app.squid.egress import INSTALL_EGRESS_SH
+from app.squid.conf import DEFAULT_HTPASSWD_PATH
 
 LABEL = "cidata"
 
@@ -65,10 +65,10 @@ def squid_script(squid_conf: str, htpasswd: str | None = None, egress_rules: str
     """Return the vendor-data script that installs Squid if missing and runs it with ``squid_conf``.
 
     With ``htpasswd`` (one ``user:bcrypt`` line), it is installed where the squid.conf's
-    basic-auth helper reads it (:data:`app.squid.DEFAULT_HTPASSWD_PATH`), readable by root and
-    the ``proxy`` group only.  With ``egress_rules`` (:func:`app.egress.nftables_rules`), they
+    basic-auth helper reads it (:data:`app.squid.conf.DEFAULT_HTPASSWD_PATH`), readable by root and
+    the ``proxy`` group only.  With ``egress_rules`` (:func:`app.squid.egress.nftables_rules`), they
     are loaded for Squid's user before Squid restarts, and ``squid.service`` loads them before
-    every start (:data:`app.egress.INSTALL_EGRESS_SH`); when they cannot be, Squid is stopped
+    every start (:data:`app.squid.egress.INSTALL_EGRESS_SH`); when they cannot be, Squid is stopped
     and the script exits 1.  Everything travels base64-encoded, so no content can end a
     here-document early.
     """
@@ -94,7 +94,7 @@ def squid_script(squid_conf: str, htpasswd: str | None = None, egress_rules: str
                 f"chmod 0640 {DEFAULT_HTPASSWD_PATH}\n")
     return ("""\
 #!/bin/sh
-# proxy-operator vendor-data: run Squid with the operator's squid.conf (app/squid.py);
+# proxy-operator vendor-data: run Squid with the operator's squid.conf (app/squid/conf.py);
 # configureSquid: false in the kvm provider config turns it off.
 """ + _PKG_INSTALL + """\
 command -v squid >/dev/null 2>&1 || [ -x /usr/sbin/squid ] || pkg_install squid

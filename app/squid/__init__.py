@@ -1,0 +1,6 @@
+"""What runs on every proxy instance: the squid.conf and the egress rules below Squid.
+
+Owns :mod:`app.squid.conf` (``SquidPolicy`` and the rendered squid.conf) and
+:mod:`app.squid.egress` (nftables for guests, the Squid Pods' egress NetworkPolicy), both
+from the same policy.  Pure rendering: must not import a provider, the gateway or Redis.
+"""

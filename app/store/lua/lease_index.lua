@@ -1,0 +1,40 @@
+-- The lease index (app.serving.leases).  reindex(uid, now) drops the proxy's expired leases and puts it
+-- in K_LOAD with its load as score, in K_FULL when it is at maxLeases, in K_UNHEALTHY /
+-- K_DRAINING when it is not leasable (draining: maxLeases 0, or a drainUntil mark: leaving its
+-- pool), or in none when its record is gone; returns its live leases (0 when not leasable).  Included by every script that changes a record's healthy or
+-- maxLeases or a proxy's leases, after now.lua.  held_key(client): the client's live leases.
+-- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
+local function reindex(uid, now)
+  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil')
+  local max = tonumber(h[2]) or 0
+  if h[1] ~= '1' or max ~= max or max <= 0 or (h[4] and h[4] ~= '') then
+    redis.call('ZREM', K_LOAD, uid)
+    redis.call('SREM', K_FULL, uid)
+    if not h[3] then
+      redis.call('SREM', K_UNHEALTHY, uid)
+      redis.call('SREM', K_DRAINING, uid)
+    elseif h[1] ~= '1' then
+      redis.call('SADD', K_UNHEALTHY, uid)
+      redis.call('SREM', K_DRAINING, uid)
+    else
+      redis.call('SREM', K_UNHEALTHY, uid)
+      redis.call('SADD', K_DRAINING, uid)
+    end
+    return 0
+  end
+  redis.call('SREM', K_UNHEALTHY, uid)
+  redis.call('SREM', K_DRAINING, uid)
+  local lk = P_LEASES .. uid
+  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local used = redis.call('ZCARD', lk)
+  if used >= max then
+    redis.call('ZREM', K_LOAD, uid)
+    redis.call('SADD', K_FULL, uid)
+  else
+    redis.call('ZADD', K_LOAD, used + used / max / 2, uid)
+    redis.call('SREM', K_FULL, uid)
+  end
+  return used
+end
+
+local function held_key(name) return P_CLIENT_LEASES .. name end
