@@ -37,6 +37,7 @@ from kubernetes import watch as k8s_watch
 
 from watchers import metrics
 from app.resources import GROUP, PLURAL, VERSION
+from app.backoff import capped_exponential, equal_jitter
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class StreamSettings:
 
 def backoff_delay(attempt: int, settings: StreamSettings, rand: Callable[[], float] = random.random) -> float:
     """Delay before reconnect number ``attempt`` (0-based): capped exponential, 50-100 % jitter."""
-    base = min(settings.backoff_max, settings.backoff_initial * (2 ** min(attempt, 30)))
-    return base * (0.5 + rand() / 2)
+    return equal_jitter(capped_exponential(attempt, settings.backoff_initial, settings.backoff_max), rand)
 
 
 class ProxyStream:

@@ -38,6 +38,7 @@ from redbeat.decoder import RedBeatJSONEncoder, to_timestamp
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, get_redis
 
 from prometheus_client import Counter, Gauge
+from app.backoff import capped_exponential
 
 # Beat's own metrics (docs/observability.md), defined here so only beat has them.
 BEAT_FIRED = Counter("proxy_operator_beat_schedules_fired_total",
@@ -198,7 +199,7 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
     # -- failures --------------------------------------------------------------------------
     def _retry_in(self) -> float:
         """The next backoff: 1 s doubling per consecutive failure, capped at ``max_interval``."""
-        delay = min(float(self.max_interval), RETRY_MAX, RETRY_INITIAL * (2 ** min(self._failures, 16)))
+        delay = capped_exponential(self._failures, RETRY_INITIAL, min(float(self.max_interval), RETRY_MAX))
         self._failures += 1
         return delay
 

@@ -63,6 +63,7 @@ from app.kube import conditions
 from app.pools import autoscale as scaler
 from app.pools.model import Member, Pool, age_limit, format_time, parse_time, status_selector
 from app.resources import FAILED
+from app.backoff import capped_exponential
 
 #: First delay of the failure backoff (seconds), doubled by each further pass with failures.
 FAILURE_BACKOFF_BASE = 10.0
@@ -185,7 +186,7 @@ def failure_backoff(count: int) -> float:
     :data:`FAILURE_BACKOFF_BASE` doubled ``count - 1`` times, at most :data:`FAILURE_BACKOFF_MAX`."""
     if count <= 0:
         return 0.0
-    return min(FAILURE_BACKOFF_MAX, FAILURE_BACKOFF_BASE * 2 ** min(count - 1, 30))
+    return capped_exponential(count - 1, FAILURE_BACKOFF_BASE, FAILURE_BACKOFF_MAX)
 
 
 def _failures(pool: Pool, failed: list[Member], active: list[Member], now: float) -> dict | None:

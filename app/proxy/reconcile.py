@@ -49,6 +49,7 @@ from app.resources import (COND_HEALTHY, COND_PROVISIONED, COND_READY, FAILED, F
                            READY, RUNNING, TERMINATING, UNHEALTHY, Proxy)
 from app.config.settings import Settings
 from app.config.tenancy import Tenancy
+from app.backoff import capped_exponential, equal_jitter
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +215,12 @@ def backoff(settings: Settings, attempt: int, *, rng: random.Random | None = Non
     fixed, half random) so retries of many Proxies spread out.
     """
     rng = rng or random
-    base = min(settings.retry_max, settings.retry_initial * (2 ** min(attempt, 16)))
-    return base / 2 + rng.uniform(0, base / 2)
+    return equal_jitter(capped_exponential(attempt, settings.retry_initial, settings.retry_max), rng.random)
 
 
 def poll_delay(settings: Settings, attempt: int) -> float:
     """Return the delay before poll number ``attempt``: 5 s doubling to 60 s (settings bounds)."""
-    return min(settings.poll_max, settings.poll_initial * (2 ** min(attempt, 16)))
+    return capped_exponential(attempt, settings.poll_initial, settings.poll_max)
 
 
 # -- status helpers --------------------------------------------------------------------------
