@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from app.config.providers import ProviderConfig, ProvidersConfig, load, parse
 from app.config.provider_types import ProviderType
 from app.providers.gcp.registration import PROVIDER as GCP
-from app.providers.kubernetes import registration as pods_registration
+from app.providers.kubernetes import registration as kubernetes_registration
 from app.providers.kvm.registration import PROVIDER as KVM
 from app.providers.registry import Registry, build
 
@@ -38,7 +38,7 @@ def kube_api_client():
 
 
 #: the kubernetes type, its providers given the gateway's client (injected here: a provider never imports the gateway)
-KUBERNETES = pods_registration.provider_type(kube_api_client)
+KUBERNETES = kubernetes_registration.provider_type(kube_api_client)
 
 #: provider type name -> its registration, in the order config messages list them
 PROVIDER_TYPES: dict[str, ProviderType] = {t.name: t for t in (KUBERNETES, GCP, KVM)}
