@@ -116,7 +116,7 @@ def test_event_table_cells_core_and_events_k8s_io(fake, api, core):
     _namespaces(core, "crawl")
     _event(core, "crawl", "squid-k8s-1.1", type="Warning", reason="ProbeFailed", message=" probe timed out \n",
            involvedObject={"kind": "Proxy", "name": "squid-k8s-1", "namespace": "crawl"},
-           source={"component": "proxy-operator"}, count=4, firstTimestamp=_ago(600), lastTimestamp=_ago(5))
+           source={"component": "proxy-operator"}, count=4, firstTimestamp=_ago(600), lastTimestamp=_ago(300))
     events = k8s.EventsV1Api(api)
     events.create_namespaced_event("crawl", {
         "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "squid-k8s-1.2"},
@@ -128,7 +128,7 @@ def test_event_table_cells_core_and_events_k8s_io(fake, api, core):
         ("Last Seen", 0), ("Type", 0), ("Reason", 0), ("Object", 0), ("Subobject", 1), ("Source", 1),
         ("Message", 0), ("First Seen", 1), ("Count", 1), ("Name", 1)]
     rows = {r["cells"][-1]: r["cells"] for r in table["rows"]}
-    assert rows["squid-k8s-1.1"] == ["5s", "Warning", "ProbeFailed", "proxy/squid-k8s-1", "", "proxy-operator",
+    assert rows["squid-k8s-1.1"] == ["5m", "Warning", "ProbeFailed", "proxy/squid-k8s-1", "", "proxy-operator",
                                      "probe timed out", "10m", 4, "squid-k8s-1.1"]
     table = requests.get(f"{fake.url}/apis/events.k8s.io/v1/namespaces/crawl/events", headers=TABLE,
                          timeout=5).json()
