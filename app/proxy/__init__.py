@@ -3,7 +3,7 @@ orphaned and superseded instances.
 
 Owns :mod:`app.proxy.reconcile` (the names the steps' callers import), :mod:`app.proxy.step`
 (what a step is given, shares and returns), :mod:`app.proxy.decide` (what a Proxy needs, and
-the step timings), :mod:`app.proxy.failures` (the one error boundary), :mod:`app.proxy.status`
+the step timings), :mod:`app.proxy.failures` (the one error boundary), :mod:`app.proxy.provisioned`
 (the status writes the steps share), :mod:`app.proxy.create`, :mod:`app.proxy.poll`,
 :mod:`app.proxy.delete`, :mod:`app.proxy.retire` (replaced instances, rotated credentials) and
 :mod:`app.proxy.gc`.  Talks to Kubernetes only through :mod:`app.kube` and to clouds only

@@ -23,7 +23,7 @@ from app.providers.base import CreateRequest, Instance, InstanceState, Provider
 from app.proxy.decide import LIVE_PHASES, poll_delay
 from app.proxy.failures import guard
 from app.proxy.retire import credentials_hash, hand_over, replacement_cause
-from app.proxy.status import mark_running, provisioned
+from app.proxy.provisioned import mark_running, provisioned
 from app.proxy.step import (CREATE, DELETE, LOGGER, POLL, Context, Followup, Ref, Step, instance_exists, load,
                             squid_policy)
 from app.resources import PROVISIONING, Proxy

@@ -16,7 +16,7 @@ from app.providers.registry import UnknownProvider
 from app.proxy.decide import backoff, create_in_flight, poll_delay
 from app.proxy.failures import guard
 from app.proxy.retire import retire_on_other_hosts
-from app.proxy.status import provisioned
+from app.proxy.provisioned import provisioned
 from app.proxy.step import DELETE, LOGGER, Context, Followup, Ref, Step, instance_exists, load
 from app.resources import FINALIZER, TERMINATING, Proxy
 from app.serving import view as serving

@@ -24,7 +24,7 @@ from kubernetes.client import ApiException
 from app.errors import Permanent, ProviderError, QuotaExceeded, Transient, classify, describe
 from app.kube import status_writer
 from app.proxy.decide import backoff
-from app.proxy.status import provisioned
+from app.proxy.provisioned import provisioned
 from app.proxy.step import CREATE, DELETE, LOGGER, Context, Followup, Step
 from app.resources import FAILED, PENDING, Proxy
 from app.serving import view as serving

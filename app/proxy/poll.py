@@ -13,7 +13,7 @@ from app.proxy.decide import (LIVE_PHASES, backoff, decide, poll_delay, retry_sc
                               visibility_window)
 from app.proxy.failures import guard
 from app.proxy.retire import ROTATED_SPEC_HASH, credentials_rotated
-from app.proxy.status import mark_running, provisioned
+from app.proxy.provisioned import mark_running, provisioned
 from app.proxy.step import CREATE, LOGGER, POLL, Context, Followup, Ref, Step, load
 from app.resources import COND_PROVISIONED, PENDING, PROVISIONING
 from app.serving import view as serving

@@ -8,7 +8,7 @@ into a message on the right queue; tests call the steps directly with real colla
 
 The parts live in their own modules: :mod:`app.proxy.step` (what a step is given, shares and
 returns), :mod:`app.proxy.decide` (what a Proxy needs, and the step timings),
-:mod:`app.proxy.failures` (the error boundary), :mod:`app.proxy.status` (shared status
+:mod:`app.proxy.failures` (the error boundary), :mod:`app.proxy.provisioned` (shared status
 writes), :mod:`app.proxy.create`, :mod:`app.proxy.poll`, :mod:`app.proxy.delete` and
 :mod:`app.proxy.retire` (replaced instances, rotated credentials).
 """

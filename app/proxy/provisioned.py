@@ -1,5 +1,5 @@
-"""The status the reconcile steps share: the ``Provisioned`` condition, and Running with the
-instance's address, published to the serving view."""
+"""What the reconcile steps write about the instance: the ``Provisioned`` condition, and Running
+with the instance's address (published to the serving view) once it runs."""
 
 from __future__ import annotations
 
