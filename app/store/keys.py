@@ -196,7 +196,7 @@ def sticky(client: str, session_key: str) -> str:
 # -- reconciling (app.proxy.reconcile, app.proxy.gc, workers) --------------------------------------------------
 
 #: set — uids released with skip-cleanup: a hint for GC (the instance itself carries the
-#: ``abandoned`` mark, which is what GC trusts).  No TTL.  Written by :mod:`app.proxy.reconcile`
+#: ``abandoned`` mark, which is what GC trusts).  No TTL.  Written by :mod:`app.proxy.delete`
 #: (a skip-cleanup release); read by the GC tasks (:mod:`workers.tasks`).
 ABANDONED = PREFIX + "abandoned"
 #: Prefix of :func:`proxy_lock`.
