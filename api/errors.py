@@ -46,8 +46,7 @@ def plain_json_bytes(doc) -> bytes:
     control characters escaped alike, except that it writes non-ASCII characters as UTF-8 and
     DEL as is, where ``json.dumps`` escapes them as ``\\uXXXX`` (and floats it formats
     differently, hence none).  So an output with a byte outside ASCII or a DEL, or a document
-    orjson refuses, is written by :func:`json_bytes` instead (tests/api/test_hot_path.py
-    compares the two).
+    orjson refuses, is written by :func:`json_bytes` instead.
     """
     try:
         out = orjson.dumps(doc, option=_ORJSON)

@@ -8,7 +8,7 @@ so the benchmark measures what is deployed.
   ``API_THREADS`` Python threads per worker process (``API_WORKERS``).  A connection costs a
   Python thread only while a complete request head is being answered: slow, half-sent or
   silent clients and idle keep-alive connections wait in the Rust runtime, so they cannot
-  take the threads the way they took gunicorn's gthread workers (issue 11).
+  take the threads the way they took gunicorn's gthread workers (decision 23).
 * **Idle and slow connections are closed** after ``API_IDLE_TIMEOUT_SECONDS`` (default 30,
   at most 60): a connection must deliver a complete request head within that time of opening
   or of its previous response, or it is closed.  This is hyper's header-read timeout; it

@@ -420,8 +420,8 @@ class GcpProvider(Provider, CheckableProvider):
             if value and value not in allowed:
                 raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
                                                  f"({keys}: {', '.join(allowed)})")
-        # With the firewall opt-in the port becomes an ingress rule to every proxy VM (issue 10
-        # adversarial review): only the configured ports, never one a Proxy author picks.
+        # With the firewall opt-in the port becomes an ingress rule to every proxy VM: only the
+        # configured ports, never one a Proxy author picks (docs/security.md).
         if s.firewall.ensure and request.port not in s.firewall.ports:
             raise SpecNotAllowed("spec.endpoint.port", f"{request.port} is not allowed by provider {self.name} "
                                  f"(gcp.firewall.ports: {', '.join(map(str, s.firewall.ports))}); "
@@ -440,7 +440,7 @@ class GcpProvider(Provider, CheckableProvider):
         if request.squid_config:
             items.append(compute_v1.Items(key=SQUID_CONF_KEY, value=request.squid_config))
             # The guest environment runs it at every boot: the operator's squid.conf is installed
-            # whatever the user-data does (issue 10, item 2; app/providers/gcp/startup.py).
+            # whatever the user-data does (app/providers/gcp/startup.py, docs/security.md).
             items.append(compute_v1.Items(key=startup.STARTUP_SCRIPT_KEY, value=startup.STARTUP_SCRIPT))
         if request.auth_htpasswd:
             items.append(compute_v1.Items(key=SQUID_HTPASSWD_KEY, value=request.auth_htpasswd))

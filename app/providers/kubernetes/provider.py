@@ -20,7 +20,7 @@
 * ``abandon`` labels the Pod ``crawl.example.com/abandoned=true`` (tag ``abandoned``), which
   ``to_instance`` maps back, so GC leaves it alone.
 * provider ID ``<namespace>/<pod>``.
-* What runs is the operator's choice, not the Proxy author's (issue 10, item 3): the image is
+* What runs is the operator's choice, not the Proxy author's (docs/security.md): the image is
   ``kubernetes.image`` or one of ``kubernetes.images`` (else :class:`SpecNotAllowed` naming
   ``spec.placement.image``), and the Pod is hardened: no service-account token
   (``automountServiceAccountToken: false``), ``RuntimeDefault`` seccomp, no privilege
