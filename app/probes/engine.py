@@ -565,10 +565,19 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
     """Record ``arrived`` results in the serving view (one round trip) and queue the status
     writes of the verdicts that changed.
 
-    ``origin_down``: the results are failures while their health URL's origin was down; they
-    are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
-    ``note``: also note the outcomes for outage detection first (as :func:`_note`), in the same
-    round trip, and return the size of the OK set afterwards and whether the outage key exists.
+    Args:
+        batch: the batch's shared state.
+        arrived: ``(target, result)`` pairs.
+        recs: the serving records of the batch, by UID.
+        outage: a probe-side outage is in progress (passed to :func:`app.probes.state.advance`).
+        now: epoch seconds.
+        origin_down: the results are failures while their health URL's origin was down; they
+            are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
+        note: also note the outcomes for outage detection first (as :func:`_note`), in the same
+            round trip.
+    Returns:
+        with ``note``: the size of the OK set afterwards and whether the outage key exists;
+        else ``None``.
     """
     r, settings, report = batch.r, batch.settings, batch.report
     pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult]] = []

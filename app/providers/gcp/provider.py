@@ -383,20 +383,24 @@ class GcpProvider(Provider, CheckableProvider):
         return self._inserted(pid, request.name, zone)
 
     def _inserted(self, pid: str, name: str, zone: str) -> Instance:
-        """The instance an insert made (its operation DONE, or it already existed), read back.
+        """Read back the instance an insert made (its operation DONE, or it already existed).
 
-        Cloud reads may lag behind a create (eventual consistency: an ``instances.get`` right after
-        the insert answers 404 for a while, as EC2 documents for its own API,
-        https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).  The operation
-        says the instance exists, so such a read returns it as Provisioning, without an address;
-        the reconciler's poll reads it again (:func:`app.proxy.reconcile.visibility_window`).
-
+        Args:
+            pid: its provider ID.
+            name: its instance name.
+            zone: its zone.
+        Returns:
+            the instance; Provisioning without an address when the read does not show it yet.
         Raises:
             ProviderError: the read failed otherwise (classified as :meth:`get` does).
         """
         try:
             return self.get(pid)
         except NotFound:
+            # Reads may lag behind a create (eventual consistency, as EC2 documents for its own
+            # API: https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html), but
+            # the operation says the instance exists: the poll reads it again
+            # (app.proxy.reconcile.visibility_window).
             log.info("gcp insert %s: done, but the instance does not show yet; provisioning", pid)
             return Instance(provider_id=pid, name=name, state=InstanceState.PROVISIONING, zone=zone)
 
