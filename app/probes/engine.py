@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping, overload
 
 from app.store import keys as redis_keys
 
@@ -459,7 +459,7 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
     return report
 
 
-def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentials: Credentials | None,
+def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: ServingRecord, credentials: Credentials | None,
               settings: HealthSettings, policy) -> tuple[p.ProbeTarget, p.ProbeResult]:
     """After a 407, probe again with the other credentials a password rotation leaves around.
 
@@ -510,7 +510,8 @@ def _split_cut(arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[st
                settings: HealthSettings) -> tuple[list, list]:
     """Split fast-lane results into those to judge and the timeouts of probes cut at
     ``settings.slow_seconds`` (their own timeout was longer: not judged here)."""
-    judge, cut = [], []
+    judge: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
+    cut: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
     for item in arrived:
         res = item[1]
         was_cut = capped_timeout(recs[res.uid].health_check) > settings.slow_seconds
@@ -541,7 +542,8 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
                        ok_urls: dict) -> tuple[list, list]:
     """Split ``arrived`` into results to judge and failures to park because their health URL's
     origin is down (one control request per URL, see :mod:`app.probes.origin`)."""
-    judge, parked = [], []
+    judge: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
+    parked: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
     verdicts: dict[tuple[str, int], bool] = {}
     for item in arrived:
         target, res = item
@@ -558,6 +560,16 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
                             "against them", control.message)
         (parked if verdicts[key] else judge).append(item)
     return judge, parked
+
+
+@overload
+def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+           outage: bool, now: float, *, origin_down: bool = ..., note: Literal[True]) -> tuple[int, bool]: ...
+
+
+@overload
+def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+           outage: bool, now: float, *, origin_down: bool = ..., note: bool = ...) -> tuple[int, bool] | None: ...
 
 
 def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],

@@ -122,6 +122,7 @@ def control(url: str, expected_status: int, timeout: float, *, policy: "Destinat
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    pool: urllib3.HTTPConnectionPool
     if parts.scheme == "https":
         pool = urllib3.HTTPSConnectionPool(address, port, maxsize=1, retries=False, server_hostname=host,
                                            assert_hostname=host, ssl_context=p.ssl_context(ca_bundle))

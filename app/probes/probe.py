@@ -137,7 +137,7 @@ def ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
         return ctx
 
 
-def _errno_in_chain(exc: BaseException) -> int | None:
+def _errno_in_chain(exc: BaseException | None) -> int | None:
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, OSError) and exc.errno:
@@ -311,7 +311,8 @@ class _Through:
         if self._pool is None:
             proxy = urllib3.util.parse_url(self.proxy_url)
             self._pool = urllib3.HTTPConnectionPool(
-                proxy.host, proxy.port, maxsize=1, block=False, retries=False, _proxy=proxy,
+                proxy.host,  # type: ignore[arg-type]  # proxy_url is built with a host
+                proxy.port, maxsize=1, block=False, retries=False, _proxy=proxy,
                 _proxy_headers=self.headers or {}, _proxy_config=ProxyConfig(None, False, None, None))
         u = urllib3.util.parse_url(url)
         sent = {"Accept": "*/*", "Host": u.netloc} if u.netloc else {"Accept": "*/*"}
@@ -371,6 +372,7 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
                                (time.perf_counter() - t0) * 1000, started)
         target = replace(target, host=address)
     pm = _Through(target, ca_bundle)
+    status: int | None
     try:
         try:
             status, headers, _ = _get(pm, target.url, target.timeout, _BODY_LIMIT)
