@@ -147,7 +147,7 @@ def install(app: Flask) -> None:
     def _http_error(exc: HTTPException):
         code = _HTTP_CODES.get(exc.code or 500, "http_error")
         message = {404: "no such route", 405: "method not allowed on this route"}.get(
-            exc.code, exc.description or code)
+            exc.code or 500, exc.description or code)
         resp = ApiError(exc.code or 500, code, message).response()
         if exc.code == 405:
             allow = exc.get_response().headers.get("Allow")

@@ -216,7 +216,7 @@ class AccessTextFormatter(logging.Formatter):
             second = int(record.created)
             text = time.strftime(self.default_time_format, self.converter(second))
             self._second = (second, text)
-        return self.default_msec_format % (text, record.msecs)
+        return (self.default_msec_format or "%s,%03d") % (text, record.msecs)
 
 
 class AccessJsonFormatter(JsonFormatter):
@@ -354,8 +354,9 @@ def _server_class():
         def _init_shared_socket(self) -> None:
             self._ssp = None
             self._sso = self._listener  # closed by MPServer._drop_shared_socket at shutdown
-            self._sfd = self._listener.fileno()
-            self._shd = SocketHolder(self._sfd, False, self.backlog)
+            # granian's stubs type these attributes None and SocketHolder without a constructor.
+            self._sfd = self._listener.fileno()  # type: ignore[assignment]
+            self._shd = SocketHolder(self._sfd, False, self.backlog)  # type: ignore[call-arg, assignment]
 
     return SharedSocketServer
 
