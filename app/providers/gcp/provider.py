@@ -33,6 +33,7 @@ the SDK error.  SDK types never leave this module.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import logging
@@ -268,7 +269,7 @@ class GcpProvider(Provider, CheckableProvider):
                                          global_operations=make(compute_v1.GlobalOperationsClient))
             return self._clients
 
-    def _call(self, what: str, fn: Callable[[], Any], *, on_404: type[ProviderError] = NotFound) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, on_404: builtins.type[ProviderError] = NotFound) -> Any:
         """Run one SDK call; log one DEBUG line with outcome and duration; classify failures."""
         start = time.monotonic()
         try:
@@ -283,7 +284,7 @@ class GcpProvider(Provider, CheckableProvider):
         return result
 
     def _wait(self, what: str, op: compute_v1.Operation, project: str, zone: str | None, *,
-              on_404: type[ProviderError] = NotFound) -> None:
+              on_404: builtins.type[ProviderError] = NotFound) -> None:
         """Wait until ``op`` of ``project`` is DONE (a zone operation, or global when ``zone`` is None).
 
         Raises:
