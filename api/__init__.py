@@ -56,12 +56,12 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
                         "rebuilds it within one probe interval", exc)
     app = Flask("proxy_operator_api")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.json.sort_keys = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # Flask's DefaultJSONProvider has it
     errors.install(app)
     state = routes.State(redis=r, tokens=store, settings=settings)
     routes.register(app, state)
     # The plain lease and release requests skip Flask's per-request machinery (api/fastpath.py).
-    app.wsgi_app = FastPath(app.wsgi_app, state)
+    app.wsgi_app = FastPath(app.wsgi_app, state)  # type: ignore[method-assign]  # Flask's documented WSGI middleware hook
     log.info("api: %d clients, Redis %s", len(store.clients), _redacted(settings.redis_url))
     return app
 

@@ -46,8 +46,7 @@ def plain_json_bytes(doc) -> bytes:
     control characters escaped alike, except that it writes non-ASCII characters as UTF-8 and
     DEL as is, where ``json.dumps`` escapes them as ``\\uXXXX`` (and floats it formats
     differently, hence none).  So an output with a byte outside ASCII or a DEL, or a document
-    orjson refuses, is written by :func:`json_bytes` instead (tests/api/test_hot_path.py
-    compares the two).
+    orjson refuses, is written by :func:`json_bytes` instead.
     """
     try:
         out = orjson.dumps(doc, option=_ORJSON)
@@ -148,7 +147,7 @@ def install(app: Flask) -> None:
     def _http_error(exc: HTTPException):
         code = _HTTP_CODES.get(exc.code or 500, "http_error")
         message = {404: "no such route", 405: "method not allowed on this route"}.get(
-            exc.code, exc.description or code)
+            exc.code or 500, exc.description or code)
         resp = ApiError(exc.code or 500, code, message).response()
         if exc.code == 405:
             allow = exc.get_response().headers.get("Allow")

@@ -226,7 +226,7 @@ def filters(values: dict) -> Filters:
             ``provider``/``zone``/``namespace``/``pool``; a selector that does not parse or exceeds a
             cap of :mod:`app.serving.selectors` (the message names the cap).
     """
-    reqs = ()
+    reqs: tuple[selectors.Requirement, ...] = ()
     if "selector" in values:
         sel = values["selector"]
         if not isinstance(sel, str):

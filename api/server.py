@@ -8,7 +8,7 @@ so the benchmark measures what is deployed.
   ``API_THREADS`` Python threads per worker process (``API_WORKERS``).  A connection costs a
   Python thread only while a complete request head is being answered: slow, half-sent or
   silent clients and idle keep-alive connections wait in the Rust runtime, so they cannot
-  take the threads the way they took gunicorn's gthread workers (issue 11).
+  take the threads the way they took gunicorn's gthread workers (decision 23).
 * **Idle and slow connections are closed** after ``API_IDLE_TIMEOUT_SECONDS`` (default 30,
   at most 60): a connection must deliver a complete request head within that time of opening
   or of its previous response, or it is closed.  This is hyper's header-read timeout; it
@@ -216,7 +216,7 @@ class AccessTextFormatter(logging.Formatter):
             second = int(record.created)
             text = time.strftime(self.default_time_format, self.converter(second))
             self._second = (second, text)
-        return self.default_msec_format % (text, record.msecs)
+        return (self.default_msec_format or "%s,%03d") % (text, record.msecs)
 
 
 class AccessJsonFormatter(JsonFormatter):
@@ -354,8 +354,9 @@ def _server_class():
         def _init_shared_socket(self) -> None:
             self._ssp = None
             self._sso = self._listener  # closed by MPServer._drop_shared_socket at shutdown
-            self._sfd = self._listener.fileno()
-            self._shd = SocketHolder(self._sfd, False, self.backlog)
+            # granian's stubs type these attributes None and SocketHolder without a constructor.
+            self._sfd = self._listener.fileno()  # type: ignore[assignment]
+            self._shd = SocketHolder(self._sfd, False, self.backlog)  # type: ignore[call-arg, assignment]
 
     return SharedSocketServer
 

@@ -54,9 +54,9 @@ class Permanent(ProviderError):
 class NotManaged(Permanent):
     """A delete named an instance that does not carry our managed-by tag and a Proxy UID.
 
-    Raised by every provider's ``delete`` after re-reading the instance (issue 10, item 1:
-    defence in depth against a forged ``gc.delete`` task or a wrong provider ID); the instance
-    is left in place.
+    Raised by every provider's ``delete`` after re-reading the instance (defence in depth
+    against a forged ``gc.delete`` task or a wrong provider ID, docs/security.md); the
+    instance is left in place.
     """
 
     reason = "NotManaged"

@@ -1,6 +1,6 @@
 """The API's former server, for bench/leases.py's side-by-side only: gunicorn with the
-configuration the API was deployed with until issue 11 (``gunicorn -c bench/gunicorn_conf.py
-'api:create_app()'``).  The API is now served by granian (api/server.py); gunicorn is a test
+configuration the API was deployed with before granian (``gunicorn -c bench/gunicorn_conf.py
+'api:create_app()'``).  The API is served by granian (api/server.py, decision 23); gunicorn is a test
 dependency, installed for this comparison.
 
 * ``gthread`` workers (``API_WORKERS``, default 2) with ``API_THREADS`` threads each (default

@@ -7,8 +7,8 @@ the health engine leaves a healthy proxy), then starts both servers as they are 
 * **new**: ``proxy-operator api`` (api/server.py: granian, ``--workers`` 2 x ``API_THREADS``
   4 Python threads, one runtime thread, one shared listening socket, access log on);
 * **old**: ``gunicorn -c bench/gunicorn_conf.py 'api:create_app()'`` (2 gthread workers x 4
-  threads, one ``SO_REUSEPORT`` socket per worker, no access log: the deploy/ command of
-  before issue 11).
+  threads, one ``SO_REUSEPORT`` socket per worker, no access log: the deploy/ command before
+  the API moved to granian, decision 23).
 
 The rounds alternate between the two (old, new, old, new, ...), each on fresh connections:
 32 keep-alive connections opened one by one (``--connect-gap`` ms apart), each doing
@@ -26,7 +26,7 @@ framework).  Prints per round:
 * CPU milliseconds per pair spent by the server (all processes), Redis and the client;
 
 and a closing table: medians per server, both floors in requests/s (and /2: the most pairs/s
-the serving stack could give), the new/old ratio, and the issue-11 targets: new >= 1.4 x old
+the serving stack could give), the new/old ratio, and the targets (docs/performance.md, "Leases"): new >= 1.4 x old
 in the same run, new p99 < 35 ms, new pairs/s >= 40 % of its own floor pairs/s (printed
 against each floor; docs/performance.md says which the target is read against, and why).
 
@@ -549,7 +549,7 @@ def print_round(res: Round) -> None:
 
 def summary(servers: list[Server], results: dict[str, list[Round]],
             floors: dict[tuple[str, str], tuple[float, float]]) -> None:
-    """Print the side-by-side table, the new/old ratio and the issue-11 targets.
+    """Print the side-by-side table, the new/old ratio and the targets.
 
     ``floors`` maps (server key, floor kind) to (requests/s, server CPU ms per request); a
     missing floor prints ``-``.  The lease/floor ratio is pairs/s ÷ (floor requests/s ÷ 2), once
@@ -583,7 +583,7 @@ def summary(servers: list[Server], results: dict[str, list[Round]],
         for kind, x in floor_rps.items():
             if x == x:
                 checks.append((f"new pairs/s >= 40% of its {FLOOR_LABELS[kind]} floor/2", rate >= 0.4 * x / 2))
-        print("targets (issue 11): " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in checks))
+        print("targets: " + "; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in checks))
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ status writes it did, and the CPU of Redis, the Squids and the fake + origin ove
 * sweep 1 — every Proxy turns Ready (a status write each) and learns its egress IP;
 * sweeps 2.. — steady state (probes and Redis writes only).
 
-Targets: issue 3, 1,000 proxies in one sweep < 30 s on < 1 core; the scale issue, 10,000
+Targets (docs/performance.md, "Probes"): 1,000 proxies in one sweep < 30 s on < 1 core; 10,000
 proxies within one 30 s interval on < 0.5 core in steady state (CPU seconds per steady sweep
 < 15).
 

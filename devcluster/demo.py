@@ -62,7 +62,7 @@ PROG = "proxy-operator demo"
 KUBECTL_MINIMUM = (1, 27)
 
 #: The steps after the variables, as the banner prints them and README shows them word for word
-#: (tests/test_demo_stack.py checks both and runs the lease lines as written, with bash).
+#: (keep the two in step; the lease lines must run as written, with bash).
 STEPS_LINES = (
     "kubectl apply -f deploy/samples/proxy_kubernetes.yaml",
     "kubectl get px -w                 # PHASE PROVIDER ADDRESS EGRESS IP HEALTHY; Ctrl-C once Ready",

@@ -309,7 +309,7 @@ def test_health_check_timeout_is_capped_at_60_seconds(crd):
 @pytest.mark.parametrize("health,ok", [
     ({"intervalSeconds": 5, "timeoutSeconds": 6}, False),
     ({"intervalSeconds": 5}, False),                       # the default timeout (10 s) exceeds it
-    ({"intervalSeconds": 5, "timeoutSeconds": 5}, False),  # below the interval, not equal (issue 10)
+    ({"intervalSeconds": 5, "timeoutSeconds": 5}, False),  # below the interval, not equal (docs/security.md, "probe capacity")
     ({"intervalSeconds": 10}, False),                      # the default timeout (10 s) equals it
     ({"timeoutSeconds": 30}, False),                       # the default interval is 30 s
     ({"intervalSeconds": 5, "timeoutSeconds": 4}, True),

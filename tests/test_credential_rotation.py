@@ -1,4 +1,4 @@
-"""Credential rotation end to end on the kubernetes provider (issue 12, item 7).
+"""Credential rotation end to end on the kubernetes provider.
 
 The real watcher, worker and beat; the API fake with the CRD's admission; the kubelet stand-in
 running a real Squid per Pod and mounting the Proxy's credentials Secret the way the kubelet

@@ -435,7 +435,7 @@ def test_compose_bind_mounts_exist(compose):
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
 
 
-# -- access: Redis password, Flower auth, NetworkPolicies, the kvm-ssh key (issue 10) ------------
+# -- access: Redis password, Flower auth, NetworkPolicies, the kvm-ssh key (docs/security.md) ---
 
 OPERATOR_PODS = ("watcher", "worker", "health-worker", "beat", "api", "flower")
 

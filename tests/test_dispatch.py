@@ -213,7 +213,7 @@ def test_a_steady_proxy_drifts_when_its_provider_or_host_is_gone(config, tmp_pat
 # -- rotated credentials ---------------------------------------------------------------------
 def test_resync_queues_a_rotated_proxy_for_replacement_only_where_the_credentials_are_baked_in(
         kube_client, redis_client, tmp_path):
-    """issue 12, credential rotation: kvm and gcp bake the htpasswd line into the instance, so a
+    """Credential rotation: kvm and gcp bake the htpasswd line into the instance, so a
     Secret whose line no longer matches ``status.credentialsHash`` makes the resync poll the
     (steady, published) Proxy, and that poll replaces the instance; a kubernetes Pod mounts the
     Secret and follows it, so its Proxy is left alone."""

@@ -274,7 +274,7 @@ def history(list_call, *args, since: str, **kwargs) -> list[tuple[str, str, int,
     return events
 
 
-#: Seconds the API fake holds the Pod create in the slow-create test (issue 9, case 1).
+#: Seconds the API fake holds the Pod create in the slow-create test.
 SLOW_POD_CREATE = 8
 
 

@@ -1,4 +1,4 @@
-"""The Events of a whole Proxy lifecycle, through the real processes (issue 12, item 4).
+"""The Events of a whole Proxy lifecycle, through the real processes (docs/observability.md, "Events").
 
 Watcher, worker and beat started through their real commands, the API fake with the CRD's
 admission and its kubelet stand-in (a real Squid per Pod), a private Redis, a local health

@@ -1,5 +1,5 @@
-"""The kubernetes provider against the API fake (issue 10): what a delete may touch (item 1)
-and what a Proxy author may choose (item 3)."""
+"""The kubernetes provider against the API fake: what a delete may touch and what a Proxy
+author may choose (docs/security.md)."""
 
 from __future__ import annotations
 

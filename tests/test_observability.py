@@ -1,4 +1,4 @@
-"""Metrics from every process, the alert rules and the dashboard (issue 12, item 3 and "Real parts").
+"""Metrics from every process, the alert rules and the dashboard, with real processes.
 
 Fast (promtool only): the rules in deploy/prometheus/prometheus_rule.yaml pass ``promtool
 check rules`` and promtool's unit tests (tests/prometheus/alerts_test.yaml).

@@ -79,7 +79,7 @@ def test_a_check_that_hangs_or_raises_becomes_one_not_ready_verdict():
     assert not v.ready and v.reason == "CheckFailed" and "boom" in v.message
 
 
-# -- issue 12, items 1 and 2: one snapshot, staleness, reason changes ---------------------------
+# -- one snapshot, staleness, reason changes ------------------------------------------------------
 import logging  # noqa: E402
 import threading  # noqa: E402
 import dataclasses  # noqa: E402

@@ -1,4 +1,4 @@
-"""Provider health through the real processes (issue 12, items 1 and 2).
+"""Provider health through the real processes (decision 18).
 
 A real worker (prefork, two children), beat and watcher against the Kubernetes API fake and a
 private Redis.  Two kubernetes providers: ``k8s-hourly`` (checked once an hour: its

@@ -1,5 +1,5 @@
-"""Redis requires a password, and every process uses it without ever showing it (issue 10,
-items 1 and 8).
+"""Redis requires a password, and every process uses it without ever showing it
+(docs/security.md).
 
 A private ``redis-server`` with ``requirepass`` (given on stdin, as deploy/ does); the real
 Celery worker, beat, watcher, API and Flower started through their real commands with

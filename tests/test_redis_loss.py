@@ -1,4 +1,4 @@
-"""Losing Redis does not stop the fleet (issue 9): real watcher, worker, beat and API processes.
+"""Losing Redis does not stop the fleet (docs/architecture.md, "Redis loss"): real watcher, worker, beat and API processes.
 
 Each test runs its own private ``redis-server`` (so it can be flushed, killed and restarted on
 the same port without touching the session's), the Kubernetes API fake with the real CRD's

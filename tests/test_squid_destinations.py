@@ -1,4 +1,4 @@
-"""What a proxy may reach (issue 10, item 2), with the real Squid and the product's squid.conf.
+"""What a proxy may reach (docs/security.md), with the real Squid and the product's squid.conf.
 
 Everything runs in a private network namespace (:mod:`tests.support.netns`): a dummy interface
 carries an RFC 1918 address (Squid listens there; the client connects from it), a "normal"
@@ -178,3 +178,36 @@ def test_the_rendered_rules_parse_and_deny_names_before_any_dns_rule(tmp_path):
     assert out.returncode == 0, out.stderr
     # (Squid's complaints start "ERROR:"; the error names the config lists, ERR_READ_ERROR..., do not)
     assert "ERROR:" not in out.stderr and "FATAL" not in out.stderr
+
+
+# -- every other spelling of loopback, link-local and the metadata server ------------------------
+# Every alternative spelling of loopback, link-local and the metadata server that glibc or Squid
+# accepts, IPv4-mapped IPv6 forms, other schemes and the cache manager: the door held (403 for
+# each, nothing reached an origin); these pin it.
+ALTERNATIVE_SPELLINGS = [
+    "http://2130706433/", "http://0x7f000001/", "http://0177.0.0.1/", "http://0x7f.1/", "http://127.0.0.1./",
+    "http://[::ffff:7f00:1]/", "http://[0:0:0:0:0:ffff:127.0.0.1]/", "http://[::ffff:0.0.0.0]/", "http://0/",
+    "http://2852039166/", "http://0xa9fea9fe/", "http://169.254.43518/", "http://0251.0376.0251.0376/",
+    "http://[::ffff:a9fe:a9fe]/", "http://[::ffff:169.254.169.254]/", "http://[fd00:ec2::254]/",
+    "http://metadata.google.internal:80/", "http://user@127.0.0.1/", "http://localhost./", "http://LOCALHOST/",
+    "cache_object://10.77.0.1/info", "cache_object://127.0.0.1/info", "http://10.77.0.1:3128/squid-internal-mgr/menu",
+    "ftp://127.0.0.1/", "ftp://169.254.169.254:80/", "whois://127.0.0.1:80/", "https://127.0.0.1:443/",
+]
+ALTERNATIVE_CONNECTS = ["2130706433:443", "127.1:443", "[::ffff:7f00:1]:443", "[::1]:443", "[::ffff:a9fe:a9fe]:443",
+                        "metadata.google.internal.:443", "10.77.0.1:3128"]
+
+
+def test_squid_refuses_every_other_spelling_of_loopback_link_local_and_metadata():
+    with NetNamespace(["10.77.0.1/24", "10.77.0.2/24", "169.254.10.1/16", "169.254.169.254/32",
+                       "fd00:ec2::254/128"]) as ns:
+        origin = ns.origin("127.0.0.1:80", "10.77.0.2:80", "169.254.169.254:80", "[::1]:80", "[fd00:ec2::254]:80")
+        with SquidProcess(SQUID_ADDRESS, 3128, squid_block(3128, {}), netns=ns.name):
+            got = statuses(ns, 3128, ALTERNATIVE_SPELLINGS)
+            connects = statuses(ns, 3128, ALTERNATIVE_CONNECTS, "CONNECT")
+            normal = statuses(ns, 3128, ["http://10.77.0.2/marker"])
+        ns.stop(origin)
+        seen = [line.split()[1] for line in origin.stdout.read().splitlines() if line.startswith("HIT")]
+    assert got == {t: 403 for t in ALTERNATIVE_SPELLINGS}
+    assert connects == {t: 403 for t in ALTERNATIVE_CONNECTS}
+    assert normal == {"http://10.77.0.2/marker": 200}
+    assert seen == ["10.77.0.2:80"], "only the allowed request reached an origin"

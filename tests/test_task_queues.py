@@ -1,4 +1,4 @@
-"""The queue each task type is *sent* to, from the code that sends it (issue 9, case 4).
+"""The queue each task type is *sent* to, from the code that sends it (decisions 9 and 14).
 
 tests/test_routing.py checks the Router's answers; here the senders themselves are run and
 what they publish is recorded:

@@ -5,7 +5,7 @@ provider is built, so no SDK such as libvirt or google-cloud is imported) and a 
 The fleet's publisher is injected: the composition root (``proxy-operator watch``,
 :func:`cli.main.cmd_watch`) passes ``workers.celery_app.send`` (the broker connection, never a
 task module, the beat schedule or the worker's hooks), so this package imports nothing from
-``workers/``.  ``tests/test_watcher_imports.py`` pins both.
+``workers/`` (an import-linter contract in pyproject.toml).
 """
 
 from __future__ import annotations

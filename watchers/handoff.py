@@ -2,8 +2,8 @@
 
 The watcher's callback (``watchers.events``, :meth:`app.dispatch.proxies.Dispatcher.on_event`) needs Redis:
 it de-duplicates and queues tasks there.  While Redis is unreachable (a restart, an outage) it raises, and an event it
-raised on used to be logged and lost until the next resync.  :class:`Handoff` sits between
-the stream and the callback:
+raised on must not be lost until the next resync.  :class:`Handoff` sits between the stream
+and the callback:
 
 * the stream hands over with :meth:`Handoff.submit`, which never blocks and never raises, so
   the watch keeps reading (and the liveness check keeps seeing progress) whatever the

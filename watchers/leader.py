@@ -216,7 +216,9 @@ class LeaderElector:
     def _remember(self, lease: k8s.V1Lease) -> None:
         self.last_contact = self.clock()
         spec = lease.spec
-        self._observed = (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_transitions)
+        # Every Lease this candidate writes or takes over carries a spec.
+        self._observed = (spec.holder_identity, spec.renew_time,  # type: ignore[union-attr]
+                          spec.acquire_time, spec.lease_transitions)  # type: ignore[union-attr]
         self._observed_at = self.clock()
 
     # -- release ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from kubernetes import client as k8s
 
@@ -68,17 +68,17 @@ class WatcherSettings:
         return self.stream.read_timeout + self.stream.backoff_max + 30
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "WatcherSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "WatcherSettings":
         """Read the settings from the environment (names in the module docstring).
 
         Raises:
             ValueError: a value is not a number (or negative: :func:`app.config.settings.env_number`)
                 or the combination is invalid; the message names the variable or the rule.
         """
-        env = os.environ if env is None else env
+        environ: Mapping[str, str] = os.environ if env is None else env
 
         def num(name: str, default):
-            value = env_number(name, default, env=env)
+            value = env_number(name, default, env=environ)
             return type(default)(value) if isinstance(default, int) else value
 
         sd, ed = StreamSettings(), ElectionSettings()
@@ -89,7 +89,7 @@ class WatcherSettings:
         election = ElectionSettings(lease_duration=num("LEASE_DURATION", ed.lease_duration),
                                     renew_deadline=num("LEASE_RENEW_DEADLINE", ed.renew_deadline),
                                     retry_period=num("LEASE_RETRY_PERIOD", ed.retry_period))
-        window = env.get("WATCHER_LIVENESS_WINDOW")
+        window = environ.get("WATCHER_LIVENESS_WINDOW")
         return cls(stream=stream, election=election,
                    liveness_window=num("WATCHER_LIVENESS_WINDOW", 0.0) if window else None)
 

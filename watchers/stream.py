@@ -29,7 +29,7 @@ import logging
 import random
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, cast
 
 import urllib3
 from kubernetes import client as k8s
@@ -184,10 +184,10 @@ class ProxyStream:
         seen: set[str] = set()
         count = 0
         while True:
-            kwargs = {"limit": s.page_size, "_request_timeout": (s.connect_timeout, s.list_timeout)}
+            kwargs: dict[str, Any] = {"limit": s.page_size, "_request_timeout": (s.connect_timeout, s.list_timeout)}
             if token:
                 kwargs["_continue"] = token
-            page = self.api.list_cluster_custom_object(GROUP, VERSION, self.plural, **kwargs)
+            page = cast(dict, self.api.list_cluster_custom_object(GROUP, VERSION, self.plural, **kwargs))
             meta = page.get("metadata") or {}
             if list_rv is None:
                 list_rv = meta.get("resourceVersion")  # continued pages are consistent with the first

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import redis
 from redbeat.decoder import RedBeatJSONEncoder, to_timestamp
@@ -62,6 +63,7 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
     ``redis.RedisError``; it returns the seconds until the next tick.
     """
 
+    lock: Any  # redbeat's scheduler lock (redis-py ``Lock``), ``None`` until taken
     _lock_lost = False
     _standby_logged = False
     _failures = 0

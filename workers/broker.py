@@ -163,17 +163,20 @@ class Channel(kombu_redis.Channel):
         return [(exchange, "", exchange)]
 
     def _connparams(self, asynchronous=False):
-        """Return kombu's connection parameters; raise ``redis.ConnectionError`` once closed.
+        """Return kombu's connection parameters.
 
-        A worker that loses Redis closes its connection (celery's
-        ``on_connection_error_after_connected``); closing the channel restores the unacked
-        messages, which builds a new pool after the transport has already dropped its client
-        (``transport.client`` is ``None``), and kombu then fails with ``AttributeError:
-        'NoneType' object has no attribute 'hostname'`` (celery/kombu#582, #970).  That error is
-        not among the transport's connection errors, so it escaped celery's ``ignore_errors``
-        and the worker process exited.  A ``redis.ConnectionError`` is one of them: the close
-        goes on, and the worker reconnects as it does for any other loss of Redis.
+        Args:
+            asynchronous: parameters for the consumer's asynchronous client.
+        Returns:
+            the keyword arguments of kombu's Redis connection pool.
+        Raises:
+            redis.exceptions.ConnectionError: the transport has dropped its client (the
+                connection is being closed).
         """
+        # Closing a channel after Redis was lost restores the unacked messages through a new
+        # pool, after the transport dropped its client: kombu then raised AttributeError
+        # (celery/kombu#582, #970), which is no connection error, so the worker exited.  A
+        # ConnectionError lets the close go on and the worker reconnect.
         if self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection is closed")
         return super()._connparams(asynchronous=asynchronous)
@@ -181,14 +184,15 @@ class Channel(kombu_redis.Channel):
     def _create_client(self, asynchronous=False):
         """Return a Redis client on the channel's pool: one reused client for synchronous calls.
 
-        kombu builds a new ``redis.Redis`` for every synchronous operation (each publish, each
-        event, each acknowledgement and unacked-index write); redis-py's constructor fills a
-        table of some 200 reply callbacks, which was a quarter of a prefork worker's main
-        process CPU at 50 tasks/s (docs/performance.md, "Pipeline").  A ``redis.Redis`` takes
-        a connection from the pool per command and is safe to share between threads; the one
-        kept here is replaced when the channel's pool is (after a fork or a disconnect).  The
-        asynchronous client (the consumer's BRPOP) is built as before.
+        Args:
+            asynchronous: build the consumer's asynchronous client (``BRPOP``), as kombu does.
+        Returns:
+            a ``redis.Redis``; the synchronous one is replaced when the channel's pool is
+            (after a fork or a disconnect).
         """
+        # kombu builds a new redis.Redis per synchronous operation, and its constructor's
+        # reply-callback table cost a quarter of a worker's main process CPU (docs/performance.md,
+        # "Pipeline").  A redis.Redis is safe to share between threads.
         if asynchronous:
             return super()._create_client(asynchronous=True)
         pool = self.pool

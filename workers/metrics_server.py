@@ -31,6 +31,7 @@ import os
 import threading
 import time
 
+import redis
 from celery.signals import (beat_init, task_failure, task_postrun, task_prerun, task_retry, task_success,
                             worker_init, worker_process_shutdown)
 from prometheus_client import Counter, Histogram, multiprocess
@@ -75,7 +76,7 @@ class QueueDepthCollector:
 
     def __init__(self, redis_factory, queues) -> None:
         self.redis_factory, self.queues = redis_factory, sorted(set(queues))
-        self._r = None
+        self._r: redis.Redis | None = None
 
     def describe(self):
         """Nothing up front (no Redis read when registered)."""
@@ -115,7 +116,7 @@ class BeatScheduleCollector:
 
     def __init__(self, app, redis_factory) -> None:
         self.app, self.redis_factory = app, redis_factory
-        self._r = None
+        self._r: redis.Redis | None = None
 
     def describe(self):
         """Nothing up front (no Redis read when registered)."""
@@ -164,7 +165,7 @@ class ServingViewCollector:
 
     def __init__(self, redis_factory) -> None:
         self.redis_factory = redis_factory
-        self._r = None
+        self._r: redis.Redis | None = None
 
     def describe(self):
         """Nothing up front (no Redis read when registered)."""

@@ -4,7 +4,8 @@ A domain module, not part of :mod:`app.providers`: the config loader (:mod:`app.
 dispatcher's router (:mod:`app.dispatch.proxies`) take registered types as a parameter, and each provider
 package builds its own (``PROVIDER`` in ``app/providers/<type>/registration.py``), so providers
 depend on this module and never the reverse.  The composition root (:mod:`app.wiring`) lists
-the registrations.  This module imports nothing from :mod:`app.providers` (``tests/test_layout.py``).
+the registrations.  This module imports nothing from :mod:`app.providers` (an import-linter
+contract in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import builtins
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 IDENTIFIER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -123,6 +123,23 @@ class Reader:
 
 
     # -- typed readers -----------------------------------------------------------------
+    # Each reader returns ``None`` only for an absent optional key without a default; the
+    # overloads tell the type checker so (a required key or a default gives a value).
+    @overload
+    def str(self, key: builtins.str, default: builtins.str, *, required: builtins.bool = ...,
+            pattern: re.Pattern[builtins.str] | None = ...,
+            choices: tuple[builtins.str, ...] | None = ...) -> builtins.str: ...
+
+    @overload
+    def str(self, key: builtins.str, default: None = ..., *, required: Literal[True],
+            pattern: re.Pattern[builtins.str] | None = ...,
+            choices: tuple[builtins.str, ...] | None = ...) -> builtins.str: ...
+
+    @overload
+    def str(self, key: builtins.str, default: builtins.str | None = ..., *, required: builtins.bool = ...,
+            pattern: re.Pattern[builtins.str] | None = ...,
+            choices: tuple[builtins.str, ...] | None = ...) -> builtins.str | None: ...
+
     def str(self, key: builtins.str, default: builtins.str | None = None, *, required: builtins.bool = False,
             pattern: re.Pattern[builtins.str] | None = None,
             choices: tuple[builtins.str, ...] | None = None) -> builtins.str | None:
@@ -140,6 +157,18 @@ class Reader:
             raise self.error(key, f"{value!r} is not one of {', '.join(choices)}")
         return value
 
+    @overload
+    def int(self, key: builtins.str, default: builtins.int, *, required: builtins.bool = ...,
+            minimum: builtins.int | None = ..., maximum: builtins.int | None = ...) -> builtins.int: ...
+
+    @overload
+    def int(self, key: builtins.str, default: None = ..., *, required: Literal[True],
+            minimum: builtins.int | None = ..., maximum: builtins.int | None = ...) -> builtins.int: ...
+
+    @overload
+    def int(self, key: builtins.str, default: builtins.int | None = ..., *, required: builtins.bool = ...,
+            minimum: builtins.int | None = ..., maximum: builtins.int | None = ...) -> builtins.int | None: ...
+
     def int(self, key: builtins.str, default: builtins.int | None = None, *, required: builtins.bool = False,
             minimum: builtins.int | None = None, maximum: builtins.int | None = None) -> builtins.int | None:
         """Return an integer within ``[minimum, maximum]``."""
@@ -154,6 +183,16 @@ class Reader:
             raise self.error(key, f"must be at most {maximum}, got {value}")
         return value
 
+    @overload
+    def bool(self, key: builtins.str, default: builtins.bool, *, required: builtins.bool = ...) -> builtins.bool: ...
+
+    @overload
+    def bool(self, key: builtins.str, default: None = ..., *, required: Literal[True]) -> builtins.bool: ...
+
+    @overload
+    def bool(self, key: builtins.str, default: builtins.bool | None = ..., *,
+             required: builtins.bool = ...) -> builtins.bool | None: ...
+
     def bool(self, key: builtins.str, default: builtins.bool | None = None, *,
              required: builtins.bool = False) -> builtins.bool | None:
         """Return a boolean (YAML ``true``/``false`` only)."""
@@ -163,6 +202,16 @@ class Reader:
         if not isinstance(value, bool):
             raise self.error(key, f"must be true or false, got {value!r}")
         return value
+
+    @overload
+    def duration(self, key: builtins.str, default: float, *, required: builtins.bool = ...) -> float: ...
+
+    @overload
+    def duration(self, key: builtins.str, default: None = ..., *, required: Literal[True]) -> float: ...
+
+    @overload
+    def duration(self, key: builtins.str, default: float | None = ..., *,
+                 required: builtins.bool = ...) -> float | None: ...
 
     def duration(self, key: builtins.str, default: float | None = None, *,
                  required: builtins.bool = False) -> float | None:

@@ -421,13 +421,15 @@ class Dispatcher:
           another pass.
         * Lock held by another step: the request is *parked* (not re-sent); the holder re-reads
           and re-decides when it finishes, so nothing is lost and a backoff it schedules is not
-          cut short.  A lock whose holder died (no heartbeat, :mod:`app.store.holders`) is taken over.
+          cut short (decision 3).  A lock whose holder died (no heartbeat, :mod:`app.store.holders`)
+          is taken over (decision 22).
         * A followup of the same step goes back on ``queue`` (the one the task was delivered
           from); a different step is routed from the object as it is now (a create after the
           Proxy moved to another KVM host goes to that host's queue): the Proxy the step last
-          wrote (``followup.proxy``, a create's poll) or, when the step gives none, read again.
+          wrote (``followup.proxy``, a create's poll) or, when the step gives none, read again
+          (decision 9).
         * A real change that arrived while the step ran (an event parked by :class:`OwnWrites`)
-          causes one more :meth:`dispatch` of the re-read Proxy.
+          causes one more :meth:`dispatch` of the re-read Proxy (decision 12).
 
         Args:
             ctx: the reconcile context (its ``redis`` is the one this dispatcher uses).

@@ -241,16 +241,22 @@ OVERRIDE_EVENT_INTERVAL = 300.0
 
 
 def _scale_state(r, uid: str) -> tuple[list[dict], dict]:
-    """The autoscaler's state kept in :func:`app.store.keys.pool_scale`: its recommendations
-    (the scale-down window) and the document (``replicas``: the count it last settled on,
-    ``warnedAt``: epoch seconds of the last ``ReplicasOverridden`` Event).  A plain list (what
-    earlier releases wrote) is the recommendations alone."""
+    """Read the autoscaler's state kept in :func:`app.store.keys.pool_scale`.
+
+    Args:
+        r: Redis client.
+        uid: the pool's UID.
+    Returns:
+        ``(recommendations, document)``: the recommendations of the scale-down window, and the
+        whole document (``replicas``: the count it last settled on, ``warnedAt``: epoch seconds
+        of the last ``ReplicasOverridden`` Event); ``([], {})`` when missing or unreadable.
+    """
     raw = r.get(redis_keys.pool_scale(uid))
     try:
         doc = json.loads(raw) if raw else []
     except ValueError:
         return [], {}
-    if isinstance(doc, list):
+    if isinstance(doc, list):  # what earlier releases wrote: the recommendations alone
         return doc, {}
     if isinstance(doc, dict) and isinstance(doc.get("history"), list):
         return doc["history"], doc
@@ -554,15 +560,22 @@ ZONE_EVENTS_PER_WINDOW = 3
 
 
 def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, Any]], *, now: float) -> None:
-    """One Event when zones start being skipped (``ZoneNotReady``, Warning) and one when zones
-    listed in the pool recover (``ZoneReady``): a pass that finds the same zones skipped emits none.
-    A zone dropped from ``spec.spread.zones`` while skipped is not said to recover.
+    """Record ``ZoneNotReady`` (Warning) when zones start being skipped and ``ZoneReady`` when
+    zones listed in the pool recover; a pass that finds the same zones skipped records none.
 
     What was last told of each zone, and when, is kept in :func:`app.store.keys.pool_zone_events`
-    (lost, e.g. a flushed Redis: the status read stands for it).  A zone gets at most
-    :data:`ZONE_EVENTS_PER_WINDOW` Events per :data:`ZONE_EVENT_WINDOW`: a zone flapping faster is
-    told by the ``ZonesReady`` condition at every pass, and by an Event of the state it is in once
-    the window allows one (the next pass after that)."""
+    (when it is lost, the pool's ``status.skippedZones`` stands for it).  A zone gets at most
+    :data:`ZONE_EVENTS_PER_WINDOW` Events per :data:`ZONE_EVENT_WINDOW` (the ``ZonesReady``
+    condition still tells every pass); a zone dropped from ``spec.spread.zones`` while skipped
+    is not said to recover.
+
+    Args:
+        kube: the gateway the Events go through.
+        r: Redis client.
+        pool: the pool as this pass read it.
+        skipped: the zones the plan skipped (``{"zone": ..., ...}``, as in ``status.skippedZones``).
+        now: epoch seconds of the pass.
+    """
     key = redis_keys.pool_zone_events(pool.uid)
     try:
         doc = json.loads(r.get(key) or "{}")

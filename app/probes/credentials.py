@@ -99,9 +99,10 @@ class SecretCredentials(RefreshableCredentials):
 
     def _verified(self, namespace: str, name: str, uid: str, address: str, port: str,
                   secret: str) -> tuple[str, str] | None:
-        def refuse(why: str) -> None:
+        def refuse(why: str) -> tuple[str, str] | None:
             log.warning("health: credentials withheld for the serving-view record of Proxy %s/%s: %s",
                         namespace, name, why)
+            return None
 
         if not namespace or not name:
             return refuse("the record names no Proxy")

@@ -3,7 +3,7 @@
 Whoever may write a Proxy chooses an External Proxy's ``spec.endpoint`` and every
 ``spec.healthCheck.url``.  The health worker connects to the endpoint and asks the proxy to
 fetch the URL, and the outcome (refused, timeout, status) lands in the Proxy's conditions, so
-without a check the worker is a port scanner of its own network (issue 10, item 4).
+without a check the worker is a port scanner of its own network (docs/security.md).
 
 Denied by default (:data:`DEFAULT_DENIED_RANGES`): loopback (``127.0.0.0/8``, ``::1``),
 link-local (``169.254.0.0/16``, ``fe80::/10``: the cloud metadata servers live there) and

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping, overload
 
 from app.store import keys as redis_keys
 
@@ -264,12 +264,15 @@ def _probe_pools() -> tuple[dict[int, ThreadPoolExecutor], threading.Lock]:
 
 
 def _probe_pool(size: int) -> ThreadPoolExecutor:
-    """Return this process's pool of ``size`` probe threads.
+    """Return this process's pool of ``size`` probe threads, kept across batches.
 
-    Kept across batches (a prefork child runs one batch after another): starting up to
-    ``concurrency`` threads for every batch and joining them again was a seventh of a steady
-    sweep's CPU.  Threads are started as probes need them and then wait for the next batch.
+    Args:
+        size: the most probes in flight at once (``settings.concurrency``).
+    Returns:
+        the same executor for every call with this ``size`` in this process.
     """
+    # Kept because a prefork child runs one batch after another, and starting and joining the
+    # threads for every batch cost a seventh of a steady sweep's CPU (docs/performance.md).
     pools, lock = _probe_pools()
     with lock:
         pool = pools.get(size)
@@ -341,10 +344,10 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
 
     The probes run concurrently (``settings.concurrency``).  Results are recorded in Redis and
     changed verdicts written to the Proxy status as they arrive (several that arrive together
-    share one round trip), so one slow proxy never holds back the others' results (issue 10,
-    item 5).  One exception keeps outage detection whole: while every result of the batch so
-    far is a failure and the proxies still in flight may be the only ones that succeeded
-    before, the failures wait for the rest of the batch (or its first success), so that a
+    share one round trip), so one slow proxy never holds back the others' results
+    (docs/security.md, "probe capacity").  One exception keeps outage detection whole: while
+    every result of the batch so far is a failure and the proxies still in flight may be the
+    only ones that succeeded before, the failures wait for the rest of the batch (or its first success), so that a
     probe-side outage is recognised before anything is marked Unhealthy.  Every endpoint and
     health URL is checked against ``settings``' destination policy first (a denied one fails
     with reason ``DestinationDenied``, nothing sent).
@@ -456,18 +459,26 @@ def probe_batch(r, uids: list[str], settings: HealthSettings, *, kube: KubeGatew
     return report
 
 
-def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: dict, credentials: Credentials | None,
+def _rotation(r, target: p.ProbeTarget, res: p.ProbeResult, rec: ServingRecord, credentials: Credentials | None,
               settings: HealthSettings, policy) -> tuple[p.ProbeTarget, p.ProbeResult]:
-    """After a 407: try the other credentials a password rotation leaves around, so a proxy is
-    never withdrawn because of its own rotation.
+    """After a 407, probe again with the other credentials a password rotation leaves around.
 
-    The proxy may already know a password the probe's cached copy of the Secret does not (the
-    Secret is read again, past the cache), or may still know only the previous one (the
-    kubelet has not updated the Pod's file yet, a KVM or GCE instance keeps its htpasswd
-    until it is replaced): the credentials of the last probe that passed, kept in
-    :func:`app.store.keys.auth`.  The first pair the proxy accepts wins; its result (and the pair, which
-    the lease answer hands out) is what counts.  Only a record whose own credentials were
-    granted (verified against its Proxy) is retried.  Credentials never appear in a message.
+    The candidates are the Secret read again past the cache (the proxy may already know the new
+    password) and the pair of the last probe that passed, kept in :func:`app.store.keys.auth`
+    (it may still know only the old one); the first pair the proxy accepts wins.  Only a
+    record whose own credentials were granted (verified against its Proxy) is retried, and
+    credentials never appear in a message.
+
+    Args:
+        r: Redis client.
+        target: the probe that got the 407.
+        res: its result.
+        rec: the proxy's serving record.
+        credentials: the credentials reader, or ``None``.
+        settings: the engine's settings.
+        policy: the destination policy every probe is checked against.
+    Returns:
+        ``(target, result)`` of the pair that counts: the first accepted, else the original.
     """
     if target.credentials is None:
         # The record was not verified against its Proxy (app.probes.credentials): no other
@@ -499,7 +510,8 @@ def _split_cut(arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[st
                settings: HealthSettings) -> tuple[list, list]:
     """Split fast-lane results into those to judge and the timeouts of probes cut at
     ``settings.slow_seconds`` (their own timeout was longer: not judged here)."""
-    judge, cut = [], []
+    judge: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
+    cut: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
     for item in arrived:
         res = item[1]
         was_cut = capped_timeout(recs[res.uid].health_check) > settings.slow_seconds
@@ -530,7 +542,8 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
                        ok_urls: dict) -> tuple[list, list]:
     """Split ``arrived`` into results to judge and failures to park because their health URL's
     origin is down (one control request per URL, see :mod:`app.probes.origin`)."""
-    judge, parked = [], []
+    judge: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
+    parked: list[tuple[p.ProbeTarget, p.ProbeResult]] = []
     verdicts: dict[tuple[str, int], bool] = {}
     for item in arrived:
         target, res = item
@@ -549,15 +562,34 @@ def _split_origin_down(origins: OriginControl, arrived: list[tuple[p.ProbeTarget
     return judge, parked
 
 
+@overload
+def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+           outage: bool, now: float, *, origin_down: bool = ..., note: Literal[True]) -> tuple[int, bool]: ...
+
+
+@overload
+def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
+           outage: bool, now: float, *, origin_down: bool = ..., note: bool = ...) -> tuple[int, bool] | None: ...
+
+
 def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], recs: dict[str, ServingRecord],
            outage: bool, now: float, *, origin_down: bool = False, note: bool = False) -> tuple[int, bool] | None:
     """Record ``arrived`` results in the serving view (one round trip) and queue the status
     writes of the verdicts that changed.
 
-    ``origin_down``: the results are failures while their health URL's origin was down; they
-    are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
-    ``note``: also note the outcomes for outage detection first (as :func:`_note`), in the same
-    round trip, and return the size of the OK set afterwards and whether the outage key exists.
+    Args:
+        batch: the batch's shared state.
+        arrived: ``(target, result)`` pairs.
+        recs: the serving records of the batch, by UID.
+        outage: a probe-side outage is in progress (passed to :func:`app.probes.state.advance`).
+        now: epoch seconds.
+        origin_down: the results are failures while their health URL's origin was down; they
+            are recorded (``lastReason`` ``OriginDown``) but change nothing about the proxy's state.
+        note: also note the outcomes for outage detection first (as :func:`_note`), in the same
+            round trip.
+    Returns:
+        with ``note``: the size of the OK set afterwards and whether the outage key exists;
+        else ``None``.
     """
     r, settings, report = batch.r, batch.settings, batch.report
     pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult]] = []

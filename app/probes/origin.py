@@ -4,7 +4,7 @@ Every probe fetches ``healthCheck.url`` *through* a proxy.  When that fails, eit
 is broken or the URL's origin is down, and in the second case every proxy fails and none of
 them is at fault.  Waiting for the whole fleet to fail before calling it an outage does not
 work when probes run in small batches with a low ``failureThreshold``: the first batches are
-marked Unhealthy before the outage is recognised (issue 12, item 5).  So before a failure may
+marked Unhealthy before the outage is recognised (decision 19).  So before a failure may
 count against any proxy, the engine asks the origin itself, from the worker, through no proxy
 (:func:`control`): ``GET`` of the same URL, expecting the same status.
 
@@ -122,6 +122,7 @@ def control(url: str, expected_status: int, timeout: float, *, policy: "Destinat
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    pool: urllib3.HTTPConnectionPool
     if parts.scheme == "https":
         pool = urllib3.HTTPSConnectionPool(address, port, maxsize=1, retries=False, server_hostname=host,
                                            assert_hostname=host, ssl_context=p.ssl_context(ca_bundle))

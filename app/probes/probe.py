@@ -137,7 +137,7 @@ def ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
         return ctx
 
 
-def _errno_in_chain(exc: BaseException) -> int | None:
+def _errno_in_chain(exc: BaseException | None) -> int | None:
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, OSError) and exc.errno:
@@ -280,9 +280,12 @@ class _Through:
 
     A plain-HTTP URL goes to the proxy as an absolute-URI request on one connection pool to
     the proxy, built the way ``ProxyManager`` builds it (proxy, proxy headers, the ``Accept``
-    and ``Host`` headers it adds), without the pool manager around it: building that manager and
-    looking its pool up again was a fifth of a probe's CPU, and a health check URL is usually
-    plain HTTP.  Any other URL (HTTPS: a ``CONNECT`` tunnel) goes through a ``ProxyManager``.
+    and ``Host`` headers it adds), without the pool manager around it; any other URL (HTTPS: a
+    ``CONNECT`` tunnel) goes through a ``ProxyManager``.
+
+    Args:
+        target: the proxy, and the credentials the probe sends it.
+        ca_bundle: CA bundle for HTTPS health URLs, or ``None`` for the system's.
     """
 
     def __init__(self, target: ProbeTarget, ca_bundle: str | None) -> None:
@@ -303,10 +306,13 @@ class _Through:
                     self.proxy_url, proxy_headers=self.headers, num_pools=2, maxsize=1, block=False,
                     retries=False, ssl_context=ssl_context(self.ca_bundle))
             return self._manager.request("GET", url, headers=headers, **kw)
+        # No pool manager for plain HTTP: building it and looking its pool up again cost a fifth
+        # of a probe's CPU, and a health check URL is usually plain HTTP.
         if self._pool is None:
             proxy = urllib3.util.parse_url(self.proxy_url)
             self._pool = urllib3.HTTPConnectionPool(
-                proxy.host, proxy.port, maxsize=1, block=False, retries=False, _proxy=proxy,
+                proxy.host,  # type: ignore[arg-type]  # proxy_url is built with a host
+                proxy.port, maxsize=1, block=False, retries=False, _proxy=proxy,
                 _proxy_headers=self.headers or {}, _proxy_config=ProxyConfig(None, False, None, None))
         u = urllib3.util.parse_url(url)
         sent = {"Accept": "*/*", "Host": u.netloc} if u.netloc else {"Accept": "*/*"}
@@ -366,6 +372,7 @@ def probe(target: ProbeTarget, *, echo_url: str = "", ca_bundle: str | None = No
                                (time.perf_counter() - t0) * 1000, started)
         target = replace(target, host=address)
     pm = _Through(target, ca_bundle)
+    status: int | None
     try:
         try:
             status, headers, _ = _get(pm, target.url, target.timeout, _BODY_LIMIT)

@@ -269,7 +269,7 @@ class ShardedProvider(Protocol):
 
 
 def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:
-    """Refuse to touch an instance that is not ours (issue 10, item 1; docs/security.md).
+    """Refuse to touch an instance that is not ours (docs/security.md).
 
     Ours means: the managed-by tag equals :data:`app.providers.naming.MANAGED_BY` and a non-empty Proxy
     UID tag is present (the tags every create writes, :func:`app.providers.naming.tags_for`).  Every

@@ -12,7 +12,7 @@ set-based requirements, comma = AND):
 :func:`as_lua` encodes them for the lease script, which applies the same rules in Redis.
 
 A selector is evaluated against every proxy a request reads (in Redis, inside the lease
-script, for ``POST /v1/leases``), so its size is capped (issue 10): at most
+script, for ``POST /v1/leases``), so its size is capped (docs/security.md, "Redis's CPU"): at most
 :data:`MAX_LENGTH` characters, :data:`MAX_REQUIREMENTS` requirements, :data:`MAX_VALUES`
 values in one ``in``/``notin`` list; keys are Kubernetes label keys (an optional DNS-subdomain
 prefix of at most :data:`MAX_PREFIX_LENGTH` characters, ``/``, a name of at most

@@ -7,7 +7,7 @@ loopback, link-local addresses (the cloud metadata server), the metadata server'
 operator-listed ranges (cluster, VPC), optional basic auth, ``Proxy-Authorization`` never
 forwarded to the origin, no caching, logs to stdio.
 
-Destination policy (issue 10, item 2; docs/security.md):
+Destination policy (docs/security.md):
 
 * :data:`METADATA_NAME_PATTERNS` (``metadata.google.internal``, ``metadata.goog``, ``metadata``,
   any case, with or without the trailing dot) are refused by name, before any ACL that needs

@@ -38,13 +38,17 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def _split(cidrs) -> tuple[list[Network], list[Network]]:
     """Return ``cidrs`` collapsed into (IPv4, IPv6) lists; IPv4-mapped IPv6 ranges count as IPv4."""
-    v4: list[Network] = []
-    v6: list[Network] = []
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
     for cidr in cidrs:
         net = ipaddress.ip_network(cidr, strict=False)
-        if net.version == 6 and net.network_address.ipv4_mapped is not None and net.prefixlen >= 96:
+        if (isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None
+                and net.prefixlen >= 96):
             net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
-        (v4 if net.version == 4 else v6).append(net)
+        if isinstance(net, ipaddress.IPv4Network):
+            v4.append(net)
+        else:
+            v6.append(net)
     return list(ipaddress.collapse_addresses(v4)), list(ipaddress.collapse_addresses(v6))
 
 
@@ -140,7 +144,8 @@ NETWORK_POLICY_NAME = "proxy-operator-squid-egress"
 
 def _except(cidr: Network, nets: list[Network]) -> list[str]:
     """``ipBlock.except`` of ``cidr``: the ``nets`` strictly inside it (the API refuses others)."""
-    return [str(n) for n in nets if n.version == cidr.version and n != cidr and n.subnet_of(cidr)]
+    return [str(n) for n in nets
+            if n.version == cidr.version and n != cidr and n.subnet_of(cidr)]  # type: ignore[arg-type]  # same version
 
 
 def squid_network_policy(policy: SquidPolicy | None, namespace: str, pod_labels: dict[str, str]) -> dict:
@@ -168,7 +173,7 @@ def squid_network_policy(policy: SquidPolicy | None, namespace: str, pod_labels:
              {"ipBlock": {"cidr": "::/0", "except": [str(n) for n in denied6]}}]
     allowed4, allowed6 = _split(policy.allowed_destinations)
     for net in (*allowed4, *allowed6):
-        if any(net.subnet_of(m) for m in (meta4 if net.version == 4 else meta6)):
+        if any(net.subnet_of(m) for m in (meta4 if net.version == 4 else meta6)):  # type: ignore[arg-type]  # same version
             continue  # the metadata addresses are never exempted
         block: dict = {"cidr": str(net)}
         inner = _except(net, meta4 if net.version == 4 else meta6)

@@ -3,8 +3,8 @@ it uses and nothing else.
 
 The rules are built here from the key table (:mod:`app.store.keys`) and the broker's queue names
 (:mod:`app.dispatch.proxies`), and rendered into ``deploy/base/redis-users.acl`` (``python -m
-app.store.acl > deploy/base/redis-users.acl``); ``tests/test_redis_acl.py`` fails when the file
-and this module differ, and runs every component with its user against a real Redis.
+app.store.acl > deploy/base/redis-users.acl``): regenerate the file whenever a rule here
+changes, the two must not differ.
 
 Rule syntax: Redis ACL (https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/):
 ``~pattern`` read and write, ``%R~pattern`` read only, ``%W~pattern`` write only (Redis 7.0+;

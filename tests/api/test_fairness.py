@@ -1,4 +1,4 @@
-"""API fairness and cost (issue 10, item 6): per-client ``maxLeases``, selector caps, a
+"""API fairness and cost (docs/security.md): per-client ``maxLeases``, selector caps, a
 ``/metrics`` whose cost does not grow with the fleet, and invalid input always a 400.
 
 The lease limit is checked with the Flask app in process (its rules) and through the real

@@ -1,7 +1,7 @@
 """The API as deployed: ``proxy-operator api`` (granian, api/server.py) against hostile and
 ordinary clients, over real sockets.
 
-Every case of issue 11 runs against the real command: slow, half-sent and silent clients do
+Every case runs against the real command: slow, half-sent and silent clients do
 not stall fresh requests, idle connections are closed, oversized bodies are 413 however they
 are framed, hostile JSON is 400, a busy port stops a second server, SIGTERM lets a lease in
 flight finish, ``/metrics`` sums the workers, and the logs start with the release and follow

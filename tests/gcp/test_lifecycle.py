@@ -286,7 +286,7 @@ def test_guard_catches_the_sdk_extended_operation_trap(fake, loopback_only):
 @pytest.mark.parametrize("labels", [{}, {"managed-by": "someone-else", "proxy-uid": "u"},
                                     {"managed-by": MANAGED_BY}, {"env": "prod"}])
 def test_delete_refuses_an_instance_that_is_not_ours_and_leaves_it(fake, provider, labels):
-    """Issue 10 item 1: a gc.delete (or a wrong provider ID) naming someone's VM deletes nothing."""
+    """A gc.delete (or a wrong provider ID) naming someone's VM deletes nothing (docs/security.md)."""
     fake.add_instance(PROJECT, "europe-west1-b", "web-1", labels)
     pid = f"projects/{PROJECT}/zones/europe-west1-b/instances/web-1"
     with pytest.raises(NotManaged, match="refusing to delete .*web-1") as info:
@@ -303,7 +303,7 @@ def test_delete_refuses_an_instance_that_is_not_ours_and_leaves_it(fake, provide
 
 
 def test_placement_outside_the_allow_lists_is_refused_naming_the_field(fake, make_provider):
-    """Issue 10 item 3: a Proxy author picks among what the operator lists, nothing else."""
+    """A Proxy author picks among what the operator lists, nothing else (docs/security.md)."""
     provider = make_provider(images=["projects/p/global/images/squid-2026"], machineTypes=["e2-small"])
     cases = [({"zone": "us-central1-a"}, "spec.placement.zone"),
              ({"zone": "europe-west1-b", "image": "projects/evil/global/images/miner"}, "spec.placement.image"),

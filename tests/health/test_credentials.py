@@ -1,5 +1,5 @@
-"""The health worker sends basic-auth credentials only to the Proxy that owns them (issue 10,
-item 1, defence in depth): serving-view records forged straight into Redis name other
+"""The health worker sends basic-auth credentials only to the Proxy that owns them (defence in
+depth, docs/security.md): serving-view records forged straight into Redis name other
 namespaces, Secrets, uids and addresses; none of them makes the probe carry a Secret's
 credentials anywhere.  The listeners that stand in for the forger's "proxy" are real HTTP
 servers that record every header they receive.

@@ -1,4 +1,4 @@
-"""Probes are no port scanner (issue 10, item 4) and one slow proxy stalls nobody (item 5).
+"""Probes are no port scanner and one slow proxy stalls nobody (docs/security.md).
 
 Destination checks use the real resolver (``/etc/hosts``, numeric forms glibc accepts) and
 real listeners on loopback; the engine tests run External Proxies in the API fake against real
@@ -255,7 +255,7 @@ def test_allowed_ranges_let_a_local_stack_probe_loopback(fleet, origin, squids, 
 @pytest.mark.parametrize("hc,timeout", [
     ({"timeoutSeconds": 86400, "intervalSeconds": 300}, 60),   # the CRD's maximum
     ({"timeoutSeconds": 86400}, 29),                            # below the default interval (30 s)
-    ({"timeoutSeconds": 5, "intervalSeconds": 5}, 4),           # equal: below it (issue 10)
+    ({"timeoutSeconds": 5, "intervalSeconds": 5}, 4),           # equal: below it (docs/security.md, "probe capacity")
     ({"timeoutSeconds": 10, "intervalSeconds": 2}, 1),
     ({"timeoutSeconds": 2, "intervalSeconds": 1}, 0.5),         # 1 s (the CRD refuses it): half of it
     ({"timeoutSeconds": 4, "intervalSeconds": 5}, 4),           # what the CRD admits is kept

@@ -1,4 +1,4 @@
-"""Issue 12, items 5 and 6, and the health engine's Events: real Squids, real origins, real
+"""Origin outages, rate-limited health URLs and the health engine's Events: real Squids, real origins, real
 Redis, the Kubernetes API fake.
 
 * An outage of the health URL's origin is told from failing proxies by a direct control

@@ -1,4 +1,4 @@
-"""A password rotation never withdraws the proxy it rotates (issue 12, item 7), in process.
+"""A password rotation never withdraws the proxy it rotates, in process.
 
 A real Squid with basic auth reads its htpasswd file from a volume directory written the way
 the kubelet writes Secret volumes (devcluster/kubelet.py ``write_atomic``); the Proxy's

@@ -261,7 +261,7 @@ def test_bad_placement_is_permanent_without_dialling(rig, make_provider, request
         provider.create(request_for(image="a", machine_type="huge"))
     with pytest.raises(SpecNotAllowed, match="^spec.placement.machineType: required"):
         provider.create(request_for(image="a"))
-    # a URL is refused unless the provider sets allowImageURLs (issue 10, item 3)
+    # a URL is refused unless the provider sets allowImageURLs (docs/security.md)
     with pytest.raises(SpecNotAllowed, match="^spec.placement.image: http://127.0.0.1:.* is a URL.*allowImageURLs"):
         provider.create(request_for(image=url, machine_type="small"))
     assert issubclass(SpecNotAllowed, Permanent)
@@ -284,7 +284,7 @@ def test_work_for_a_host_is_routed_to_the_host_queue(make_provider, rig):
 
 
 def test_delete_refuses_a_domain_that_is_not_ours_and_leaves_it(rig, make_provider, image, request_for):
-    """Issue 10 item 1: a gc.delete (or a wrong provider ID) naming someone's domain deletes nothing."""
+    """A gc.delete (or a wrong provider ID) naming someone's domain deletes nothing (docs/security.md)."""
     _, url, sha, _ = image()
     provider = make_provider(rig.entry(images={"tiny": {"url": url, "sha256": sha}}))
     link = provider.link("h1")

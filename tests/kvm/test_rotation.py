@@ -1,5 +1,5 @@
 """A rotated basic-auth Secret replaces a kvm domain, which carries the htpasswd line in its
-vendor-data (issue 12, credential rotation; gcp: tests/test_rotation_replaces_baked_instances.py).
+vendor-data (gcp: tests/test_rotation_replaces_baked_instances.py).
 
 Reconcile steps in-process against the Kubernetes API fake, the real kvm provider over SSH to
 the rig's libvirtd.  A fake guest takes a DHCP lease for each domain's MAC from the network's

@@ -1,5 +1,5 @@
-"""``spec.spread.zones`` with the real kvm and gcp providers (issue 15: "Spread across two KVM
-hosts (the existing rig) and two GCP zones (the Compute fake)").
+"""``spec.spread.zones`` with the real kvm and gcp providers: spread across two KVM hosts (the
+existing rig) and two GCP zones (the Compute fake).
 
 The readiness of the zones comes from real provider checks, run as the ``providers.check`` /
 ``providers.check_host`` tasks run them (:func:`check_round`: ``check_one`` + ``record_target``

@@ -1,8 +1,9 @@
 """Helpers for tests that drive Proxy objects through the Kubernetes API fake.
 
 What ``kubectl`` and the kubelet would do (apply, patch the spec, delete, report a Pod
-running), read-backs, and a thread running one reconcile step while the test does something
-else (the way a second worker would).
+running), read-backs, a thread running one reconcile step while the test does something
+else (the way a second worker would), and :func:`settle`, which drives a Proxy through its
+steps the way the task layer does.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from kubernetes import client as k8s
 from app.squid import conf as squid
 from app.kube.gateway import KubernetesGateway
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY
-from app.proxy.reconcile import DELETE, Ref, delete
+from app.config.providers import ProviderConfig
+from app.proxy.reconcile import CREATE, DELETE, POLL, Ref, create, decide, delete, poll
 from app.resources import GROUP, PLURAL, VERSION, Proxy
+from tests.support import contexts
 
 NS = "default"
 
@@ -105,3 +108,53 @@ class Background:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+#: Two images a :func:`k8s_provider_with_images` provider allows (a spec change between them is
+#: a new instance).
+IMAGES = ("example/squid:6", "example/squid:7")
+
+
+def k8s_provider_with_images(name: str = "k8s-local", namespace: str = "") -> ProviderConfig:
+    """A ``kubernetes`` provider named ``name`` that allows :data:`IMAGES` (Pods in ``namespace``,
+    or the Proxy's own when empty)."""
+    return contexts.k8s_provider(name, namespace=namespace, images=IMAGES)
+
+
+def pod_images(api) -> list[tuple[str, str, str]]:
+    """``(namespace, name, image)`` of every managed Pod, sorted."""
+    return sorted((p.metadata.namespace, p.metadata.name, p.spec.containers[0].image) for p in pods(api))
+
+
+def kubelet_runs_all(api) -> None:
+    """Do what the kubelet does for every managed Pod not Running yet (Running, Pod IP 10.1.2.3)."""
+    for pod in pods(api):
+        if (pod.status.phase if pod.status else None) != "Running":
+            k8s.CoreV1Api(api).patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": {"phase": "Running", "podIP": "10.1.2.3"}})
+
+
+def settle(ctx, api, ref: Ref, limit: int = 30) -> None:
+    """Drive the Proxy the way the task layer does until nothing is left to do.
+
+    Each round runs what :func:`app.proxy.reconcile.decide` answers for the object as it is now
+    (the watcher's view), following a step's own followups; the kubelet runs every Pod between
+    rounds.
+
+    Raises:
+        AssertionError: ``limit`` rounds did not settle the Proxy.
+    """
+    steps = {CREATE: create, POLL: poll, DELETE: delete}
+    for _ in range(limit):
+        kubelet_runs_all(api)
+        proxy = read(api, ref)
+        if proxy is None or proxy.uid != ref.uid:
+            return
+        action = decide(proxy)
+        if action is None:
+            return
+        followup = steps[action](ctx, ref, 0)
+        while followup is not None:
+            kubelet_runs_all(api)
+            followup = steps[followup.action](ctx, ref, followup.attempt)
+    raise AssertionError("the Proxy never settled")

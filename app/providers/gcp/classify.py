@@ -1,6 +1,6 @@
 """Map google-cloud-compute / google-auth / requests errors onto the provider taxonomy.
 
-The SDK reports a failure in two places (measured, see /work/shared/ENVIRONMENT.md):
+The SDK reports a failure in two places (as google-cloud-compute raises them):
 
 * the HTTP call itself fails: ``google.api_core.exceptions.GoogleAPICallError`` subclasses
   built from the JSON error body; a quota 403 is ``Forbidden`` with

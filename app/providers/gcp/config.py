@@ -35,6 +35,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+from typing import overload
 
 from app.config.provider_types import CheckTargets
 from app.config.validation import Reader
@@ -174,7 +175,20 @@ def _labels(block: Reader, key: str, default: list[str] | None = None, *, requir
     return values
 
 
+@overload
+def _resource(block: Reader, key: str, default: str) -> str: ...
+
+
+@overload
+def _resource(block: Reader, key: str, default: None = None) -> str | None: ...
+
+
 def _resource(block: Reader, key: str, default: str | None = None) -> str | None:
+    """Read a GCE resource name or path at ``key`` (``default`` when absent).
+
+    Raises:
+        app.config.validation.ConfigError: the value is not a resource name or path.
+    """
     value = block.str(key, default)
     if value is not None and not _RESOURCE.match(value):
         raise block.error(key, f"{value!r} is not a resource name or path")

@@ -33,6 +33,7 @@ the SDK error.  SDK types never leave this module.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import logging
@@ -268,7 +269,7 @@ class GcpProvider(Provider, CheckableProvider):
                                          global_operations=make(compute_v1.GlobalOperationsClient))
             return self._clients
 
-    def _call(self, what: str, fn: Callable[[], Any], *, on_404: type[ProviderError] = NotFound) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, on_404: builtins.type[ProviderError] = NotFound) -> Any:
         """Run one SDK call; log one DEBUG line with outcome and duration; classify failures."""
         start = time.monotonic()
         try:
@@ -283,7 +284,7 @@ class GcpProvider(Provider, CheckableProvider):
         return result
 
     def _wait(self, what: str, op: compute_v1.Operation, project: str, zone: str | None, *,
-              on_404: type[ProviderError] = NotFound) -> None:
+              on_404: builtins.type[ProviderError] = NotFound) -> None:
         """Wait until ``op`` of ``project`` is DONE (a zone operation, or global when ``zone`` is None).
 
         Raises:
@@ -383,20 +384,24 @@ class GcpProvider(Provider, CheckableProvider):
         return self._inserted(pid, request.name, zone)
 
     def _inserted(self, pid: str, name: str, zone: str) -> Instance:
-        """The instance an insert made (its operation DONE, or it already existed), read back.
+        """Read back the instance an insert made (its operation DONE, or it already existed).
 
-        Cloud reads may lag behind a create (eventual consistency: an ``instances.get`` right after
-        the insert answers 404 for a while, as EC2 documents for its own API,
-        https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).  The operation
-        says the instance exists, so such a read returns it as Provisioning, without an address;
-        the reconciler's poll reads it again (:func:`app.proxy.reconcile.visibility_window`).
-
+        Args:
+            pid: its provider ID.
+            name: its instance name.
+            zone: its zone.
+        Returns:
+            the instance; Provisioning without an address when the read does not show it yet.
         Raises:
             ProviderError: the read failed otherwise (classified as :meth:`get` does).
         """
         try:
             return self.get(pid)
         except NotFound:
+            # Reads may lag behind a create (eventual consistency, as EC2 documents for its own
+            # API: https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html), but
+            # the operation says the instance exists: the poll reads it again
+            # (app.proxy.reconcile.visibility_window).
             log.info("gcp insert %s: done, but the instance does not show yet; provisioning", pid)
             return Instance(provider_id=pid, name=name, state=InstanceState.PROVISIONING, zone=zone)
 
@@ -420,8 +425,8 @@ class GcpProvider(Provider, CheckableProvider):
             if value and value not in allowed:
                 raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
                                                  f"({keys}: {', '.join(allowed)})")
-        # With the firewall opt-in the port becomes an ingress rule to every proxy VM (issue 10
-        # adversarial review): only the configured ports, never one a Proxy author picks.
+        # With the firewall opt-in the port becomes an ingress rule to every proxy VM: only the
+        # configured ports, never one a Proxy author picks (docs/security.md).
         if s.firewall.ensure and request.port not in s.firewall.ports:
             raise SpecNotAllowed("spec.endpoint.port", f"{request.port} is not allowed by provider {self.name} "
                                  f"(gcp.firewall.ports: {', '.join(map(str, s.firewall.ports))}); "
@@ -440,7 +445,7 @@ class GcpProvider(Provider, CheckableProvider):
         if request.squid_config:
             items.append(compute_v1.Items(key=SQUID_CONF_KEY, value=request.squid_config))
             # The guest environment runs it at every boot: the operator's squid.conf is installed
-            # whatever the user-data does (issue 10, item 2; app/providers/gcp/startup.py).
+            # whatever the user-data does (app/providers/gcp/startup.py, docs/security.md).
             items.append(compute_v1.Items(key=startup.STARTUP_SCRIPT_KEY, value=startup.STARTUP_SCRIPT))
         if request.auth_htpasswd:
             items.append(compute_v1.Items(key=SQUID_HTPASSWD_KEY, value=request.auth_htpasswd))

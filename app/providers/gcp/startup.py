@@ -4,17 +4,12 @@ The squid.conf (:mod:`app.squid.conf`: loopback, link-local and the metadata ser
 ``squid.deniedDestinations``) and the htpasswd line travel in instance metadata
 (``squid-conf``, ``squid-htpasswd``).  Nothing on the instance would read them unless the
 Proxy's cloud-init did, so a VM running the user's own Squid setup would be an open proxy to
-the metadata server (issue 10, item 2; docs/security.md).  The provider therefore adds this
+the metadata server (docs/security.md).  The provider therefore adds this
 script as the ``startup-script`` metadata item, which GCE's guest environment runs as root at
 **every** boot (https://cloud.google.com/compute/docs/instances/startup-scripts/linux),
 whatever the user-data says.
 
-Why a startup script and not a cloud-init part (as the kvm provider's vendor-data scripts,
-:mod:`app.providers.kvm.seed`): cloud-init's GCE datasource reads ``user-data`` only, with no
-vendor-data, so a cloud-init part would have to be *merged into* the user's user-data, which
-the operator never parses (a MIME/YAML merge re-types scalars and cloud-init's mergers drop
-keys both sides set); and many GCE images (Debian's, RHEL's) have no cloud-init at all, while
-every public image has the guest environment.  See docs/gcp-provider.md.
+Why a startup script and not a cloud-init part: docs/gcp-provider.md, "Squid on the instance".
 
 What the script does, fail-closed (Squid is stopped whenever the operator's conf cannot be
 installed):
@@ -36,9 +31,8 @@ Between 2 and 3 it loads ``squid-egress-nft`` (required), the nftables ruleset t
 Squid's user's new connections to the denied destinations, and makes ``squid.service`` load it
 before every start (:mod:`app.squid.egress`); when it cannot, Squid is stopped.
 
-Every path is overridable through ``PROXY_OPERATOR_*`` environment variables for the tests
-(``tests/gcp/test_startup_script.py`` runs the script against a local stand-in for the
-metadata server); GCE runs it with none of them set.
+Every path is overridable through ``PROXY_OPERATOR_*`` environment variables, so the script
+can run outside GCE against a stand-in metadata server; GCE runs it with none of them set.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def endpoint_host(url: str) -> tuple[str, int]:
     return (parts.hostname or "").lower(), port
 
 
-class WireBridge(logging.Handler, logging.Filter):
+class WireBridge(logging.Handler, logging.Filter):  # type: ignore[misc]  # both bases define name; Handler's wins
     """Sanitizes compute records where they are made, and is the way out of the ``google`` tree.
 
     As a *filter* on every compute client/transport logger it runs before any handler sees a
@@ -224,8 +224,7 @@ class WireBridge(logging.Handler, logging.Filter):
                 return
             if record.levelno >= logging.WARNING:
                 self._sdk.log(record.levelno, "%s: %s", record.name, record.getMessage())
-            elif getattr(record, "gcp_wire", None) is not None:
-                entry = record.gcp_wire
+            elif (entry := getattr(record, "gcp_wire", None)) is not None:
                 self._wire.debug("gcp wire %s %s %s", entry["direction"], entry["rpc"],
                                  json.dumps(entry, sort_keys=True, default=str), extra={"gcp_wire": entry})
         except Exception:  # noqa: BLE001 - a log path must never fail the call, nor print the record

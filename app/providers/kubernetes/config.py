@@ -40,8 +40,8 @@ class KubernetesSettings(CheckTargets):
         namespace: namespace for the Pods, or ``None`` to use each Proxy's own namespace.
         image: Squid container image (used when a Proxy names none; always allowed).
         images: further images a Proxy may ask for in ``spec.placement.image`` (exact strings);
-            anything else is refused (issue 10, item 3: a Proxy author must not choose what
-            runs in the provider's namespace).
+            anything else is refused (a Proxy author must not choose what runs in the
+            provider's namespace: docs/security.md).
         port: container port Squid listens on when a request carries no port.  The CRD
             defaults ``spec.endpoint.port`` to 3128, so Proxies admitted by the API server
             always carry one and this value is only a fallback (kept for the config contract).

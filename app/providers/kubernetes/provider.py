@@ -20,7 +20,7 @@
 * ``abandon`` labels the Pod ``crawl.example.com/abandoned=true`` (tag ``abandoned``), which
   ``to_instance`` maps back, so GC leaves it alone.
 * provider ID ``<namespace>/<pod>``.
-* What runs is the operator's choice, not the Proxy author's (issue 10, item 3): the image is
+* What runs is the operator's choice, not the Proxy author's (docs/security.md): the image is
   ``kubernetes.image`` or one of ``kubernetes.images`` (else :class:`SpecNotAllowed` naming
   ``spec.placement.image``), and the Pod is hardened: no service-account token
   (``automountServiceAccountToken: false``), ``RuntimeDefault`` seccomp, no privilege
@@ -35,7 +35,7 @@ import hashlib
 import json
 import logging
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import urllib3
 from kubernetes import client as k8s
@@ -131,7 +131,8 @@ def split_provider_id(provider_id: str) -> tuple[str, str]:
 
 def to_instance(pod: k8s.V1Pod) -> Instance:
     """Map a Pod onto an :class:`Instance` (see the module docstring for the phase mapping)."""
-    meta, status = pod.metadata, pod.status or k8s.V1PodStatus()
+    meta: Any = pod.metadata  # a Pod read from the API always carries its metadata
+    status = pod.status or k8s.V1PodStatus()
     phase = status.phase or "Pending"
     ip = status.pod_ip or None
     if meta.deletion_timestamp or phase in ("Succeeded", "Failed", "Unknown"):
@@ -205,7 +206,9 @@ class KubernetesProvider(Provider, CheckableProvider):
 
     @property
     def core(self) -> k8s.CoreV1Api:
-        return k8s.CoreV1Api(self._client if self._client is not None else self._client_factory())
+        # The constructor refuses to build a provider with neither a client nor a factory.
+        return k8s.CoreV1Api(self._client if self._client is not None
+                             else self._client_factory())  # type: ignore[misc]
 
     def _pod(self, request: CreateRequest, namespace: str) -> k8s.V1Pod:
         port = request.port or self.settings.port
@@ -269,12 +272,13 @@ class KubernetesProvider(Provider, CheckableProvider):
         what = f"NetworkPolicy {namespace}/{egress.NETWORK_POLICY_NAME}"
         try:
             try:
-                api.create_namespaced_network_policy(namespace, body)
+                api.create_namespaced_network_policy(namespace, body)  # type: ignore[arg-type]  # a dict body is sent as is
                 log.info("created %s", what)
             except k8s.ApiException as exc:
                 if exc.status != 409:
                     raise
-                api.replace_namespaced_network_policy(egress.NETWORK_POLICY_NAME, namespace, body)
+                api.replace_namespaced_network_policy(egress.NETWORK_POLICY_NAME, namespace,
+                                                      body)  # type: ignore[arg-type]  # a dict body is sent as is
         except Exception as exc:
             raise _classify(exc, f"ensure {what}") from exc
         self._egress_ensured[namespace] = (digest, time.monotonic())
@@ -359,7 +363,8 @@ class KubernetesProvider(Provider, CheckableProvider):
                 return
             raise _classify(exc, f"read pod {provider_id} before deleting it") from exc
         require_managed(to_instance(pod).tags, self.name, provider_id)
-        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=pod.metadata.uid))
+        uid = pod.metadata.uid  # type: ignore[union-attr]  # a Pod read from the API carries its metadata
+        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid))
         try:
             self.core.delete_namespaced_pod(name, ns, body=options)
             log.info("deleted pod %s", provider_id)
@@ -447,7 +452,8 @@ class KubernetesProvider(Provider, CheckableProvider):
 
     def _metadata_page(self, selector: str, token: str | None) -> dict:
         """One page of the metadata-only Pod listing, parsed (only the JSON is kept, no models)."""
-        resp = self.core.list_pod_for_all_namespaces(
+        # Without preloading the client returns the urllib3 response, not a V1PodList.
+        resp: Any = self.core.list_pod_for_all_namespaces(
             label_selector=selector, limit=LIST_PAGE_SIZE, _continue=token, _preload_content=False,
             _headers={"Accept": METADATA_LIST_ACCEPT}, _request_timeout=LIST_TIMEOUT)
         try:

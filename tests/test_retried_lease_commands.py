@@ -10,7 +10,7 @@ import redis
 from app.serving import leases, view as serving
 from app.store.client import client_from_url
 from app.resources import Proxy
-from tests.faults.lossy import LossyRelay
+from tests.support.lossy_relay import LossyRelay
 
 pytestmark = pytest.mark.timeout(60)
 

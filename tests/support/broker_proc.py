@@ -1,4 +1,4 @@
-"""A worker-like process for tests/faults/test_reaped_message_acked_late.py: it installs its
+"""A worker-like process for tests/test_reaped_message_acked_late.py: it installs its
 holder (heartbeat) as a worker's main process does and takes messages through the fleet's
 broker transport (workers.broker: QoS records them under its holder).
 

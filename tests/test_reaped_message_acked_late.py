@@ -32,7 +32,7 @@ def server():
 class Proc:
     def __init__(self, url: str) -> None:
         env = {**os.environ, "HOLDER_TTL": str(TTL)}
-        self.p = subprocess.Popen([sys.executable, "-m", "tests.faults.broker_proc", url], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-m", "tests.support.broker_proc", url], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env, cwd=os.getcwd())
         self.id = self.p.stdout.readline().split()[1]
 
