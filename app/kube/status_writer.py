@@ -96,7 +96,7 @@ def _apply(kube: KubeGateway, proxy: Proxy, changes: Mapping, event: "Event | Ev
     elif event is not None:
         chosen = event
     else:
-        chosen = phase_event(proxy, new_phase) if moved else None
+        chosen = phase_event(proxy, new_phase) if moved and new_phase else None
     if chosen is not None:
         try:
             event_type, reason, message = chosen
