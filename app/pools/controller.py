@@ -27,7 +27,7 @@ create new members, write ``spec.replicas`` through the scale subresource when t
 moved it, write the status (:func:`app.kube.status_writer.write_pool`).  One Event per kind of action
 and pass, and one when zones start being skipped for a provider target that is not Ready
 (``ZoneNotReady``) or recover (``ZoneReady``), told from ``status.skippedZones`` before and
-after the pass (:func:`app.pools.plan.skipped_zones`), so a zone that stays down is not
+after the pass (:func:`app.pools.zones.skipped_zones`), so a zone that stays down is not
 repeated every pass.  An autoscaled pool whose ``spec.replicas`` is not the count its autoscaler
 settled on at the last pass has another writer (``kubectl scale``, a HorizontalPodAutoscaler):
 a ``ReplicasOverridden`` Warning Event says so, at most once per
@@ -64,7 +64,9 @@ from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
                              parse_time, selector_string)
-from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
+from app.pools.plan import Plan, plan
+from app.pools.status import stalled
+from app.pools.zones import ZoneHealth, describe_zones
 from app.providers.checks import CHECK_PENDING, read_snapshot
 from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
 from app.serving.records import ServingRecord
@@ -208,7 +210,7 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
 
 def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, ZoneHealth | None]:
     """Why members may not be placed in each of ``zones`` (``None``: the template's placement):
-    the :class:`app.pools.plan.ZoneHealth` of a zone that is not Ready, ``None`` for a Ready one.
+    the :class:`app.pools.zones.ZoneHealth` of a zone that is not Ready, ``None`` for a Ready one.
 
     A zone is Ready when the provider's ProviderHealth target of that name is (a KVM host), or,
     for a zone that is no target of its own (a GCE zone, the kubernetes provider's placement),

@@ -125,7 +125,7 @@ def selector_requirements(selector: Mapping | None) -> tuple[selectors.Requireme
     ops = {"In": selectors.IN, "NotIn": selectors.NOTIN, "Exists": selectors.EXISTS,
            "DoesNotExist": selectors.NOT_EXISTS}
     for i, expr in enumerate(selector.get("matchExpressions") or ()):
-        op = ops.get((expr or {}).get("operator"))
+        op = ops.get(str((expr or {}).get("operator")))
         if op is None:
             raise PoolSpecError(f"spec.selector.matchExpressions[{i}].operator",
                                 "must be one of In, NotIn, Exists, DoesNotExist")
@@ -407,6 +407,17 @@ class Pool:
     def key(self) -> str:
         """``"<namespace>/<name>"``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def valid_spec(self) -> PoolSpec:
+        """The :attr:`spec`, for code that acts only on a pool whose spec is valid.
+
+        Raises:
+            ValueError: the spec is invalid (the message names the pool and :attr:`spec_error`).
+        """
+        if self.spec is None:
+            raise ValueError(f"pool {self.key} has an invalid spec: {self.spec_error}")
+        return self.spec
 
 
 @dataclass(frozen=True)
