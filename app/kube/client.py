@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from app.lazy import per_process
+from app.resources import GROUP, VERSION
 
 T = TypeVar("T")
 
@@ -161,6 +162,20 @@ class ApiGroups:
         if apis is None or apis[0] is not client:
             apis = self._apis = (client, k8s.CustomObjectsApi(client), k8s.CoreV1Api(client))
         return apis[1], apis[2]
+
+    def read_namespaced(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return the operator's custom object ``namespace/name`` of ``plural`` as parsed JSON.
+
+        Args:
+            plural: the resource (``proxies``, ``proxypools``).
+            namespace / name: the object.
+        Returns:
+            the object; ``None`` when it does not exist (404).
+        Raises:
+            kubernetes.client.ApiException: any other status.
+        """
+        obj = or_none(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
+        return None if obj is None else reply(obj)
 
     @property
     def custom(self) -> k8s.CustomObjectsApi:

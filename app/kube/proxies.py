@@ -122,8 +122,8 @@ class KubernetesProxies(ApiGroups):
         Raises:
             kubernetes.client.ApiException: any status but 404.
         """
-        obj = or_none(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
-        return None if obj is None else Proxy.from_dict(reply(obj))
+        obj = self.read_namespaced(PLURAL, namespace, name)
+        return None if obj is None else Proxy.from_dict(obj)
 
     def list_proxies(self) -> Iterator[Proxy]:
         """Yield every Proxy in every namespace, page by page (:meth:`_list_proxy_dicts`).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from app.kube.client import ApiGroups, or_none, reply
+from app.kube.client import ApiGroups, reply
 from app.pools.model import Pool
 from app.resources import GROUP, POOL_PLURAL, VERSION
 
@@ -33,13 +33,9 @@ class KubernetesProxyPools(ApiGroups):
     """:class:`ProxyPoolApi` over the ``kubernetes`` client (a part of :class:`app.kube.gateway.KubernetesGateway`)."""
 
     def get_pool(self, namespace: str, name: str) -> Pool | None:
-        """Return the ProxyPool ``namespace/name``, or ``None`` when it does not exist (404).
-
-        Raises:
-            kubernetes.client.ApiException: any status but 404.
-        """
-        obj = or_none(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, POOL_PLURAL, name)
-        return None if obj is None else Pool.from_dict(reply(obj))
+        """Return the ProxyPool ``namespace/name``, ``None`` on 404 (any other status raises ``ApiException``)."""
+        obj = self.read_namespaced(POOL_PLURAL, namespace, name)
+        return None if obj is None else Pool.from_dict(obj)
 
     def list_pools(self) -> list[Pool]:
         """Return every ProxyPool in every namespace (one list call, cluster scope).

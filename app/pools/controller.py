@@ -44,7 +44,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from kubernetes.client import ApiException
 
@@ -64,7 +64,7 @@ from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
                              parse_time, selector_string)
-from app.pools.plan import Plan, plan
+from app.pools.plan import Drain, MemberAction, Plan, plan
 from app.pools.status import stalled
 from app.pools.zones import ZoneHealth, describe_zones
 from app.providers.checks import CHECK_PENDING, read_snapshot
@@ -439,11 +439,50 @@ def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str
             serving.set_draining(r, m.uid, m.draining_until)
 
 
-def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
-    def refused(what: str, exc: ApiException) -> None:
-        log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
-                    pool.key, what, exc.status, exc.reason)
+def _refused(pool: Pool, what: str, exc: ApiException) -> None:
+    """Log a write on ``pool``'s members that the API refused (the next pass decides again)."""
+    log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
+                pool.key, what, exc.status, exc.reason)
 
+
+A = TypeVar("A", bound=MemberAction)
+
+
+def _annotate(kube: KubeGateway, pool: Pool, actions: Sequence[A], by_uid: Mapping[str, Proxy], what: str,
+              annotations: Callable[[A], dict[str, str | None]], then: Callable[[A], None]) -> list[A]:
+    """Write each action's annotations on its member, then run ``then`` for it.
+
+    Args:
+        kube: the gateway.
+        pool: the pool (for logs).
+        actions: the plan's actions; a member not in ``by_uid`` is skipped.
+        by_uid: the members' Proxies as read.
+        what: the write, for the log when it is refused (``{name}``: the member).
+        annotations: the annotations of an action (``None`` removes one).
+        then: what follows a write that went through (the serving view, metrics).
+    Returns:
+        the actions written (refused ones, 404 or 409, are logged and left to the next pass).
+    Raises:
+        kubernetes.client.ApiException: any other status.
+    """
+    done = []
+    for action in actions:
+        proxy = by_uid.get(action.uid)
+        if proxy is None:
+            continue
+        try:
+            kube.annotate_proxy(proxy, annotations(action))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            _refused(pool, what.format(name=action.name), exc)
+            continue
+        then(action)
+        done.append(action)
+    return done
+
+
+def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
     deleted = []
     for d in result.deletes:
         try:
@@ -452,7 +491,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
-            refused(f"deleting {d.name}", exc)
+            _refused(pool, f"deleting {d.name}", exc)
     labels = (pool.namespace, pool.name)
     for d in deleted:
         metrics.POOL_MEMBERS_DELETED.labels(*labels, d.reason).inc()
@@ -461,42 +500,22 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         kube.record_pool_event(pool, "Normal", "MemberDeleted",
                                message=f"deleted {len(deleted)} member(s): " + ", ".join(
                                    f"{d.name} ({d.reason})" for d in deleted[:10]))
-    reclaimed = []
-    for c in result.reclaims:
-        proxy = by_uid.get(c.uid)
-        if proxy is None:
-            continue
-        try:
-            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None})
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-            refused(f"reclaiming {c.name}", exc)
-            continue
-        serving.set_draining(r, c.uid, None)
-        reclaimed.append(c)
+    reclaimed = _annotate(kube, pool, result.reclaims, by_uid, "reclaiming {name}",
+                          lambda c: {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None},
+                          lambda c: serving.set_draining(r, c.uid, None))
     if reclaimed:
         log.info("pool %s: reclaimed %s (draining for ScaleDown, still updated): they take leases again",
                  pool.key, _names(reclaimed))
         kube.record_pool_event(pool, "Normal", "MemberReclaimed",
                                message=f"reclaimed {len(reclaimed)} draining member(s) for the scale-up (drained for "
                                        f"ScaleDown, still updated; they take leases again): {_names(reclaimed)}")
-    drained = []
-    for d in result.drains:
-        proxy = by_uid.get(d.uid)
-        if proxy is None:
-            continue
-        try:
-            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: format_time(d.until),
-                                        DRAINING_REASON_ANNOTATION: d.reason})
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-            refused(f"marking {d.name} draining", exc)
-            continue
+    def mark_draining(d: Drain) -> None:
         serving.set_draining(r, d.uid, d.until)
         metrics.POOL_MEMBERS_DRAINING.labels(*labels, d.reason).inc()
-        drained.append(d)
+
+    drained = _annotate(kube, pool, result.drains, by_uid, "marking {name} draining",
+                        lambda d: {DRAINING_ANNOTATION: format_time(d.until), DRAINING_REASON_ANNOTATION: d.reason},
+                        mark_draining)
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",
@@ -514,7 +533,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                 if exc.status == 409:
                     continue  # that name is taken: another suffix
                 if exc.status in (403, 404, 422):
-                    refused(f"creating a member{' in ' + c.zone if c.zone else ''}", exc)
+                    _refused(pool, f"creating a member{' in ' + c.zone if c.zone else ''}", exc)
                     break
                 raise
             created.append((name, c.zone))
@@ -531,7 +550,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            refused("writing spec.replicas", exc)
+            _refused(pool, "writing spec.replicas", exc)
         else:
             metrics.POOL_RESCALES.labels(*labels, "up" if result.scale_to > pool.spec.replicas else "down").inc()
             util = "" if result.utilization is None else f" (lease utilization {result.utilization:.0%})"
@@ -543,7 +562,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
     except ApiException as exc:
         if exc.status != 404:
             raise
-        refused("writing the status", exc)
+        _refused(pool, "writing the status", exc)
         return
     _zone_events(kube, r, pool, result.status.get("skippedZones") or [], now=now)
 

@@ -86,30 +86,31 @@ class Create:
 
 
 @dataclass(frozen=True)
-class Drain:
-    """Mark member ``uid``/``name`` draining until ``until`` (epoch seconds): no new leases."""
+class MemberAction:
+    """An action on one member: its ``uid`` and ``name``."""
 
     uid: str
     name: str
+
+
+@dataclass(frozen=True)
+class Drain(MemberAction):
+    """Mark the member draining until ``until`` (epoch seconds) for ``reason``: no new leases."""
+
     until: float
     reason: str
 
 
 @dataclass(frozen=True)
-class Reclaim:
-    """Take the draining mark off member ``uid``/``name`` (drained for ``ScaleDown``, still
-    updated) so it takes leases again, instead of creating a member in its place."""
-
-    uid: str
-    name: str
+class Reclaim(MemberAction):
+    """Take the draining mark off the member (drained for ``ScaleDown``, still updated) so it
+    takes leases again, instead of creating a member in its place."""
 
 
 @dataclass(frozen=True)
-class Delete:
-    """Delete member ``uid``/``name``; ``reason``: ``Drained``, ``DrainTimeout`` or ``Failed``."""
+class Delete(MemberAction):
+    """Delete the member; ``reason``: ``Drained``, ``DrainTimeout`` or ``Failed``."""
 
-    uid: str
-    name: str
     reason: str
 
 
@@ -426,4 +427,4 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
 
 __all__ = ["CREATE_BATCH_REQUEUE", "Create", "Delete", "Drain", "FAILURE_BACKOFF_BASE", "FAILURE_BACKOFF_MAX",
-           "MAX_CREATES_PER_PASS", "Plan", "Reclaim", "failure_backoff", "plan"]
+           "MAX_CREATES_PER_PASS", "MemberAction", "Plan", "Reclaim", "failure_backoff", "plan"]
