@@ -14,19 +14,11 @@ import yaml
 
 from app import resources
 from devcluster.crd_validation import Invalid, StrictDecodingError, admit, load_crd, schema_of
-from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, errors_of
+from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, crd_fixture, errors_of
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def crd() -> dict:
-    return load_crd(CRD_DIR / "proxy.yaml")
-
-
-@pytest.fixture(scope="module")
-def ph_crd() -> dict:
-    return load_crd(CRD_DIR / "providerhealth.yaml")
+crd = crd_fixture("proxy.yaml", "crd")
+ph_crd = crd_fixture("providerhealth.yaml", "ph_crd")
 
 
 def proxy(spec: dict | None = None, **extra) -> dict:

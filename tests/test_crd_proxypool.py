@@ -17,20 +17,12 @@ import pytest
 import yaml
 
 from app import resources
-from devcluster.crd_validation import admit, load_crd, schema_of
-from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, errors_of
+from devcluster.crd_validation import admit, schema_of
+from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, crd_fixture, errors_of
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def crd() -> dict:
-    return load_crd(CRD_DIR / "proxypool.yaml")
-
-
-@pytest.fixture(scope="module")
-def proxy_crd() -> dict:
-    return load_crd(CRD_DIR / "proxy.yaml")
+crd = crd_fixture("proxypool.yaml", "crd")
+proxy_crd = crd_fixture("proxy.yaml", "proxy_crd")
 
 
 def _generator():

@@ -8,8 +8,11 @@ custom resources.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from devcluster.crd_validation import Invalid, admit
+import pytest
+
+from devcluster.crd_validation import Invalid, admit, load_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deploy" / "crd"
@@ -33,3 +36,14 @@ def errors_of(crd: dict, obj: dict, old: dict | None = None) -> list[str]:
         assert exc.errors, "Invalid raised without errors"
         return exc.errors
     return []
+
+
+def crd_fixture(filename: str, name: str) -> Any:
+    """Return a module-scoped fixture ``name`` that loads deploy/crd/``filename``.
+
+    Use it as a module attribute: ``crd = crd_fixture("proxy.yaml", "crd")``.
+    """
+    def load() -> dict:
+        return load_crd(CRD_DIR / filename)
+
+    return pytest.fixture(scope="module", name=name)(load)
