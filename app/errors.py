@@ -93,6 +93,21 @@ def classify(exc: BaseException) -> type[ProviderError]:
     return Transient
 
 
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """Return ``"<class>: <message>"`` for logs, the message cut at ``limit`` characters.
+
+    Args:
+        exc: any exception (Redis and broker errors name host and port, never a password).
+        limit: characters of the message kept (``...`` marks a cut).
+    Returns:
+        the class name alone when the message is empty.
+    """
+    text = str(exc)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def describe(exc: BaseException) -> str:
     """Return ``"<message>: <cause>"`` for logs: the classified message plus its original cause, if any."""
     cause = exc.__cause__

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from app.timefmt import parse_rfc3339
 
@@ -176,19 +176,15 @@ def spec_hash(spec: dict | None) -> str:
 
 
 @dataclass(frozen=True)
-class Proxy:
-    """A Proxy object as read from the API.
+class ObjectIdentity:
+    """What identifies a namespaced object as read from the API (the base of :class:`Proxy` and
+    :class:`app.pools.model.Pool`).
 
     Attributes:
         namespace, name, uid: identity.
         generation: ``metadata.generation`` (bumped by the server on spec changes).
         resource_version: ``metadata.resourceVersion``.
         deleting: whether ``metadata.deletionTimestamp`` is set.
-        finalizers: ``metadata.finalizers``.
-        annotations / labels: metadata maps.
-        spec: :class:`ProxySpec`.
-        status: the raw ``status`` dict (``{}`` when absent).
-        raw: the whole object as received.
     """
 
     namespace: str
@@ -197,6 +193,44 @@ class Proxy:
     generation: int
     resource_version: str
     deleting: bool
+
+    @staticmethod
+    def fields(meta: Mapping[str, Any], kind: str) -> dict[str, Any]:
+        """Return the identity fields read from ``metadata``, as keyword arguments.
+
+        Args:
+            meta: the object's ``metadata``.
+            kind: the object's kind, for the error message.
+        Raises:
+            ValueError: ``metadata.name``/``namespace``/``uid`` is missing.
+        """
+        for key in ("name", "namespace", "uid"):
+            if not meta.get(key):
+                raise ValueError(f"{kind} object without metadata.{key}")
+        return {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"],
+                "generation": int(meta.get("generation") or 1),
+                "resource_version": str(meta.get("resourceVersion") or ""),
+                "deleting": bool(meta.get("deletionTimestamp"))}
+
+    @property
+    def key(self) -> str:
+        """``"<namespace>/<name>"``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Proxy(ObjectIdentity):
+    """A Proxy object as read from the API.
+
+    Attributes:
+        (identity): as :class:`ObjectIdentity`.
+        finalizers: ``metadata.finalizers``.
+        annotations / labels: metadata maps.
+        spec: :class:`ProxySpec`.
+        status: the raw ``status`` dict (``{}`` when absent).
+        raw: the whole object as received.
+    """
+
     finalizers: tuple[str, ...]
     annotations: dict[str, str]
     labels: dict[str, str]
@@ -212,14 +246,8 @@ class Proxy:
             ValueError: ``metadata.name``/``namespace``/``uid`` is missing.
         """
         meta = obj.get("metadata") or {}
-        for key in ("name", "namespace", "uid"):
-            if not meta.get(key):
-                raise ValueError(f"Proxy object without metadata.{key}")
         return cls(
-            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-            generation=int(meta.get("generation") or 1),
-            resource_version=str(meta.get("resourceVersion") or ""),
-            deleting=bool(meta.get("deletionTimestamp")),
+            **cls.fields(meta, "Proxy"),
             finalizers=tuple(meta.get("finalizers") or ()),
             annotations=dict(meta.get("annotations") or {}),
             labels=dict(meta.get("labels") or {}),
@@ -227,11 +255,6 @@ class Proxy:
             status=dict(obj.get("status") or {}),
             raw=obj,
         )
-
-    @property
-    def key(self) -> str:
-        """``"<namespace>/<name>"``."""
-        return f"{self.namespace}/{self.name}"
 
     @property
     def deletion_timestamp(self) -> str | None:

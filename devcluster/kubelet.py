@@ -193,31 +193,38 @@ class Kubelet:
             return sum(1 for s in self._squids.values() if s.running())
 
     # -- event loop ------------------------------------------------------------------------
-    def _run(self, sub) -> None:
+    def _events(self, sub, resource):
+        """Yield the watch events of ``sub`` (on ``resource``) until the kubelet stops or the store closes.
+
+        A history compacted under the watch resubscribes from now.
+        """
         while not self._stop.is_set():
             try:
                 events = sub.next(0.2)
             except Closed:
                 return
             except ApiError:  # history compacted under us: resubscribe from now
-                sub = self.store.subscribe(R.PODS, resource_version=str(self.store.resource_version))
+                sub = self.store.subscribe(resource, resource_version=str(self.store.resource_version))
                 continue
-            for ev in events:
-                meta = ev.obj["metadata"]
-                key = (ev.namespace, ev.name, meta.get("uid", ""))
-                if ev.type == DELETED or meta.get("deletionTimestamp"):
-                    self._pool.submit(self._stop_pod, key)
-                    continue
-                with self._lock:
-                    known = key in self._addresses
-                if known or ev.type != "ADDED":
-                    continue
-                container = _squid_container(ev.obj)
-                if container is None:
-                    continue
-                with self._lock:
-                    self._addresses[key] = ""  # claimed; the address is picked when starting
-                self._pool.submit(self._start_pod, key, ev.obj, container)
+            yield from events
+
+    def _run(self, sub) -> None:
+        for ev in self._events(sub, R.PODS):
+            meta = ev.obj["metadata"]
+            key = (ev.namespace, ev.name, meta.get("uid", ""))
+            if ev.type == DELETED or meta.get("deletionTimestamp"):
+                self._pool.submit(self._stop_pod, key)
+                continue
+            with self._lock:
+                known = key in self._addresses
+            if known or ev.type != "ADDED":
+                continue
+            container = _squid_container(ev.obj)
+            if container is None:
+                continue
+            with self._lock:
+                self._addresses[key] = ""  # claimed; the address is picked when starting
+            self._pool.submit(self._start_pod, key, ev.obj, container)
 
     def _allocate(self) -> str:
         global _last_allocated
@@ -302,17 +309,9 @@ class Kubelet:
 
     def _run_secrets(self, sub) -> None:
         """Rewrite the volumes of a Secret that changed, ``secret_sync_delay`` seconds later."""
-        while not self._stop.is_set():
-            try:
-                events = sub.next(0.2)
-            except Closed:
-                return
-            except ApiError:
-                sub = self.store.subscribe(R.SECRETS, resource_version=str(self.store.resource_version))
-                continue
-            for ev in events:
-                if ev.type == "MODIFIED":
-                    threading.Timer(self.secret_sync_delay, self._sync_secret, args=(ev.namespace, ev.name)).start()
+        for ev in self._events(sub, R.SECRETS):
+            if ev.type == "MODIFIED":
+                threading.Timer(self.secret_sync_delay, self._sync_secret, args=(ev.namespace, ev.name)).start()
 
     def _sync_secret(self, namespace: str, name: str) -> None:
         if self._stop.is_set():

@@ -25,22 +25,15 @@ from app.resources import GROUP, PLURAL, VERSION
 from app.config.settings import Settings
 from app.config.validation import ConfigError
 from devcluster.cluster import FakeCluster
-from tests.support.origin import origin_server
 from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
+from tests.support.stack_fixtures import origin  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.slow
 
 CONFIG = {"providers": [{"name": "k8s-auth", "type": "kubernetes",
                          "squid": {"basicAuth": True, "allowedSourceRanges": ["127.0.0.0/8"],
                                    **LOOPBACK_SQUID_BLOCK}}]}
-
-
-@pytest.fixture()
-def origin():
-    """A local origin (see :func:`tests.support.origin.origin_server`)."""
-    with origin_server() as url:
-        yield url
 
 
 def _values(r, key) -> list:

@@ -8,31 +8,17 @@ breaks it, and the schema defaults are checked against app/resources.py, which m
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from app import resources
 from devcluster.crd_validation import Invalid, StrictDecodingError, admit, load_crd, schema_of
-
-ROOT = Path(__file__).resolve().parent.parent
-CRD_DIR = ROOT / "deploy" / "crd"
-SAMPLES = ROOT / "deploy" / "samples"
-NOT_CHECKED = ('<nil>: Invalid value: "null": some validation rules were not checked because the '
-               "object was invalid; correct the existing errors to complete validation")
+from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, crd_fixture, errors_of
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def crd() -> dict:
-    return load_crd(CRD_DIR / "proxy.yaml")
-
-
-@pytest.fixture(scope="module")
-def ph_crd() -> dict:
-    return load_crd(CRD_DIR / "providerhealth.yaml")
+crd = crd_fixture("proxy.yaml", "crd")
+ph_crd = crd_fixture("providerhealth.yaml", "ph_crd")
 
 
 def proxy(spec: dict | None = None, **extra) -> dict:
@@ -48,16 +34,6 @@ def proxy(spec: dict | None = None, **extra) -> dict:
 
 MANAGED = {"provider": "k8s-local"}
 EXTERNAL = {"mode": "External", "endpoint": {"host": "squid.example.internal"}}
-
-
-def errors_of(crd: dict, obj: dict, old: dict | None = None) -> list[str]:
-    """Return the API server's error strings for ``obj`` ([] when it is admitted)."""
-    try:
-        admit(crd, obj, old)
-    except Invalid as exc:
-        assert exc.errors, "Invalid raised without errors"
-        return exc.errors
-    return []
 
 
 def spec_error(message: str) -> str:

@@ -12,31 +12,17 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from app import resources
-from devcluster.crd_validation import Invalid, admit, load_crd, schema_of
-
-ROOT = Path(__file__).resolve().parent.parent
-CRD_DIR = ROOT / "deploy" / "crd"
-SAMPLES = ROOT / "deploy" / "samples"
-NOT_CHECKED = ('<nil>: Invalid value: "null": some validation rules were not checked because the '
-               "object was invalid; correct the existing errors to complete validation")
+from devcluster.crd_validation import admit, schema_of
+from tests.support.crd import CRD_DIR, NOT_CHECKED, SAMPLES, crd_fixture, errors_of
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def crd() -> dict:
-    return load_crd(CRD_DIR / "proxypool.yaml")
-
-
-@pytest.fixture(scope="module")
-def proxy_crd() -> dict:
-    return load_crd(CRD_DIR / "proxy.yaml")
+crd = crd_fixture("proxypool.yaml", "crd")
+proxy_crd = crd_fixture("proxy.yaml", "proxy_crd")
 
 
 def _generator():
@@ -60,16 +46,6 @@ def pool(spec: dict | None = None, **extra) -> dict:
 def with_spec(**fields) -> dict:
     """A pool whose spec is the minimal one plus ``fields``."""
     return pool({"template": copy.deepcopy(TEMPLATE), **copy.deepcopy(fields)})
-
-
-def errors_of(crd: dict, obj: dict, old: dict | None = None) -> list[str]:
-    """The API server's error strings for ``obj`` ([] when it is admitted)."""
-    try:
-        admit(crd, obj, old)
-    except Invalid as exc:
-        assert exc.errors, "Invalid raised without errors"
-        return exc.errors
-    return []
 
 
 # -- the file and the CRD ---------------------------------------------------------------------

@@ -30,32 +30,18 @@ from kubernetes import watch as k8s_watch
 from app.providers.kubernetes.config import DEFAULT_IMAGE
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
-from devcluster.cluster import FakeCluster
 from tests.support.kubectl import Kubectl, needs_kubectl
-from tests.support.origin import origin_server
 from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.waiting import wait_for
 from tests.support.processes import celery_beat, celery_worker, watcher
 from devcluster.redis_server import free_port
+from tests.support.stack_fixtures import cluster, origin  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "deploy" / "samples" / "proxy_kubernetes.yaml"
 SECRET_USER_DATA = "#cloud-config\n# e2e-user-data-marker-7f3a9c\npackages: [squid]\n"
 SECRET_TOKEN = "e2e-bearer-token-marker-51d2e0"
-
-
-@pytest.fixture()
-def cluster():
-    with FakeCluster(bookmark_interval=1.0) as c:
-        yield c
-
-
-@pytest.fixture()
-def origin():
-    """A local origin (see :func:`tests.support.origin.origin_server`)."""
-    with origin_server() as url:
-        yield url
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ import types
 import pytest
 from kubernetes import client as k8s
 
-from app.kube import gateway as kube_mod
+from app.kube import proxies as kube_mod
 from app.kube.gateway import KubernetesGateway
 from app.resources import GROUP, PLURAL, VERSION, Proxy, ProxyRef
 

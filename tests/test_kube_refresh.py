@@ -1,7 +1,7 @@
-"""The kubernetes client's credential refresh hook runs at most once a second (app/kube/gateway.py).
+"""The kubernetes client's credential refresh hook runs at most once a second (app/kube/client.py).
 
 The loaders' hook runs before every request and re-reads every proxy variable of the
-environment when it copies ``host`` back; :func:`app.kube.gateway.load_configuration` throttles it.
+environment when it copies ``host`` back; :func:`app.kube.client.load_configuration` throttles it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 from kubernetes import client as k8s
 
-from app.kube import gateway as kube
+from app.kube import client as kube
 
 
 def test_the_hook_runs_at_most_once_per_period_and_follows_the_hook_it_reinstalls():

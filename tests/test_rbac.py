@@ -25,11 +25,10 @@ import yaml
 from kubernetes import client as k8s
 
 from app.resources import GROUP, PLURAL, VERSION
-from devcluster.cluster import FakeCluster
 from devcluster.squid import LOOPBACK_SQUID_BLOCK
-from tests.support.origin import origin_server
 from tests.support.processes import celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
+from tests.support.stack_fixtures import cluster, origin  # noqa: F401 - pytest fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -87,18 +86,6 @@ def unused(grants: set, found: set) -> list:
     used = {(v, g, r) for v, g, r, _ in found}
     used_in = {(v, g, r, ns) for v, g, r, ns in found if ns is not None}
     return sorted((g for g in grants if (g[:3] not in used if g[3] is None else g not in used_in)), key=str)
-
-
-@pytest.fixture()
-def cluster():
-    with FakeCluster(bookmark_interval=1.0) as c:
-        yield c
-
-
-@pytest.fixture()
-def origin():
-    with origin_server() as url:
-        yield url
 
 
 def _custom(cluster) -> k8s.CustomObjectsApi:

@@ -30,12 +30,11 @@ from kubernetes import client as k8s
 
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY, LABEL_PROXY_UID
 from app.resources import GROUP, PLURAL, VERSION
-from devcluster.cluster import FakeCluster
-from tests.support.origin import origin_server
 from devcluster.squid import LOOPBACK_SQUID_BLOCK
 from tests.support.processes import BIN, Process, celery_beat, celery_worker, watcher
 from devcluster.redis_server import RedisServer, free_port
 from tests.support.waiting import wait_for, wait_until
+from tests.support.stack_fixtures import cluster, origin  # noqa: F401 - pytest fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -56,18 +55,6 @@ def redis_server():
     server = RedisServer()
     yield server
     server.stop()
-
-
-@pytest.fixture()
-def cluster():
-    with FakeCluster(bookmark_interval=1.0) as c:
-        yield c
-
-
-@pytest.fixture()
-def origin():
-    with origin_server() as url:
-        yield url
 
 
 @pytest.fixture()

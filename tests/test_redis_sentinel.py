@@ -22,13 +22,12 @@ import redis as redis_lib
 import requests
 
 from app.store.client import client_from_url
-from devcluster.cluster import FakeCluster
-from tests.support.origin import origin_server
 from tests.support.redis_sentinel import SentinelRedis
 from tests.test_redis_loss import (RESYNC_S, TOKEN, apply_proxy, assert_alive, leasable, lease_once,
                                    pods_per_proxy, two_ready_proxies, wait_ready)
 from tests.test_redis_loss import stack  # noqa: F401 - the same processes, on redis_server below
 from tests.support.waiting import wait_for, wait_until
+from tests.support.stack_fixtures import cluster, origin  # noqa: F401 - pytest fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -51,18 +50,6 @@ def sentinel_redis():
 def redis_server(sentinel_redis):
     """What the shared ``stack`` fixture reads: an object whose ``url`` is the Sentinel URL."""
     return sentinel_redis
-
-
-@pytest.fixture()
-def cluster():
-    with FakeCluster(bookmark_interval=1.0) as c:
-        yield c
-
-
-@pytest.fixture()
-def origin():
-    with origin_server() as url:
-        yield url
 
 
 def _auth() -> dict:

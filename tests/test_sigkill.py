@@ -25,11 +25,11 @@ from kubernetes import client as k8s
 
 from app.providers.kubernetes.provider import LABEL_MANAGED_BY
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION
-from devcluster.cluster import FakeCluster
 from tests.pools.env import pool_operator_env
 from tests.support.origin import origin_server
 from tests.support.processes import ROOT, celery_beat, celery_worker, watcher
 from tests.support.waiting import wait_for
+from tests.support.stack_fixtures import cluster  # noqa: F401 - pytest fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -47,12 +47,6 @@ STEP_S = 15
 #: Beat's lock in these tests (``BEAT_LOCK_TIMEOUT``); a new beat schedules within it + the 5 s loop interval.
 BEAT_LOCK_TIMEOUT = 10
 BEAT_BOUND_S = BEAT_LOCK_TIMEOUT + 5
-
-
-@pytest.fixture()
-def cluster():
-    with FakeCluster(bookmark_interval=1.0) as c:
-        yield c
 
 
 @pytest.fixture()

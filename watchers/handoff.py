@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Callable
 
+from app.errors import brief
 from app.resources import PLURAL
 from watchers import metrics
 from watchers.stream import DELETED, SYNC, OnEvent, StreamSettings, backoff_delay
@@ -154,17 +155,17 @@ class Handoff:
                 # A fault of the event or of our code, not of Redis: retrying it would hold every
                 # later event behind it forever.  Drop it; the periodic resync re-decides the Proxy.
                 log.error("proxy event %s dropped after an error that retrying cannot fix (%s); the "
-                          "resync will look at this Proxy again", what, _describe(exc))
+                          "resync will look at this Proxy again", what, brief(exc))
                 return True
             item.attempts += 1
             if item.first_failure is None:
                 item.first_failure = self.clock()
             if item.attempts == 1 or item.attempts % 10 == 0:
                 log.warning("proxy event hand-off failed for %s (attempt %d: %s); retrying with backoff, "
-                            "%d more event(s) waiting", what, item.attempts, _describe(exc), len(self._queue))
+                            "%d more event(s) waiting", what, item.attempts, brief(exc), len(self._queue))
             else:
                 log.debug("proxy event hand-off failed for %s (attempt %d: %s)", what, item.attempts,
-                          _describe(exc))
+                          brief(exc))
             return False
         if item.attempts:
             log.info("proxy event %s handed off after %d failed attempt(s) over %.1fs", what, item.attempts,
@@ -192,14 +193,6 @@ def _merge(item: _Item | None, etype: str, obj: dict, arrived: float) -> _Item:
         return _Item(etype, obj, arrived)
     item.etype, item.obj = _merged_type(item.etype, etype), obj
     return item
-
-
-def _describe(exc: BaseException) -> str:
-    """Exception class and message, cut short (Redis and broker errors name host:port only)."""
-    text = str(exc)
-    if len(text) > 200:
-        text = text[:200] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 __all__ = ["Handoff"]

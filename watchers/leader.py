@@ -177,21 +177,8 @@ class LeaderElector:
             transitions += 1 if holder else 0
         lease.spec = k8s.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=int(round(s.lease_duration)),
                                      acquire_time=acquire, renew_time=_now(), lease_transitions=transitions)
-        try:
-            updated = self.api.replace_namespaced_lease(self.name, self.namespace, lease,
-                                                        _request_timeout=s.request_timeout)
-        except k8s.ApiException as exc:
-            if exc.status == 409:
-                log.debug("lease %s/%s changed under us (409); next round", self.namespace, self.name)
-            else:
-                log.warning("updating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status,
-                            exc.reason)
-            return False
-        except Exception as exc:  # noqa: BLE001
-            log.warning("updating lease %s/%s failed: %s", self.namespace, self.name, type(exc).__name__)
-            return False
-        self._remember(updated)
-        return True
+        return self._write("updating", lambda: self.api.replace_namespaced_lease(
+            self.name, self.namespace, lease, _request_timeout=s.request_timeout))
 
     def _create(self) -> bool:
         s = self.settings
@@ -200,17 +187,32 @@ class LeaderElector:
                            spec=k8s.V1LeaseSpec(holder_identity=self.identity,
                                                 lease_duration_seconds=int(round(s.lease_duration)),
                                                 acquire_time=now, renew_time=now, lease_transitions=0))
+        return self._write("creating", lambda: self.api.create_namespaced_lease(
+            self.namespace, body, _request_timeout=s.request_timeout))
+
+    def _write(self, what: str, call: Callable[[], k8s.V1Lease]) -> bool:
+        """Make one write of the Lease and remember what the API returned.
+
+        Args:
+            what: ``"updating"`` or ``"creating"``, for the log.
+            call: the write.
+        Returns:
+            whether it went through; 409 (another writer was first) and any failure wait for
+            the next round.
+        """
         try:
-            created = self.api.create_namespaced_lease(self.namespace, body, _request_timeout=s.request_timeout)
+            lease = call()
         except k8s.ApiException as exc:
-            if exc.status != 409:
-                log.warning("creating lease %s/%s failed: HTTP %s %s", self.namespace, self.name, exc.status,
+            if exc.status == 409:
+                log.debug("lease %s/%s changed under us (409); next round", self.namespace, self.name)
+            else:
+                log.warning("%s lease %s/%s failed: HTTP %s %s", what, self.namespace, self.name, exc.status,
                             exc.reason)
             return False
-        except Exception as exc:  # noqa: BLE001
-            log.warning("creating lease %s/%s failed: %s", self.namespace, self.name, type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - a failed round is retried by the next one
+            log.warning("%s lease %s/%s failed: %s", what, self.namespace, self.name, type(exc).__name__)
             return False
-        self._remember(created)
+        self._remember(lease)
         return True
 
     def _remember(self, lease: k8s.V1Lease) -> None:

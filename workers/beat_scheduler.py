@@ -40,6 +40,7 @@ from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, get_redis
 
 from prometheus_client import Counter, Gauge
 from app.backoff import capped_exponential
+from app.errors import brief
 
 # Beat's own metrics (docs/observability.md), defined here so only beat has them.
 BEAT_FIRED = Counter("proxy_operator_beat_schedules_fired_total",
@@ -85,7 +86,7 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
             self._due_now(missing)
         except redis.RedisError as exc:
             log.warning("beat: cannot install the schedule now (Redis: %s); installing it when Redis answers",
-                        _describe(exc))
+                        brief(exc))
 
     def apply_async(self, entry, producer=None, advance=True, **kwargs):
         """Send ``entry``'s task (Celery's) and count it in ``proxy_operator_beat_schedules_fired_total``."""
@@ -112,7 +113,7 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
             self._lock_lost = True
             BEAT_LOCK.set(0)
             log.warning("beat: lost the scheduler lock (%s); standing by until this beat holds it again",
-                        _describe(exc))
+                        brief(exc))
             return self._after_lock_loss()
         except redis.RedisError as exc:
             return self._redis_failed(exc)
@@ -209,10 +210,10 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
         delay = self._retry_in()
         if not self._outage_logged:
             log.warning("beat: Redis unavailable (%s); nothing is scheduled until it answers, retrying",
-                        _describe(exc))
+                        brief(exc))
             self._outage_logged = True
         else:
-            log.debug("beat: Redis still unavailable (%s); next try in %.1fs", _describe(exc), delay)
+            log.debug("beat: Redis still unavailable (%s); next try in %.1fs", brief(exc), delay)
         return delay
 
     def _redis_ok(self) -> None:
@@ -228,16 +229,8 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
             super().close()
         except redis.RedisError as exc:
             log.warning("beat: could not release the scheduler lock (%s); it expires by itself",
-                        _describe(exc))
+                        brief(exc))
             self.lock = None
-
-
-def _describe(exc: BaseException) -> str:
-    """Exception class and message (Redis errors name host and port, never a password)."""
-    text = str(exc)
-    if len(text) > 200:
-        text = text[:200] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 __all__ = ["ResilientRedBeatScheduler"]

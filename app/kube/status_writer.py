@@ -13,20 +13,17 @@ Every status write of the operator goes through here (:func:`write` for the reco
   patch replaces the whole ``conditions`` list and both writers write conditions (the
   reconciler ``Provisioned``, the health engine ``Healthy`` and ``Ready``), so a write computed
   from a stale read must fail with 409 rather than drop the other writer's condition.
-* **409 Conflict.**  The two callers used to differ (the reconciler re-ran its whole step from a
-  fresh read in 0.5-1.5 s; the health engine dropped the write until the proxy's next probe).
-  Kept here, as the rule that is safe for each kind of patch:
+* **409 Conflict.**  The rule that is safe for each kind of patch:
 
   - :func:`write` takes a *fixed* patch, computed together with a decision about the object
     (a reconcile step: "the instance will be X", "the spec changed, replace").  Re-applying it
     to a newer object could act on a decision that no longer holds (a write-ahead for a spec
     that changed meanwhile), so the 409 propagates and the caller re-runs its step from a
-    fresh read (:func:`app.proxy.reconcile._handle_error`).
+    fresh read (:func:`app.proxy.failures.handle`).
   - :func:`write_latest` takes a *function* of the object (a health verdict's patch): on 409 it
     re-reads, re-checks that the object is still the one meant and still wants the write, and
     rebuilds the patch from what it read, up to ``attempts`` times; then the 409 propagates.
-    The patch is always computed from the object it is applied to, so the re-read is exactly
-    as safe as the old retry on the next probe, and the verdict lands sooner.
+    The patch is always computed from the object it is applied to.
 
 * **404.**  A patch of an object that is gone propagates :class:`kubernetes.client.ApiException`
   404 from both (the reconciler ends the step; the health engine counts a status error and the
@@ -96,7 +93,7 @@ def _apply(kube: KubeGateway, proxy: Proxy, changes: Mapping, event: "Event | Ev
     elif event is not None:
         chosen = event
     else:
-        chosen = phase_event(proxy, new_phase) if moved else None
+        chosen = phase_event(proxy, new_phase) if moved and new_phase else None
     if chosen is not None:
         try:
             event_type, reason, message = chosen

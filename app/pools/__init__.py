@@ -4,6 +4,8 @@
   hash, age limits with jitter).
 * :mod:`app.pools.plan` — the decisions (scale, rollout, age rotation, spread, drain), one
   pure function.
+* :mod:`app.pools.status` — the status a pass writes (counts, selector, conditions).
+* :mod:`app.pools.zones` — the pool's zones: which may get new members, the skipped ones.
 * :mod:`app.pools.autoscale` — the autoscaler's arithmetic (utilization, hysteresis).
 * :mod:`app.pools.demand` — the per-pool count of refused lease requests in Redis.
 * :mod:`app.pools.controller` — reads a pool and its members through the gateway, runs the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from app.pools.model import Autoscale
 
@@ -111,7 +111,7 @@ def recommend(auto: Autoscale, current: int, demand: Demand, *, max_leases: int)
     return wanted
 
 
-def stabilize(history: list[dict[str, int]], recommended: int, now: float, *,
+def stabilize(history: "Sequence[Mapping[str, Any]] | None", recommended: int, now: float, *,
               delay: float) -> tuple[int, list[dict[str, int]]]:
     """Apply the scale-down window.
 

@@ -27,7 +27,7 @@ create new members, write ``spec.replicas`` through the scale subresource when t
 moved it, write the status (:func:`app.kube.status_writer.write_pool`).  One Event per kind of action
 and pass, and one when zones start being skipped for a provider target that is not Ready
 (``ZoneNotReady``) or recover (``ZoneReady``), told from ``status.skippedZones`` before and
-after the pass (:func:`app.pools.plan.skipped_zones`), so a zone that stays down is not
+after the pass (:func:`app.pools.zones.skipped_zones`), so a zone that stays down is not
 repeated every pass.  An autoscaled pool whose ``spec.replicas`` is not the count its autoscaler
 settled on at the last pass has another writer (``kubectl scale``, a HorizontalPodAutoscaler):
 a ``ReplicasOverridden`` Warning Event says so, at most once per
@@ -44,7 +44,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from kubernetes.client import ApiException
 
@@ -64,7 +64,9 @@ from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
                              parse_time, selector_string)
-from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
+from app.pools.plan import Drain, MemberAction, Plan, plan
+from app.pools.status import stalled
+from app.pools.zones import ZoneHealth, describe_zones
 from app.providers.checks import CHECK_PENDING, read_snapshot
 from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
 from app.serving.records import ServingRecord
@@ -112,7 +114,7 @@ def member_name(pool: Pool, rand: Callable[[], float] = random.random) -> str:
 
 def member_spec(pool: Pool, zone: str | None) -> dict:
     """The Proxy spec of a new member: the template's, placed in ``zone`` when given."""
-    spec = json.loads(json.dumps(pool.spec.template_spec))
+    spec = json.loads(json.dumps(pool.valid_spec.template_spec))
     if zone:
         spec["placement"] = {**(spec.get("placement") or {}), "zone": zone}
     return spec
@@ -121,7 +123,7 @@ def member_spec(pool: Pool, zone: str | None) -> dict:
 def member_labels(pool: Pool) -> dict[str, str]:
     """The labels of a new member: the template's, its pool (:data:`LABEL_POOL`) and the template's
     hash (:data:`LABEL_TEMPLATE_HASH`)."""
-    return {**pool.spec.template_labels, LABEL_POOL: pool.name, LABEL_TEMPLATE_HASH: pool.spec.hash}
+    return {**pool.valid_spec.template_labels, LABEL_POOL: pool.name, LABEL_TEMPLATE_HASH: pool.valid_spec.hash}
 
 
 def owner_of(pool: Pool) -> OwnerReference:
@@ -146,8 +148,9 @@ def over_namespace_cap(pool: Pool, proxies: list[Proxy], cap: int | None) -> str
     """
     if cap is None:
         return None
-    auto = pool.spec.autoscale
-    field, size = ("spec.autoscale.maxReplicas", auto.max_replicas) if auto else ("spec.replicas", pool.spec.replicas)
+    spec = pool.valid_spec
+    auto = spec.autoscale
+    field, size = ("spec.autoscale.maxReplicas", auto.max_replicas) if auto else ("spec.replicas", spec.replicas)
     others = sum(1 for p in proxies if not p.deleting and (p.controller or {}).get("kind") == POOL_KIND
                  and (p.controller or {}).get("uid") != pool.uid)
     if size <= cap - others:
@@ -161,15 +164,15 @@ def over_namespace_cap(pool: Pool, proxies: list[Proxy], cap: int | None) -> str
 def controlled_by(proxy: Proxy, pool: Pool) -> bool:
     """Whether ``proxy``'s controller ownerReference is ``pool`` (by UID)."""
     ref = proxy.controller
-    return bool(ref) and ref.get("uid") == pool.uid and ref.get("kind") == POOL_KIND
+    return ref is not None and ref.get("uid") == pool.uid and ref.get("kind") == POOL_KIND
 
 
 def strays_of(pool: Pool, proxies: list[Proxy]) -> list[Proxy]:
     """The Proxies of ``proxies`` the pool controls whose labels do not match its explicit
     ``spec.selector`` (none when the selector follows the template): to be released."""
-    if not pool.spec.explicit_selector:
+    if not pool.valid_spec.explicit_selector:
         return []
-    return [p for p in proxies if controlled_by(p, pool) and not selectors.matches(pool.spec.selector, p.labels)]
+    return [p for p in proxies if controlled_by(p, pool) and not selectors.matches(pool.valid_spec.selector, p.labels)]
 
 
 def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mapping[str, str]],
@@ -187,13 +190,13 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
     for p in proxies:
         if not controlled_by(p, pool):
             continue
-        if pool.spec.explicit_selector and not selectors.matches(pool.spec.selector, p.labels):
+        if pool.valid_spec.explicit_selector and not selectors.matches(pool.valid_spec.selector, p.labels):
             continue  # no member: released (strays_of)
         raw = records.get(p.uid)
         rec = ServingRecord.from_redis(raw) if raw else None
         draining = p.draining_until
         serves = bool(rec is not None and rec.healthy and rec.max_leases > 0 and not p.deleting)
-        leasable = serves and rec.drain_until is None and draining is None
+        leasable = serves and rec is not None and rec.drain_until is None and draining is None
         created = parse_time((p.raw.get("metadata") or {}).get("creationTimestamp")) or now
         out.append(Member(uid=p.uid, name=p.name, phase=p.phase, ready=p.phase == READY, leasable=leasable,
                           leases=int(counts.get(p.uid, 0)), created=created,
@@ -206,9 +209,9 @@ def members_of(pool: Pool, proxies: list[Proxy], *, records: Mapping[str, Mappin
     return out, by_uid
 
 
-def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> dict[str, ZoneHealth | None]:
+def zone_health(r, pc, zones: Sequence[str | None], *, now: float | None = None) -> dict[str, ZoneHealth | None]:
     """Why members may not be placed in each of ``zones`` (``None``: the template's placement):
-    the :class:`app.pools.plan.ZoneHealth` of a zone that is not Ready, ``None`` for a Ready one.
+    the :class:`app.pools.zones.ZoneHealth` of a zone that is not Ready, ``None`` for a Ready one.
 
     A zone is Ready when the provider's ProviderHealth target of that name is (a KVM host), or,
     for a zone that is no target of its own (a GCE zone, the kubernetes provider's placement),
@@ -240,7 +243,7 @@ def zone_health(r, pc, zones: list[str | None], *, now: float | None = None) -> 
 OVERRIDE_EVENT_INTERVAL = 300.0
 
 
-def _scale_state(r, uid: str) -> tuple[list[dict], dict]:
+def _scale_state(r, uid: str) -> tuple[list[Mapping[str, Any]], dict]:
     """Read the autoscaler's state kept in :func:`app.store.keys.pool_scale`.
 
     Args:
@@ -249,7 +252,8 @@ def _scale_state(r, uid: str) -> tuple[list[dict], dict]:
     Returns:
         ``(recommendations, document)``: the recommendations of the scale-down window, and the
         whole document (``replicas``: the count it last settled on, ``warnedAt``: epoch seconds
-        of the last ``ReplicasOverridden`` Event); ``([], {})`` when missing or unreadable.
+        of the last ``ReplicasOverridden`` Event); ``([], {})`` when missing or unreadable; a
+        plain list (what earlier releases wrote) is the recommendations alone.
     """
     raw = r.get(redis_keys.pool_scale(uid))
     try:
@@ -268,13 +272,13 @@ def _overridden(pool: Pool, state: Mapping[str, Any]) -> int | None:
     else: another writer changed it meanwhile (``kubectl scale``, a HorizontalPodAutoscaler on the
     scale subresource, an apply of a manifest carrying ``spec.replicas``); ``None`` otherwise."""
     last = state.get("replicas")
-    if isinstance(last, int) and not isinstance(last, bool) and last != pool.spec.replicas:
+    if isinstance(last, int) and not isinstance(last, bool) and last != pool.valid_spec.replicas:
         return last
     return None
 
 
 def _warn_overridden(kube: KubeGateway, pool: Pool, last: int, result: Plan) -> None:
-    message = (f"spec.replicas was changed from {last} to {pool.spec.replicas} by another writer (kubectl scale, "
+    message = (f"spec.replicas was changed from {last} to {pool.valid_spec.replicas} by another writer (kubectl scale, "
                f"a HorizontalPodAutoscaler on this pool's scale subresource, an apply that sets spec.replicas) "
                f"while spec.autoscale sizes the pool; the autoscaler keeps {result.desired}. Use one of them: "
                f"remove spec.autoscale, or the other writer")
@@ -319,11 +323,11 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         pool_stats.forget(r, pool.namespace, pool.name)
         status_writer.write_pool(kube, pool, stalled(pool, "InvalidSpec", pool.spec_error, now=now))
         return Outcome("stalled")
-    pc = configs.get(pool.spec.provider)
+    pc = configs.get(pool.valid_spec.provider)
     if pc is None:
         pool_stats.forget(r, pool.namespace, pool.name)
         status_writer.write_pool(kube, pool, stalled(
-            pool, "UnknownProvider", f"spec.template.spec.provider: no provider {pool.spec.provider!r} in the "
+            pool, "UnknownProvider", f"spec.template.spec.provider: no provider {pool.valid_spec.provider!r} in the "
                                      "providers config: no member is created", now=now))
         return Outcome("stalled")
     pool_demand.register(r, pool.namespace, pool.name)
@@ -339,11 +343,12 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
     members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
-    zones = list(pool.spec.zones) or [pool.spec.template_zone]
+    zones: list[str | None] = [*pool.valid_spec.zones] or [pool.valid_spec.template_zone]
     health = zone_health(r, pc, zones, now=now)
     ready = {zone: why is None for zone, why in health.items()}
-    signal, history, state, overridden = None, None, {}, None
-    if pool.spec.autoscale is not None:
+    signal, history, overridden = None, None, None
+    state: dict[str, Any] = {}
+    if pool.valid_spec.autoscale is not None:
         taken = pool_demand.take(r, pool.namespace, pool.name)
         signal = Demand(refused=taken.refused, window=taken.window or 0.0)
         history, state = _scale_state(r, pool.uid)
@@ -358,8 +363,9 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
                                    - {d.uid for d in result.deletes} - {c.uid for c in result.reclaims})
                       + len(result.drains),
                       leases=sum(m.leases for m in members if m.leasable),
-                      capacity=pool.spec.max_leases * int(result.status.get("leasableReplicas") or 0))
-    if pool.spec.autoscale is not None:
+                      capacity=pool.valid_spec.max_leases * int(result.status.get("leasableReplicas") or 0))
+    auto = pool.valid_spec.autoscale
+    if auto is not None:
         warned = state.get("warnedAt") if isinstance(state.get("warnedAt"), (int, float)) else None
         if overridden is not None and (warned is None or now - warned >= OVERRIDE_EVENT_INTERVAL):
             _warn_overridden(kube, pool, overridden, result)
@@ -367,7 +373,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         doc = {"history": list(result.history), "replicas": result.desired}
         if warned is not None:
             doc["warnedAt"] = warned
-        r.set(redis_keys.pool_scale(pool.uid), json.dumps(doc), ex=int(pool.spec.autoscale.scale_down_delay) + 3600)
+        r.set(redis_keys.pool_scale(pool.uid), json.dumps(doc), ex=int(auto.scale_down_delay) + 3600)
     else:
         r.delete(redis_keys.pool_scale(pool.uid))  # no stale count if spec.autoscale comes back
     requeue = result.requeue_after
@@ -407,7 +413,8 @@ def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[lis
     """
     released, refused = [], 0
     for p in strays:
-        annotations = {k: None for k in (DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION) if k in p.annotations} or None
+        annotations: dict[str, str | None] | None = {
+            k: None for k in (DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION) if k in p.annotations} or None
         try:
             kube.release_proxy(p, pool.uid, annotations=annotations)
         except ApiException as exc:
@@ -421,7 +428,7 @@ def _release(kube: KubeGateway, r, pool: Pool, strays: list[Proxy]) -> tuple[lis
         released.append(p.name)
     if released:
         log.info("pool %s: released %s: controlled by the pool, its labels no longer match the selector %s",
-                 pool.key, ", ".join(released), selector_string(pool.spec.selector))
+                 pool.key, ", ".join(released), selector_string(pool.valid_spec.selector))
         kube.record_pool_event(pool, "Normal", "MemberReleased",
                                message=f"released {len(released)} Proxy(ies) whose labels no longer match "
                                        f"spec.selector (they keep running, outside the pool): "
@@ -443,11 +450,50 @@ def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str
             serving.set_draining(r, m.uid, m.draining_until)
 
 
-def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
-    def refused(what: str, exc: ApiException) -> None:
-        log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
-                    pool.key, what, exc.status, exc.reason)
+def _refused(pool: Pool, what: str, exc: ApiException) -> None:
+    """Log a write on ``pool``'s members that the API refused (the next pass decides again)."""
+    log.warning("pool %s: %s refused by the API (HTTP %s %s); the next pass decides again",
+                pool.key, what, exc.status, exc.reason)
 
+
+A = TypeVar("A", bound=MemberAction)
+
+
+def _annotate(kube: KubeGateway, pool: Pool, actions: Sequence[A], by_uid: Mapping[str, Proxy], what: str,
+              annotations: Callable[[A], dict[str, str | None]], then: Callable[[A], object]) -> list[A]:
+    """Write each action's annotations on its member, then run ``then`` for it.
+
+    Args:
+        kube: the gateway.
+        pool: the pool (for logs).
+        actions: the plan's actions; a member not in ``by_uid`` is skipped.
+        by_uid: the members' Proxies as read.
+        what: the write, for the log when it is refused (``{name}``: the member).
+        annotations: the annotations of an action (``None`` removes one).
+        then: what follows a write that went through (the serving view, metrics).
+    Returns:
+        the actions written (refused ones, 404 or 409, are logged and left to the next pass).
+    Raises:
+        kubernetes.client.ApiException: any other status.
+    """
+    done = []
+    for action in actions:
+        proxy = by_uid.get(action.uid)
+        if proxy is None:
+            continue
+        try:
+            kube.annotate_proxy(proxy, annotations(action))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            _refused(pool, what.format(name=action.name), exc)
+            continue
+        then(action)
+        done.append(action)
+    return done
+
+
+def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
     deleted = []
     for d in result.deletes:
         try:
@@ -456,7 +502,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
-            refused(f"deleting {d.name}", exc)
+            _refused(pool, f"deleting {d.name}", exc)
     labels = (pool.namespace, pool.name)
     for d in deleted:
         metrics.POOL_MEMBERS_DELETED.labels(*labels, d.reason).inc()
@@ -465,42 +511,22 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         kube.record_pool_event(pool, "Normal", "MemberDeleted",
                                message=f"deleted {len(deleted)} member(s): " + ", ".join(
                                    f"{d.name} ({d.reason})" for d in deleted[:10]))
-    reclaimed = []
-    for c in result.reclaims:
-        proxy = by_uid.get(c.uid)
-        if proxy is None:
-            continue
-        try:
-            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None})
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-            refused(f"reclaiming {c.name}", exc)
-            continue
-        serving.set_draining(r, c.uid, None)
-        reclaimed.append(c)
+    reclaimed = _annotate(kube, pool, result.reclaims, by_uid, "reclaiming {name}",
+                          lambda c: {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None},
+                          lambda c: serving.set_draining(r, c.uid, None))
     if reclaimed:
         log.info("pool %s: reclaimed %s (draining for ScaleDown, still updated): they take leases again",
                  pool.key, _names(reclaimed))
         kube.record_pool_event(pool, "Normal", "MemberReclaimed",
                                message=f"reclaimed {len(reclaimed)} draining member(s) for the scale-up (drained for "
                                        f"ScaleDown, still updated; they take leases again): {_names(reclaimed)}")
-    drained = []
-    for d in result.drains:
-        proxy = by_uid.get(d.uid)
-        if proxy is None:
-            continue
-        try:
-            kube.annotate_proxy(proxy, {DRAINING_ANNOTATION: format_time(d.until),
-                                        DRAINING_REASON_ANNOTATION: d.reason})
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-            refused(f"marking {d.name} draining", exc)
-            continue
+    def mark_draining(d: Drain) -> None:
         serving.set_draining(r, d.uid, d.until)
         metrics.POOL_MEMBERS_DRAINING.labels(*labels, d.reason).inc()
-        drained.append(d)
+
+    drained = _annotate(kube, pool, result.drains, by_uid, "marking {name} draining",
+                        lambda d: {DRAINING_ANNOTATION: format_time(d.until), DRAINING_REASON_ANNOTATION: d.reason},
+                        mark_draining)
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",
@@ -518,7 +544,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                 if exc.status == 409:
                     continue  # that name is taken: another suffix
                 if exc.status in (403, 404, 422):
-                    refused(f"creating a member{' in ' + c.zone if c.zone else ''}", exc)
+                    _refused(pool, f"creating a member{' in ' + c.zone if c.zone else ''}", exc)
                     break
                 raise
             created.append((name, c.zone))
@@ -535,19 +561,20 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            refused("writing spec.replicas", exc)
+            _refused(pool, "writing spec.replicas", exc)
         else:
-            metrics.POOL_RESCALES.labels(*labels, "up" if result.scale_to > pool.spec.replicas else "down").inc()
+            before = pool.valid_spec.replicas
+            metrics.POOL_RESCALES.labels(*labels, "up" if result.scale_to > before else "down").inc()
             util = "" if result.utilization is None else f" (lease utilization {result.utilization:.0%})"
-            log.info("pool %s: autoscaler %d -> %d members%s", pool.key, pool.spec.replicas, result.scale_to, util)
+            log.info("pool %s: autoscaler %d -> %d members%s", pool.key, before, result.scale_to, util)
             kube.record_pool_event(pool, "Normal", "Rescaled",
-                                   message=f"autoscaler: {pool.spec.replicas} -> {result.scale_to} members{util}")
+                                   message=f"autoscaler: {before} -> {result.scale_to} members{util}")
     try:
         status_writer.write_pool(kube, pool, result.status)
     except ApiException as exc:
         if exc.status != 404:
             raise
-        refused("writing the status", exc)
+        _refused(pool, "writing the status", exc)
         return
     _zone_events(kube, r, pool, result.status.get("skippedZones") or [], now=now)
 
@@ -584,10 +611,11 @@ def _zone_events(kube: KubeGateway, r, pool: Pool, skipped: list[Mapping[str, An
     doc = doc if isinstance(doc, dict) else {}
     before = {z.get("zone") for z in pool.status.get("skippedZones") or () if isinstance(z, Mapping)}
     by_zone = {z["zone"]: z for z in skipped}
-    listed = set(pool.spec.zones) or {pool.spec.template_zone or ""}
+    listed = set(pool.valid_spec.zones) or {pool.valid_spec.template_zone or ""}
     started, recovered, state = [], [], {}
     for zone in sorted(listed | set(by_zone) | {z for z in before if isinstance(z, str)} | set(doc)):
-        entry = doc.get(zone) if isinstance(doc.get(zone), dict) else {}
+        found = doc.get(zone)
+        entry: dict[str, Any] = found if isinstance(found, dict) else {}
         told_down = entry["down"] if isinstance(entry.get("down"), bool) else zone in before
         times = [t for t in entry.get("times") or ()
                  if isinstance(t, (int, float)) and 0 <= now - t < ZONE_EVENT_WINDOW]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from app.serving import selectors
-from app.resources import DRAINING_ANNOTATION, GROUP, MODE_MANAGED, POOL_KIND, POOL_PLURAL, VERSION
+from app.resources import DRAINING_ANNOTATION, GROUP, MODE_MANAGED, POOL_KIND, POOL_PLURAL, VERSION, ObjectIdentity
 from app.timefmt import parse_rfc3339, rfc3339
 from app.config.validation import parse_duration
 
@@ -125,7 +125,7 @@ def selector_requirements(selector: Mapping | None) -> tuple[selectors.Requireme
     ops = {"In": selectors.IN, "NotIn": selectors.NOTIN, "Exists": selectors.EXISTS,
            "DoesNotExist": selectors.NOT_EXISTS}
     for i, expr in enumerate(selector.get("matchExpressions") or ()):
-        op = ops.get((expr or {}).get("operator"))
+        op = ops.get(str((expr or {}).get("operator")))
         if op is None:
             raise PoolSpecError(f"spec.selector.matchExpressions[{i}].operator",
                                 "must be one of In, NotIn, Exists, DoesNotExist")
@@ -354,24 +354,17 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
-class Pool:
+class Pool(ObjectIdentity):
     """A ProxyPool as read from the API.
 
     Attributes:
-        namespace / name / uid / generation / resource_version: identity.
-        deleting: ``metadata.deletionTimestamp`` is set.
+        (identity): as :class:`app.resources.ObjectIdentity`.
         spec: :class:`PoolSpec`, or ``None`` when it is invalid (:attr:`spec_error` says why).
         spec_error: the :class:`PoolSpecError` message, ``""`` when the spec is fine.
         status: the raw ``status`` dict.
         raw: the object as received.
     """
 
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    resource_version: str
-    deleting: bool
     spec: PoolSpec | None
     spec_error: str
     status: dict[str, Any]
@@ -386,9 +379,7 @@ class Pool:
             ValueError: ``metadata.name``/``namespace``/``uid`` missing.
         """
         meta = obj.get("metadata") or {}
-        for key in ("name", "namespace", "uid"):
-            if not meta.get(key):
-                raise ValueError(f"ProxyPool object without metadata.{key}")
+        identity = cls.fields(meta, "ProxyPool")
         try:
             spec, error = PoolSpec.from_dict(obj.get("spec")), ""
             if len(meta["name"]) > MAX_POOL_NAME:
@@ -398,15 +389,18 @@ class Pool:
                     f"characters; no member is created: re-create the pool under a shorter name"))
         except PoolSpecError as exc:
             spec, error = None, str(exc)
-        return cls(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-                   generation=int(meta.get("generation") or 1), resource_version=str(meta.get("resourceVersion") or ""),
-                   deleting=bool(meta.get("deletionTimestamp")), spec=spec, spec_error=error,
-                   status=dict(obj.get("status") or {}), raw=dict(obj))
+        return cls(**identity, spec=spec, spec_error=error, status=dict(obj.get("status") or {}), raw=dict(obj))
 
     @property
-    def key(self) -> str:
-        """``"<namespace>/<name>"``."""
-        return f"{self.namespace}/{self.name}"
+    def valid_spec(self) -> PoolSpec:
+        """The :attr:`spec`, for code that acts only on a pool whose spec is valid.
+
+        Raises:
+            ValueError: the spec is invalid (the message names the pool and :attr:`spec_error`).
+        """
+        if self.spec is None:
+            raise ValueError(f"pool {self.key} has an invalid spec: {self.spec_error}")
+        return self.spec
 
 
 @dataclass(frozen=True)

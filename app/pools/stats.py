@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import redis
 from prometheus_client.core import GaugeMetricFamily
@@ -155,7 +155,7 @@ class PoolCollector:
 
     def __init__(self, redis_factory: Callable[[], object]) -> None:
         self.redis_factory = redis_factory
-        self._r = None
+        self._r: Any = None
 
     def describe(self):
         """Nothing up front (no Redis read when registered)."""

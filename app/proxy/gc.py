@@ -15,6 +15,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Iterator
 
 from app.store import holders
 
@@ -191,6 +192,30 @@ def proxy_lock_key(uid: str) -> str:
     return redis_keys.proxy_lock(uid)
 
 
+@contextlib.contextmanager
+def _proxy_locked(redis, uid: str, lock_timeout: float) -> Iterator[bool]:
+    """Hold the per-Proxy lock of ``uid`` for the block (waiting at most 1 s for it).
+
+    Args:
+        redis: ``redis.Redis``.
+        uid: the Proxy's UID.
+        lock_timeout: the lock's timeout, seconds.
+    Yields:
+        whether the lock was taken (``False``: the Proxy is busy with a step; nothing is held).
+    """
+    lock = holders.lock(redis, proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
+    if not lock.acquire():
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - expired
+            pass
+
+
 def delete_superseded(redis, list_proxies, provider_name: str, *, delete, uid: str, provider_id: str,
                       lock_timeout: float = 60.0) -> bool:
     """Delete ``provider_id`` if its live Proxy ``uid`` still names another instance; return whether it did.
@@ -200,23 +225,17 @@ def delete_superseded(redis, list_proxies, provider_name: str, *, delete, uid: s
     undone.  A Proxy busy with a step (lock taken) is left for the next sweep; a Proxy gone
     meanwhile makes the instance an orphan, deleted.
     """
-    lock = holders.lock(redis, proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
-    if not lock.acquire():
-        log.info("gc %s: proxy uid %s is busy; superseded %s left for the next sweep", provider_name, uid,
-                 provider_id)
-        return False
-    try:
+    with _proxy_locked(redis, uid, lock_timeout) as held:
+        if not held:
+            log.info("gc %s: proxy uid %s is busy; superseded %s left for the next sweep", provider_name, uid,
+                     provider_id)
+            return False
         live, current = current_instances(list_proxies(), provider_name)
         if uid in live and (uid not in current or current[uid] == provider_id):
             log.info("gc %s: %s is current again (proxy uid %s); kept", provider_name, provider_id, uid)
             return False
         delete(provider_id)
         return True
-    finally:
-        try:
-            lock.release()
-        except Exception:  # noqa: BLE001 - expired
-            pass
 
 
 def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, list_proxies,
@@ -255,11 +274,10 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
     if inst.tags.get(naming.TAG_MANAGED_BY) != naming.MANAGED_BY or not uid:
         log.warning("gc %s: %s carries no managed-by tag and Proxy UID; not deleting it", provider_name, provider_id)
         return False
-    lock = holders.lock(redis, proxy_lock_key(uid), timeout=lock_timeout, blocking_timeout=1)
-    if not lock.acquire():
-        log.info("gc %s: proxy uid %s is busy; %s left for the next sweep", provider_name, uid, provider_id)
-        return False
-    try:
+    with _proxy_locked(redis, uid, lock_timeout) as held:
+        if not held:
+            log.info("gc %s: proxy uid %s is busy; %s left for the next sweep", provider_name, uid, provider_id)
+            return False
         live, current = current_instances(list_proxies(), provider_name)
         if not orphans([inst], live_uids=live, abandoned=set(), now=now or datetime.now(timezone.utc),
                        grace_seconds=grace_seconds, current=current):
@@ -268,11 +286,6 @@ def verify_and_delete(provider, provider_name: str, provider_id: str, *, redis, 
             return False
         provider.delete(provider_id)
         return True
-    finally:
-        try:
-            lock.release()
-        except Exception:  # noqa: BLE001 - expired
-            pass
 
 
 def collect(provider_name: str, provider, list_proxies, *, abandoned: set[str], grace_seconds: float,

@@ -17,12 +17,14 @@ script, for ``POST /v1/leases``), so its size is capped (docs/security.md, "Redi
 values in one ``in``/``notin`` list; keys are Kubernetes label keys (an optional DNS-subdomain
 prefix of at most :data:`MAX_PREFIX_LENGTH` characters, ``/``, a name of at most
 :data:`MAX_NAME_LENGTH`), values Kubernetes label values (at most :data:`MAX_VALUE_LENGTH`).
+The simulated API server (``devcluster/``) parses and matches with the same code, without the caps.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -55,7 +57,7 @@ class Requirement:
     op: str
     values: tuple[str, ...] = ()
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether ``labels`` satisfy this requirement."""
         present = self.key in labels
         value = labels.get(self.key)
@@ -95,31 +97,49 @@ def _split(text: str) -> list[str]:
     return parts
 
 
+def is_label_key(key: str) -> bool:
+    """Return whether ``key`` is a Kubernetes label key (an optional DNS-subdomain prefix of at
+    most :data:`MAX_PREFIX_LENGTH` characters and ``/``, then a name of at most :data:`MAX_NAME_LENGTH`)."""
+    prefix, slash, name = key.rpartition("/")
+    return bool(_KEY.match(key)) and len(name) <= MAX_NAME_LENGTH and not (slash and len(prefix) > MAX_PREFIX_LENGTH)
+
+
+def is_label_value(value: str) -> bool:
+    """Return whether ``value`` is a Kubernetes label value (empty, or at most :data:`MAX_VALUE_LENGTH`
+    alphanumerics, ``-``, ``_``, ``.``, starting and ending with an alphanumeric)."""
+    return len(value) <= MAX_VALUE_LENGTH and bool(_VALUE.match(value))
+
+
+def _length(part: str, what: str, text: str, limit: int) -> None:
+    """Raise :class:`SelectorError` when ``text`` (``what`` of requirement ``part``) is longer than ``limit``."""
+    if len(text) > limit:
+        raise SelectorError(f"{part.strip()[:80]!r}: {what} is {len(text)} characters long, at most {limit}")
+
+
 def _key(key: str, part: str) -> str:
     prefix, slash, name = key.rpartition("/")
-    if slash and len(prefix) > MAX_PREFIX_LENGTH:
-        raise SelectorError(f"{part.strip()[:80]!r}: the key prefix is {len(prefix)} characters long, "
-                            f"at most {MAX_PREFIX_LENGTH}")
-    if len(name) > MAX_NAME_LENGTH:
-        raise SelectorError(f"{part.strip()[:80]!r}: the key name is {len(name)} characters long, "
-                            f"at most {MAX_NAME_LENGTH}")
+    if slash:
+        _length(part, "the key prefix", prefix, MAX_PREFIX_LENGTH)
+    _length(part, "the key name", name, MAX_NAME_LENGTH)
     if not _KEY.match(key):
         raise SelectorError(f"{part.strip()!r}: {key!r} is not a valid label key")
     return key
 
 
 def _value(value: str, part: str) -> str:
-    if len(value) > MAX_VALUE_LENGTH:
-        raise SelectorError(f"{part.strip()[:80]!r}: a value is {len(value)} characters long, at most "
-                            f"{MAX_VALUE_LENGTH}")
+    _length(part, "a value", value, MAX_VALUE_LENGTH)
     if not _VALUE.match(value):
         raise SelectorError(f"{part.strip()!r}: {value!r} is not a valid label value")
     return value
 
 
-def parse(text: str | None) -> tuple[Requirement, ...]:
+def parse(text: str | None, *, capped: bool = True) -> tuple[Requirement, ...]:
     """Parse a selector string (``None``/empty = no requirement).
 
+    Args:
+        text: the selector.
+        capped: enforce the discovery API's caps (:data:`MAX_LENGTH`, :data:`MAX_REQUIREMENTS`,
+            :data:`MAX_VALUES`); ``False``: only Kubernetes' own rules, as kube-apiserver parses.
     Returns:
         the requirements, in order (AND).
     Raises:
@@ -127,12 +147,12 @@ def parse(text: str | None) -> tuple[Requirement, ...]:
             :data:`MAX_LENGTH` characters, :data:`MAX_REQUIREMENTS` requirements or
             :data:`MAX_VALUES` values in a list; a key or value over its length).
     """
-    if text is not None and len(text) > MAX_LENGTH:  # before the blank check: blanks count too
+    if capped and text is not None and len(text) > MAX_LENGTH:  # before the blank check: blanks count too
         raise SelectorError(f"the selector is {len(text)} characters long, at most {MAX_LENGTH}")
     if text is None or not text.strip():
         return ()
     parts = _split(text)
-    if len(parts) > MAX_REQUIREMENTS:
+    if capped and len(parts) > MAX_REQUIREMENTS:
         raise SelectorError(f"the selector has {len(parts)} requirements, at most {MAX_REQUIREMENTS}")
     out = []
     for part in parts:
@@ -141,7 +161,7 @@ def parse(text: str | None) -> tuple[Requirement, ...]:
         m = _SET.match(part)
         if m:
             values = [v.strip() for v in m.group("values").split(",")]
-            if len(values) > MAX_VALUES:
+            if capped and len(values) > MAX_VALUES:
                 raise SelectorError(f"{m.group('key')[:80]!r} {m.group('op')} (...): {len(values)} values, at most "
                                     f"{MAX_VALUES} in one list")
             if not values or any(v == "" for v in values):
@@ -163,7 +183,7 @@ def parse(text: str | None) -> tuple[Requirement, ...]:
     return tuple(out)
 
 
-def matches(requirements: tuple[Requirement, ...], labels: dict[str, str]) -> bool:
+def matches(requirements: Sequence[Requirement], labels: Mapping[str, str]) -> bool:
     """Whether ``labels`` satisfy every requirement (AND)."""
     return all(req.matches(labels) for req in requirements)
 

@@ -1,9 +1,8 @@
 """Label and field selectors, parsed and matched like the Kubernetes API server.
 
-Label selector grammar (``k8s.io/apimachinery/pkg/labels``): comma-separated requirements,
-each one of ``key``, ``!key``, ``key=value``, ``key==value``, ``key!=value``,
-``key in (v1,v2)``, ``key notin (v1,v2)``.  ``!=`` and ``notin`` also match objects that do
-not carry the key at all (as upstream does).
+Label selectors (``k8s.io/apimachinery/pkg/labels``) are parsed and matched by the product's own
+:mod:`app.serving.selectors` (the same grammar, without the discovery API's caps): ``!=`` and
+``notin`` also match objects that do not carry the key at all (as upstream does).
 
 Field selectors (``k8s.io/apimachinery/pkg/fields``): ``path=value``, ``path==value``,
 ``path!=value``; only the paths a resource declares are accepted (upstream answers
@@ -13,105 +12,25 @@ Field selectors (``k8s.io/apimachinery/pkg/fields``): ``path=value``, ``path==va
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Callable
 
+from app.serving import selectors as labels
+from app.serving.selectors import Requirement
 from devcluster.apiserver.errors import ApiError
-
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                  r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """One label requirement: ``op`` is one of ``exists``, ``!``, ``=``, ``!=``, ``in``, ``notin``."""
-
-    key: str
-    op: str
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: dict) -> bool:
-        """Whether a label map satisfies this requirement."""
-        has = self.key in labels
-        if self.op == "exists":
-            return has
-        if self.op == "!":
-            return not has
-        if self.op in ("=", "in"):
-            return has and labels[self.key] in self.values
-        # "!=" and "notin" match a missing key too (upstream semantics)
-        return not has or labels[self.key] not in self.values
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def _bad(selector: str, why: str) -> ApiError:
-    return ApiError.bad_request(f"unable to parse requirement: {why} (selector {selector!r})")
-
-
-def _check_key(selector: str, key: str) -> str:
-    if not _KEY.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
-        raise _bad(selector, f"invalid label key {key!r}")
-    return key
-
-
-def _check_value(selector: str, value: str) -> str:
-    if not _VALUE.match(value) or len(value) > 63:
-        raise _bad(selector, f"invalid label value {value!r}")
-    return value
 
 
 def parse_label_selector(selector: str | None) -> list[Requirement]:
-    """Parse a label selector string.
+    """Parse a label selector string as the API server does (no discovery-API caps).
 
     Returns:
         The requirements (all must hold); empty for ``None``/``""`` (matches everything).
     Raises:
         ApiError: 400 BadRequest naming the bad part, as the API server does.
     """
-    if not selector or not selector.strip():
-        return []
-    reqs: list[Requirement] = []
-    for raw in _split_top(selector):
-        part = raw.strip()
-        if not part:
-            raise _bad(selector, "empty requirement")
-        m = re.match(r"^(\S+)\s+(in|notin)\s*\((.*)\)$", part)
-        if m:
-            key = _check_key(selector, m.group(1))
-            values = [v.strip() for v in m.group(3).split(",")]
-            reqs.append(Requirement(key, m.group(2), frozenset(_check_value(selector, v) for v in values)))
-            continue
-        m = re.match(r"^([^=!\s]+)\s*(==|=|!=)\s*(\S*)$", part)
-        if m:
-            key = _check_key(selector, m.group(1))
-            op = "=" if m.group(2) in ("=", "==") else "!="
-            reqs.append(Requirement(key, op, frozenset([_check_value(selector, m.group(3))])))
-            continue
-        if part.startswith("!"):
-            reqs.append(Requirement(_check_key(selector, part[1:].strip()), "!"))
-            continue
-        if re.match(r"^\S+$", part):
-            reqs.append(Requirement(_check_key(selector, part), "exists"))
-            continue
-        raise _bad(selector, f"cannot parse {part!r}")
-    return reqs
+    try:
+        return list(labels.parse(selector, capped=False))
+    except labels.SelectorError as exc:
+        raise ApiError.bad_request(f"unable to parse requirement: {exc} (selector {selector!r})") from None
 
 
 def label_matcher(selector: str | None) -> Callable[[dict], bool] | None:
@@ -121,8 +40,7 @@ def label_matcher(selector: str | None) -> Callable[[dict], bool] | None:
         return None
 
     def match(obj: dict) -> bool:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return all(r.matches(labels) for r in reqs)
+        return labels.matches(reqs, (obj.get("metadata") or {}).get("labels") or {})
 
     return match
 

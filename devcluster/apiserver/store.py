@@ -58,8 +58,7 @@ from devcluster.apiserver import resources as R
 from devcluster.apiserver.errors import ApiError, Invalid
 from devcluster.apiserver.patch import apply_patch
 from devcluster.apiserver.resources import ResourceType
-from devcluster.apiserver.selectors import _KEY as _LABEL_KEY
-from devcluster.apiserver.selectors import _VALUE as _LABEL_VALUE
+from app.serving.selectors import is_label_key, is_label_value
 from devcluster.apiserver.selectors import field_matcher, label_matcher
 
 Admit = Callable[[dict, "dict | None"], dict]
@@ -880,14 +879,13 @@ def label_errors(labels) -> list[tuple[str, str]]:
     longer than 63 characters or not of that alphabet; ``[(field, message)]``, ``[]`` when fine."""
     causes = []
     for key, value in (labels or {}).items():
-        prefix, _, name = key.rpartition("/")
-        if not _LABEL_KEY.match(key) or len(name) > 63 or len(prefix) > 253:
+        if not is_label_key(key):
             causes.append(("metadata.labels", f'Invalid value: "{key}": name part must consist of alphanumeric '
                                               "characters, '-', '_' or '.', and must start and end with an "
                                               "alphanumeric character, at most 63 characters"))
         if len(value) > 63:
             causes.append(("metadata.labels", f'Invalid value: "{value}": must be no more than 63 characters'))
-        elif not _LABEL_VALUE.match(value):
+        elif not is_label_value(value):
             causes.append(("metadata.labels", f'Invalid value: "{value}": a valid label must be an empty string '
                                               "or consist of alphanumeric characters, '-', '_' or '.', and must "
                                               "start and end with an alphanumeric character"))

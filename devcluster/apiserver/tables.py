@@ -86,6 +86,11 @@ def jsonpath(obj, path: str) -> list:
     return values
 
 
+#: kubectl's age units (``duration.HumanDuration``): (unit seconds, unit, smaller unit seconds, smaller
+#: unit, below how many units the smaller one is shown too, below how many the unit alone is).
+_AGE_UNITS = ((60, "m", 1, "s", 10, 180), (3600, "h", 60, "m", 8, 48), (86400, "d", 3600, "h", 8, 365 * 2))
+
+
 def human_age(timestamp: str | None, now: datetime | None = None) -> str:
     """``metav1.Time`` -> kubectl's age (``duration.HumanDuration``); ``<unknown>`` if unparsable."""
     try:  # metav1.Time, or metav1.MicroTime (an Event's eventTime: fractional seconds)
@@ -99,25 +104,14 @@ def human_age(timestamp: str | None, now: datetime | None = None) -> str:
         return "0s"
     if seconds < 120:
         return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 10:
-        s = seconds % 60
-        return f"{minutes}m{s}s" if s else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = minutes // 60
-    if hours < 8:
-        m = minutes % 60
-        return f"{hours}h{m}m" if m else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    days = hours // 24
-    if days < 8:
-        h = hours % 24
-        return f"{days}d{h}h" if h else f"{days}d"
-    if days < 365 * 2:
-        return f"{days}d"
-    return f"{days // 365}y"
+    for size, unit, small, small_unit, mixed, whole in _AGE_UNITS:
+        count = seconds // size
+        if count < mixed:
+            rest = seconds % size // small
+            return f"{count}{unit}{rest}{small_unit}" if rest else f"{count}{unit}"
+        if count < whole:
+            return f"{count}{unit}"
+    return f"{seconds // 86400 // 365}y"
 
 
 class Columns(list):

@@ -234,7 +234,7 @@ def test_request_counting_and_injected_failures(kube, custom_api):
 def test_kubeconfig_lets_a_subprocess_reach_the_fake(kube, custom_api, tmp_path):
     custom_api.create_namespaced_custom_object(G, V, "ns1", P, proxy("from-test"))
     path = kube.write_kubeconfig(str(tmp_path / "kubeconfig"))
-    code = ("from kubernetes import client; from app.kube import gateway as kube; "
+    code = ("from kubernetes import client; from app.kube import client as kube; "
             "print([o['metadata']['name'] for o in client.CustomObjectsApi(kube.api_client())"
             ".list_cluster_custom_object('crawl.example.com', 'v1alpha1', 'proxies')['items']])")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

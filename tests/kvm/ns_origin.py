@@ -2,34 +2,29 @@
 
 ``/generate_204`` answers 204 (the health URL); any other path answers 200 with
 ``{"path": ..., "client": <peer address>}`` so a test sees the request came from the guest.
-Each request is printed on stdout as ``<client> <path>``.
+Each request is printed on stdout as ``<client> <path>``.  The handler is
+:class:`tests.support.origin.OriginHandler` (standard library only).
 """
 
 from __future__ import annotations
 
 import http.server
-import json
 import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # run by path: tests/support/origin.py
+from origin import OriginHandler
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(OriginHandler):
     """Answer GETs as the module docstring says."""
 
-    def do_GET(self):  # http.server API
+    def seen(self) -> None:
         print(self.client_address[0], self.path, flush=True)
-        if self.path.endswith("/generate_204"):
-            self.send_response(204)
-            self.end_headers()
-            return
-        body = json.dumps({"path": self.path, "client": self.client_address[0]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
+    def payload(self) -> dict[str, Any]:
+        return {"path": self.path, "client": self.client_address[0]}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from app.pools.autoscale import Demand
 from app.pools.model import age_limit
 from app.pools.model import parse_time
 from app.pools.model import format_time
-from app.pools.plan import FAILURE_BACKOFF_BASE, MAX_ZONE_MESSAGE, Create, ZoneHealth, failure_backoff, plan
+from app.pools.plan import FAILURE_BACKOFF_BASE, Create, failure_backoff, plan
+from app.pools.zones import MAX_ZONE_MESSAGE, ZoneHealth
 from tests.pools.sim import Sim, member, pool
 
 NOW = 1_000_000.0
@@ -537,7 +538,7 @@ def test_conditions_keep_their_transition_time_while_unchanged():
 
 def test_an_invalid_spec_refuses_to_plan():
     from app.pools.model import Pool
-    from app.pools.plan import invalid
+    from app.pools.status import invalid
 
     bad = Pool.from_dict({"metadata": {"name": "p", "namespace": "n", "uid": "u", "generation": 2},
                           "spec": {"template": {"metadata": {"labels": {"a": "b"}}, "spec": {"mode": "External"}}}})

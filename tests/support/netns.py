@@ -17,43 +17,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 
-#: A tiny HTTP origin: ``python -c ORIGIN_SCRIPT <address:port> ...`` serves on every pair and
-#: prints ``HIT <address:port> <request line>`` for each request (flushed), answering 200 with
-#: JSON ``{"server": "<address:port>", "headers": {...}}``.
-ORIGIN_SCRIPT = r'''
-import http.server, json, socket, sys, threading
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-def handler_for(tag):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            print("HIT", tag, self.requestline, flush=True)
-            body = json.dumps({"server": tag, "headers": dict(self.headers)}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        def log_message(self, *args):
-            pass
-    return Handler
-
-for pair in sys.argv[1:]:
-    host, _, port = pair.rpartition(":")
-    host = host.strip("[]")
-    cls = Server
-    if ":" in host:
-        cls = type("Server6", (Server,), {"address_family": socket.AF_INET6})
-    srv = cls((host, int(port)), handler_for(pair))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-print("READY", flush=True)
-threading.Event().wait()
-'''
+#: The origin script (:func:`tests.support.origin.serve`): ``python ORIGIN <address:port> ...`` serves on
+#: every pair and prints ``HIT <address:port> <request line>`` for each request (flushed), answering
+#: 200 with JSON ``{"server": "<address:port>", "headers": {...}}``.
+ORIGIN = Path(__file__).with_name("origin.py")
 
 
 def available() -> str | None:
@@ -110,12 +81,12 @@ class NetNamespace:
         return proc
 
     def origin(self, *pairs: str) -> subprocess.Popen:
-        """Start :data:`ORIGIN_SCRIPT` on ``address:port`` pairs; return it once it serves.
+        """Start :data:`ORIGIN` on ``address:port`` pairs; return it once it serves.
 
         Its stdout carries one ``HIT <pair> <request line>`` per request (read it after
         stopping it with :meth:`stop`).
         """
-        proc = self.popen(sys.executable, "-c", ORIGIN_SCRIPT, *pairs, stdout=subprocess.PIPE, text=True)
+        proc = self.popen(sys.executable, str(ORIGIN), *pairs, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
         if line.strip() != "READY":
             self.stop(proc)

@@ -2,8 +2,8 @@
 
 A Proxy's ``spec.placement.image`` is a key of the config's ``images`` map or, only when the
 provider sets ``allowImageURLs``, an ``http(s)`` URL on one of its hosts that carries the
-image's digest as ``#sha256=<64 hex>`` (issue 10, item 3: a Proxy author must not make the
-hypervisor boot whatever an arbitrary URL serves).  Each host caches it in its pool as
+image's digest as ``#sha256=<64 hex>`` (docs/security.md: a Proxy author must not make
+the hypervisor boot whatever an arbitrary URL serves).  Each host caches it in its pool as
 ``base-<key>.<format>``:
 
 * the download is streamed straight into the volume (``virStorageVolUpload``) through a

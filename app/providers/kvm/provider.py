@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import libvirt
 
@@ -316,14 +317,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             Permanent: the ID does not parse, or its host is not configured (a typo in hosts
                 must not look like a missing VM, which would be recreated).
         """
-        host_name, name = self._parse(provider_id)
-        if self.settings.host(host_name) is None:
-            raise Permanent(f"kvm provider {self.name}: host {host_name!r} of {provider_id} is not configured")
-        link = self.link(host_name)
-        dom = self._lookup(link, name)
-        if dom is None:
-            self._forget(host_name, name)
-            raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
+        host_name, name, link, dom = self._existing(provider_id)
         meta = self._metadata(link, dom, name)
         state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
         address, note = None, None
@@ -333,6 +327,18 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             self._agent_waits.pop((host_name, name), None)  # the next run waits for its agent afresh
         return Instance(provider_id, name, dom_xml.map_state(state, address), address,
                         meta.created if meta else None, dict(meta.tags) if meta else {}, host_name, note)
+
+    @staticmethod
+    def _interfaces(link: HostLink, dom: libvirt.virDomain, name: str, source: str) -> Any:
+        """Return the domain's interface addresses as ``source`` (``"agent"``, ``"arp"``) reports them.
+
+        Raises:
+            ProviderError: libvirt failed (classified); DialError / BadSSHMaterial: the link failed.
+        """
+        flag = (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT if source == "agent"
+                else libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP)
+        return link.call("virDomainInterfaceAddresses", lambda c: dom.interfaceAddresses(flag, 0),
+                         domain=name, source=source)
 
     def _agent_address(self, link: HostLink, dom: libvirt.virDomain, name: str) -> tuple[str | None, str]:
         """Ask the guest agent; return ``(routable IPv4 or None, why there is none)``."""
@@ -346,9 +352,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         except ProviderError:
             pass
         try:
-            ifaces = link.call("virDomainInterfaceAddresses",
-                               lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0),
-                               domain=name, source="agent")
+            ifaces = self._interfaces(link, dom, name, "agent")
         except (DialError, BadSSHMaterial):
             raise
         except ProviderError as exc:
@@ -406,9 +410,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             if address:
                 return address, f"a DHCP lease on network {network}"
         try:
-            arp = link.call("virDomainInterfaceAddresses",
-                            lambda c: dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP, 0),
-                            domain=name, source="arp")
+            arp = self._interfaces(link, dom, name, "arp")
         except (DialError, BadSSHMaterial):
             raise
         except ProviderError:
@@ -447,11 +449,10 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             Permanent: the ID does not parse.
             DialError (Transient): the host is unreachable.
         """
-        host_name, name = self._parse(provider_id)
-        if self.settings.host(host_name) is None:
-            log.info("kvm provider %s: delete %s: host %s is not configured; nothing to do",
-                     self.name, provider_id, host_name)
+        found = self._configured(provider_id, "delete")
+        if found is None:
             return
+        host_name, name = found
         self._forget(host_name, name)
         link = self.link(host_name)
         dom = self._lookup(link, name)
@@ -521,13 +522,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
                 the host is unreachable (DialError), or libvirt failed transiently.
             Permanent: the ID does not parse, or its host is not configured.
         """
-        host_name, name = self._parse(provider_id)
-        if self.settings.host(host_name) is None:
-            raise Permanent(f"kvm provider {self.name}: host {host_name!r} of {provider_id} is not configured")
-        link = self.link(host_name)
-        dom = self._lookup(link, name)
-        if dom is None:
-            raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
+        host_name, name, link, dom = self._existing(provider_id)
         state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
         if state == libvirt.VIR_DOMAIN_SHUTDOWN:
             raise Transient(f"kvm host {host_name}: domain {name} is shutting down; it is started once it is off")
@@ -565,11 +560,10 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             DialError (Transient): the host is unreachable.
             Transient / QuotaExceeded: libvirt errors, classified.
         """
-        host_name, name = self._parse(provider_id)
-        if self.settings.host(host_name) is None:
-            log.info("kvm provider %s: abandon %s: host %s is not configured; nothing to mark",
-                     self.name, provider_id, host_name)
+        found = self._configured(provider_id, "abandon")
+        if found is None:
             return
+        host_name, name = found
         link = self.link(host_name)
         dom = self._lookup(link, name)
         if dom is None:
@@ -705,6 +699,42 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
         return TargetVerdict(host, True, "Ready",
                              f"libvirt {details['libvirtVersion']} on {details['hostname']}; pool {pool_name} "
                              f"has {info[3]} bytes free", details)
+
+    def _configured(self, provider_id: str, action: str) -> tuple[str, str] | None:
+        """Return the host and domain names of ``provider_id``, or ``None`` (logged) when its host
+        is no longer configured.
+
+        Args:
+            provider_id: ``<host>/<domain>``.
+            action: what the caller does (``"delete"``, ``"abandon"``), for the log line.
+        Raises:
+            Permanent: the ID does not parse.
+        """
+        host_name, name = self._parse(provider_id)
+        if self.settings.host(host_name) is not None:
+            return host_name, name
+        log.info("kvm provider %s: %s %s: host %s is not configured; nothing to do",
+                 self.name, action, provider_id, host_name)
+        return None
+
+    def _existing(self, provider_id: str) -> tuple[str, str, HostLink, libvirt.virDomain]:
+        """Return the host name, domain name, host link and domain of ``provider_id``.
+
+        Raises:
+            NotFound: no such domain on that host (what this process remembers of it is dropped).
+            Permanent: the ID does not parse, or its host is not configured (a typo in hosts must
+                not look like a missing VM, which would be recreated).
+            DialError (Transient): the host is unreachable.
+        """
+        host_name, name = self._parse(provider_id)
+        if self.settings.host(host_name) is None:
+            raise Permanent(f"kvm provider {self.name}: host {host_name!r} of {provider_id} is not configured")
+        link = self.link(host_name)
+        dom = self._lookup(link, name)
+        if dom is None:
+            self._forget(host_name, name)
+            raise NotFound(f"kvm host {host_name}: domain {name} does not exist")
+        return host_name, name, link, dom
 
     @staticmethod
     def _parse(provider_id: str) -> tuple[str, str]:
