@@ -176,6 +176,23 @@ def spec_hash(spec: dict | None) -> str:
 
 
 @dataclass(frozen=True)
+class ObjectRef:
+    """A reference to one namespaced object: all a task payload carries (decision 1).
+
+    The step of a Proxy (:data:`app.proxy.step.Ref`) and the pass of a ProxyPool
+    (:data:`app.pools.controller.PoolRef`) are queued with one.
+
+    Attributes:
+        namespace, name: where to read the object.
+        uid: ``metadata.uid``; an object of that name with another UID is another object.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class ObjectIdentity:
     """What identifies a namespaced object as read from the API (the base of :class:`Proxy` and
     :class:`app.pools.model.Pool`).

@@ -74,7 +74,7 @@ class PoolDispatcher:
         Raises:
             redis.RedisError / kombu.exceptions.OperationalError: Redis or the broker unreachable.
         """
-        return self.enqueuer.send(POOL_ACTION, Ref(ref.namespace, ref.name, ref.uid), queue=self.queue, delay=delay,
+        return self.enqueuer.send(POOL_ACTION, ref, queue=self.queue, delay=delay,
                                   attempt=attempt, only_if_idle=only_if_idle)
 
     def started(self, uid: str) -> None:

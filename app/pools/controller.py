@@ -68,7 +68,7 @@ from app.pools.plan import Drain, MemberAction, Plan, plan
 from app.pools.status import stalled
 from app.pools.zones import ZoneHealth, describe_zones
 from app.providers.checks import CHECK_PENDING, read_snapshot
-from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
+from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, ObjectRef, Proxy
 from app.serving.records import ServingRecord
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,8 @@ log = logging.getLogger(__name__)
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 
 
-@dataclass(frozen=True)
-class PoolRef:
-    """A reference to one ProxyPool: all a ``pool.reconcile`` payload carries."""
-
-    namespace: str
-    name: str
-    uid: str
+#: A reference to one ProxyPool: all a ``pool.reconcile`` payload carries.
+PoolRef = ObjectRef
 
 
 @dataclass(frozen=True)

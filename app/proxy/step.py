@@ -19,7 +19,7 @@ from app.kube import status_writer
 from app.kube.gateway import KubeGateway
 from app.providers.base import Provider
 from app.providers.registry import Registry
-from app.resources import Proxy
+from app.resources import ObjectRef, Proxy
 from app.squid import conf as squid_conf
 
 #: The logger of every reconcile module: one name for the reconciler's log lines, whichever
@@ -32,13 +32,8 @@ log = logging.getLogger(LOGGER)
 CREATE, POLL, DELETE = "create", "poll", "delete"
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A reference to one Proxy: all a task payload ever carries (decision 1)."""
-
-    namespace: str
-    name: str
-    uid: str
+#: A reference to one Proxy: all a task payload ever carries (decision 1).
+Ref = ObjectRef
 
 
 @dataclass(frozen=True)
