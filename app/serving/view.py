@@ -42,22 +42,14 @@ from app.store.lua import Lua
 from app.resources import Proxy
 from app.serving.records import HEALTH_DEFAULTS, IDENTITY, ServingRecord, fields_of, read
 
-# The keys' names, as :mod:`app.store.keys` has them (kept here for existing callers).
-PROXIES_KEY = redis_keys.PROXIES
-DUE_KEY = redis_keys.HEALTH_DUE
-OK_KEY = redis_keys.HEALTH_OK
-FAILING_KEY = redis_keys.HEALTH_FAILING
-LOAD_KEY = redis_keys.LOAD
-FULL_KEY = redis_keys.FULL
-UNHEALTHY_KEY = redis_keys.UNHEALTHY
-DRAINING_KEY = redis_keys.DRAINING
-proxy_key = redis_keys.proxy
-leases_key = redis_keys.proxy_leases
-auth_key = redis_keys.auth
-
-# The lease index is app.serving.leases'; re-exported for the callers that write records themselves.
-reindex = leases.reindex
-reindex_all = leases.reindex_all
+# Re-exported for existing callers: the keys' names, as :mod:`app.store.keys` has them, and the
+# lease index (app.serving.leases') for the callers that write records themselves.
+from app.store.keys import (  # noqa: F401
+    PROXIES as PROXIES_KEY, HEALTH_DUE as DUE_KEY, HEALTH_OK as OK_KEY, HEALTH_FAILING as FAILING_KEY,
+    LOAD as LOAD_KEY, FULL as FULL_KEY, UNHEALTHY as UNHEALTHY_KEY, DRAINING as DRAINING_KEY,
+    proxy as proxy_key, proxy_leases as leases_key, auth as auth_key,
+)
+from app.serving.leases import reindex, reindex_all  # noqa: F401
 
 
 def _drain_ms(proxy: Proxy) -> int | None:
