@@ -47,7 +47,8 @@ def create(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         ``None``.
 
     Raises:
-        Exception: only for errors reading the Proxy itself; :func:`app.dispatch.proxies.run_step`
+        Exception: only for errors reading the Proxy itself (a failed create is written to its
+            status by :func:`app.proxy.failures.guard`); :func:`app.dispatch.proxies.run_step`
             retries the step with backoff.
     """
     proxy = load(ctx, ref)

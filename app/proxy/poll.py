@@ -45,8 +45,9 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
         the followup to enqueue, or ``None``.
 
     Raises:
-        Exception: only for errors reading the Proxy itself; :func:`app.dispatch.proxies.run_step`
-            retries the step with backoff.
+        Exception: only for errors reading the Proxy itself (a failed read of the instance is
+            written to its status by :func:`app.proxy.failures.guard`);
+            :func:`app.dispatch.proxies.run_step` retries the step with backoff.
     """
     proxy = load(ctx, ref)
     if proxy is None:
