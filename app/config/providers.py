@@ -4,7 +4,7 @@ Shape::
 
     providers:
       - name: k8s-local          # unique, [a-z0-9]([-a-z0-9]*[a-z0-9])?
-        type: kubernetes         # kubernetes | gcp | kvm
+        type: kubernetes         # kubernetes | gcp | kvm | aws
         checkInterval: 1m        # optional; 0 = off; else >= 10s
         checkTimeout: 15s        # optional
         squid: {allowedSourceRanges: [...], connectPorts: [443], httpPorts: [80, 443],
@@ -46,7 +46,7 @@ class ProviderConfig:
 
     Attributes:
         name: unique provider name (a plain identifier).
-        type: ``"kubernetes"``, ``"gcp"`` or ``"kvm"``.
+        type: ``"kubernetes"``, ``"gcp"``, ``"kvm"`` or ``"aws"``.
         check_interval: seconds between health checks; 0 = checks off.
         check_timeout: seconds one health-check round may take.
         settings: the parsed type block (``KubernetesSettings``, ``GcpSettings``, ``KvmSettings``).
