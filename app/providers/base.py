@@ -77,6 +77,12 @@ class InstanceState(str, enum.Enum):
     TERMINATED = "Terminated"
 
 
+#: The :class:`InstanceNote` reason of a ``Terminated`` instance its cloud reclaimed (an AWS spot
+#: instance taken back, a GCE spot VM preempted): the reconciler replaces it like a lost one, with
+#: the Warning Event ``InstanceInterrupted`` instead of ``InstanceLost``.
+INTERRUPTED = "InstanceInterrupted"
+
+
 @dataclass(frozen=True)
 class InstanceNote:
     """What the user must know about an instance that its state alone does not say.
@@ -85,7 +91,8 @@ class InstanceNote:
     is Provisioning as ``Provisioned=False/<reason>`` (why it is not Running yet, e.g. kvm's
     ``WaitingForGuestAgent``); once it is Running as ``Provisioned=True/<reason>`` with the
     message appended, plus one Warning Event ``<reason>`` when ``degraded`` (e.g. kvm's
-    ``GuestAgentUnavailable``: the address came from a fallback source).
+    ``GuestAgentUnavailable``: the address came from a fallback source).  On a ``Terminated``
+    instance, the reason :data:`INTERRUPTED` says the cloud reclaimed it (spot capacity).
 
     Attributes:
         reason: CamelCase condition (and Event) reason.

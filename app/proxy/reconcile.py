@@ -40,7 +40,7 @@ from app.serving import view as serving
 
 from app.config import tenancy
 from app.squid import conf as squid_conf
-from app.providers.base import CreateRequest, Instance, InstanceState, ShardedProvider
+from app.providers.base import INTERRUPTED, CreateRequest, Instance, InstanceState, ShardedProvider
 from app.errors import (NotFound, Permanent, ProviderError, QuotaExceeded, SpecNotAllowed, Transient,
                                   classify, describe)
 from app.kube.gateway import KubeGateway
@@ -794,6 +794,11 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 return Followup(POLL, min(poll_delay(ctx.settings, attempt + 1), left + 0.1), attempt + 1)
         if inst is None or inst.state == InstanceState.TERMINATED:
             what = "gone" if inst is None else inst.state.value.lower()
+            # Reclaimed spot capacity is replaced like a lost instance, under its own reason.
+            note = inst.note if inst is not None else None
+            lost = INTERRUPTED if note is not None and note.reason == INTERRUPTED else "InstanceLost"
+            if note is not None and lost == INTERRUPTED:
+                what = f"{what}: {note.message}"
             log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
             serving.withdraw(ctx.redis, proxy.uid)
             if inst is not None:
@@ -803,9 +808,9 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
             p = latest.proxy
             latest(_write_status(ctx, p, {
                 "phase": PROVISIONING, "providerID": None, "address": None,
-                "conditions": _provisioned(p, "False", "InstanceLost", f"instance {provider_id} is {what}",
+                "conditions": _provisioned(p, "False", lost, f"instance {provider_id} is {what}",
                                            withdrawn=True),
-            }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating")))
+            }, event=("Warning", lost, f"instance {provider_id} is {what}; recreating")))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, proxy, inst, seen)

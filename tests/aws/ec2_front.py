@@ -210,8 +210,11 @@ class Moto:
         """Terminate ``instance_id`` as EC2 does when it reclaims a spot instance."""
         from moto.ec2.models.instances import StateReason
 
+        from moto.core.utils import utcnow
+
         instance = self.backend(region).get_instance(instance_id)
         instance.terminate()
+        instance._reason = f"Service initiated ({utcnow().strftime('%Y-%m-%d %H:%M:%S')} GMT)"
         instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
                                             "Server.SpotInstanceTermination")
 

@@ -95,3 +95,13 @@ def test_check_config_names_the_aws_field(tmp_path):
                          text=True, timeout=60)
     assert out.returncode != 0
     assert f'{path}: provider "aws-eu": aws.securityGroup: required' in out.stderr
+
+
+def test_the_sample_providers_file_is_valid():
+    from pathlib import Path
+
+    from app.wiring import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "deploy" / "samples" / "providers_aws.yaml")
+    [aws] = cfg.providers
+    assert aws.type == "aws" and aws.settings.zones == ("eu-west-1a", "eu-west-1b", "eu-west-1c")

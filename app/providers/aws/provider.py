@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -47,8 +48,8 @@ from app.errors import NotFound, Permanent, ProviderError, QuotaExceeded, SpecNo
 from app.providers.aws import bootstrap, ids, wire
 from app.providers.aws.classify import code_of, to_provider_error
 from app.providers.aws.config import AwsSettings
-from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState, ListResult,
-                                Provider, TargetVerdict, require_managed)
+from app.providers.base import (INTERRUPTED, CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState,
+                                ListResult, Provider, TargetVerdict, require_managed)
 from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 
 log = logging.getLogger("proxy_operator.aws")
@@ -76,9 +77,13 @@ _STATES = {
 }
 #: ``StateReason.Code`` values of an instance EC2 reclaimed from the spot market.
 SPOT_INTERRUPTION_CODES = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
-#: The :class:`InstanceNote` reason of an interrupted (reclaimed) instance.
-INTERRUPTED = "InstanceInterrupted"
 
+
+#: Seconds after a spot interruption during which ``get`` reports the reclaimed instance (Terminated,
+#: with the interruption note) instead of NotFound: long enough for a poll to see it, short enough
+#: that a Proxy deleted meanwhile waits at most this long for EC2 to stop listing it.
+INTERRUPTION_WINDOW = 600.0
+_TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
 #: The taxonomy class a call's ``*.NotFound`` answer becomes (the class's own ``type`` attribute shadows the builtin).
 ErrorClass = type[ProviderError]
@@ -116,6 +121,16 @@ def interruption_note(raw: dict[str, Any]) -> InstanceNote | None:
         return InstanceNote(reason=INTERRUPTED, message=f"EC2 reclaimed the spot instance {raw.get('InstanceId')} "
                                                         f"({reason.get('Code')})", degraded=True)
     return None
+
+
+def _recent(raw: dict[str, Any], window: float) -> bool:
+    """Whether the state transition EC2 records (``StateTransitionReason``, ``"... (YYYY-MM-DD HH:MM:SS GMT)"``)
+    happened less than ``window`` seconds ago; ``False`` when it carries no time."""
+    m = _TRANSITION_TIME.search(str(raw.get("StateTransitionReason") or ""))
+    if not m:
+        return False
+    at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - at).total_seconds() < window
 
 
 def to_instance(raw: dict[str, Any], region: str) -> Instance:
@@ -462,11 +477,16 @@ class AwsProvider(Provider, CheckableProvider):
         return group_id
 
     def get(self, provider_id: str) -> Instance:
-        """Return the instance behind ``provider_id``: the live one of that name, else the last terminated one.
+        """Return the instance behind ``provider_id``: the live one of that name, else the last one ended.
+
+        An instance shutting down is ``Terminated`` (it still exists: a delete waits for it); a
+        terminated one is gone (``NotFound``), unless EC2 reclaimed it from the spot market less
+        than :data:`INTERRUPTION_WINDOW` ago: then it is ``Terminated`` with the note
+        :data:`~app.providers.base.INTERRUPTED`, so the poll replaces it as interrupted.
 
         Raises:
             Permanent: a malformed provider ID, or a refused request.
-            NotFound: EC2 shows no instance of that name in the zone (none, or not yet).
+            NotFound: EC2 shows no instance of that name in the zone (none, not yet, or terminated).
             QuotaExceeded / Transient: see :func:`app.providers.aws.classify.to_provider_error`.
         """
         _, zone, name = self._parse(provider_id)
@@ -477,6 +497,10 @@ class AwsProvider(Provider, CheckableProvider):
         if live:
             return to_instance(live[-1], self.settings.region)
         last = max(found, key=lambda i: i.get("LaunchTime") or datetime.min.replace(tzinfo=timezone.utc))
+        state = (last.get("State") or {}).get("Name")
+        if state == "terminated" and not (interruption_note(last) and _recent(last, INTERRUPTION_WINDOW)):
+            # Gone: EC2 lists terminated instances for about an hour, but they are nothing to wait for.
+            raise NotFound(f"aws instance {provider_id} is terminated ({last.get('InstanceId')})")
         return to_instance(last, self.settings.region)
 
     def delete(self, provider_id: str) -> None:
