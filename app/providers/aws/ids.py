@@ -48,7 +48,7 @@ def pick_zone(name: str, zones: tuple[str, ...] | list[str]) -> str:
     return zones[index]
 
 
-def client_token(name: str, zone: str, generation: int, day: str) -> str:
+def client_token(name: str, zone: str, generation: int, day: str, shape: str = "") -> str:
     """Return the ``ClientToken`` of a RunInstances call (at most 64 ASCII characters).
 
     EC2 answers a repeated RunInstances with the same token with the instance the first call
@@ -56,7 +56,8 @@ def client_token(name: str, zone: str, generation: int, day: str) -> str:
     remembered for a long time after its instance terminated, so a replacement (after an
     interruption) must use another one: ``generation`` is the number of terminated instances of
     ``name`` EC2 still shows, and ``day`` (UTC ``YYYYMMDD``) keeps a token from being reused
-    once those have aged out of the listings.
+    once those have aged out of the listings.  ``shape`` (image, instance type, capacity) is part
+    of it too: EC2 refuses a known token with other parameters (``IdempotentParameterMismatch``).
     """
-    digest = hashlib.sha256(f"{name}/{zone}/{generation}/{day}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{name}/{zone}/{generation}/{day}/{shape}".encode()).hexdigest()[:24]
     return f"{name}-{digest}"[:64]

@@ -8,7 +8,8 @@ Implements the contract of :mod:`app.providers.base`:
   group (:meth:`AwsProvider.security_group`), IMDSv2 only, the tags at launch (``Name``,
   ``managed-by``, ``proxy-uid``, ``proxy-operator-provider``) and the user-data of
   :mod:`app.providers.aws.bootstrap`; idempotent by name (a live instance of that name in the
-  zone is returned) and by ``ClientToken`` (a retried call whose answer was lost).
+  zone is returned) and by ``ClientToken`` (a retried call whose answer was lost); a one-time
+  spot instance for ``capacity: Spot``.
 * ``get`` finds the instance by its ``Name`` tag in the zone: the live one if any, else the last
   terminated one (``Terminated``, with an :class:`~app.providers.base.InstanceNote` when EC2
   reclaimed a spot instance); none -> ``NotFound``.
@@ -50,6 +51,7 @@ from app.providers.aws.classify import code_of, to_provider_error
 from app.providers.aws.config import AwsSettings
 from app.providers.base import (INTERRUPTED, CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState,
                                 ListResult, Provider, TargetVerdict, require_managed)
+from app.resources import CAPACITY_SPOT
 from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 
 log = logging.getLogger("proxy_operator.aws")
@@ -331,20 +333,27 @@ class AwsProvider(Provider, CheckableProvider):
         group = self.security_group()
         image = self._image(request.image or s.ami)
         generation = len(found) - len(live)  # terminated ones EC2 still shows
-        token = ids.client_token(request.name, zone, generation, datetime.now(timezone.utc).strftime("%Y%m%d"))
+        instance_type = request.machine_type or s.instance_type
+        token = ids.client_token(request.name, zone, generation, datetime.now(timezone.utc).strftime("%Y%m%d"),
+                                 f"{image}/{instance_type}/{request.capacity}")
         tags = {TAG_NAME: request.name, **request.tags, TAG_PROVIDER: self.name}
         nic: dict[str, Any] = {"DeviceIndex": 0, "Groups": [group], "AssociatePublicIpAddress": s.external_ip,
                                "DeleteOnTermination": True}
         if zone in s.subnets:
             nic["SubnetId"] = s.subnets[zone]
         params: dict[str, Any] = {
-            "ImageId": image, "InstanceType": request.machine_type or s.instance_type, "MinCount": 1, "MaxCount": 1,
+            "ImageId": image, "InstanceType": instance_type, "MinCount": 1, "MaxCount": 1,
             "ClientToken": token, "UserData": data, "Placement": {"AvailabilityZone": zone},
             "NetworkInterfaces": [nic],
             "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": _ec2_tags(tags)},
                                   {"ResourceType": "volume", "Tags": _ec2_tags(tags)}],
         }
+        if request.capacity == CAPACITY_SPOT:
+            # One-time spot: EC2 terminates it when it reclaims the capacity (no restart, no
+            # persistent request left behind); the poll replaces it (InstanceInterrupted).
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         if s.instance_profile:
             key = "Arn" if s.instance_profile.startswith("arn:") else "Name"
             params["IamInstanceProfile"] = {key: s.instance_profile}
