@@ -20,6 +20,7 @@ signatures, so a rewritten body is accepted.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -186,6 +187,8 @@ class Moto:
                 json.dump(_AMIS, fh)
             os.environ["MOTO_AMIS_PATH"] = path
         from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
 
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0,  # the kernel picks a free port
                                           verbose=False)
