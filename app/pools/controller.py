@@ -58,6 +58,7 @@ from app.store import keys as redis_keys
 
 from app.kube import status_writer
 from app.kube.gateway import KubeGateway, OwnerReference
+from app.pools import budget as pool_budget
 from app.pools import demand as pool_demand
 from app.pools import wake as pool_wake
 from app.pools import stats as pool_stats
@@ -307,7 +308,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         if pool is None or pool.uid == ref.uid:
             pool_demand.forget(r, ref.namespace, ref.name)
         pool_stats.forget(r, ref.namespace, ref.name, uid=ref.uid)
-        r.delete(redis_keys.pool_scale(ref.uid), redis_keys.pool_zone_events(ref.uid))
+        r.delete(redis_keys.pool_scale(ref.uid), redis_keys.pool_zone_events(ref.uid), redis_keys.pool_budget(ref.uid))
         return Outcome("gone")
     if pool.spec is None:
         pool_stats.forget(r, pool.namespace, pool.name)
@@ -329,6 +330,12 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         status_writer.write_pool(kube, pool, stalled(pool, "NamespaceCapExceeded", refusal, now=now))
         return Outcome("stalled")
     candidates = [p for p in proxies if controlled_by(p, pool)]
+    hours = pool_budget.account(r, pool.uid, sum(1 for p in candidates if pool_budget.has_instance(p)), now=now)
+    exhausted = pool_budget.refusal(pool.spec.max_instance_hours_per_day, hours, now=now)
+    if exhausted is not None:
+        status_writer.write_pool(kube, pool, {**stalled(pool, "BudgetExhausted", exhausted, now=now),
+                                              "instanceHoursToday": round(hours, 1)})
+        return Outcome("stalled")
     released, refused = _release(kube, r, pool, strays_of(pool, candidates))
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
@@ -345,6 +352,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records, {c.uid for c in result.reclaims})
+    if pool.spec.max_instance_hours_per_day is not None:  # shown with a budget only: it changes at most passes
+        result.status["instanceHoursToday"] = round(hours, 1)
     _apply(kube, r, pool, result, by_uid, rand, now=now)
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,

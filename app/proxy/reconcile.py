@@ -810,7 +810,8 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                 "phase": PROVISIONING, "providerID": None, "address": None,
                 "conditions": _provisioned(p, "False", lost, f"instance {provider_id} is {what}",
                                            withdrawn=True),
-            }, event=("Warning", lost, f"instance {provider_id} is {what}; recreating")))
+            }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating") if lost != INTERRUPTED
+                else ("Warning", INTERRUPTED, f"instance {provider_id} is {what}; recreating")))
             return Followup(CREATE, 0)
         if inst.state == InstanceState.RUNNING and inst.address:
             _mark_running(ctx, proxy, inst, seen)

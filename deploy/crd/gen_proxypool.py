@@ -220,6 +220,14 @@ spec:
                   x-kubernetes-validations:
                     - rule: duration(self) >= duration('1m')
                       message: spec.maxAge must be at least 1m (a member must live long enough to be leased)
+                maxInstanceHoursPerDay:
+                  description: >-
+                    Cost guardrail: the instance-hours the pool's members may run per day (UTC).
+                    Once used up, no member is created until midnight UTC (condition
+                    Progressing=False, reason BudgetExhausted); members that run are kept.
+                    status.instanceHoursToday shows the count. Omitted: no budget.
+                  type: number
+                  minimum: 0
                 rollout:
                   description: >-
                     How a changed template (or maxAge) replaces Proxies, like a Deployment's
@@ -355,6 +363,12 @@ spec:
                   description: Proxies whose phase is Ready.
                   type: integer
                   format: int32
+                  minimum: 0
+                instanceHoursToday:
+                  description: >-
+                    Instance-hours the pool's members ran today (UTC), counted at each pass of
+                    the controller, to a tenth of an hour; shown when spec.maxInstanceHoursPerDay is set.
+                  type: number
                   minimum: 0
                 leasableReplicas:
                   description: Proxies the discovery API would lease now (healthy, not draining).
