@@ -352,6 +352,9 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records, {c.uid for c in result.reclaims})
+    interrupted = sum(int(p.status.get("interruptions") or 0) for p in candidates)
+    if interrupted or pool.status.get("interruptions"):
+        result.status["interruptions"] = interrupted
     if pool.spec.max_instance_hours_per_day is not None:  # shown with a budget only: it changes at most passes
         result.status["instanceHoursToday"] = round(hours, 1)
     _apply(kube, r, pool, result, by_uid, rand, now=now)

@@ -806,8 +806,9 @@ def poll(ctx: Context, ref: Ref, attempt: int = 0) -> Followup | None:
                     latest(_write_status(ctx, proxy, seen))
                 provider.delete(provider_id)
             p = latest.proxy
+            counted = {"interruptions": int(p.status.get("interruptions") or 0) + 1} if lost == INTERRUPTED else {}
             latest(_write_status(ctx, p, {
-                "phase": PROVISIONING, "providerID": None, "address": None,
+                "phase": PROVISIONING, "providerID": None, "address": None, **counted,
                 "conditions": _provisioned(p, "False", lost, f"instance {provider_id} is {what}",
                                            withdrawn=True),
             }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating") if lost != INTERRUPTED

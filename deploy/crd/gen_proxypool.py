@@ -364,6 +364,13 @@ spec:
                   type: integer
                   format: int32
                   minimum: 0
+                interruptions:
+                  description: >-
+                    Spot interruptions of the current members (the sum of their
+                    status.interruptions): each one replaced, Event InstanceInterrupted.
+                  type: integer
+                  format: int32
+                  minimum: 0
                 instanceHoursToday:
                   description: >-
                     Instance-hours the pool's members ran today (UTC), counted at each pass of

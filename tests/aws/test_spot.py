@@ -90,6 +90,7 @@ def test_poll_replaces_a_reclaimed_spot_instance_with_an_interrupted_event(ctx, 
     assert serving.get(redis_client, ref.uid) is None  # withdrawn: its leases end as for any withdrawn proxy
     events = k8s.CoreV1Api(api).list_namespaced_event(NS).items
     assert [e.reason for e in events if e.type == "Warning"] == [INTERRUPTED]
+    assert proxy.status["interruptions"] == 1  # counted on the Proxy (and summed by its pool)
     create(ctx, ref)
     assert poll(ctx, ref) is None
     assert gw.get_proxy(NS, "squid-spot").phase == "Running"
@@ -110,6 +111,7 @@ def test_a_user_terminated_instance_is_lost_not_interrupted(ctx, api, moto, ec2)
     assert poll(ctx, ref).action == CREATE
     reasons = [e.reason for e in k8s.CoreV1Api(api).list_namespaced_event(NS).items if e.type == "Warning"]
     assert reasons == ["InstanceLost"]
+    assert "interruptions" not in KubernetesGateway(api).get_proxy(NS, "squid-od").status
 
 
 def test_providers_without_spot_refuse_it(kube_client):
