@@ -67,7 +67,8 @@ from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, 
                              parse_time, selector_string)
 from app.pools.plan import Plan, ZoneHealth, describe_zones, plan, stalled
 from app.providers.checks import CHECK_PENDING, read_snapshot
-from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, Proxy
+from app.resources import (CAPACITY_ON_DEMAND, CAPACITY_SPOT, DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY,
+                           Proxy)
 from app.serving.records import ServingRecord
 
 log = logging.getLogger(__name__)
@@ -111,12 +112,31 @@ def member_name(pool: Pool, rand: Callable[[], float] = random.random) -> str:
     return f"{pool.name[:200]}-" + "".join(_SUFFIX[int(rand() * len(_SUFFIX)) % len(_SUFFIX)] for _ in range(5))
 
 
-def member_spec(pool: Pool, zone: str | None) -> dict:
-    """The Proxy spec of a new member: the template's, placed in ``zone`` when given."""
+def member_spec(pool: Pool, zone: str | None, capacity: str | None = None) -> dict:
+    """The Proxy spec of a new member: the template's, placed in ``zone`` and on ``capacity``
+    (``OnDemand``/``Spot``, :func:`member_capacity`) when given."""
     spec = json.loads(json.dumps(pool.spec.template_spec))
     if zone:
         spec["placement"] = {**(spec.get("placement") or {}), "zone": zone}
+    if capacity:
+        spec["placement"] = {**(spec.get("placement") or {}), "capacity": capacity}
     return spec
+
+
+def member_capacity(pool: Pool, on_demand: int) -> str | None:
+    """The capacity of the next new member of a pool with ``spec.onDemandReplicas``, else ``None``
+    (the template's own).
+
+    Args:
+        pool: the pool.
+        on_demand: members on demand that stay (not deleting, not draining), the creates of this
+            pass included.
+    Returns:
+        ``OnDemand`` while fewer than ``spec.onDemandReplicas`` are, else ``Spot``.
+    """
+    if pool.spec.on_demand_replicas is None:
+        return None
+    return CAPACITY_ON_DEMAND if on_demand < pool.spec.on_demand_replicas else CAPACITY_SPOT
 
 
 def member_labels(pool: Pool) -> dict[str, str]:
@@ -514,12 +534,16 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                                        f"deleted once their leases end, by {format_time(drained[0].until)} "
                                        "at the latest")
     created = []
+    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains}
+    on_demand = sum(1 for p in by_uid.values() if p.uid not in leaving and not p.deleting and p.draining_until is None
+                    and p.spec.capacity == CAPACITY_ON_DEMAND)
     for c in result.creates:
+        capacity = member_capacity(pool, on_demand)
         for _ in range(3):
             name = member_name(pool, rand)
             try:
-                kube.create_proxy(pool.namespace, name, spec=member_spec(pool, c.zone), labels=member_labels(pool),
-                                  owners=(owner_of(pool),))
+                kube.create_proxy(pool.namespace, name, spec=member_spec(pool, c.zone, capacity),
+                                  labels=member_labels(pool), owners=(owner_of(pool),))
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # that name is taken: another suffix
@@ -528,6 +552,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                     break
                 raise
             created.append((name, c.zone))
+            on_demand += capacity == CAPACITY_ON_DEMAND
             metrics.POOL_MEMBERS_CREATED.labels(*labels).inc()
             break
     if created:

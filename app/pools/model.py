@@ -275,6 +275,8 @@ class PoolSpec:
         hash: :func:`template_hash` of the template.
         max_instance_hours_per_day: ``spec.maxInstanceHoursPerDay`` (a cost guardrail:
             :mod:`app.pools.budget`), ``None``: no budget.
+        on_demand_replicas: ``spec.onDemandReplicas``: new members are on demand while fewer
+            than this many are, the others Spot; ``None``: every member takes the template's capacity.
     """
 
     replicas: int
@@ -290,6 +292,7 @@ class PoolSpec:
     hash: str = ""
     explicit_selector: bool = False
     max_instance_hours_per_day: float | None = None
+    on_demand_replicas: int | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "PoolSpec":
@@ -342,7 +345,9 @@ class PoolSpec:
                    max_surge=surge, max_unavailable=unavailable, drain_timeout=float(drain), zones=zones,
                    autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec),
                    explicit_selector=bool(d.get("selector")),
-                   max_instance_hours_per_day=None if budget is None else float(budget))
+                   max_instance_hours_per_day=None if budget is None else float(budget),
+                   on_demand_replicas=None if d.get("onDemandReplicas") is None else _whole(
+                       "spec.onDemandReplicas", d.get("onDemandReplicas"), 0, maximum=MAX_REPLICAS))
 
     @property
     def provider(self) -> str:

@@ -220,6 +220,15 @@ spec:
                   x-kubernetes-validations:
                     - rule: duration(self) >= duration('1m')
                       message: spec.maxAge must be at least 1m (a member must live long enough to be leased)
+                onDemandReplicas:
+                  description: >-
+                    Mix capacities: new members are on demand while fewer than this many are
+                    (not counting leaving ones), the others Spot (spec.placement.capacity; the
+                    provider must offer spot: aws, gcp). Omitted: every member takes the
+                    template's capacity.
+                  type: integer
+                  format: int32
+                  minimum: 0
                 maxInstanceHoursPerDay:
                   description: >-
                     Cost guardrail: the instance-hours the pool's members may run per day (UTC).
