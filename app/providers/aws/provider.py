@@ -401,7 +401,8 @@ class AwsProvider(Provider, CheckableProvider):
         answer = self._call(f"GetParameter {name}", lambda: ssm.get_parameter(Name=name), on_404=Permanent)
         value = str((answer.get("Parameter") or {}).get("Value") or "")
         if not value.startswith("ami-"):
-            raise Permanent(f"aws provider {self.name}: SSM parameter {name} holds {value[:40]!r}, not an AMI ID")
+            # Not echoed: a parameter named by mistake may hold anything, a secret included.
+            raise Permanent(f"aws provider {self.name}: SSM parameter {name} does not hold an AMI ID (ami-...)")
         self._amis[image] = (value, now)
         return value
 
