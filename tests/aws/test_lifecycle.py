@@ -210,3 +210,21 @@ def test_check_reports_the_region(moto, provider, make_provider):
     moto.front.fail("DescribeInstances", "AuthFailure", status=401, message="AWS was not able to validate")
     [verdict] = provider.check()
     assert not verdict.ready and verdict.reason == "Permanent" and "AuthFailure" in verdict.message
+
+
+def test_gc_deletes_orphans_and_superseded_instances_and_keeps_live_and_abandoned_ones(moto, ec2, provider):
+    from app.proxy.gc import collect
+    from app.resources import ProxyRef
+
+    live = provider.create(_request("0b1c2d3e-0000-4000-8000-000000000401", zone="eu-west-1a"))
+    moved = provider.create(_request("0b1c2d3e-0000-4000-8000-000000000401", zone="eu-west-1b"))  # the zone changed
+    orphan = provider.create(_request("0b1c2d3e-0000-4000-8000-000000000402"))
+    kept = provider.create(_request("0b1c2d3e-0000-4000-8000-000000000403"))
+    provider.abandon(kept.provider_id)
+    proxies = [ProxyRef("0b1c2d3e-0000-4000-8000-000000000401", moved.provider_id)]
+
+    report = collect("aws-test", provider, lambda: proxies, abandoned=set(), grace_seconds=0)
+
+    assert sorted(report.deleted) == sorted([live.provider_id, orphan.provider_id])  # superseded + orphan
+    states = {i.provider_id: i.state for i in provider.list_by_tag(MANAGED_BY).instances}
+    assert set(states) == {moved.provider_id, kept.provider_id}
