@@ -7,12 +7,12 @@ TEST_WORKERS ?= 2
 
 .PHONY: deps demo-deps venv venv-demo test test-fast demo lint bench check-config crds kvm-ssh-secret clean lock
 
-## lock: the image's hashed lock files (requirements.lock from pyproject.toml with the kvm extra,
+## lock: the image's hashed lock files (requirements.lock from pyproject.toml with the kvm and aws extras,
 ## requirements-build.lock from requirements-build.in) for Python 3.11 on any platform; needs uv
 UV ?= uv
 LOCK_FLAGS := --generate-hashes --universal --python-version 3.11
 lock:
-	$(UV) pip compile pyproject.toml --extra kvm $(LOCK_FLAGS) -o requirements.lock
+	$(UV) pip compile pyproject.toml --extra kvm --extra aws $(LOCK_FLAGS) -o requirements.lock
 	$(UV) pip compile requirements-build.in $(LOCK_FLAGS) -o requirements-build.lock
 
 ## deps: the Debian packages of .ci/apt-packages.txt (installs the missing ones; needs root then)

@@ -57,6 +57,10 @@ COND_HEALTHY = "Healthy"
 COND_READY = "Ready"
 
 DEFAULT_PORT = 3128
+#: ``spec.placement.capacity``: regular instances (the default) ...
+CAPACITY_ON_DEMAND = "OnDemand"
+#: ... or interruptible ones the cloud may reclaim at any time (AWS spot, GCE spot).
+CAPACITY_SPOT = "Spot"
 DEFAULT_MAX_LEASES = 5
 DEFAULT_HEALTH_URL = "http://connectivitycheck.gstatic.com/generate_204"
 
@@ -106,6 +110,7 @@ class ProxySpec:
         mode: ``"Managed"`` or ``"External"``.
         provider: provider name (Managed) or ``None``.
         zone / image / machine_type: ``spec.placement`` fields or ``None``.
+        capacity: ``spec.placement.capacity``: :data:`CAPACITY_ON_DEMAND` (default) or :data:`CAPACITY_SPOT`.
         cloud_init_inline: ``spec.cloudInit.inline`` or ``None``.  Never log it.
         cloud_init_secret: ``(name, key)`` of ``spec.cloudInit.secretRef`` or ``None``.
         vendor_data: ``spec.vendorData`` or ``None``.  Never log it.
@@ -120,6 +125,7 @@ class ProxySpec:
     zone: str | None = None
     image: str | None = None
     machine_type: str | None = None
+    capacity: str = CAPACITY_ON_DEMAND
     cloud_init_inline: str | None = None
     cloud_init_secret: tuple[str, str] | None = None
     vendor_data: str | None = None
@@ -143,6 +149,7 @@ class ProxySpec:
             zone=placement.get("zone") or None,
             image=placement.get("image") or None,
             machine_type=placement.get("machineType") or None,
+            capacity=placement.get("capacity") or CAPACITY_ON_DEMAND,
             cloud_init_inline=cloud_init.get("inline"),
             cloud_init_secret=(secret_ref.get("name"), secret_ref.get("key")) if secret_ref else None,
             vendor_data=d.get("vendorData"),
@@ -171,6 +178,8 @@ def spec_hash(spec: dict | None) -> str:
         "machineType": s.machine_type, "cloudInit": (spec or {}).get("cloudInit"),
         "vendorData": s.vendor_data, "port": s.port,
     }
+    if s.capacity != CAPACITY_ON_DEMAND:  # absent by default: the hashes of existing Proxies stay as they were
+        material["capacity"] = s.capacity
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

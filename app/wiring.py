@@ -10,7 +10,8 @@ client (:func:`kube_api_client`), so no provider imports the gateway.  To add a
 provider: implement the contract in ``app/providers/<type>/``, register it there and add it to
 :data:`PROVIDER_TYPES` (see docs/providers.md).  Registrations are pure and constructors import
 their SDK when called, so a deployment without, say, libvirt installed still runs its
-kubernetes and gcp providers, and the watcher routes kvm work without importing libvirt.
+kubernetes and gcp providers (and no boto3 is needed without an aws provider), and the watcher
+routes kvm work without importing libvirt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Iterable
 
 from app.config.providers import ProviderConfig, ProvidersConfig, load, parse
 from app.config.provider_types import ProviderType
+from app.providers.aws.registration import PROVIDER as AWS
 from app.providers.gcp.registration import PROVIDER as GCP
 from app.providers.kubernetes import registration as kubernetes_registration
 from app.providers.kvm.registration import PROVIDER as KVM
@@ -41,7 +43,7 @@ def kube_api_client():
 KUBERNETES = kubernetes_registration.provider_type(kube_api_client)
 
 #: provider type name -> its registration, in the order config messages list them
-PROVIDER_TYPES: dict[str, ProviderType] = {t.name: t for t in (KUBERNETES, GCP, KVM)}
+PROVIDER_TYPES: dict[str, ProviderType] = {t.name: t for t in (KUBERNETES, GCP, KVM, AWS)}
 
 #: provider type -> constructor
 CONSTRUCTORS = {name: t.build for name, t in PROVIDER_TYPES.items()}

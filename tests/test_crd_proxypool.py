@@ -438,9 +438,9 @@ def test_every_sample_pool_is_admitted_and_read_by_the_model(crd, doc):
 
 def test_samples_cover_every_provider_type():
     names = sorted(p.name for p in SAMPLES.glob("proxypool_*.yaml"))
-    assert names == ["proxypool_gcp.yaml", "proxypool_kubernetes.yaml", "proxypool_kvm.yaml"]
+    assert names == ["proxypool_aws.yaml", "proxypool_gcp.yaml", "proxypool_kubernetes.yaml", "proxypool_kvm.yaml"]
     providers = {p.values[0]["spec"]["template"]["spec"]["provider"] for p in _sample_pools()}
-    assert providers == {"k8s-local", "gcp-eu", "kvm-lab"}
+    assert providers == {"k8s-local", "gcp-eu", "kvm-lab", "aws-eu"}
     features = json.dumps([p.values[0]["spec"] for p in _sample_pools()])
     for field in ("autoscale", "spread", "selector", "maxAge", "matchExpressions", "drainTimeoutSeconds"):
         assert field in features

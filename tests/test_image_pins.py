@@ -72,12 +72,14 @@ def test_the_lock_covers_every_dependency_of_pyproject():
     project = _pyproject()["project"]
     _assert_covered(project["dependencies"], lock, "requirements.lock")
     _assert_covered(project["optional-dependencies"]["kvm"], lock, "requirements.lock (kvm extra)")
+    _assert_covered(project["optional-dependencies"]["aws"], lock, "requirements.lock (aws extra)")
     for name, (_version, hashes) in lock.items():
         assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{name}: {hashes}"
     # the extras the project asks for came along (celery[redis] -> kombu's redis, redis[hiredis])
     assert {"kombu", "hiredis"} <= set(lock)
     header = (ROOT / "requirements.lock").read_text().splitlines()[:3]
-    assert any("--generate-hashes" in line and "--extra kvm" in line for line in header), header
+    assert any("--generate-hashes" in line and "--extra kvm" in line and "--extra aws" in line
+               for line in header), header
 
 
 def test_the_build_backend_is_locked_too():

@@ -4,11 +4,12 @@ Shape::
 
     providers:
       - name: k8s-local          # unique, [a-z0-9]([-a-z0-9]*[a-z0-9])?
-        type: kubernetes         # kubernetes | gcp | kvm
+        type: kubernetes         # kubernetes | gcp | kvm | aws
         checkInterval: 1m        # optional; 0 = off; else >= 10s
         checkTimeout: 15s        # optional
         squid: {allowedSourceRanges: [...], connectPorts: [443], httpPorts: [80, 443],
                 deniedDestinations: [...], allowedDestinations: [...]}   # optional
+        costs: {currency: USD, onDemand: {t3.micro: 0.0104}, spot: {t3.micro: 0.0035}}   # optional
         kubernetes: {...}        # exactly the block matching ``type``
     tenancy:                     # optional (app/config/tenancy.py); default: no namespace
       externalProxyNamespaces: [crawl-ops]
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from app.config.costs import CostTable
+from app.config.costs import parse as parse_costs
 from app.squid.conf import SquidPolicy, parse_policy
 from app.config.tenancy import Tenancy
 from app.config.tenancy import parse as parse_tenancy
@@ -46,11 +49,12 @@ class ProviderConfig:
 
     Attributes:
         name: unique provider name (a plain identifier).
-        type: ``"kubernetes"``, ``"gcp"`` or ``"kvm"``.
+        type: ``"kubernetes"``, ``"gcp"``, ``"kvm"`` or ``"aws"``.
         check_interval: seconds between health checks; 0 = checks off.
         check_timeout: seconds one health-check round may take.
         settings: the parsed type block (``KubernetesSettings``, ``GcpSettings``, ``KvmSettings``).
         squid: the policy rendered into every instance's squid.conf (optional ``squid:`` block).
+        costs: the operator's hourly prices (optional ``costs:`` block, :mod:`app.config.costs`), or ``None``.
     """
 
     name: str
@@ -59,6 +63,7 @@ class ProviderConfig:
     check_timeout: float
     settings: Any
     squid: SquidPolicy = field(default_factory=SquidPolicy)
+    costs: CostTable | None = None
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,12 @@ def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> Provider
         settings = kind.parse_settings(block)
         block.done()
         squid = parse_policy(entry.child("squid"))
+        costs = parse_costs(entry.child("costs"))
         problem = kind.check_entry(settings, squid) if kind.check_entry is not None else None
         if problem is not None:
             raise entry.error(*problem)
         entry.done()
-        result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid))
+        result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid, costs))
     return ProvidersConfig(tuple(result), file, tenancy)
 
 

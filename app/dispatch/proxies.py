@@ -31,6 +31,7 @@ from app.store import holders
 from app.observability import metrics
 
 from app.proxy import reconcile
+from app.pools import budget as pool_budget
 
 from app.store import keys as redis_keys
 
@@ -86,6 +87,11 @@ class Router:
     def names(self) -> list[str]:
         """Return the configured provider names in config order."""
         return list(self._configs)
+
+    @property
+    def configs(self) -> Mapping[str, ProviderConfig]:
+        """Provider name -> its config entry."""
+        return self._configs
 
     def _placed(self, provider_name: str | None):
         pc = self._configs.get(provider_name or "")
@@ -382,8 +388,11 @@ class Dispatcher:
         published = set(self.redis.smembers(redis_keys.PROXIES))
         sent = listed = settled = 0
         counts: dict[tuple[str, str], int] = {}
+        costed: list[Proxy] = []
         for proxy in proxies:
             listed += 1
+            if pool_budget.has_instance(proxy):
+                costed.append(proxy)
             key = (proxy.phase, proxy.spec.provider or "external")
             counts[key] = counts.get(key, 0) + 1
             if reconcile.steady(proxy) and proxy.uid in published and not (drifted is not None and drifted(proxy)):
@@ -399,6 +408,7 @@ class Dispatcher:
         for provider in providers:
             for phase in PHASES:
                 metrics.PROXIES_BY_PHASE.labels(phase, provider).set(counts.get((phase, provider), 0))
+        pool_budget.export(costed, self.router.configs)
         log.info("resync queued %d task(s) for %d Proxies (%d steady: nothing to send)", sent, listed, settled)
         return sent
 

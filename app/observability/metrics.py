@@ -41,6 +41,13 @@ POOL_MEMBERS_DELETED = Counter(
 POOL_RESCALES = Counter(
     "proxy_operator_pool_rescales_total", "spec.replicas writes of a ProxyPool's autoscaler, by pool and "
     "direction (up, down).", ["namespace", "pool", "direction"])
+ESTIMATED_COST = Gauge(
+    "proxy_operator_estimated_cost_per_hour", "Estimated cost per hour of the instances that exist, by provider and "
+    "pool (\"\" for none), from the providers config's costs tables (set by resync).", ["provider", "pool"],
+    multiprocess_mode="mostrecent")
+COST_BUDGET = Gauge(
+    "proxy_operator_cost_budget_per_hour", "A provider's costs.budgetPerHour from the providers config (set by "
+    "resync).", ["provider"], multiprocess_mode="mostrecent")
 PROXIES_BY_PHASE = Gauge("proxy_operator_proxies", "Proxies by phase and provider (set by resync).",
                          ["phase", "provider"], multiprocess_mode="mostrecent")
 

@@ -58,6 +58,7 @@ from app.store import keys as redis_keys
 
 from app.kube import status_writer
 from app.kube.gateway import KubeGateway, OwnerReference
+from app.pools import budget as pool_budget
 from app.pools import demand as pool_demand
 from app.pools import wake as pool_wake
 from app.pools import stats as pool_stats
@@ -68,7 +69,8 @@ from app.pools.plan import Drain, MemberAction, Plan, plan
 from app.pools.status import stalled
 from app.pools.zones import ZoneHealth, describe_zones
 from app.providers.checks import CHECK_PENDING, read_snapshot
-from app.resources import DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY, ObjectRef, Proxy
+from app.resources import (CAPACITY_ON_DEMAND, CAPACITY_SPOT, DRAINING_ANNOTATION, DRAINING_REASON_ANNOTATION, READY,
+                           ObjectRef, Proxy)
 from app.serving.records import ServingRecord
 
 log = logging.getLogger(__name__)
@@ -107,12 +109,32 @@ def member_name(pool: Pool, rand: Callable[[], float] = random.random) -> str:
     return f"{pool.name[:200]}-" + "".join(_SUFFIX[int(rand() * len(_SUFFIX)) % len(_SUFFIX)] for _ in range(5))
 
 
-def member_spec(pool: Pool, zone: str | None) -> dict:
-    """The Proxy spec of a new member: the template's, placed in ``zone`` when given."""
+def member_spec(pool: Pool, zone: str | None, capacity: str | None = None) -> dict:
+    """The Proxy spec of a new member: the template's, placed in ``zone`` and on ``capacity``
+    (``OnDemand``/``Spot``, :func:`member_capacity`) when given."""
     spec = json.loads(json.dumps(pool.valid_spec.template_spec))
     if zone:
         spec["placement"] = {**(spec.get("placement") or {}), "zone": zone}
+    if capacity:
+        spec["placement"] = {**(spec.get("placement") or {}), "capacity": capacity}
     return spec
+
+
+def member_capacity(pool: Pool, on_demand: int) -> str | None:
+    """The capacity of the next new member of a pool with ``spec.onDemandReplicas``, else ``None``
+    (the template's own).
+
+    Args:
+        pool: the pool.
+        on_demand: members on demand that stay (not deleting, not draining), the creates of this
+            pass included.
+    Returns:
+        ``OnDemand`` while fewer than ``spec.onDemandReplicas`` are, else ``Spot``.
+    """
+    keep = pool.valid_spec.on_demand_replicas
+    if keep is None:
+        return None
+    return CAPACITY_ON_DEMAND if on_demand < keep else CAPACITY_SPOT
 
 
 def member_labels(pool: Pool) -> dict[str, str]:
@@ -312,7 +334,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         if pool is None or pool.uid == ref.uid:
             pool_demand.forget(r, ref.namespace, ref.name)
         pool_stats.forget(r, ref.namespace, ref.name, uid=ref.uid)
-        r.delete(redis_keys.pool_scale(ref.uid), redis_keys.pool_zone_events(ref.uid))
+        r.delete(redis_keys.pool_scale(ref.uid), redis_keys.pool_zone_events(ref.uid), redis_keys.pool_budget(ref.uid))
         return Outcome("gone")
     if pool.spec is None:
         pool_stats.forget(r, pool.namespace, pool.name)
@@ -334,6 +356,12 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         status_writer.write_pool(kube, pool, stalled(pool, "NamespaceCapExceeded", refusal, now=now))
         return Outcome("stalled")
     candidates = [p for p in proxies if controlled_by(p, pool)]
+    hours = pool_budget.account(r, pool.uid, sum(1 for p in candidates if pool_budget.has_instance(p)), now=now)
+    exhausted = pool_budget.refusal(pool.spec.max_instance_hours_per_day, hours, now=now)
+    if exhausted is not None:
+        status_writer.write_pool(kube, pool, {**stalled(pool, "BudgetExhausted", exhausted, now=now),
+                                              "instanceHoursToday": round(hours, 1)})
+        return Outcome("stalled")
     released, refused = _release(kube, r, pool, strays_of(pool, candidates))
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
@@ -351,6 +379,11 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
                   zone_health={zone: why for zone, why in health.items() if why is not None})
     _heal_marks(r, members, records, {c.uid for c in result.reclaims})
+    interrupted = sum(int(p.status.get("interruptions") or 0) for p in candidates)
+    if interrupted or pool.status.get("interruptions"):
+        result.status["interruptions"] = interrupted
+    if pool.spec.max_instance_hours_per_day is not None:  # shown with a budget only: it changes at most passes
+        result.status["instanceHoursToday"] = round(hours, 1)
     _apply(kube, r, pool, result, by_uid, rand, now=now)
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,
@@ -529,12 +562,16 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                                        f"deleted once their leases end, by {format_time(drained[0].until)} "
                                        "at the latest")
     created = []
+    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains}
+    on_demand = sum(1 for p in by_uid.values() if p.uid not in leaving and not p.deleting and p.draining_until is None
+                    and p.spec.capacity == CAPACITY_ON_DEMAND)
     for c in result.creates:
+        capacity = member_capacity(pool, on_demand)
         for _ in range(3):
             name = member_name(pool, rand)
             try:
-                kube.create_proxy(pool.namespace, name, spec=member_spec(pool, c.zone), labels=member_labels(pool),
-                                  owners=(owner_of(pool),))
+                kube.create_proxy(pool.namespace, name, spec=member_spec(pool, c.zone, capacity),
+                                  labels=member_labels(pool), owners=(owner_of(pool),))
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # that name is taken: another suffix
@@ -543,6 +580,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                     break
                 raise
             created.append((name, c.zone))
+            on_demand += capacity == CAPACITY_ON_DEMAND
             metrics.POOL_MEMBERS_CREATED.labels(*labels).inc()
             break
     if created:

@@ -273,6 +273,10 @@ class PoolSpec:
             own placement.
         autoscale: :class:`Autoscale` or ``None``.
         hash: :func:`template_hash` of the template.
+        max_instance_hours_per_day: ``spec.maxInstanceHoursPerDay`` (a cost guardrail:
+            :mod:`app.pools.budget`), ``None``: no budget.
+        on_demand_replicas: ``spec.onDemandReplicas``: new members are on demand while fewer
+            than this many are, the others Spot; ``None``: every member takes the template's capacity.
     """
 
     replicas: int
@@ -287,6 +291,8 @@ class PoolSpec:
     autoscale: Autoscale | None = None
     hash: str = ""
     explicit_selector: bool = False
+    max_instance_hours_per_day: float | None = None
+    on_demand_replicas: int | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "PoolSpec":
@@ -331,10 +337,17 @@ class PoolSpec:
         zones = tuple(str(z) for z in (d.get("spread") or {}).get("zones") or () if z)
         if len(set(zones)) != len(zones):
             raise PoolSpecError("spec.spread.zones", "a zone is listed twice")
+        budget = d.get("maxInstanceHoursPerDay")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
+            raise PoolSpecError("spec.maxInstanceHoursPerDay",
+                                f"must be a number of instance-hours >= 0, got {budget!r}")
         return cls(replicas=replicas, template_labels=labels, template_spec=tspec, selector=sel, max_age=max_age,
                    max_surge=surge, max_unavailable=unavailable, drain_timeout=float(drain), zones=zones,
                    autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec),
-                   explicit_selector=bool(d.get("selector")))
+                   explicit_selector=bool(d.get("selector")),
+                   max_instance_hours_per_day=None if budget is None else float(budget),
+                   on_demand_replicas=None if d.get("onDemandReplicas") is None else _whole(
+                       "spec.onDemandReplicas", d.get("onDemandReplicas"), 0, maximum=MAX_REPLICAS))
 
     @property
     def provider(self) -> str:

@@ -55,7 +55,8 @@ from typing import Protocol, runtime_checkable
 
 from app.providers.naming import MANAGED_BY, TAG_MANAGED_BY, TAG_PROXY_UID
 from app.config.provider_types import HostPlacement, ProviderType  # noqa: F401 - their home is the domain; kept importable here
-from app.errors import NotManaged
+from app.errors import NotManaged, SpecNotAllowed
+from app.resources import CAPACITY_ON_DEMAND, CAPACITY_SPOT
 
 log = logging.getLogger("proxy_operator.providers")
 
@@ -77,6 +78,12 @@ class InstanceState(str, enum.Enum):
     TERMINATED = "Terminated"
 
 
+#: The :class:`InstanceNote` reason of a ``Terminated`` instance its cloud reclaimed (an AWS spot
+#: instance taken back, a GCE spot VM preempted): the reconciler replaces it like a lost one, with
+#: the Warning Event ``InstanceInterrupted`` instead of ``InstanceLost``.
+INTERRUPTED = "InstanceInterrupted"
+
+
 @dataclass(frozen=True)
 class InstanceNote:
     """What the user must know about an instance that its state alone does not say.
@@ -85,7 +92,8 @@ class InstanceNote:
     is Provisioning as ``Provisioned=False/<reason>`` (why it is not Running yet, e.g. kvm's
     ``WaitingForGuestAgent``); once it is Running as ``Provisioned=True/<reason>`` with the
     message appended, plus one Warning Event ``<reason>`` when ``degraded`` (e.g. kvm's
-    ``GuestAgentUnavailable``: the address came from a fallback source).
+    ``GuestAgentUnavailable``: the address came from a fallback source).  On a ``Terminated``
+    instance, the reason :data:`INTERRUPTED` says the cloud reclaimed it (spot capacity).
 
     Attributes:
         reason: CamelCase condition (and Event) reason.
@@ -137,6 +145,9 @@ class CreateRequest:
         zone: ``spec.placement.zone`` or ``None``.
         image: ``spec.placement.image`` or ``None`` (provider default).
         machine_type: ``spec.placement.machineType`` or ``None``.
+        capacity: ``spec.placement.capacity``: ``"OnDemand"`` or ``"Spot"`` (interruptible:
+            :data:`app.resources.CAPACITY_SPOT`); a provider without spot capacity refuses
+            ``"Spot"`` with :class:`~app.errors.SpecNotAllowed`.
         port: the Squid port (``spec.endpoint.port``, default 3128).
         user_data: the resolved cloud-init document (bytes as given) or ``None``.  Never log it.
         vendor_data: extra vendor-data (kvm) or ``None``.  Never log it.
@@ -156,6 +167,7 @@ class CreateRequest:
     zone: str | None = None
     image: str | None = None
     machine_type: str | None = None
+    capacity: str = CAPACITY_ON_DEMAND
     port: int = 3128
     user_data: bytes | None = None
     vendor_data: bytes | None = None
@@ -166,7 +178,8 @@ class CreateRequest:
 
     def __repr__(self) -> str:  # keep user-data out of every repr that might reach a log
         return (f"CreateRequest(name={self.name!r}, namespace={self.namespace!r}, zone={self.zone!r}, "
-                f"image={self.image!r}, machine_type={self.machine_type!r}, port={self.port})")
+                f"image={self.image!r}, machine_type={self.machine_type!r}, capacity={self.capacity!r}, "
+                f"port={self.port})")
 
 
 @dataclass(frozen=True)
@@ -266,6 +279,17 @@ class ShardedProvider(Protocol):
     def check_host(self, host: str) -> TargetVerdict: ...
 
     def list_by_tag(self, tag: str, host: str | None = None) -> ListResult: ...
+
+
+def refuse_spot(request: CreateRequest, provider: str, provider_type: str) -> None:
+    """Refuse ``spec.placement.capacity: Spot`` on a provider that has no interruptible capacity.
+
+    Raises:
+        SpecNotAllowed: naming ``spec.placement.capacity`` when ``request.capacity`` is Spot.
+    """
+    if request.capacity == CAPACITY_SPOT:
+        raise SpecNotAllowed("spec.placement.capacity", f"Spot is not offered by provider {provider} "
+                                                        f"(type {provider_type}: aws and gcp only)")
 
 
 def require_managed(tags: dict[str, str] | None, provider: str, provider_id: str) -> None:

@@ -200,7 +200,7 @@ def _request(ctx: Context, proxy: Proxy) -> CreateRequest:
         auth_secret, auth_htpasswd = credentials.secret_name(proxy), credentials.ensure(ctx.kube, proxy).htpasswd
     return CreateRequest(
         name=naming.instance_name(proxy.uid), tags=naming.tags_for(proxy.uid), namespace=proxy.namespace,
-        zone=spec.zone, image=spec.image, machine_type=spec.machine_type, port=spec.port,
+        zone=spec.zone, image=spec.image, machine_type=spec.machine_type, capacity=spec.capacity, port=spec.port,
         user_data=_user_data(ctx, proxy),
         vendor_data=spec.vendor_data.encode("utf-8") if spec.vendor_data is not None else None,
         squid_config=squid_conf.render(spec.port, policy), auth_secret=auth_secret, auth_htpasswd=auth_htpasswd,

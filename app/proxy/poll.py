@@ -8,7 +8,7 @@ from app import timefmt
 from app.config import tenancy
 from app.errors import NotFound, SpecNotAllowed
 from app.kube import conditions
-from app.providers.base import InstanceState
+from app.providers.base import INTERRUPTED, InstanceState
 from app.proxy.decide import (LIVE_PHASES, backoff, decide, poll_delay, retry_scheduled, visibility_left,
                               visibility_window)
 from app.proxy.failures import guard
@@ -121,6 +121,11 @@ def _follow_instance(step: Step) -> Followup | None:
             return Followup(POLL, min(poll_delay(ctx.settings, attempt + 1), left + 0.1), attempt + 1)
     if inst is None or inst.state == InstanceState.TERMINATED:
         what = "gone" if inst is None else inst.state.value.lower()
+        # Reclaimed spot capacity is replaced like a lost instance, under its own reason.
+        note = inst.note if inst is not None else None
+        lost = INTERRUPTED if note is not None and note.reason == INTERRUPTED else "InstanceLost"
+        if note is not None and lost == INTERRUPTED:
+            what = f"{what}: {note.message}"
         log.warning("proxy %s: instance %s is %s; recreating", proxy.key, provider_id, what)
         serving.withdraw(ctx.redis, proxy.uid)
         if inst is not None:
@@ -128,11 +133,11 @@ def _follow_instance(step: Step) -> Followup | None:
                 step.write(proxy, seen)
             provider.delete(provider_id)
         p = step.latest
+        counted = {"interruptions": int(p.status.get("interruptions") or 0) + 1} if lost == INTERRUPTED else {}
         step.write(p, {
-            "phase": PROVISIONING, "providerID": None, "address": None,
-            "conditions": provisioned(p, "False", "InstanceLost", f"instance {provider_id} is {what}",
-                                      withdrawn=True),
-        }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating"))
+            "phase": PROVISIONING, "providerID": None, "address": None, **counted,
+            "conditions": provisioned(p, "False", lost, f"instance {provider_id} is {what}", withdrawn=True),
+        }, event=("Warning", lost, f"instance {provider_id} is {what}; recreating"))
         return Followup(CREATE, 0)
     if inst.state == InstanceState.RUNNING and inst.address:
         mark_running(ctx, proxy, inst, seen)

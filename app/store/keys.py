@@ -343,6 +343,16 @@ def pool_zone_events(uid: str) -> str:
     return PREFIX + "pool-zone-events:" + uid
 
 
+def pool_budget(uid: str) -> str:
+    """string (JSON ``{"day", "hours", "at", "live"}``) — the instance-hours the pool ``uid``'s members
+    ran on UTC day ``day`` (``hours``), counted at each pass from the members with an instance
+    (``live``) since the last pass (``at``, epoch seconds), for ``spec.maxInstanceHoursPerDay``
+    (:mod:`app.pools.budget`).  TTL: 2 days, renewed by every write; deleted by the pass that finds
+    the pool gone.  Written and read by :mod:`app.pools.controller`; lost: today's count restarts
+    from 0 (the budget lets more through that day)."""
+    return PREFIX + "pool-budget:" + uid
+
+
 #: hash — the last pass's counts of every pool, for the pool gauges (:class:`app.pools.stats.PoolCollector`,
 #: read by beat's ``/metrics`` at scrape time): field ``<namespace>/<name>`` -> JSON ``{"uid", "desired",
 #: "replicas", "ready", "leasable", "updated", "draining", "skippedZones", "leases", "leaseCapacity", "at"}``.

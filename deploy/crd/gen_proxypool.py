@@ -220,6 +220,23 @@ spec:
                   x-kubernetes-validations:
                     - rule: duration(self) >= duration('1m')
                       message: spec.maxAge must be at least 1m (a member must live long enough to be leased)
+                onDemandReplicas:
+                  description: >-
+                    Mix capacities: new members are on demand while fewer than this many are
+                    (not counting leaving ones), the others Spot (spec.placement.capacity; the
+                    provider must offer spot: aws, gcp). Omitted: every member takes the
+                    template's capacity.
+                  type: integer
+                  format: int32
+                  minimum: 0
+                maxInstanceHoursPerDay:
+                  description: >-
+                    Cost guardrail: the instance-hours the pool's members may run per day (UTC).
+                    Once used up, no member is created until midnight UTC (condition
+                    Progressing=False, reason BudgetExhausted); members that run are kept.
+                    status.instanceHoursToday shows the count. Omitted: no budget.
+                  type: number
+                  minimum: 0
                 rollout:
                   description: >-
                     How a changed template (or maxAge) replaces Proxies, like a Deployment's
@@ -355,6 +372,19 @@ spec:
                   description: Proxies whose phase is Ready.
                   type: integer
                   format: int32
+                  minimum: 0
+                interruptions:
+                  description: >-
+                    Spot interruptions of the current members (the sum of their
+                    status.interruptions): each one replaced, Event InstanceInterrupted.
+                  type: integer
+                  format: int32
+                  minimum: 0
+                instanceHoursToday:
+                  description: >-
+                    Instance-hours the pool's members ran today (UTC), counted at each pass of
+                    the controller, to a tenth of an hour; shown when spec.maxInstanceHoursPerDay is set.
+                  type: number
                   minimum: 0
                 leasableReplicas:
                   description: Proxies the discovery API would lease now (healthy, not draining).

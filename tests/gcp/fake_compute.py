@@ -13,6 +13,10 @@ Serves, on ``127.0.0.1:<free port>``, what the gcp provider uses:
   not accept it answers 400 ``resourceNotReady``;
 * ``zoneOperations`` and ``globalOperations``: get and wait;
 * ``firewalls``: get, insert, patch;
+* ``scheduling`` of an insert is kept as sent (a spot VM, ``provisioningModel: SPOT``, must also
+  say ``automaticRestart: false``, ``onHostMaintenance: TERMINATE`` and a termination action, as
+  GCE requires); :meth:`FakeCompute.preempt` preempts one as GCE does (``TERMINATED``, then
+  deleted by :meth:`FakeCompute.finish_preemptions` when its action is DELETE);
 * ``POST /token``: an OAuth token endpoint for service-account key files (returns a bearer
   token and records the JWT assertion it was given).
 
@@ -144,6 +148,7 @@ class FakeCompute:
         self.operations: dict[str, Operation] = {}
         self.faults: list[Fault] = []
         self.op_faults: list[OpFault] = []
+        self._preempted: list[tuple[str, str, str]] = []
         self.tokens_issued: list[str] = []
         self.assertions: list[str] = []
         self._ids = itertools.count(1000)
@@ -235,6 +240,33 @@ class FakeCompute:
             return [r for r in self.requests
                     if (method is None or r.method == method.upper())
                     and (path_regex is None or re.search(path_regex, r.path))]
+
+    def preempt(self, project: str, zone: str, name: str) -> None:
+        """Preempt the spot VM ``name`` as GCE does: it stops (``TERMINATED``) and, with
+        ``instanceTerminationAction: DELETE``, is deleted after the next :meth:`finish_preemptions`.
+
+        Raises:
+            ValueError: the instance is not a spot VM (``scheduling.provisioningModel: SPOT``).
+        """
+        with self._lock:
+            inst = self.instances[(project, zone, name)]
+            if (inst.get("scheduling") or {}).get("provisioningModel") != "SPOT":
+                raise ValueError(f"{name} is not a spot VM: GCE preempts only those")
+            inst["status"] = "TERMINATED"
+            inst["statusMessage"] = "Instance was preempted."
+            for nic in inst.get("networkInterfaces", []):
+                for ac in nic.get("accessConfigs", []):
+                    ac.pop("natIP", None)
+            self._preempted.append((project, zone, name))
+
+    def finish_preemptions(self) -> None:
+        """Delete the preempted spot VMs whose termination action is DELETE (GCE does it shortly after)."""
+        with self._lock:
+            for key in self._preempted:
+                inst = self.instances.get(key)
+                if inst is not None and (inst.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
+                    self.instances.pop(key, None)
+            self._preempted.clear()
 
     def add_instance(self, project: str, zone: str, name: str, labels: dict[str, str],
                      status: str = "RUNNING") -> dict[str, Any]:
@@ -406,6 +438,15 @@ class FakeCompute:
         for key, value in (body.get("labels") or {}).items():
             if not re.match(r"^[a-z][-_a-z0-9]{0,62}$", key) or not re.match(r"^[-_a-z0-9]{0,63}$", value):
                 raise _HttpError(400, "INVALID", f"Invalid value for field 'resource.labels': '{key}'")
+        scheduling = body.get("scheduling") or {}
+        if scheduling.get("provisioningModel") == "SPOT" and (
+                scheduling.get("automaticRestart") is not False or scheduling.get("onHostMaintenance") != "TERMINATE"
+                or scheduling.get("instanceTerminationAction") not in ("STOP", "DELETE")):
+            # GCE's rule for spot VMs: no automatic restart, terminate on host maintenance, and a
+            # termination action.
+            raise _HttpError(400, "INVALID", "Invalid value for field 'resource.scheduling': spot VMs need "
+                                             "automaticRestart false, onHostMaintenance TERMINATE and an "
+                                             "instanceTerminationAction")
         if (project, zone, name) in self.instances:
             raise _HttpError(409, "ALREADY_EXISTS",
                              f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")

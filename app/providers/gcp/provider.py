@@ -55,8 +55,9 @@ from google.cloud import compute_v1
 
 from app.config.providers import ProviderConfig
 from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
-from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
-                                TargetVerdict, require_managed)
+from app.providers.base import (INTERRUPTED, CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState,
+                                ListResult, Provider, TargetVerdict, require_managed)
+from app.resources import CAPACITY_SPOT
 from app.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.gcp import ids, startup, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
@@ -154,11 +155,21 @@ def _created(stamp: str) -> datetime | None:
 
 
 def to_instance(inst: compute_v1.Instance, project: str, zone: str | None = None) -> Instance:
-    """Convert a GCE instance into an :class:`Instance` (provider ID, state, address, labels)."""
+    """Convert a GCE instance into an :class:`Instance` (provider ID, state, address, labels).
+
+    A spot VM (``scheduling.provisioningModel: SPOT``) that is stopping or stopped was preempted
+    (GCE deletes it next: ``instanceTerminationAction: DELETE``): Terminated, with the note
+    :data:`~app.providers.base.INTERRUPTED`, so the poll replaces it instead of starting it.
+    """
     zone = ids.last_segment(inst.zone) if inst.zone else zone
+    state, note = state_of(inst.status), None
+    if state is InstanceState.STOPPED and (inst.scheduling.provisioning_model or "").upper() == "SPOT":
+        state = InstanceState.TERMINATED
+        note = InstanceNote(reason=INTERRUPTED, message=f"GCE preempted the spot VM {inst.name} "
+                                                        f"(status {inst.status})", degraded=True)
     return Instance(provider_id=ids.provider_id(project, zone or "", inst.name), name=inst.name,
-                    state=state_of(inst.status), address=_address(inst),
-                    created=_created(inst.creation_timestamp), tags=dict(inst.labels), zone=zone)
+                    state=state, address=_address(inst) if note is None else None,
+                    created=_created(inst.creation_timestamp), tags=dict(inst.labels), zone=zone, note=note)
 
 
 def _same_rule(have: compute_v1.Firewall, want: compute_v1.Firewall) -> bool:
@@ -469,6 +480,11 @@ class GcpProvider(Provider, CheckableProvider):
             tags=compute_v1.Tags(items=list(s.network_tags)),
             description=f"proxy-operator provider {self.name}, namespace {request.namespace}",
         )
+        if request.capacity == CAPACITY_SPOT:
+            # GCE spot: preemptible at any time; DELETE on preemption (a spot VM is never restarted
+            # by the reconciler: it is replaced, as InstanceInterrupted, see to_instance).
+            body.scheduling = compute_v1.Scheduling(provisioning_model="SPOT", instance_termination_action="DELETE",
+                                                    automatic_restart=False, on_host_maintenance="TERMINATE")
         if s.service_account:
             body.service_accounts = [compute_v1.ServiceAccount(email=s.service_account,
                                                                scopes=list(s.service_account_scopes))]

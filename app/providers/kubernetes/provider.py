@@ -45,7 +45,7 @@ from app.squid import egress
 from app.providers import naming
 from app.config.providers import ProviderConfig
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceState, ListResult, Provider,
-                                TargetVerdict, require_managed)
+                                TargetVerdict, refuse_spot, require_managed)
 from app.errors import NotFound, Permanent, QuotaExceeded, SpecNotAllowed, Transient
 from app.providers.kubernetes.config import CHECK_TARGET
 from app.squid.conf import DEFAULT_HTPASSWD_PATH, SECRET_HTPASSWD_KEY
@@ -310,12 +310,13 @@ class KubernetesProvider(Provider, CheckableProvider):
         """Create the Squid Pod ``request.name``; an existing Pod of that name is returned as is.
 
         Raises:
-            SpecNotAllowed: (Permanent) ``spec.placement.image`` is not allowed by the config;
-                nothing is sent to the API.
+            SpecNotAllowed: (Permanent) ``spec.placement.image`` is not allowed by the config,
+                or ``spec.placement.capacity`` is Spot; nothing is sent to the API.
             Transient: the existing Pod is still terminating (a replaced instance), or the API
                 is unavailable.
             QuotaExceeded / Permanent / NotFound: as mapped from the API's answer.
         """
+        refuse_spot(request, self.name, self.type)
         namespace = self.settings.namespace or request.namespace
         body = self._pod(request, namespace)  # refuses a disallowed image before any call
         if self.settings.egress_network_policy:

@@ -20,7 +20,7 @@ import libvirt
 from app.config.providers import ProviderConfig
 from app.providers.naming import ABANDONED, TAG_ABANDONED, TAG_MANAGED_BY, TAG_PROXY_UID, is_abandoned, is_instance_name
 from app.providers.base import (CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState, ListResult,
-                                Provider, ShardedProvider, TargetVerdict, require_managed)
+                                Provider, ShardedProvider, TargetVerdict, refuse_spot, require_managed)
 from app.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
 from app.providers.kvm import domain as dom_xml
 from app.providers.kvm import images, placement, seed, sshlink
@@ -225,13 +225,15 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             the instance (Provisioning until an address is known).
         Raises:
             SpecNotAllowed: (Permanent) ``spec.placement.zone``/``image``/``machineType`` is not
-                a configured host, image (or allowed image URL) or profile; nothing is dialled.
+                a configured host, image (or allowed image URL) or profile, or
+                ``spec.placement.capacity`` is Spot; nothing is dialled.
             Permanent: missing pool; bad checksum; an image over its size cap or redirected off
                 the allowed hosts; a domain of that name that belongs to someone else.
             ImageInUse (Transient): the cached image must be replaced but other VMs use it.
             DialError (Transient) / BadSSHMaterial (Permanent): the host is unreachable.
             NotFound, QuotaExceeded, Transient: libvirt errors, classified.
         """
+        refuse_spot(request, self.name, self.type)
         host = self._host_for(request.zone)
         img = images.resolve(self.settings, request.image)
         mt = self._machine_type(request.machine_type)

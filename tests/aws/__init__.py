@@ -1,0 +1,1 @@
+"""The aws provider against moto (docs/aws-provider.md, "Testing")."""
