@@ -21,7 +21,7 @@ local function granted(uid, used, exp, lease_ttl, sticky)
   return cjson.encode({uid = uid, used = used, expiresAt = exp, ttl = lease_ttl, address = h[1],
                        port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
                        zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2],
-                       target = redis.call('HGET', P_LEASE .. lease_id, 'target') or false})
+                       target = target or false})
 end
 -- the lease id is new for each request: a lease under it already is this request's own, granted
 -- by a first run whose answer was lost with its connection (app/store/retry.py runs the command

@@ -102,9 +102,14 @@ elseif bad and cooldown > 0 then
     if redis.call('GET', sk) == h[1] then redis.call('DEL', sk) end
   end
 end
-local answer = cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms, target = target or false,
-                             ident = ident or false, banned = banned, strikes = strikes,
-                             refusingUntil = refusing_until, refusedNow = refused_now})
+local answer
+if target then
+  answer = cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms, target = target,
+                         ident = ident or false, banned = banned, strikes = strikes,
+                         refusingUntil = refusing_until, refusedNow = refused_now})
+else
+  answer = cjson.encode({uid = h[1], live = live and 1 or 0, cooldownUntil = until_ms})
+end
 if request and request ~= '' then
   redis.call('HSET', rk, 'request', request, 'answer', answer)
   redis.call('PEXPIRE', rk, 60000)
