@@ -2,8 +2,9 @@
 target) cooldowns (read from Redis at scrape time, so every worker process reports the same
 truth), and targeted leases' bans, refusals and concurrency limits per target.
 
-A scrape costs Redis two commands whatever the fleet's size (:func:`app.serving.leases.live_leases`:
-``TIME`` and one ``ZCOUNT`` of the expiry index), so ``/metrics``, which needs no token, is
+A scrape costs Redis three commands whatever the fleet's size or its number of bans
+(``TIME``, one ``ZCOUNT`` of the expiry index, :func:`app.serving.leases.live_leases`, and one of
+the bans, :func:`app.serving.bans.live_cooldowns`), so ``/metrics``, which needs no token, is
 no lever on Redis.  Nothing in it names a client, a proxy, an address or a credential.  The
 ``target`` label is bounded (:meth:`app.serving.bans.BanSettings.metric_label`: an operator
 list or the first ``BAN_METRIC_TOP_K`` targets, the rest as ``other``).
@@ -73,16 +74,20 @@ def target_refused(settings: target_bans.BanSettings, exc: leases.LeaseError) ->
 
 
 class LeasesActive:
-    """Collector of ``proxy_operator_leases_active``: live leases over all proxies (two Redis
-    commands per scrape; nothing when Redis is unreachable, logged)."""
+    """Collector of ``proxy_operator_leases_active`` (live leases over all proxies) and
+    ``proxy_operator_target_cooldowns_active`` (live (egress IP, target) bans): three Redis
+    commands per scrape; nothing when Redis is unreachable, logged."""
 
     def __init__(self, r) -> None:
         self.r = r
 
     def collect(self):
         gauge = GaugeMetricFamily("proxy_operator_leases_active", "Live (unexpired) leases over all proxies.")
+        now_ms = None
         try:
-            gauge.add_metric([], leases.live_leases(self.r))
+            now_s, now_us = self.r.time()
+            now_ms = now_s * 1000 + now_us // 1000
+            gauge.add_metric([], leases.live_leases(self.r, now_ms))
         except Exception as exc:  # noqa: BLE001 - a scrape must not fail because Redis is down
             log.warning("api: cannot count live leases for /metrics: %s", exc)
             return
@@ -90,7 +95,7 @@ class LeasesActive:
         bans = GaugeMetricFamily("proxy_operator_target_cooldowns_active",
                                  "Live (egress IP, target) cooldowns over the fleet.")
         try:
-            bans.add_metric([], target_bans.live_cooldowns(self.r))
+            bans.add_metric([], target_bans.live_cooldowns(self.r, now_ms))
         except Exception as exc:  # noqa: BLE001 - as above
             log.warning("api: cannot count live target cooldowns for /metrics: %s", exc)
             return

@@ -260,15 +260,20 @@ def proxy_bans(r, identities: list[str], settings: BanSettings) -> list[dict]:
     return out
 
 
-def live_cooldowns(r) -> int:
-    """Live (egress IP, target) cooldowns over the fleet (the metrics gauge): ``TIME`` and one
-    ``ZCOUNT`` whatever the number of bans.
+def live_cooldowns(r, now_ms: int | None = None) -> int:
+    """Live (egress IP, target) cooldowns over the fleet (the metrics gauge): one ``ZCOUNT``
+    whatever the number of bans (and ``TIME`` when ``now_ms`` is not given).
 
+    Args:
+        r: ``redis.Redis``.
+        now_ms: the Redis clock in ms, when the caller read it already.
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    now_s, now_us = r.time()
-    return int(r.zcount(redis_keys.BANS, f"({now_s * 1000 + now_us // 1000}", "+inf"))
+    if now_ms is None:
+        now_s, now_us = r.time()
+        now_ms = now_s * 1000 + now_us // 1000
+    return int(r.zcount(redis_keys.BANS, f"({now_ms}", "+inf"))
 
 
 __all__ = ["BanSettings", "Target", "TargetError", "owner", "parse_rules", "proxy_bans", "live_cooldowns"]
