@@ -46,6 +46,14 @@ TARGET_LIMITED = Counter(
     "concurrency limit per egress IP (concurrency).",
     ["target", "limit"])
 
+# The "other" series exist from the start (zero until a target beyond the named ones counts),
+# so every family is in every scrape and a dashboard's rate() has a series to read.
+for _event in ("refusing_started", "lease_refused"):
+    TARGET_REFUSALS.labels(target_bans.OTHER, _event)
+for _limit in ("banned", "concurrency"):
+    TARGET_LIMITED.labels(target_bans.OTHER, _limit)
+TARGET_BANS.labels(target_bans.OTHER)
+
 
 def target_released(settings: target_bans.BanSettings, done: leases.Release) -> None:
     """Count a targeted release's ban or the refusal it found, and log a target found refusing
