@@ -49,18 +49,18 @@ if bad and target and ident then
   if refusing_until == 0 and outcome == 'blocked' and refusal_ips > 0 then
     -- the site refusing this many different egress identities within the window refuses
     -- everyone: lift their bans, cool the target off instead
-    local rk = P_REFUSALS .. target
-    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - window)
-    redis.call('ZADD', rk, now, ident)
-    redis.call('PEXPIRE', rk, window)
-    if redis.call('ZCARD', rk) >= refusal_ips then
-      for _, e in ipairs(redis.call('ZRANGE', rk, 0, -1)) do
+    local fk = P_REFUSALS .. target
+    redis.call('ZREMRANGEBYSCORE', fk, '-inf', now - window)
+    redis.call('ZADD', fk, now, ident)
+    redis.call('PEXPIRE', fk, window)
+    if redis.call('ZCARD', fk) >= refusal_ips then
+      for _, e in ipairs(redis.call('ZRANGE', fk, 0, -1)) do
         redis.call('ZREM', ban_key, e)
         redis.call('ZREM', P_IP_BANS .. e, target)
         redis.call('ZREM', K_BANS, e .. '|' .. target)
         redis.call('DEL', P_BAN_STRIKES .. target .. owner .. '|' .. e)
       end
-      redis.call('DEL', rk)
+      redis.call('DEL', fk)
       refusing_until = now + cooloff
       redis.call('SET', P_REFUSING .. target, refusing_until, 'PX', cooloff)
       refused_now = 1

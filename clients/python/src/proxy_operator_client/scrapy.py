@@ -334,8 +334,11 @@ class ProxyLeaseMiddleware:
     def _take(self, key: Tuple[str, str, str]) -> Lease:
         """In a pool thread: lease a proxy for ``key``."""
         kind, value, target = key
-        return self.client.lease(session_key=value if kind == "session" else None, target=target or None,
-                                 **self.filters)
+        session = None
+        if kind == "session":
+            # one API session per site: a session key shared by two sites would rebind between them
+            session = session_key(f"{value}:{target}") if target else value
+        return self.client.lease(session_key=session, target=target or None, **self.filters)
 
     async def _lease_for(self, key: Tuple[str, str, str]) -> Lease:
         lease = self._leases.get(key)
