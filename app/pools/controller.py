@@ -60,6 +60,7 @@ from app.kube import status_writer
 from app.kube.gateway import KubeGateway, OwnerReference
 from app.pools import demand as pool_demand
 from app.pools import wake as pool_wake
+from app.pools import recycle
 from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
@@ -333,6 +334,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
     members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
+    if pool.spec.recycle is not None:
+        members = recycle.mark(r, pool.spec.recycle, members, records, now=now)
     zones = list(pool.spec.zones) or [pool.spec.template_zone]
     health = zone_health(r, pc, zones, now=now)
     ready = {zone: why is None for zone, why in health.items()}
@@ -495,6 +498,11 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         serving.set_draining(r, d.uid, d.until)
         metrics.POOL_MEMBERS_DRAINING.labels(*labels, d.reason).inc()
         drained.append(d)
+    for d in drained:
+        if d.reason == "Burned":
+            kube.record_pool_event(pool, "Normal", "MemberBurned",
+                                   message=f"replacing {d.name}: its egress IP was banned by {len(d.targets)} targets "
+                                           f"({', '.join(d.targets[:10])}): spec.recycle.bannedTargets")
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",

@@ -112,12 +112,14 @@ class Create:
 
 @dataclass(frozen=True)
 class Drain:
-    """Mark member ``uid``/``name`` draining until ``until`` (epoch seconds): no new leases."""
+    """Mark member ``uid``/``name`` draining until ``until`` (epoch seconds): no new leases.
+    ``targets``: for reason ``Burned``, the targets that banned its egress IP."""
 
     uid: str
     name: str
     until: float
     reason: str
+    targets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,7 @@ def _expired(pool: Pool, m: Member, now: float) -> bool:
 
 def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float) -> bool:
     spec = pool.spec
-    if m.template_hash != spec.hash or _expired(pool, m, now):
+    if m.template_hash != spec.hash or _expired(pool, m, now) or m.burned:
         return True
     if spec.zones and (m.zone or "") not in spec.zones:
         return True
@@ -413,7 +415,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
             if not leave(m):
                 break
     until = now + spec.drain_timeout
-    drains = tuple(Drain(m.uid, m.name, until, "Outdated" if m in outdated else "ScaleDown") for m in leaving)
+    drains = tuple(Drain(m.uid, m.name, until, ("Burned" if m.burned else "Outdated") if m in outdated else "ScaleDown",
+                         m.burned) for m in leaving)
     staying = [m for m in active if m not in leaving]
 
     # 5. creating, bounded by the surge: draining members that still hold leases keep their

@@ -268,6 +268,18 @@ def ip_bans(ident: str) -> str:
     return IP_BANS_PREFIX + ident
 
 
+#: Prefix of :func:`ip_ban_times`.
+IP_BAN_TIMES_PREFIX = PREFIX + "ip-ban-times:"
+
+
+def ip_ban_times(ident: str) -> str:
+    """sorted set — target → time (ms) of its last ban of egress identity ``ident``, for the
+    last ``BAN_HISTORY_SECONDS`` (older entries dropped at every ban).  TTL: that history.
+    Written by ``lease_release.lua``; read by :mod:`app.pools.recycle` (a pool's recycle policy:
+    members whose egress IP many targets banned)."""
+    return IP_BAN_TIMES_PREFIX + ident
+
+
 #: sorted set — ``<ident>|<target>`` → end of the cooldown (ms): every (egress IP, target) ban,
 #: live ones and those ended since the last ban (dropped at every ban), for the live-cooldowns
 #: gauge.  No TTL (bounded by the live cooldowns).  Written by ``lease_release.lua``; read by
@@ -502,6 +514,7 @@ LUA_NAMES = {
     "P_REFUSALS": REFUSALS_PREFIX,
     "P_REFUSING": REFUSING_PREFIX,
     "P_IP_BANS": IP_BANS_PREFIX,
+    "P_IP_BAN_TIMES": IP_BAN_TIMES_PREFIX,
     "K_BANS": BANS,
 }
 

@@ -220,6 +220,29 @@ spec:
                   x-kubernetes-validations:
                     - rule: duration(self) >= duration('1m')
                       message: spec.maxAge must be at least 1m (a member must live long enough to be leased)
+                recycle:
+                  description: >-
+                    Replace Proxies whose egress IP sites ban (bans reported by crawlers on leases
+                    with a target): a Proxy whose egress IP was banned by at least bannedTargets
+                    distinct targets within windowSeconds, counting bans since it was made, is
+                    replaced as an outdated one (rollout limits, drain of its leases), so it comes
+                    back with a new IP where the provider gives one. Omitted: never.
+                  type: object
+                  required: [bannedTargets]
+                  properties:
+                    bannedTargets:
+                      description: Distinct targets that make a Proxy burned.
+                      type: integer
+                      format: int32
+                      minimum: 1
+                    windowSeconds:
+                      description: >-
+                        The window, seconds (bans older than the API's BAN_HISTORY_SECONDS are
+                        not remembered).
+                      type: integer
+                      format: int32
+                      minimum: 1
+                      default: 3600
                 rollout:
                   description: >-
                     How a changed template (or maxAge) replaces Proxies, like a Deployment's

@@ -57,6 +57,7 @@ if bad and target and ident then
       for _, e in ipairs(redis.call('ZRANGE', fk, 0, -1)) do
         redis.call('ZREM', ban_key, e)
         redis.call('ZREM', P_IP_BANS .. e, target)
+        redis.call('ZREM', P_IP_BAN_TIMES .. e, target)
         redis.call('ZREM', K_BANS, e .. '|' .. target)
         redis.call('DEL', P_BAN_STRIKES .. target .. owner .. '|' .. e)
       end
@@ -85,6 +86,10 @@ if bad and target and ident then
     redis.call('ZADD', ik, until_ms, target)
     redis.call('ZREMRANGEBYSCORE', ik, '-inf', now - history)
     if redis.call('PTTL', ik) < length + history then redis.call('PEXPIRE', ik, length + history) end
+    local tk = P_IP_BAN_TIMES .. ident
+    redis.call('ZADD', tk, now, target)
+    redis.call('ZREMRANGEBYSCORE', tk, '-inf', now - history)
+    redis.call('PEXPIRE', tk, history)
     redis.call('ZADD', K_BANS, until_ms, ident .. '|' .. target)
     redis.call('ZREMRANGEBYSCORE', K_BANS, '-inf', now)
   end
