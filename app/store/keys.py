@@ -393,8 +393,10 @@ POOLS = PREFIX + "pools"
 POOL_DEMAND_PREFIX = PREFIX + "pool-demand:"
 #: set — ``<namespace>/<name>`` of ProxyPools a draining member of which has just lost its last
 #: live lease (a release: only Redis changes, no watch event follows), so the pass that deletes
-#: it runs now instead of at the drain deadline.  No TTL (emptied every few seconds).  Written
-#: by ``lease_release.lua``; taken by :func:`app.pools.wake.take` (task ``pool.wake``, beat).
+#: it runs now instead of at the drain deadline; also of pools a member of which a site has
+#: just banned (a targeted release: the pool's recycle policy, :mod:`app.pools.recycle`).  No TTL
+#: (emptied every few seconds).  Written by ``lease_release.lua``; taken by
+#: :func:`app.pools.wake.take` (task ``pool.wake``, beat).
 POOL_WAKE = PREFIX + "pool-wake"
 
 

@@ -92,6 +92,9 @@ if bad and target and ident then
     redis.call('PEXPIRE', tk, history)
     redis.call('ZADD', K_BANS, until_ms, ident .. '|' .. target)
     redis.call('ZREMRANGEBYSCORE', K_BANS, '-inf', now)
+    -- a pool member's IP banned: only Redis knows, so wake its pool (its recycle policy may
+    -- replace the member now rather than at the next resync)
+    if m[2] and m[2] ~= '' and m[3] then redis.call('SADD', K_POOL_WAKE, m[3] .. '/' .. m[2]) end
   end
   if h[3] and h[3] ~= '' then
     local sk = P_STICKY .. client .. ':' .. h[3]
