@@ -515,7 +515,8 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         if len(updated) < n or creates:
             parts.append(f"{len(updated)} of {n} members updated")
         if pending_out:
-            parts.append(f"{pending_out} outdated")
+            burned = sum(1 for m in outdated if m.burned)
+            parts.append(f"{pending_out} outdated" + (f" ({burned} burned: spec.recycle)" if burned else ""))
         if draining_count or drains:
             parts.append(f"{draining_count + len(drains)} draining")
         if held_back[0]:
@@ -563,6 +564,7 @@ def _status(pool: Pool, live, active, updated, n, decision, creates, drains, del
         "readyReplicas": sum(1 for m in live if m.ready),
         "leasableReplicas": leasable,
         "updatedReplicas": len(updated),
+        "burnedReplicas": sum(1 for m in live if m.burned),
         "observedGeneration": gen,
         "selector": status_selector(pool.name, spec),
         "conditions": conds,

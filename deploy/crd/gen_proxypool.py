@@ -101,6 +101,10 @@ spec:
           type: integer
           description: Proxies made from the current template.
           jsonPath: .status.updatedReplicas
+        - name: Burned
+          type: integer
+          description: Proxies whose egress IP enough sites banned, being replaced (spec.recycle).
+          jsonPath: .status.burnedReplicas
         - name: Age
           type: date
           jsonPath: .metadata.creationTimestamp
@@ -386,6 +390,13 @@ spec:
                   minimum: 0
                 updatedReplicas:
                   description: Proxies made from the current template.
+                  type: integer
+                  format: int32
+                  minimum: 0
+                burnedReplicas:
+                  description: >-
+                    Proxies not yet drained whose egress IP enough sites banned (spec.recycle):
+                    being replaced.
                   type: integer
                   format: int32
                   minimum: 0

@@ -16,7 +16,7 @@ from app.resources import DRAINING_REASON_ANNOTATION
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
-from tests.pools.test_controller import NS, SETTINGS, TEMPLATE, make_pool, proxies, ready, run
+from tests.pools.test_controller import NS, SETTINGS, TEMPLATE, make_pool, pool_obj, proxies, ready, run
 
 pytestmark = pytest.mark.timeout(60)
 BANS = BanSettings(refusal_ips=0)
@@ -90,6 +90,8 @@ def test_a_burned_member_is_replaced_without_dropping_below_the_floor(api, redis
     assert len(first.plan.creates) == 1 and first.plan.drains == ()
     assert len(proxies(api)) == 3
     assert redis_client.zscore("po:load", burned.uid) is not None  # still leasable
+    status = pool_obj(api)["status"]
+    assert status["burnedReplicas"] == 1 and "1 outdated (1 burned: spec.recycle)" in str(status["conditions"])
 
     # once the replacement is leasable, the burned member drains (reason Burned), the other stays
     _leasable(api, redis_client, egress)
