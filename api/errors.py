@@ -74,19 +74,23 @@ class ApiError(Exception):
         message: human-readable text (never a token or credential).
         field: the request field at fault, if any.
         headers: extra response headers.
+        details: extra members of the JSON body (e.g. ``target`` of a targeted lease's refusal).
     """
 
     def __init__(self, status: int, code: str, message: str, *, field: str | None = None,
-                 headers: dict | None = None) -> None:
+                 headers: dict | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
+        self.details = details or {}
 
     def body(self) -> bytes:
-        """The JSON body: ``{"error", "message"}`` plus ``"field"`` when one is at fault."""
+        """The JSON body: ``{"error", "message"}`` plus ``"field"`` when one is at fault, plus
+        the details."""
         doc = {"error": self.code, "message": self.message}
         if self.field:
             doc["field"] = self.field
+        doc.update(self.details)
         return json_bytes(doc)
 
     def response(self) -> Response:

@@ -18,6 +18,7 @@ from flask import Request
 from werkzeug.wsgi import get_content_length
 
 from api.errors import ApiError, bad_field
+from app.serving.bans import BanSettings, Target, TargetError
 from app.serving import selectors
 from app.serving.leases import OUTCOMES, Filters
 
@@ -214,6 +215,20 @@ def _text(field: str, value) -> str:
     if _SURROGATE.search(value):
         raise bad_field(field, "must not contain a lone UTF-16 surrogate")
     return value
+
+
+def target(value, settings: BanSettings) -> Target:
+    """The ``target`` of a lease request: a host name (or URL), as :class:`app.serving.bans.Target`.
+
+    Raises:
+        ApiError: 400 ``invalid_field`` (``target``): not a string, or not a host name (the message
+            says why).
+    """
+    value = _text("target", value)
+    try:
+        return Target.of(value, settings)
+    except TargetError as exc:
+        raise bad_field("target", str(exc)) from None
 
 
 def filters(values: dict) -> Filters:

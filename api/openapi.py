@@ -36,9 +36,12 @@ def _errors(*codes: int) -> dict:
              429: "`client_lease_limit`: the client holds as many live leases as its `maxLeases` in the "
                   "tokens file allows (the message names the limit). A lease request gets `Retry-After`: "
                   "seconds until the client's earliest lease expires (none for a limit of 0); a renewal "
-                  "refused because the client is above its limit leaves the lease to run out.",
+                  "refused because the client is above its limit leaves the lease to run out. "
+                  "`target_refusing`: the lease's `target` refuses every egress IP; `Retry-After`: the end "
+                  "of its cool-off.",
              503: "No proxy fits (leases: the message counts the published proxies and why each was "
-                  "excluded) or the lease store is unavailable."}
+                  "excluded; for a `target`, the body adds `target`, `banned` and `busy` and `Retry-After` "
+                  "is when the first banned or busy egress IP frees up) or the lease store is unavailable."}
     return {str(c): _error_response(words[c]) for c in codes}
 
 
@@ -77,6 +80,11 @@ def document(settings: LeaseSettings) -> dict:
                         "error": {"type": "string", "description": "Stable error code."},
                         "message": {"type": "string"},
                         "field": {"type": "string", "description": "The request field at fault."},
+                        "target": {"type": "string", "description": "The target of a refused targeted lease."},
+                        "banned": {"type": "integer", "description": "Targeted 503: proxies whose egress IP "
+                                                                     "is banned for the target."},
+                        "busy": {"type": "integer", "description": "Targeted 503: proxies whose egress IP is "
+                                                                   "at the target's concurrency limit."},
                     },
                 },
                 "Health": {
@@ -93,7 +101,7 @@ def document(settings: LeaseSettings) -> dict:
                 "Proxy": {
                     "type": "object", "additionalProperties": False,
                     "required": ["namespace", "name", "address", "port", "provider", "zone", "egressIP",
-                                 "labels", "pool", "draining", "health", "leases"],
+                                 "labels", "pool", "draining", "health", "leases", "bans"],
                     "properties": {
                         "namespace": {"type": "string"}, "name": {"type": "string"},
                         "address": {"type": "string"}, "port": {"type": "integer"},
@@ -106,6 +114,16 @@ def document(settings: LeaseSettings) -> dict:
                         "leases": {"type": "object", "additionalProperties": False, "required": ["used", "max"],
                                    "properties": {"used": {"type": "integer", "minimum": 0},
                                                   "max": {"type": "integer", "minimum": 0}}},
+                        "bans": {
+                            "type": "object", "additionalProperties": False, "required": ["active", "recent"],
+                            "description": "The per-target state of the proxy's egress IP.",
+                            "properties": {
+                                "active": {"type": "array", "items": {
+                                    "type": "object", "additionalProperties": False, "required": ["target", "until"],
+                                    "properties": {"target": {"type": "string"},
+                                                   "until": {"type": "string", "format": "date-time"}}}},
+                                "recent": {"type": "integer", "minimum": 0,
+                                           "description": "Targets that banned it within BAN_HISTORY_SECONDS."}}},
                     },
                 },
                 "ProxyList": {
@@ -125,6 +143,10 @@ def document(settings: LeaseSettings) -> dict:
                         "sessionKey": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
                                        "description": "Sticky session: the same key gets the same proxy "
                                                       "while it stays eligible."},
+                        "target": {"type": "string", "minLength": 1, "maxLength": 253,
+                                   "description": "The site the lease is for (host name or URL): bans, "
+                                                  "per-target concurrency and refusals apply to its registrable "
+                                                  "domain."},
                     },
                 },
                 "RenewRequest": {
@@ -158,6 +180,7 @@ def document(settings: LeaseSettings) -> dict:
                         "ttlSeconds": {"type": "integer"},
                         "sessionKey": nullable_str,
                         "sticky": {"type": "boolean", "description": "The session's existing proxy was reused."},
+                        "target": {**nullable_str, "description": "The lease's target (registrable domain)."},
                         "proxy": {"type": "object", "additionalProperties": False,
                                   "required": ["namespace", "name", "provider", "zone"],
                                   "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
@@ -175,6 +198,10 @@ def document(settings: LeaseSettings) -> dict:
                         "wasLive": {"type": "boolean", "description": "false if it was no longer live: it had expired, "
                                                   "or its proxy was withdrawn from serving."},
                         "cooldownUntil": {**nullable_str, "format": "date-time"},
+                        "target": {"type": "string", "description": "A targeted lease's target."},
+                        "targetRefusingUntil": {**nullable_str, "format": "date-time",
+                                                "description": "End of the target's cool-off when it refuses "
+                                                               "every egress IP."},
                     },
                 },
             },

@@ -20,6 +20,7 @@ from api.errors import ApiError, json_bytes
 from api.openapi import document
 from api.settings import ApiSettings
 from app.serving import leases
+from app.serving.bans import BanSettings
 from app.timefmt import rfc3339
 from api.tokens import Client, TokenStore
 
@@ -27,10 +28,10 @@ log = logging.getLogger(__name__)
 
 _LEASE_STATUS = {leases.NO_PROXY_AVAILABLE: 503, leases.LEASE_NOT_FOUND: 404, leases.NOT_LEASE_OWNER: 403,
                  leases.LEASE_EXPIRED: 404, leases.PROXY_UNAVAILABLE: 409, leases.CLIENT_LEASE_LIMIT: 429,
-                 leases.POOL_NOT_FOUND: 404}
+                 leases.POOL_NOT_FOUND: 404, leases.TARGET_REFUSING: 429}
 _OPEN = {"/healthz", "/metrics", "/openapi.json"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="proxy-operator"'}
-ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey")
+ACQUIRE_FIELDS = (*inputs.FILTER_FIELDS, "ttlSeconds", "sessionKey", "target")
 #: Headers of every answer that carries a lease (:func:`lease_json`: the proxy's credentials):
 #: no cache, shared or private, may store it (RFC 9111, section 5.2.2.5).
 NO_STORE = {"Cache-Control": "no-store"}
@@ -86,24 +87,31 @@ def lease_json(lease: leases.Lease) -> dict:
     return {
         "leaseId": lease.id, "proxyUrl": lease.proxy_url, "proxyAuth": auth, "host": lease.host, "port": lease.port,
         "egressIP": lease.egress_ip, "expiresAt": lease.expires_rfc3339(), "ttlSeconds": lease.ttl,
-        "sessionKey": lease.session_key, "sticky": lease.sticky,
+        "sessionKey": lease.session_key, "sticky": lease.sticky, "target": lease.target,
         "proxy": {"namespace": lease.namespace, "name": lease.name, "provider": lease.provider or None,
                   "zone": lease.zone or None},
         "leases": {"used": lease.used, "max": lease.max_leases},
     }
 
 
-def lease_error(operation: str, exc: leases.LeaseError) -> ApiError:
+def lease_error(operation: str, exc: leases.LeaseError, bans: BanSettings | None = None) -> ApiError:
     """Count a refused lease operation and return its HTTP error: ``Retry-After: 1`` on a
-    ``503 no_proxy_available``; on a ``429 client_lease_limit`` the seconds until the client's
-    earliest lease expires (none when waiting cannot help: a limit of 0, a refused renewal)."""
+    ``503 no_proxy_available`` (for a target: the seconds until its first banned or busy egress IP
+    frees up, and ``target``, ``banned``, ``busy`` in the body); on a ``429 client_lease_limit``
+    the seconds until the client's earliest lease expires (none when waiting cannot help: a
+    limit of 0, a refused renewal); on a ``429 target_refusing`` until the target's cool-off ends."""
     metrics.LEASE_REQUESTS.labels(operation, exc.code).inc()
     headers = None
-    if exc.code == leases.NO_PROXY_AVAILABLE:
-        headers = {"Retry-After": "1"}
-    elif exc.retry_after is not None:
+    if exc.retry_after is not None:
         headers = {"Retry-After": str(exc.retry_after)}
-    return ApiError(_LEASE_STATUS[exc.code], exc.code, exc.message, headers=headers)
+    elif exc.code == leases.NO_PROXY_AVAILABLE:
+        headers = {"Retry-After": "1"}
+    details = None
+    if exc.target is not None:
+        details = {"target": exc.target, **(exc.limited or {})}
+        if bans is not None:
+            metrics.target_refused(bans, exc)
+    return ApiError(_LEASE_STATUS[exc.code], exc.code, exc.message, headers=headers, details=details)
 
 
 def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
@@ -120,11 +128,13 @@ def acquire(state: State, client: Client, doc: dict) -> leases.Lease:
     cfg = state.settings.leases
     ttl = inputs.ttl("ttlSeconds", doc["ttlSeconds"], cfg.max_ttl) if "ttlSeconds" in doc else cfg.default_ttl
     session = inputs.session_key(doc["sessionKey"]) if "sessionKey" in doc else None
+    bans = state.settings.bans
+    target = inputs.target(doc["target"], bans) if "target" in doc else None
     try:
         lease = leases.acquire(state.thread_redis, client.name, filters, ttl=ttl, settings=cfg, session_key=session,
-                               client_max_leases=client.max_leases, scope=client.scope)
+                               client_max_leases=client.max_leases, scope=client.scope, target=target, bans=bans)
     except leases.LeaseError as exc:
-        raise lease_error("acquire", exc) from None
+        raise lease_error("acquire", exc, bans) from None
     metrics.OK["acquire"].inc()
     return lease
 
@@ -140,12 +150,18 @@ def release(state: State, client: Client, lease_id: str, *, outcome: str) -> dic
     """
     try:
         done = leases.release(state.thread_redis, client.name, lease_id, outcome=outcome,
-                              settings=state.settings.leases)
+                              settings=state.settings.leases, bans=state.settings.bans)
     except leases.LeaseError as exc:
         raise lease_error("release", exc) from None
     metrics.OK["release"].inc()
-    return {"leaseId": lease_id, "released": True, "outcome": outcome, "wasLive": done.live,
-            "cooldownUntil": rfc3339(done.cooldown_until, millis=True) if done.cooldown_until else None}
+    answer = {"leaseId": lease_id, "released": True, "outcome": outcome, "wasLive": done.live,
+              "cooldownUntil": rfc3339(done.cooldown_until, millis=True) if done.cooldown_until else None}
+    if done.target is not None:
+        metrics.target_released(state.settings.bans, done)
+        answer["target"] = done.target
+        answer["targetRefusingUntil"] = (rfc3339(done.refusing_until, millis=True)
+                                         if done.refusing_until else None)
+    return answer
 
 
 def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
@@ -189,7 +205,8 @@ def register(app: Flask, state: State) -> None:
         q = inputs.query(request, ("provider", "zone", "namespace", "pool", "selector", "healthy"))
         filters = inputs.filters(q)
         healthy = inputs.boolean("healthy", q["healthy"]) if "healthy" in q else None
-        return _json({"items": leases.discover(state.redis, filters, healthy, scope=client().scope)})
+        return _json({"items": leases.discover(state.redis, filters, healthy, scope=client().scope,
+                                               bans=state.settings.bans)})
 
     @app.post("/v1/leases")
     def acquire_route():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from app.serving.bans import BanSettings
 from app.serving.leases import LeaseSettings
 from app.config.settings import env_number, redis_url_from_env
 
@@ -23,12 +24,15 @@ class ApiSettings:
             ``LEASE_COOLDOWN_SECONDS``, ``LEASE_STICKY_TTL``, ``LEASE_RECORD_GRACE``).
         tokens_check_every: seconds between checks for a changed tokens file
             (``API_TOKENS_RELOAD_SECONDS``).
+        bans: :class:`app.serving.bans.BanSettings`: bans, per-target concurrency and refusing
+            targets of leases that name a ``target`` (``BAN_*``, ``TARGET_*``).
     """
 
     redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)  # may carry the Redis password
     tokens_file: str | None = None
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     tokens_check_every: float = 5.0
+    bans: BanSettings = field(default_factory=BanSettings)
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
@@ -43,4 +47,5 @@ class ApiSettings:
             tokens_file=os.environ.get("API_TOKENS_FILE") or None,
             leases=LeaseSettings.from_env(),
             tokens_check_every=check_every,
+            bans=BanSettings.from_env(),
         )

@@ -110,6 +110,7 @@ def test_names_scope_subresources_and_printer_columns(crd, proxy_crd):
     assert columns == [("Desired", "integer", ".spec.replicas"), ("Ready", "integer", ".status.readyReplicas"),
                        ("Leasable", "integer", ".status.leasableReplicas"),
                        ("Updated", "integer", ".status.updatedReplicas"),
+                       ("Burned", "integer", ".status.burnedReplicas"),
                        ("Age", "date", ".metadata.creationTimestamp")]
 
 

@@ -61,6 +61,7 @@ from app.kube.gateway import KubeGateway, OwnerReference
 from app.pools import budget as pool_budget
 from app.pools import demand as pool_demand
 from app.pools import wake as pool_wake
+from app.pools import recycle
 from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
 from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
@@ -366,6 +367,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
     uids = [p.uid for p in candidates]
     records = serving.records(r, uids)
     members, by_uid = members_of(pool, candidates, records=records, counts=leases.live_counts(r, uids), now=now)
+    if pool.valid_spec.recycle is not None:
+        members = recycle.mark(r, pool.valid_spec.recycle, members, records, now=now)
     zones: list[str | None] = [*pool.valid_spec.zones] or [pool.valid_spec.template_zone]
     health = zone_health(r, pc, zones, now=now)
     ready = {zone: why is None for zone, why in health.items()}
@@ -555,6 +558,12 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
     drained = _annotate(kube, pool, result.drains, by_uid, "marking {name} draining",
                         lambda d: {DRAINING_ANNOTATION: format_time(d.until), DRAINING_REASON_ANNOTATION: d.reason},
                         mark_draining)
+    for burned in drained:
+        if burned.reason == "Burned":
+            kube.record_pool_event(pool, "Normal", "MemberBurned",
+                                   message=f"replacing {burned.name}: its egress IP was banned by "
+                                           f"{len(burned.targets)} targets ({', '.join(burned.targets[:10])}): "
+                                           "spec.recycle.bannedTargets")
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",

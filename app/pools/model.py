@@ -202,6 +202,36 @@ def age_limit(uid: str, max_age: float) -> float:
 
 
 @dataclass(frozen=True)
+class Recycle:
+    """``spec.recycle`` of a ProxyPool: replace members whose egress IP sites ban.
+
+    Attributes:
+        banned_targets: a member whose egress IP was banned by at least this many distinct
+            targets (sites) within ``window`` — bans since the member was made only — is replaced
+            (``spec.recycle.bannedTargets``, >= 1).
+        window: seconds (``spec.recycle.windowSeconds``, default 3600; bans older than the API's
+            ``BAN_HISTORY_SECONDS`` are not remembered).
+    """
+
+    banned_targets: int
+    window: float = 3600.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "Recycle | None":
+        """Build from ``spec.recycle`` (``None`` when absent).
+
+        Raises:
+            PoolSpecError: ``bannedTargets`` missing or below 1, ``windowSeconds`` below 1.
+        """
+        if not d:
+            return None
+        if d.get("bannedTargets") is None:
+            raise PoolSpecError("spec.recycle.bannedTargets", "required (distinct targets that make a member burned)")
+        return cls(banned_targets=_whole("spec.recycle.bannedTargets", d.get("bannedTargets"), 0, minimum=1),
+                   window=float(_whole("spec.recycle.windowSeconds", d.get("windowSeconds"), 3600, minimum=1)))
+
+
+@dataclass(frozen=True)
 class Autoscale:
     """``spec.autoscale``.
 
@@ -272,6 +302,7 @@ class PoolSpec:
         zones: ``spec.spread.zones`` (members are spread over them), ``()``: the template's
             own placement.
         autoscale: :class:`Autoscale` or ``None``.
+        recycle: :class:`Recycle` or ``None`` (members are not replaced for bans).
         hash: :func:`template_hash` of the template.
         max_instance_hours_per_day: ``spec.maxInstanceHoursPerDay`` (a cost guardrail:
             :mod:`app.pools.budget`), ``None``: no budget.
@@ -289,6 +320,7 @@ class PoolSpec:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     zones: tuple[str, ...] = ()
     autoscale: Autoscale | None = None
+    recycle: Recycle | None = None
     hash: str = ""
     explicit_selector: bool = False
     max_instance_hours_per_day: float | None = None
@@ -343,7 +375,8 @@ class PoolSpec:
                                 f"must be a number of instance-hours >= 0, got {budget!r}")
         return cls(replicas=replicas, template_labels=labels, template_spec=tspec, selector=sel, max_age=max_age,
                    max_surge=surge, max_unavailable=unavailable, drain_timeout=float(drain), zones=zones,
-                   autoscale=Autoscale.from_dict(d.get("autoscale")), hash=template_hash(labels, tspec),
+                   autoscale=Autoscale.from_dict(d.get("autoscale")), recycle=Recycle.from_dict(d.get("recycle")),
+                   hash=template_hash(labels, tspec),
                    explicit_selector=bool(d.get("selector")),
                    max_instance_hours_per_day=None if budget is None else float(budget),
                    on_demand_replicas=None if d.get("onDemandReplicas") is None else _whole(
@@ -440,6 +473,8 @@ class Member:
         unknown: its phase is ``Ready`` but it has no serving record (a flushed Redis, before the
             reconciler publishes it again): not leasable as far as the pass can tell, yet it may
             serve, so it does not leave freely (:func:`app.pools.plan.plan`, rule 4).
+        burned: the targets that banned its egress IP when the pool's recycle policy
+            (:class:`Recycle`) calls for replacing it (:mod:`app.pools.recycle`), else ``()``.
     """
 
     uid: str
@@ -456,6 +491,7 @@ class Member:
     unknown: bool = False
     drain_reason: str = ""
     serves: bool = False
+    burned: tuple[str, ...] = ()
 
     @property
     def draining(self) -> bool:

@@ -95,10 +95,12 @@ class MemberAction:
 
 @dataclass(frozen=True)
 class Drain(MemberAction):
-    """Mark the member draining until ``until`` (epoch seconds) for ``reason``: no new leases."""
+    """Mark the member draining until ``until`` (epoch seconds) for ``reason``: no new leases.
+    ``targets``: for reason ``Burned``, the targets that banned its egress IP."""
 
     until: float
     reason: str
+    targets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,10 @@ def _failures(pool: Pool, failed: list[Member], active: list[Member], now: float
 
 
 def _current(pool: Pool, m: Member, now: float) -> bool:
-    """Whether ``m`` is of the current template, within its age limit, in a zone of ``spread.zones``."""
+    """Whether ``m`` is of the current template, within its age limit, in a zone of ``spread.zones``,
+    and not burned (``spec.recycle``)."""
     spec = pool.valid_spec
-    if m.template_hash != spec.hash:
+    if m.template_hash != spec.hash or m.burned:
         return False
     if spec.max_age and now - m.created >= age_limit(m.uid, spec.max_age):
         return False
@@ -386,7 +389,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
     leaving = _leaving(pool, active, outdated, updated, n)
     until = now + spec.drain_timeout
-    drains = tuple(Drain(m.uid, m.name, until, "Outdated" if m in outdated else "ScaleDown") for m in leaving)
+    drains = tuple(Drain(m.uid, m.name, until, ("Burned" if m.burned else "Outdated") if m in outdated else "ScaleDown",
+                         m.burned) for m in leaving)
     staying = [m for m in active if m not in leaving]
 
     # creating, bounded by the surge: draining members that still hold leases keep their
@@ -411,7 +415,8 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
     status = render(StatusInputs(
         pool=pool, live=live, active=active + reclaimed, updated=updated + reclaimed, desired=n, decision=decision,
-        creates=len(creates), drains=len(drains), deletes=len(deletes), outdated=len(outdated), no_zone=no_zone,
+        creates=len(creates), drains=len(drains), deletes=len(deletes), outdated=len(outdated),
+        burned=sum(1 for m in outdated if m.burned), no_zone=no_zone,
         draining=len(draining) - len(reclaimed), now=now, failures=exits.failures if exits.backing_off else None,
         skipped=skipped, held_back=held_back, holding=holding))
     status["memberFailures"] = exits.failures

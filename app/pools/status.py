@@ -36,6 +36,7 @@ class StatusInputs:
         decision: the autoscaler's decision, ``None`` when it is off.
         creates / drains / deletes: how many of each the pass makes.
         outdated: how many active members are outdated.
+        burned: how many of the outdated are burned (``spec.recycle``).
         no_zone: members are wanted but no zone is Ready.
         draining: members draining before the pass and not reclaimed.
         now: epoch seconds.
@@ -55,6 +56,7 @@ class StatusInputs:
     drains: int
     deletes: int
     outdated: int
+    burned: int
     no_zone: bool
     draining: int
     now: float
@@ -96,7 +98,7 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
     if updated < n or s.creates:
         parts.append(f"{updated} of {n} members updated")
     if s.outdated:
-        parts.append(f"{s.outdated} outdated")
+        parts.append(f"{s.outdated} outdated" + (f" ({s.burned} burned: spec.recycle)" if s.burned else ""))
     if s.draining or s.drains:
         parts.append(f"{s.draining + s.drains} draining")
     if s.held_back:
@@ -172,6 +174,7 @@ def render(s: StatusInputs) -> dict[str, Any]:
         "readyReplicas": sum(1 for m in s.live if m.ready),
         "leasableReplicas": sum(1 for m in s.active if m.leasable),
         "updatedReplicas": len(s.updated),
+        "burnedReplicas": sum(1 for m in s.live if m.burned),
         "observedGeneration": pool.generation,
         "selector": status_selector(pool.name, pool.valid_spec),
         "conditions": conds,

@@ -77,6 +77,7 @@ from app.store import keys as redis_keys
 from app.store.lua import Lua
 from app.serving.selectors import Requirement, as_lua, matches
 from app.serving.records import ServingRecord, load_all
+from app.serving.bans import BanSettings, Target, owner as ban_owner, proxy_bans
 from app.config.settings import env_number
 from app.timefmt import rfc3339
 
@@ -89,6 +90,7 @@ LEASE_EXPIRED = "lease_expired"
 PROXY_UNAVAILABLE = "proxy_unavailable"
 CLIENT_LEASE_LIMIT = "client_lease_limit"
 POOL_NOT_FOUND = "pool_not_found"
+TARGET_REFUSING = "target_refusing"
 
 #: Expired leases one request takes out of the lease index at most (the rest: next requests).
 EXPIRE_BATCH = 100
@@ -181,16 +183,23 @@ class LeaseError(Exception):
     Attributes:
         code: stable error code (:data:`NO_PROXY_AVAILABLE`, :data:`LEASE_NOT_FOUND`,
             :data:`NOT_LEASE_OWNER`, :data:`LEASE_EXPIRED`, :data:`PROXY_UNAVAILABLE`,
-            :data:`CLIENT_LEASE_LIMIT`, :data:`POOL_NOT_FOUND`).
+            :data:`CLIENT_LEASE_LIMIT`, :data:`POOL_NOT_FOUND`, :data:`TARGET_REFUSING`).
         message: human-readable explanation.
         retry_after: whole seconds after which the same request may succeed without anything
             else changing (:data:`CLIENT_LEASE_LIMIT` of an acquire: until the client's
-            earliest lease expires), else ``None``.
+            earliest lease expires; :data:`TARGET_REFUSING`: until the target's cool-off ends;
+            a targeted :data:`NO_PROXY_AVAILABLE`: until the first banned or busy egress IP
+            frees up), else ``None``.
+        target: the target of a refused targeted request, else ``None``.
+        limited: for a targeted :data:`NO_PROXY_AVAILABLE`, how many egress IPs were banned for the
+            target and how many at its concurrency limit (``{"banned": n, "busy": n}``), else ``None``.
     """
 
-    def __init__(self, code: str, message: str, retry_after: int | None = None) -> None:
+    def __init__(self, code: str, message: str, retry_after: int | None = None, *, target: str | None = None,
+                 limited: dict | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.retry_after = code, message, retry_after
+        self.target, self.limited = target, limited
 
 
 @dataclass(frozen=True)
@@ -337,6 +346,7 @@ class Lease:
         ttl: seconds the lease was granted or renewed for.
         used / max_leases: the proxy's live leases (this one included) and its maximum.
         session_key: the sticky session, if any.
+        target: the target (registrable domain) the lease is for, if any.
         sticky: whether the session's existing proxy was reused.
         username / password: the proxy's basic-auth credentials when it requires them, else
             ``None`` (left out of ``repr``: never log them).
@@ -357,6 +367,7 @@ class Lease:
     max_leases: int
     session_key: str | None = None
     sticky: bool = False
+    target: str | None = None
     username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
 
@@ -386,7 +397,7 @@ def _lease(lease_id: str, doc: dict, session_key: str | None) -> Lease:
         port=int(_str(doc.get("port")) or 0), egress_ip=_str(doc.get("egressIP")) or None,
         expires_at=int(doc["expiresAt"]) / 1000.0, ttl=int(doc["ttl"]) // 1000, used=int(doc["used"]),
         max_leases=int(_str(doc.get("maxLeases")) or 0), session_key=session_key or None,
-        sticky=bool(doc.get("sticky")),
+        sticky=bool(doc.get("sticky")), target=_str(doc.get("target")) or None,
         username=doc["username"] if isinstance(doc.get("username"), str) else None,
         password=_str(doc.get("password")) if isinstance(doc.get("username"), str) else None,
     )
@@ -428,7 +439,8 @@ def client_limit_message(client: str, counts: dict) -> str:
 
 def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettings,
             session_key: str | None = None, client_max_leases: int | None = None,
-            scope: Scope = EVERYTHING) -> Lease:
+            scope: Scope = EVERYTHING, target: Target | None = None,
+            bans: BanSettings | None = None) -> Lease:
     """Pick an eligible proxy and reserve a lease on it for ``client`` (atomic).
 
     Args:
@@ -443,6 +455,11 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
             concurrent requests never take the client past it.
         scope: the proxies ``client`` may lease at all (:class:`Scope`); the filters narrow it,
             a sticky session outside it is not honoured, and the 503's counts cover only it.
+        target: the site the lease is for (:class:`app.serving.bans.Target`), or ``None``: then
+            no proxy whose egress IP is banned for it or holds its concurrency limit of live
+            leases for it is chosen, and the lease counts towards that limit.
+        bans: the ban rules (:class:`app.serving.bans.BanSettings`; default: its defaults), for
+            the scope of the bans a targeted request honours.
     Returns:
         the :class:`Lease`, with the proxy's credentials when it requires basic auth.
     Raises:
@@ -453,23 +470,54 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
             ``pool_not_found`` when nothing fits and ``filters.pool`` names no ProxyPool the
             controller registered (:data:`app.store.keys.POOLS`) in ``scope`` (of
             ``filters.namespace`` when given; a pool outside the scope is refused alike), while a
-            registered pool without a proxy to lease stays ``no_proxy_available``.
+            registered pool without a proxy to lease stays ``no_proxy_available``;
+            ``target_refusing`` when ``target`` refuses everyone (cool-off, ``retry_after``).
     """
     lease_id = new_lease_id()
-    raw = _ACQUIRE(r, _INDEX_KEYS, [
-        client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
-        settings.record_grace * 1000, _limit(client_max_leases), scope.lua])
+    args = [client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
+            settings.record_grace * 1000, _limit(client_max_leases), scope.lua]
+    if target is not None:
+        args += [target.name, ban_owner(bans or _BANS, client), target.limit, target.pools]
+    raw = _ACQUIRE(r, _INDEX_KEYS, args)
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
+        if doc["error"] == TARGET_REFUSING:
+            cooloff = max(1, -(-(int(doc["untilMs"]) - int(doc["now"])) // 1000))
+            raise LeaseError(TARGET_REFUSING, target_refusing_message(doc["target"], cooloff), cooloff,
+                             target=doc["target"])
         if doc["error"] == CLIENT_LEASE_LIMIT:
-            wait = None
+            wait: int | None = None
             if int(doc.get("held") or 0) > 0:
                 wait = max(1, -(-(int(doc["nextExpiry"]) - int(doc["now"])) // 1000))
             raise LeaseError(CLIENT_LEASE_LIMIT, client_limit_message(client, doc), wait)
         if doc["error"] == POOL_NOT_FOUND:
             raise LeaseError(POOL_NOT_FOUND, pool_not_found_message(filters))
+        if target is not None:
+            frees: int | None = None
+            if int(doc.get("nextFree") or 0) > 0:
+                frees = max(1, -(-(int(doc["nextFree"]) - int(doc["now"])) // 1000))
+            raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc), frees, target=target.name,
+                             limited={"banned": int(doc.get("banned") or 0), "busy": int(doc.get("busy") or 0)})
         raise LeaseError(NO_PROXY_AVAILABLE, no_proxy_message(doc))
     return _lease(lease_id, doc, session_key)
+
+
+_BANS = BanSettings()
+
+
+def target_refusing_message(target: str, wait: int) -> str:
+    """The message of a ``target_refusing`` error.
+
+    Args:
+        target: the target (registrable domain).
+        wait: seconds until its cool-off ends.
+    Returns:
+        e.g. ``"target 'example.com' refuses every egress IP (TARGET_REFUSAL_IPS different IPs
+        reported blocked within TARGET_REFUSAL_WINDOW_SECONDS): no proxy is spent on it for
+        another 120 s"``.
+    """
+    return (f"target {target!r} refuses every egress IP (TARGET_REFUSAL_IPS different IPs reported blocked "
+            f"within TARGET_REFUSAL_WINDOW_SECONDS): no proxy is spent on it for another {wait} s")
 
 
 def pool_not_found_message(filters: Filters) -> str:
@@ -498,14 +546,17 @@ def no_proxy_message(counts: dict) -> str:
             (requires basic auth, credentials not copied yet); ``unexamined``: full, unhealthy
             or draining proxies a filtered request did not read (past :data:`EXPLAIN_LIMIT`);
             ``partial``: 1 when a scoped client's request left some unread (their number, which
-            would describe other teams' fleet, is not given).
+            would describe other teams' fleet, is not given); for a targeted request ``target``,
+            ``banned`` (egress IP in cooldown for it), ``busy`` (egress IP at its concurrency
+            limit) and ``limit`` (that limit, 0: by pool).
     Returns:
         e.g. ``"no proxy can be leased now: 3 published; excluded: 1 unhealthy or not yet
         probed, 0 draining (maxLeases 0 or leaving a pool), 2 at maxLeases, 0 cooling down for
         this client, 0 filtered out"``, ending with ``", 40 not examined (a filtered request
         reads 1000 unavailable proxies at most)"`` when some were not read.
     """
-    reasons = {k: int(counts.get(k) or 0) for k in ("unhealthy", "draining", "full", "cooling", "nocreds")}
+    reasons = {k: int(counts.get(k) or 0)
+               for k in ("unhealthy", "draining", "full", "cooling", "nocreds", "banned", "busy")}
     published = int(counts.get("published") or 0)
     unexamined = int(counts.get("unexamined") or 0)
     # Every published proxy is in exactly one of the lease index's sets, so what the filters
@@ -517,6 +568,11 @@ def no_proxy_message(counts: dict) -> str:
             f"{reasons['draining']} draining (maxLeases 0 or leaving a pool), "
             f"{reasons['full']} at maxLeases, {reasons['cooling']} cooling down for this client, "
             f"{filtered_out} filtered out")
+    if counts.get("target"):
+        limit = int(counts.get("limit") or 0)
+        per = f"{limit} live lease{'s' if limit != 1 else ''}" if limit else "its pool's limit of live leases"
+        text += (f", {reasons['banned']} with an egress IP banned by {counts['target']} (cooling down for it), "
+                 f"{reasons['busy']} with an egress IP at {counts['target']}'s concurrency limit ({per} per egress IP)")
     if reasons["nocreds"]:
         text += f", {reasons['nocreds']} awaiting their basic-auth credentials (copied at the next probe)"
     if unexamined:
@@ -575,16 +631,36 @@ def renew(r, client: str, lease_id: str, *, ttl: int | None, settings: LeaseSett
 
 @dataclass(frozen=True)
 class Release:
-    """The result of a release: whether the lease was still live, and any cooldown started
-    (``cooldown_until`` epoch seconds, ``None`` for none)."""
+    """The result of a release.
+
+    Attributes:
+        uid: the proxy.
+        live: whether the lease was still live.
+        cooldown_until: end of the cooldown started (epoch seconds; of the (egress IP, target)
+            pair for a targeted lease), ``None`` for none.
+        target: the lease's target, ``None`` for an untargeted lease.
+        banned: whether the release banned the pair (egress IP, target).
+        strikes: that pair's ban count (the cooldown doubles with each), 0 when not banned.
+        refusing_until: end of the target's cool-off as a target refusing everyone (epoch
+            seconds), ``None`` when it is not refusing.
+        refused_now: whether this very release found the target refusing everyone.
+    """
 
     uid: str
     live: bool
     cooldown_until: float | None
+    target: str | None = None
+    banned: bool = False
+    strikes: int = 0
+    refusing_until: float | None = None
+    refused_now: bool = False
 
 
-def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSettings) -> Release:
-    """End a lease of ``client``; ``blocked``/``failed`` start a cooldown of its proxy for this client.
+def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSettings,
+            bans: BanSettings | None = None) -> Release:
+    """End a lease of ``client``; ``blocked``/``failed`` start a cooldown of its proxy for this
+    client, or, for a lease with a target, of its egress IP for that target (fleet-wide by
+    default; :mod:`app.serving.bans`, whose rules ``bans`` gives: default its defaults).
 
     A lease that already expired (but is still remembered) can be released, so its outcome
     still counts.
@@ -596,21 +672,32 @@ def release(r, client: str, lease_id: str, *, outcome: str, settings: LeaseSetti
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}")
     # a request id: the same release run again after its answer was lost gets that answer
-    raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000, secrets.token_hex(8)])
+    b = bans or _BANS
+    raw = _RELEASE(r, [], [lease_id, client, outcome, settings.cooldown * 1000, secrets.token_hex(8),
+                           ban_owner(b, client), b.cooldown * 1000, b.cooldown_max * 1000, b.decay * 1000,
+                           b.history * 1000, b.refusal_ips, b.refusal_window * 1000, b.refusal_cooloff * 1000])
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:
         raise LeaseError(doc["error"], _MESSAGES[doc["error"]])
     until = int(doc["cooldownUntil"])
-    return Release(doc["uid"], bool(doc["live"]), until / 1000.0 if until else None)
+    refusing = int(doc.get("refusingUntil") or 0)
+    return Release(doc["uid"], bool(doc["live"]), until / 1000.0 if until else None,
+                   target=_str(doc.get("target")) or None, banned=bool(doc.get("banned")),
+                   strikes=int(doc.get("strikes") or 0), refusing_until=refusing / 1000.0 if refusing else None,
+                   refused_now=bool(doc.get("refusedNow")))
 
 
-def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EVERYTHING) -> list[dict]:
+def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EVERYTHING,
+             bans: BanSettings | None = None) -> list[dict]:
     """Return the published proxies in ``scope`` passing ``filters`` (and ``healthy``, when not
     ``None``).
 
     Each item: ``namespace name address port provider zone egressIP labels pool draining`` plus
-    ``health {healthy state reason lastProbeTime latencyMs}`` and ``leases {used max}``
-    (live leases counted without modifying anything).  ``pool`` is the ProxyPool the proxy is a
+    ``health {healthy state reason lastProbeTime latencyMs}``, ``leases {used max}``
+    (live leases counted without modifying anything) and ``bans {active: [{target, until}],
+    recent}``: the targets whose ban of the proxy's egress IP is live (``until``: RFC 3339), and
+    how many distinct targets banned it within ``bans.history`` seconds
+    (:func:`app.serving.bans.proxy_bans`).  ``pool`` is the ProxyPool the proxy is a
     member of (``None``: none), ``draining`` whether it is leaving it (no new leases).  Sorted
     by namespace and name.
     """
@@ -626,8 +713,10 @@ def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EV
     for uid, _ in chosen:
         pipe.zcount(redis_keys.proxy_leases(uid), f"({now_ms}", "+inf")
     counts = pipe.execute()
+    idents = [rec.egress_ip or f"uid:{uid}" for uid, rec in chosen]
+    per_ip = proxy_bans(r, idents, bans or _BANS)
     out = []
-    for (_uid, rec), used in zip(chosen, counts, strict=True):
+    for (_uid, rec), used, banned in zip(chosen, counts, per_ip, strict=True):
         out.append({
             "namespace": rec.namespace, "name": rec.name, "address": rec.address, "port": rec.port,
             "provider": rec.provider or None, "zone": rec.zone or None,
@@ -638,6 +727,9 @@ def discover(r, filters: Filters, healthy: bool | None = None, scope: Scope = EV
                 "lastProbeTime": rec.last_probe_time or None, "latencyMs": rec.latency_ms,
             },
             "leases": {"used": int(used), "max": rec.max_leases},
+            "bans": {"active": [{"target": b["target"], "until": rfc3339(b["until"], millis=True)}
+                                for b in banned["active"]],
+                     "recent": banned["recent"]},
         })
     out.sort(key=lambda item: (item["namespace"], item["name"]))
     return out
@@ -660,17 +752,19 @@ def live_counts(r, uids: list[str]) -> dict[str, int]:
     return {uid: int(n) for uid, n in zip(uids, pipe.execute(), strict=True)}
 
 
-def live_leases(r) -> int:
+def live_leases(r, now_ms: int | None = None) -> int:
     """Return the number of live leases over all published proxies (for the metrics gauge).
 
     Two Redis commands whatever the fleet's size (``TIME``, then ``ZCOUNT`` of the expiry
     index :data:`app.store.keys.LEASE_EXPIRY`, which holds every live lease: granted, renewed, released and
     withdrawn leases keep it in step), so a ``/metrics`` scrape costs the same with 10 or
-    10,000 proxies.
+    10,000 proxies.  ``now_ms``: the Redis clock in ms when the caller read it already (then
+    one command).
 
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    now_s, now_us = r.time()
-    now_ms = now_s * 1000 + now_us // 1000
+    if now_ms is None:
+        now_s, now_us = r.time()
+        now_ms = now_s * 1000 + now_us // 1000
     return int(r.zcount(redis_keys.LEASE_EXPIRY, f"({now_ms}", "+inf"))

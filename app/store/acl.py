@@ -58,6 +58,9 @@ INDEX = (k.LOAD, k.FULL, k.UNHEALTHY, k.DRAINING)
 PROXY_LEASES = (k.proxy_leases("*"), k.client_leases("*"))
 LEASES = (k.LEASE_EXPIRY, k.lease("*"), k.released("*"))
 CLIENT_STATE = (k.cooldown("*"), k.sticky("*", "*"))
+#: Bans, per-target concurrency and refusing targets (:mod:`app.serving.bans`).
+BAN_KEYS = (k.ban("*"), k.ban_strikes("*", "", "*"), k.target_leases("*", "*"), k.refusals("*"), k.refusing("*"),
+            k.ip_bans("*"), k.ip_ban_times("*"), k.BANS)
 HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"),
                k.HEALTH_SLOW_SLOTS, k.HEALTH_SLOW_TURNS)
 #: Every worker's heartbeat and the messages it holds (:mod:`app.store.holders`); ``po:holder:*``
@@ -128,7 +131,7 @@ class User:
 #: Every component's user.  The worker user also serves the per-host KVM workers.
 USERS: tuple[User, ...] = (
     User("api", "the lease API: the lease scripts and GET /v1/proxies; reads the credentials it hands out",
-         keys=INDEX + PROXY_LEASES + LEASES + CLIENT_STATE + (k.pool_demand("*", "*"), k.POOL_WAKE),
+         keys=INDEX + PROXY_LEASES + LEASES + CLIENT_STATE + BAN_KEYS + (k.pool_demand("*", "*"), k.POOL_WAKE),
          read=SERVING + AUTH + (k.POOLS,),
          commands=DATA + SCRIPTS),
     User("worker",
@@ -137,6 +140,8 @@ USERS: tuple[User, ...] = (
          + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE
          + HOLDER_KEYS,
          write=AUTH,
+         # the pool controller's recycle policy reads which targets banned a member's egress IP
+         read=(k.ip_ban_times("*"),),
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",

@@ -193,6 +193,100 @@ def sticky(client: str, session_key: str) -> str:
     return f"{STICKY_PREFIX}{client}:{session_key}"
 
 
+# -- bans, per-target concurrency, refusing targets (app.serving.bans, lease_*.lua) ---------------
+#
+# ``<target>`` is a registrable domain (app.serving.targets); ``<ident>`` an egress identity: the
+# proxy's egress IP, or ``uid:<uid>`` when it is not known.
+
+#: Prefix of :func:`ban`.
+BAN_PREFIX = PREFIX + "ban:"
+
+
+def ban(target: str, owner: str = "") -> str:
+    """sorted set — egress identity → end of its cooldown for ``target`` (ms, Redis clock): the
+    (egress IP, target) pairs in cooldown.  ``owner``: ``""`` for fleet-wide bans, ``#<client>``
+    with ``BAN_SCOPE=client``.  TTL: the longest cooldown in it (``PEXPIRE``, extended by every
+    ban).  Written by ``lease_release.lua`` (a ``blocked``/``failed`` release of a targeted
+    lease; members removed when the target turns out to refuse everyone); read by
+    ``lease_acquire.lua``."""
+    return BAN_PREFIX + target + owner
+
+
+#: Prefix of :func:`ban_strikes`.
+BAN_STRIKES_PREFIX = PREFIX + "ban-strikes:"
+
+
+def ban_strikes(target: str, owner: str, ident: str) -> str:
+    """string (integer) — how many times ``ident`` was banned for ``target`` (by ``owner``, as in
+    :func:`ban`) since the count last decayed: the cooldown doubles with each.  TTL
+    ``BAN_DECAY_SECONDS`` (renewed by every ban).  ``lease_release.lua`` only."""
+    return f"{BAN_STRIKES_PREFIX}{target}{owner}|{ident}"
+
+
+#: Prefix of :func:`target_leases`.
+TARGET_LEASES_PREFIX = PREFIX + "target-leases:"
+
+
+def target_leases(target: str, ident: str) -> str:
+    """sorted set — lease id → expiry (ms): the live leases for ``target`` through egress identity
+    ``ident`` (its per-target concurrency).  TTL: its latest lease's expiry (``PEXPIRE``).
+    Written by the lease scripts (grant, renew, release, end); read by ``lease_acquire.lua``."""
+    return f"{TARGET_LEASES_PREFIX}{target}|{ident}"
+
+
+#: Prefix of :func:`refusals`.
+REFUSALS_PREFIX = PREFIX + "refusals:"
+
+
+def refusals(target: str) -> str:
+    """sorted set — egress identity → time (ms) of its last ``blocked`` report for ``target``
+    within ``TARGET_REFUSAL_WINDOW_SECONDS``.  TTL: the window.  ``lease_release.lua`` only."""
+    return REFUSALS_PREFIX + target
+
+
+#: Prefix of :func:`refusing`.
+REFUSING_PREFIX = PREFIX + "refusing:"
+
+
+def refusing(target: str) -> str:
+    """string — end (ms) of ``target``'s cool-off as a target refusing everyone: leases for it
+    are refused (``429 target_refusing``) until then.  TTL: the cool-off
+    (``TARGET_REFUSAL_COOLOFF_SECONDS``).  Written by ``lease_release.lua``; read by
+    ``lease_acquire.lua`` and ``lease_release.lua``."""
+    return REFUSING_PREFIX + target
+
+
+#: Prefix of :func:`ip_bans`.
+IP_BANS_PREFIX = PREFIX + "ip-bans:"
+
+
+def ip_bans(ident: str) -> str:
+    """sorted set — target → end of the cooldown (ms) of egress identity ``ident`` for it: live
+    bans and those ended less than ``BAN_HISTORY_SECONDS`` ago (older entries dropped at every
+    ban).  TTL: the longest of its cooldowns + the history window.  Written by
+    ``lease_release.lua``; read by :func:`app.serving.bans.proxy_bans` (``GET /v1/proxies``)."""
+    return IP_BANS_PREFIX + ident
+
+
+#: Prefix of :func:`ip_ban_times`.
+IP_BAN_TIMES_PREFIX = PREFIX + "ip-ban-times:"
+
+
+def ip_ban_times(ident: str) -> str:
+    """sorted set — target → time (ms) of its last ban of egress identity ``ident``, for the
+    last ``BAN_HISTORY_SECONDS`` (older entries dropped at every ban).  TTL: that history.
+    Written by ``lease_release.lua``; read by :mod:`app.pools.recycle` (a pool's recycle policy:
+    members whose egress IP many targets banned)."""
+    return IP_BAN_TIMES_PREFIX + ident
+
+
+#: sorted set — ``<ident>|<target>`` → end of the cooldown (ms): every (egress IP, target) ban,
+#: live ones and those ended since the last ban (dropped at every ban), for the live-cooldowns
+#: gauge.  No TTL (bounded by the live cooldowns).  Written by ``lease_release.lua``; read by
+#: :func:`app.serving.bans.live_cooldowns`.
+BANS = PREFIX + "bans"
+
+
 # -- reconciling (app.proxy.reconcile, app.proxy.gc, workers) --------------------------------------------------
 
 #: set — uids released with skip-cleanup: a hint for GC (the instance itself carries the
@@ -299,8 +393,10 @@ POOLS = PREFIX + "pools"
 POOL_DEMAND_PREFIX = PREFIX + "pool-demand:"
 #: set — ``<namespace>/<name>`` of ProxyPools a draining member of which has just lost its last
 #: live lease (a release: only Redis changes, no watch event follows), so the pass that deletes
-#: it runs now instead of at the drain deadline.  No TTL (emptied every few seconds).  Written
-#: by ``lease_release.lua``; taken by :func:`app.pools.wake.take` (task ``pool.wake``, beat).
+#: it runs now instead of at the drain deadline; also of pools a member of which a site has
+#: just banned (a targeted release: the pool's recycle policy, :mod:`app.pools.recycle`).  No TTL
+#: (emptied every few seconds).  Written by ``lease_release.lua``; taken by
+#: :func:`app.pools.wake.take` (task ``pool.wake``, beat).
 POOL_WAKE = PREFIX + "pool-wake"
 
 
@@ -424,6 +520,14 @@ LUA_NAMES = {
     "K_POOLS": POOLS,
     "P_POOL_DEMAND": POOL_DEMAND_PREFIX,
     "K_POOL_WAKE": POOL_WAKE,
+    "P_BAN": BAN_PREFIX,
+    "P_BAN_STRIKES": BAN_STRIKES_PREFIX,
+    "P_TARGET_LEASES": TARGET_LEASES_PREFIX,
+    "P_REFUSALS": REFUSALS_PREFIX,
+    "P_REFUSING": REFUSING_PREFIX,
+    "P_IP_BANS": IP_BANS_PREFIX,
+    "P_IP_BAN_TIMES": IP_BAN_TIMES_PREFIX,
+    "K_BANS": BANS,
 }
 
 

@@ -101,6 +101,10 @@ spec:
           type: integer
           description: Proxies made from the current template.
           jsonPath: .status.updatedReplicas
+        - name: Burned
+          type: integer
+          description: Proxies whose egress IP enough sites banned, being replaced (spec.recycle).
+          jsonPath: .status.burnedReplicas
         - name: Age
           type: date
           jsonPath: .metadata.creationTimestamp
@@ -237,6 +241,29 @@ spec:
                     status.instanceHoursToday shows the count. Omitted: no budget.
                   type: number
                   minimum: 0
+                recycle:
+                  description: >-
+                    Replace Proxies whose egress IP sites ban (bans reported by crawlers on leases
+                    with a target): a Proxy whose egress IP was banned by at least bannedTargets
+                    distinct targets within windowSeconds, counting bans since it was made, is
+                    replaced as an outdated one (rollout limits, drain of its leases), so it comes
+                    back with a new IP where the provider gives one. Omitted: never.
+                  type: object
+                  required: [bannedTargets]
+                  properties:
+                    bannedTargets:
+                      description: Distinct targets that make a Proxy burned.
+                      type: integer
+                      format: int32
+                      minimum: 1
+                    windowSeconds:
+                      description: >-
+                        The window, seconds (bans older than the API's BAN_HISTORY_SECONDS are
+                        not remembered).
+                      type: integer
+                      format: int32
+                      minimum: 1
+                      default: 3600
                 rollout:
                   description: >-
                     How a changed template (or maxAge) replaces Proxies, like a Deployment's
@@ -393,6 +420,13 @@ spec:
                   minimum: 0
                 updatedReplicas:
                   description: Proxies made from the current template.
+                  type: integer
+                  format: int32
+                  minimum: 0
+                burnedReplicas:
+                  description: >-
+                    Proxies not yet drained whose egress IP enough sites banned (spec.recycle):
+                    being replaced.
                   type: integer
                   format: int32
                   minimum: 0

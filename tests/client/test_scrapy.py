@@ -77,7 +77,10 @@ def test_a_crawl_rotates_through_banned_proxies_and_completes(api, proxies, tmp_
     try:
         # Up to 16 requests are given the current proxy before its ban shows, so about a third
         # of all answers are bans: ten retries make giving up on a page vanishingly unlikely.
-        stats, log = crawl(api, tmp_path, site, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 10})
+        # Leases for no site in particular (PROXY_OPERATOR_TARGETS off): the per-client cooldown
+        # of every proxy this test checks (tests/client/test_scrapy_targets.py: with targets).
+        stats, log = crawl(api, tmp_path, site, settings={"PROXY_OPERATOR_BAN_RETRY_TIMES": 10,
+                                                          "PROXY_OPERATOR_TARGETS": False})
     finally:
         site.stop()
     # every page was crawled, each through a proxy, and never a captcha page to the spider

@@ -6,7 +6,8 @@ What a user sees: ``kubectl scale pxp/NAME`` from 0 to 5 to 2 (the scale-down ke
 members crawlers hold leases on), a template change of 5 members that never leaves fewer than 5
 leasable, age rotation that keeps a live lease usable
 until it is released, a deleted pool taking every member with it, and a hand-made Proxy with
-the pool's labels left alone.
+the pool's labels left alone; a member whose egress IP two sites banned replaced by the recycle policy without the
+pool going below its floor.
 """
 
 from __future__ import annotations
@@ -289,3 +290,46 @@ def test_deleting_the_pool_deletes_every_member_and_never_a_hand_made_proxy(stac
                           if (p.metadata.labels or {}).get(LABEL_PROXY_UID) in uids], 60, "their Pods deleted")
     assert stack.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "hand-made")["metadata"]["uid"] == \
         hand["metadata"]["uid"]
+
+
+def test_a_burned_member_is_replaced_and_the_pool_never_drops_below_its_floor(stack):
+    """spec.recycle: two sites ban one member's egress IP (crawlers' targeted leases released
+    blocked through the real API); the pool replaces it through the rollout (the kubelet stand-in
+    runs the replacement on an address of its own) while two members stay leasable throughout."""
+    stack.create_pool("burn", 2, recycle={"bannedTargets": 2, "windowSeconds": 600})
+    wait_for(lambda: stack.settled("burn", 2), 150, "two members leasable")
+    time.sleep(1.1)  # bans in a member's first second are not its own
+    lowest = [2]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            lowest[0] = min(lowest[0], stack.leasable("burn"))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    victim = None
+    for site in ("shop.example.com", "news.example.org"):
+        held = []
+        while True:
+            got = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "burn", "target": site, "ttlSeconds": 60},
+                                  timeout=10)
+            assert got.status_code == 201, got.text
+            lease = got.json()
+            victim = victim or lease["proxy"]["name"]
+            if lease["proxy"]["name"] == victim:
+                out = stack.http.delete(f"{stack.api_url}/v1/leases/{lease['leaseId']}?outcome=blocked", timeout=10)
+                assert out.json()["cooldownUntil"], out.text
+                break
+            held.append(lease)
+        for other in held:
+            stack.http.delete(f"{stack.api_url}/v1/leases/{other['leaseId']}", timeout=10)
+    wait_for(lambda: stack.settled("burn", 2) and all(p["metadata"]["name"] != victim
+                                                      for p in stack.members(stack.pool("burn"))),
+             150, "the burned member replaced")
+    done.set()
+    sampler.join()
+    assert lowest[0] >= 2, "the pool went below its floor while replacing the burned member"
+    events = [e for e in k8s.CoreV1Api(stack.client).list_namespaced_event(NS).items if e.reason == "MemberBurned"]
+    assert any(victim in e.message and "example.com" in e.message and "example.org" in e.message for e in events)

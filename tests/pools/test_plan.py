@@ -524,8 +524,8 @@ def test_status_counts_and_selector():
     assert status["selector"] == "app=web,!tier,crawl.example.com/pool=web"
     assert [c["type"] for c in status["conditions"]] == ["Available", "Progressing", "ScalingLimited", "ZonesReady"]
     assert cond(status, "ScalingLimited")["reason"] == "AutoscaleDisabled"
-    assert set(status) == {"replicas", "readyReplicas", "leasableReplicas", "updatedReplicas", "observedGeneration",
-                           "selector", "conditions", "memberFailures", "skippedZones"}  # what the CRD's status schema keeps
+    assert set(status) == {"replicas", "readyReplicas", "leasableReplicas", "updatedReplicas", "burnedReplicas",
+                           "observedGeneration", "selector", "conditions", "memberFailures", "skippedZones"}  # what the CRD's status schema keeps
     assert status["memberFailures"] is None  # no backoff: the key is removed (merge patch)
 
 

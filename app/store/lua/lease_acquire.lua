@@ -1,12 +1,17 @@
 -- app.serving.leases.acquire.  KEYS: the index (K_LOAD), the full set (K_FULL).  ARGV: client, lease id,
 -- ttl (ms), filters (JSON), sessionKey ('' = none), sticky ttl (s), record grace (ms), the
 -- client's lease limit ('' = none), the client's scope (app.serving.leases.Scope.lua: '' = every proxy,
--- else {ns = {<namespace> = true}, pools = {<namespace>/<pool> = true}}).  After the limits (expire_batch, index_page, expire_backlog,
+-- else {ns = {<namespace> = true}, pools = {<namespace>/<pool> = true}}), the target ('' = none: a
+-- registrable domain, app.serving.bans), the ban key's owner ('' fleet-wide, '#<client>'), the
+-- target's concurrency limit per egress identity (0: by the pool rules), the pool rules (JSON
+-- {<namespace>/<pool> = limit}, '' = none).  After the limits (expire_batch, index_page, expire_backlog,
 -- explain_limit),
 -- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
 local client, lease_id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local session = ARGV[5]
+local target = ARGV[10]
+if target == '' then target = nil end
 -- the answer of a granted lease (its proxy's address and credentials read now)
 local function granted(uid, used, exp, lease_ttl, sticky)
   local h = redis.call('HMGET', P_PROXY .. uid, 'address', 'port', 'egressIP', 'namespace', 'name',
@@ -15,7 +20,8 @@ local function granted(uid, used, exp, lease_ttl, sticky)
   if h[9] and h[9] ~= '' then auth = redis.call('HMGET', P_AUTH .. uid, 'username', 'password') end
   return cjson.encode({uid = uid, used = used, expiresAt = exp, ttl = lease_ttl, address = h[1],
                        port = h[2], egressIP = h[3], namespace = h[4], name = h[5], provider = h[6],
-                       zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2]})
+                       zone = h[7], maxLeases = h[8], sticky = sticky, username = auth[1], password = auth[2],
+                       target = target or false})
 end
 -- the lease id is new for each request: a lease under it already is this request's own, granted
 -- by a first run whose answer was lost with its connection (app/store/retry.py runs the command
@@ -38,6 +44,18 @@ if client_max then
                          nextExpiry = tonumber(first[2]) or 0, now = now})
   end
 end
+-- a target refusing everyone (app.serving.bans): no fresh egress IP is spent on it until its
+-- cool-off ends
+local ban_key, target_limit, pool_limits = nil, 0, nil
+if target then
+  local refusing = tonumber(redis.call('GET', P_REFUSING .. target))
+  if refusing and refusing > now then
+    return cjson.encode({error = 'target_refusing', target = target, untilMs = refusing, now = now})
+  end
+  ban_key = P_BAN .. target .. ARGV[11]
+  target_limit = tonumber(ARGV[12]) or 0
+  if ARGV[13] and ARGV[13] ~= '' then pool_limits = cjson.decode(ARGV[13]) end
+end
 local f = cjson.decode(ARGV[4])
 -- the client's scope: the proxies it may lease at all; the filters only narrow it
 local scope = nil
@@ -57,7 +75,12 @@ for _, req in ipairs(sel) do
   for _, x in ipairs(req[3]) do set[x] = true end
   req[4] = set
 end
-local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0, inscope = 0}
+local stats = {cooling = 0, full = 0, unhealthy = 0, draining = 0, nocreds = 0, inscope = 0, banned = 0, busy = 0}
+-- (targeted: when the first banned or busy egress identity frees up, ms; 0 = none seen)
+local next_free = 0
+local function freed_at(t)
+  if t and (next_free == 0 or t < next_free) then next_free = t end
+end
 
 -- leases that expired since the last request leave the index and their client's count (at
 -- most limit of them); returns how many were swept
@@ -120,7 +143,7 @@ end
 local stale = {}
 local function check(uid, count, in_index)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
-                       'labels', 'authSecret', 'pool', 'drainUntil')
+                       'labels', 'authSecret', 'pool', 'drainUntil', 'egressIP')
   local max = tonumber(h[2]) or 0
   if count and scope and in_scope(h[5], h[8]) then stats.inscope = stats.inscope + 1 end
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[9] and h[9] ~= '') then
@@ -136,6 +159,34 @@ local function check(uid, count, in_index)
     if count then stats.nocreds = stats.nocreds + 1 end
     return nil
   end
+  -- a target: the proxy's egress identity must not be banned for it nor at its concurrency limit
+  local ident = nil
+  if target then
+    ident = h[10]
+    if not ident or ident == '' then ident = 'uid:' .. uid end
+    local banned = tonumber(redis.call('ZSCORE', ban_key, ident))
+    if banned and banned > now then
+      if count then
+        stats.banned = stats.banned + 1
+        freed_at(banned)
+      end
+      return nil
+    end
+    local limit = target_limit
+    if limit <= 0 then
+      limit = 1
+      if pool_limits and h[8] and h[8] ~= '' then limit = tonumber(pool_limits[h[5] .. '/' .. h[8]]) or 1 end
+    end
+    local tk = P_TARGET_LEASES .. target .. '|' .. ident
+    if redis.call('ZCOUNT', tk, '(' .. now, '+inf') >= limit then
+      if count then
+        stats.busy = stats.busy + 1
+        local first = redis.call('ZRANGEBYSCORE', tk, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        freed_at(tonumber(first[2]))
+      end
+      return nil
+    end
+  end
   local lk = P_LEASES .. uid
   redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
   local used = redis.call('ZCARD', lk)
@@ -144,17 +195,17 @@ local function check(uid, count, in_index)
     if in_index then stale[#stale + 1] = uid end
     return nil
   end
-  return used, max
+  return used, max, ident
 end
 
-local chosen, chosen_used, chosen_max, sticky = nil, nil, nil, 0
+local chosen, chosen_used, chosen_max, sticky, chosen_ident = nil, nil, nil, 0, nil
 local sticky_key = nil
 if session ~= '' then
   sticky_key = P_STICKY .. client .. ':' .. session
   local bound = redis.call('GET', sticky_key)
   if bound then
-    local used, max = check(bound, false, false)
-    if used then chosen, chosen_used, chosen_max, sticky = bound, used, max, 1 end
+    local used, max, ident = check(bound, false, false)
+    if used then chosen, chosen_used, chosen_max, sticky, chosen_ident = bound, used, max, 1, ident end
   end
 end
 -- the index holds only proxies with free capacity, least loaded first
@@ -163,15 +214,15 @@ local function scan(count)
   while true do
     local uids = redis.call('ZRANGE', KEYS[1], start, start + page - 1)
     for _, uid in ipairs(uids) do
-      local used, max = check(uid, count, true)
-      if used then return uid, used, max end
+      local used, max, ident = check(uid, count, true)
+      if used then return uid, used, max, ident end
     end
     if #uids < page then return nil end
     start = start + page
   end
 end
 if not chosen then
-  chosen, chosen_used, chosen_max = scan(false)
+  chosen, chosen_used, chosen_max, chosen_ident = scan(false)
   if not chosen then
     -- More leases expired than one request sweeps: finish the sweep, so the proxies they
     -- free are back in the index.  Then read the index again (short: only proxies with room
@@ -179,7 +230,7 @@ if not chosen then
     if swept == expire_batch then sweep(expire_backlog) end
     for _, uid in ipairs(stale) do reindex(uid, now) end
     stale = {}
-    chosen, chosen_used, chosen_max = scan(true)
+    chosen, chosen_used, chosen_max, chosen_ident = scan(true)
   end
 end
 for _, uid in ipairs(stale) do reindex(uid, now) end
@@ -334,7 +385,8 @@ if not chosen then
                        partial = partial,
                        filtered = filtered and 1 or 0, unhealthy = stats.unhealthy, draining = stats.draining,
                        full = stats.full, cooling = stats.cooling, nocreds = stats.nocreds,
-                       unexamined = stats.unexamined or 0})
+                       unexamined = stats.unexamined or 0, target = target or false, banned = stats.banned,
+                       busy = stats.busy, limit = target_limit, nextFree = next_free, now = now})
 end
 local exp = now + ttl
 redis.call('ZADD', P_LEASES .. chosen, exp, lease_id)
@@ -352,6 +404,15 @@ end
 local lk = P_LEASE .. lease_id
 redis.call('HSET', lk, 'uid', chosen, 'client', client, 'ttl', ttl, 'expiresAt', exp,
            'createdAt', now, 'sessionKey', session, 'sticky', sticky)
+if target then
+  -- the lease counts against its egress identity's concurrency for the target; the release
+  -- reads both to ban the pair
+  local tk = P_TARGET_LEASES .. target .. '|' .. chosen_ident
+  redis.call('ZREMRANGEBYSCORE', tk, '-inf', now)
+  redis.call('ZADD', tk, exp, lease_id)
+  if redis.call('PTTL', tk) < ttl then redis.call('PEXPIRE', tk, ttl) end
+  redis.call('HSET', lk, 'target', target, 'ident', chosen_ident)
+end
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end
 return granted(chosen, used_now, exp, ttl, sticky)

@@ -4,7 +4,10 @@
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
 local id, client = ARGV[1], ARGV[2]
 local lk = P_LEASE .. id
-local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey')
+local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey', 'target', 'ident')
+-- a targeted lease's place in its egress identity's concurrency count (app.serving.bans)
+local tk = nil
+if h[5] and h[6] then tk = P_TARGET_LEASES .. h[5] .. '|' .. h[6] end
 if not h[1] then return cjson.encode({error = 'lease_not_found'}) end
 if h[2] ~= client then return cjson.encode({error = 'not_lease_owner'}) end
 local zk = P_LEASES .. h[1]
@@ -29,6 +32,7 @@ if p[1] ~= '1' or (tonumber(p[2]) or 0) <= 0 or (drain_until and drain_until - n
   redis.call('ZREM', K_LEASE_EXPIRY, member)
   redis.call('ZREM', held, id)
   redis.call('DEL', lk)
+  if tk then redis.call('ZREM', tk, id) end
   reindex(h[1], now)
   -- a draining member's last live lease ended here: wake its pool (as a release does)
   if drain_until and p[12] and p[12] ~= '' and p[6] and redis.call('ZCOUNT', zk, '(' .. now, '+inf') == 0 then
@@ -41,6 +45,7 @@ if not score or tonumber(score) <= now then
   redis.call('ZREM', zk, id)
   redis.call('ZREM', K_LEASE_EXPIRY, member)
   redis.call('ZREM', held, id)
+  if tk then redis.call('ZREM', tk, id) end
   reindex(h[1], now)
   return cjson.encode({error = 'lease_expired'})
 end
@@ -66,6 +71,10 @@ redis.call('ZADD', zk, 'XX', exp, id)
 redis.call('ZADD', K_LEASE_EXPIRY, exp, member)
 redis.call('ZADD', held, exp, id)
 if redis.call('PTTL', held) < ttl then redis.call('PEXPIRE', held, ttl) end
+if tk then
+  redis.call('ZADD', tk, exp, id)
+  if redis.call('PTTL', tk) < ttl then redis.call('PEXPIRE', tk, ttl) end
+end
 redis.call('HSET', lk, 'expiresAt', exp, 'ttl', ttl)
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[4]))
 if h[4] and h[4] ~= '' then

@@ -2,8 +2,14 @@
 
 A lease is renewed by a background thread at half of its TTL, and released with an outcome
 (``ok``, ``blocked``, ``failed``) when its ``with`` block ends or :meth:`Lease.report` /
-:meth:`Lease.release` is called.  ``503`` answers are retried as their ``Retry-After`` says,
-up to a deadline the caller sets.  Everything is thread-safe.
+:meth:`Lease.release` is called.  ``503`` answers (and a target's ``429 target_refusing``) are
+retried as their ``Retry-After`` says, up to a deadline the caller sets.  Everything is
+thread-safe.
+
+A lease may name a ``target`` (the site it is for): bans and per-site limits then apply to
+that site only (docs/discovery-api.md, "Targets and bans").  :meth:`Client.requests_session`
+and :meth:`Client.httpx_client` do it per request: each request is sent through a lease for its
+URL's host, released ``blocked`` when the site's answer says so.
 
 The bearer token and a proxy's credentials never appear in a log record, a ``repr`` or an
 exception message; only :attr:`Lease.proxy_url`, :attr:`Lease.proxies`,
@@ -44,6 +50,8 @@ RELEASE_WAIT = 5.0
 CONNECT_RETRY = 1.0
 #: Seconds to wait after a 503 without a readable ``Retry-After``.
 DEFAULT_RETRY = 1.0
+#: HTTP statuses of a site that mean "this IP is banned" for the per-request helpers.
+DEFAULT_BAN_CODES = (403, 429)
 #: Shortest wait after a 503, whatever its ``Retry-After`` says: ``0``, or an HTTP-date already
 #: past (clock skew), must not make the client hammer the API until its deadline.
 MIN_RETRY = 0.25
@@ -103,9 +111,13 @@ class Released:
         outcome: ``ok``, ``blocked`` or ``failed``.
         was_live: whether the lease was still live (``False``: it had expired, or its proxy
             had been withdrawn from serving; the outcome was still recorded).
-        cooldown_until: when the proxy's cooldown for this client ends (UTC), or ``None``.
+        cooldown_until: when the proxy's cooldown for this client ends (UTC), or, for a lease
+            with a target, the ban of its egress IP for that target; ``None`` for none.
         recorded: ``False`` when the API no longer knew the lease (it had been lost:
             :attr:`Lease.lost`), so the outcome was not recorded.
+        target: the lease's target, or ``None``.
+        target_refusing_until: when the target, found refusing every egress IP, may be tried
+            again (UTC), or ``None``.
     """
 
     lease_id: str
@@ -113,6 +125,8 @@ class Released:
     was_live: bool
     cooldown_until: Optional[datetime]
     recorded: bool = True
+    target: Optional[str] = None
+    target_refusing_until: Optional[datetime] = None
 
 
 class _LeaseSession(requests.Session):
@@ -163,6 +177,7 @@ class Lease:
             deadline of a proxy leaving its pool) shows in :attr:`expires_at` only.
         session_key: the sticky-session key, or ``None``.
         sticky: whether the session's existing proxy was reused.
+        target: the site (registrable domain) the lease is for, or ``None``.
         proxy: :class:`ProxyRef` (namespace, name, provider, zone).
         leases_used, leases_max: the proxy's live leases (this one included) and ``maxLeases``
             when the lease was granted or last renewed.
@@ -211,6 +226,7 @@ class Lease:
             self.ttl: int = granted if renew_ttl is None else renew_ttl
             self.session_key: Optional[str] = doc.get("sessionKey")
             self.sticky: bool = bool(doc.get("sticky"))
+            self.target: Optional[str] = doc.get("target")
             self.proxy = ProxyRef(px.get("namespace", ""), px.get("name", ""), px.get("provider"), px.get("zone"))
             self.leases_used: Optional[int] = counts.get("used")
             self.leases_max: Optional[int] = counts.get("max")
@@ -383,7 +399,8 @@ class Lease:
                 result = Released(self.id, outcome, False, None, recorded=False)
             else:
                 result = Released(self.id, doc.get("outcome", outcome), bool(doc.get("wasLive")),
-                                  _parse_time(doc.get("cooldownUntil")))
+                                  _parse_time(doc.get("cooldownUntil")), target=doc.get("target"),
+                                  target_refusing_until=_parse_time(doc.get("targetRefusingUntil")))
             with self._lock:
                 self._released = result
         self._client._forget(self)
@@ -439,6 +456,105 @@ class Lease:
 
         kwargs.setdefault("trust_env", False)
         return httpx.AsyncClient(proxy=self.proxy_url, **kwargs)
+
+
+class TargetedSession(requests.Session):
+    """A ``requests.Session`` that sends each request through a lease of its own, asked for the
+    request URL's host as ``target``, and released as soon as the answer's head is in:
+    ``blocked`` when its status is a ban code (that site then bans that egress IP, not the proxy
+    for every site), ``failed`` when the proxy could not be reached, else ``ok``.  Made by
+    :meth:`Client.requests_session`; thread-safe as ``requests`` is.  The response carries the
+    lease it went through (``response.lease``, released).  A streamed body
+    (``stream=True``) is read after the release: the lease covers the request only."""
+
+    def __init__(self, client: "Client", ban_codes, lease_kwargs: Dict[str, Any]) -> None:
+        super().__init__()
+        self._client = client
+        self._ban_codes = frozenset(int(c) for c in ban_codes)
+        self._lease_kwargs = dict(lease_kwargs)
+        self.trust_env = False  # HTTP(S)_PROXY / NO_PROXY must not take precedence over the leases
+
+    def request(self, method, url, *args, **kwargs):
+        """Send one request through a lease for its host (requests' ``Session.request``)."""
+        host = urlsplit(str(url)).hostname
+        if not host:
+            raise ValueError(f"url: no host in {str(url)[:100]!r}")
+        lease = self._client.lease(target=host, renew=False, **self._lease_kwargs)
+        kwargs["proxies"] = lease.proxies
+        outcome = "ok"
+        try:
+            resp = super().request(method, url, *args, **kwargs)
+        except (requests.exceptions.ProxyError, requests.exceptions.ConnectTimeout):
+            outcome = "failed"
+            raise
+        else:
+            if resp.status_code in self._ban_codes:
+                outcome = "blocked"
+            resp.lease = lease  # type: ignore[attr-defined]
+            return resp
+        finally:
+            try:
+                lease.release(outcome)
+            except ProxyOperatorError as exc:
+                log.warning("lease %s for %s: release (%s) failed: %s", lease.id, lease.target, outcome, exc)
+
+    def __repr__(self) -> str:
+        return f"<requests.Session through a lease per request of {self._client!r}>"
+
+
+def _targeted_transport(client: "Client", ban_codes, lease_kwargs: Dict[str, Any], asynchronous: bool):
+    """The httpx transport of :meth:`Client.httpx_client` / :meth:`Client.httpx_async_client`."""
+    import httpx
+
+    codes = frozenset(int(c) for c in ban_codes)
+
+    def lease_for(request: "httpx.Request") -> Lease:
+        if not request.url.host:
+            raise ValueError(f"url: no host in {str(request.url)[:100]!r}")
+        return client.lease(target=request.url.host, renew=False, **lease_kwargs)
+
+    def outcome_of(status: int) -> str:
+        return "blocked" if status in codes else "ok"
+
+    def release(lease: Lease, outcome: str) -> None:
+        try:
+            lease.release(outcome)
+        except ProxyOperatorError as exc:
+            log.warning("lease %s for %s: release (%s) failed: %s", lease.id, lease.target, outcome, exc)
+
+    class Transport(httpx.BaseTransport):
+        def handle_request(self, request):
+            lease = lease_for(request)
+            outcome = "failed"
+            try:
+                with httpx.HTTPTransport(proxy=lease.proxy_url, trust_env=False) as inner:
+                    resp = inner.handle_request(request)
+                    raw = b"".join(resp.iter_raw())
+                    resp.close()
+                outcome = outcome_of(resp.status_code)
+                return httpx.Response(resp.status_code, headers=resp.headers, content=raw,
+                                      extensions={"http_version": resp.extensions.get("http_version", b"HTTP/1.1")})
+            finally:
+                release(lease, outcome)
+
+    class AsyncTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request):
+            import asyncio
+
+            lease = await asyncio.to_thread(lease_for, request)
+            outcome = "failed"
+            try:
+                async with httpx.AsyncHTTPTransport(proxy=lease.proxy_url, trust_env=False) as inner:
+                    resp = await inner.handle_async_request(request)
+                    raw = b"".join([chunk async for chunk in resp.aiter_raw()])
+                    await resp.aclose()
+                outcome = outcome_of(resp.status_code)
+                return httpx.Response(resp.status_code, headers=resp.headers, content=raw,
+                                      extensions={"http_version": resp.extensions.get("http_version", b"HTTP/1.1")})
+            finally:
+                await asyncio.to_thread(release, lease, outcome)
+
+    return AsyncTransport() if asynchronous else Transport()
 
 
 class Client:
@@ -537,7 +653,7 @@ class Client:
                                    f"{operation}: the answer is not a JSON object")
                 return doc
             error = _api_error(resp)
-            if resp.status_code == 503:
+            if resp.status_code == 503 or error.code == "target_refusing":
                 delay = max(MIN_RETRY, error.retry_after if error.retry_after is not None else DEFAULT_RETRY)
                 if self._pause(delay, deadline, closing_ok):
                     log.debug("%s: %s, retrying in %.1fs", operation, error.code, delay)
@@ -607,7 +723,8 @@ class Client:
     # -- API -----------------------------------------------------------------------------
     def lease(self, *, pool: Optional[str] = None, provider: Optional[str] = None, zone: Optional[str] = None,
               labels: Labels = None, ttl: Optional[int] = 300, session_key: Optional[str] = None,
-              wait: Optional[float] = None, renew: bool = True, namespace: Optional[str] = None) -> Lease:
+              wait: Optional[float] = None, renew: bool = True, namespace: Optional[str] = None,
+              target: Optional[str] = None) -> Lease:
         """Lease a proxy (``POST /v1/leases``).
 
         Args:
@@ -627,11 +744,17 @@ class Client:
             wait: seconds to keep retrying while no proxy is available (default: the client's
                 ``wait``); the last 503 is raised after it.
             renew: renew in the background (default ``True``).
+            target: the site the lease is for (a host name or URL): never a proxy whose egress IP
+                that site banned or that another crawler uses for it at the limit; a release as
+                ``blocked`` bans that IP for that site only.  A site refusing every IP answers
+                ``429 target_refusing``, waited out within ``wait`` like a 503, else raised.
         Returns:
             a live :class:`Lease`, also a context manager that releases it.
         Raises:
             ApiError: ``no_proxy_available`` (after ``wait``; its message says why each proxy
-                was excluded), ``pool_not_found`` (404, at once: ``pool`` names no ProxyPool
+                was excluded), ``target_refusing`` (after ``wait``: the target refuses every
+                egress IP; :attr:`ApiError.retry_after` says when to try it again),
+                ``pool_not_found`` (404, at once: ``pool`` names no ProxyPool
                 this client may lease from), ``invalid_field`` (``field`` names it), ``unauthorized``,
                 ``redis_unavailable`` (after ``wait``), ...
             TransportError: the API could not be reached (within ``wait``) or timed out.
@@ -641,7 +764,7 @@ class Client:
         filters = self._filters(pool, namespace)
         body: Dict[str, Any] = dict(filters)
         for key, value in (("provider", provider), ("zone", zone),
-                           ("selector", selector_of(labels)), ("sessionKey", session_key)):
+                           ("selector", selector_of(labels)), ("sessionKey", session_key), ("target", target)):
             if value is not None:
                 body[key] = value
         if ttl is not None:
@@ -671,6 +794,48 @@ class Client:
                 log.warning("lease %s: release after close failed: %s", lease.id, exc)
             raise ClientClosed("lease: the client was closed while the lease was granted (released again)")
         return lease
+
+    def requests_session(self, *, ban_codes=DEFAULT_BAN_CODES, **lease_kwargs: Any) -> requests.Session:
+        """A ``requests.Session`` leasing a proxy per request for the request's host as target
+        (:class:`TargetedSession`): every request goes out through an egress IP that site has not
+        banned and no other crawler uses for it at the limit, and a ban answer (``ban_codes``)
+        bans that IP for that site only.
+
+        Args:
+            ban_codes: the site's HTTP statuses that mean "banned" (403, 429).
+            lease_kwargs: more keyword arguments of :meth:`lease` (``pool``, ``labels``, ``ttl``,
+                ``wait``, ...; not ``target``).
+        Returns:
+            the session (the caller closes it).
+        Raises:
+            ValueError: ``target`` given (each request's host is its target).
+        """
+        if "target" in lease_kwargs:
+            raise ValueError("target: each request's host is its target; lease(target=...) leases for one")
+        return TargetedSession(self, ban_codes, lease_kwargs)
+
+    def httpx_client(self, *, ban_codes=DEFAULT_BAN_CODES, lease: Optional[Dict[str, Any]] = None, **kwargs: Any):
+        """An ``httpx.Client`` leasing a proxy per request for the request's host as target, as
+        :meth:`requests_session` does (a transport of its own; the body is read whole before the
+        lease is released).  Needs ``httpx``.
+
+        Args:
+            ban_codes: the site's HTTP statuses that mean "banned" (403, 429).
+            lease: keyword arguments of :meth:`lease` (``pool``, ``labels``, ``ttl``, ``wait``).
+            kwargs: more arguments of ``httpx.Client`` (not ``transport`` or ``proxy``).
+        Raises:
+            ImportError: httpx is not installed.
+        """
+        import httpx
+
+        return httpx.Client(transport=_targeted_transport(self, ban_codes, dict(lease or {}), False), **kwargs)
+
+    def httpx_async_client(self, *, ban_codes=DEFAULT_BAN_CODES, lease: Optional[Dict[str, Any]] = None,
+                           **kwargs: Any):
+        """Like :meth:`httpx_client`, an ``httpx.AsyncClient`` (API calls run in a thread)."""
+        import httpx
+
+        return httpx.AsyncClient(transport=_targeted_transport(self, ban_codes, dict(lease or {}), True), **kwargs)
 
     def proxies(self, *, pool: Optional[str] = None, provider: Optional[str] = None, zone: Optional[str] = None,
                 labels: Labels = None, healthy: Optional[bool] = None, namespace: Optional[str] = None) -> List[dict]:
@@ -743,7 +908,9 @@ def _api_error(resp: requests.Response) -> ApiError:
     except ValueError:
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-        return ApiError(resp.status_code, doc["error"], str(doc.get("message", "")), doc.get("field"), retry_after)
+        target = doc.get("target") if isinstance(doc.get("target"), str) else None
+        return ApiError(resp.status_code, doc["error"], str(doc.get("message", "")), doc.get("field"), retry_after,
+                        target)
     return ApiError(resp.status_code, "unexpected_response",
                     f"HTTP {resp.status_code} {resp.reason or ''}".strip() + " without the API's JSON error",
                     None, retry_after)

@@ -36,16 +36,18 @@ class ApiError(ProxyOperatorError):
         message: the API's ``message`` (never a token or credential: the API guarantees it).
         field: the request field at fault (``"ttlSeconds"``, ``"sessionKey"``, ...) or ``None``.
         retry_after: seconds the API asked to wait before retrying (``Retry-After``), or ``None``.
+        target: the target (registrable domain) of a refused targeted lease request
+            (``target_refusing``, or a ``no_proxy_available`` for a target), else ``None``.
 
     Attributes:
-        status, code, message, field, retry_after: as above.
+        status, code, message, field, retry_after, target: as above.
     """
 
     def __init__(self, status: int, code: str, message: str, field: Optional[str] = None,
-                 retry_after: Optional[float] = None) -> None:
+                 retry_after: Optional[float] = None, target: Optional[str] = None) -> None:
         super().__init__(status, code, message, field, retry_after)
         self.status, self.code, self.message = status, code, message
-        self.field, self.retry_after = field, retry_after
+        self.field, self.retry_after, self.target = field, retry_after, target
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.message}"

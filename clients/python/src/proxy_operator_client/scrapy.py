@@ -33,6 +33,9 @@ Settings:
 ``PROXY_OPERATOR_BAN_RETRY_TIMES``        retries of a banned request (default: the request's
                                           ``max_retry_times`` meta, else ``RETRY_TIMES``)
 ``PROXY_OPERATOR_THREADS``                threads for API calls (8), apart from the reactor's pool
+``PROXY_OPERATOR_TARGETS``                ``True``: lease for the request's host as ``target`` (bans
+                                          per site, one crawler per site and egress IP);
+                                          ``False``: leases for no site in particular
 ========================================  ==========================================================
 
 Behaviour:
@@ -40,6 +43,12 @@ Behaviour:
 * One lease per download slot (by default one per domain), or per
   ``request.meta["proxy_session"]`` when set: a sticky session for multi-step flows (sent to the
   API as ``sessionKey``; keys outside ``A-Za-z0-9._:-`` or over 128 characters are hashed).
+  With ``PROXY_OPERATOR_TARGETS`` (the default) the lease is asked for the request's host as
+  ``target``, and slots and sessions are keyed on the target too: a ban then holds for that
+  site only, and the API never gives two crawlers one egress IP for one site at once.  A site
+  refusing every egress IP (``429 target_refusing``) is waited out within
+  ``PROXY_OPERATOR_WAIT``, else its requests fail with that :class:`~proxy_operator_client.ApiError`
+  (stat ``errors/target_refusing``, a log line naming the site); no proxy is cooled down.
   ``request.meta["dont_proxy_operator"] = True`` leaves a request alone (it is then fetched
   without a leased proxy).  Every other request waits for its lease; when none can be had
   within ``PROXY_OPERATOR_WAIT`` the request fails with :class:`~proxy_operator_client.ApiError`
@@ -50,7 +59,8 @@ Behaviour:
   logged as the proxy's refusal with Squid's reason (and the rule class), counted, and goes on
   (the lease is kept; ``RetryMiddleware`` retries a ``502``/``503``/``504`` as it does any).
 * A response whose status is in ``PROXY_OPERATOR_BAN_CODES``, or that the ban detector flags,
-  ends its lease as ``blocked`` (the proxy cools down for this client), and the request is
+  ends its lease as ``blocked`` (with a target: that egress IP is banned for that site; else
+  the proxy cools down for this client), and the request is
   retried through a new lease with :func:`scrapy.downloadermiddlewares.retry.get_retry_request`
   (reason ``proxy_operator_ban``: ``retry_times`` meta, ``retry/*`` stats, give-up log).  When
   its retries are used up the banned response goes on to the spider.
@@ -226,11 +236,12 @@ class ProxyLeaseMiddleware:
         ban_detector: ``(request, response) -> bool``, or ``None``.
         ban_retry_times: retries of a banned request, or ``None`` for Scrapy's default.
         threads: size of the thread pool the blocking API calls run in.
+        targets: lease for each request's host as ``target`` (keys per target too).
     """
 
     def __init__(self, crawler, client: Client, *, filters: Dict[str, Any], ban_codes=DEFAULT_BAN_CODES,
                  ban_detector: Optional[Callable[[Any, Any], bool]] = None, ban_retry_times: Optional[int] = None,
-                 threads: int = 8) -> None:
+                 threads: int = 8, targets: bool = True) -> None:
         from twisted.internet import reactor
 
         self.crawler = crawler
@@ -240,8 +251,9 @@ class ProxyLeaseMiddleware:
         self.ban_codes = frozenset(int(c) for c in ban_codes)
         self.ban_detector = ban_detector
         self.ban_retry_times = ban_retry_times
-        self._leases: Dict[Tuple[str, str], Lease] = {}
-        self._waiters: Dict[Tuple[str, str], List[defer.Deferred]] = {}
+        self.targets = targets
+        self._leases: Dict[Tuple[str, str, str], Lease] = {}
+        self._waiters: Dict[Tuple[str, str, str], List[defer.Deferred]] = {}
         self._releases: set = set()
         self._closed = False
         self._failures = _proxy_failures()
@@ -294,7 +306,8 @@ class ProxyLeaseMiddleware:
         codes = [int(c) for c in s.getlist("PROXY_OPERATOR_BAN_CODES", list(DEFAULT_BAN_CODES))]
         mw = cls(crawler, client, filters=filters, ban_codes=codes, ban_detector=detector,
                  ban_retry_times=None if retry_times in (None, "") else int(retry_times),
-                 threads=s.getint("PROXY_OPERATOR_THREADS", 8))
+                 threads=s.getint("PROXY_OPERATOR_THREADS", 8),
+                 targets=s.getbool("PROXY_OPERATOR_TARGETS", True))
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
 
@@ -302,10 +315,13 @@ class ProxyLeaseMiddleware:
         return f"<ProxyLeaseMiddleware {self.client!r} leases={len(self._leases)}>"
 
     # -- leases ------------------------------------------------------------------------
-    def _key(self, request) -> Tuple[str, str]:
+    def _key(self, request) -> Tuple[str, str, str]:
+        """``(kind, value, target)``: the lease a request goes through (``target``: its host,
+        ``""`` without targets)."""
+        target = (urlparse_cached(request).hostname or "") if self.targets else ""
         session = request.meta.get(META_SESSION)
         if session is not None:
-            return ("session", session_key(session))
+            return ("session", session_key(session), target)
         slot = request.meta.get("download_slot")
         if slot is None:
             downloader = self.crawler.engine.downloader
@@ -313,14 +329,18 @@ class ProxyLeaseMiddleware:
                 slot = downloader.get_slot_key(request)
             else:  # Scrapy before 2.13
                 slot = downloader._get_slot_key(request, None)
-        return ("slot", str(slot))
+        return ("slot", str(slot), target)
 
-    def _take(self, key: Tuple[str, str]) -> Lease:
+    def _take(self, key: Tuple[str, str, str]) -> Lease:
         """In a pool thread: lease a proxy for ``key``."""
-        kind, value = key
-        return self.client.lease(session_key=value if kind == "session" else None, **self.filters)
+        kind, value, target = key
+        session = None
+        if kind == "session":
+            # one API session per site: a session key shared by two sites would rebind between them
+            session = session_key(f"{value}:{target}") if target else value
+        return self.client.lease(session_key=session, target=target or None, **self.filters)
 
-    async def _lease_for(self, key: Tuple[str, str]) -> Lease:
+    async def _lease_for(self, key: Tuple[str, str, str]) -> Lease:
         lease = self._leases.get(key)
         if lease is not None:
             if lease.alive:
@@ -338,13 +358,16 @@ class ProxyLeaseMiddleware:
             waiters.append(waiter)
         return await maybe_deferred_to_future(waiter)
 
-    def _taken(self, result, key: Tuple[str, str]) -> None:
+    def _taken(self, result, key: Tuple[str, str, str]) -> None:
         waiters = self._waiters.pop(key, [])
         if isinstance(result, Failure):
             err = result.value
             code = err.code if isinstance(err, ApiError) else type(err).__name__
             self.stats.inc_value(f"{STATS}/errors/{code}")
-            if not isinstance(err, ClientClosed):
+            if isinstance(err, ApiError) and code == "target_refusing":
+                log.warning("proxy-operator: %s refuses every egress IP: its requests fail for now (retry after %s s; "
+                            "no proxy is cooled down)", err.target or key[2], err.retry_after)
+            elif not isinstance(err, ClientClosed):
                 log.error("proxy-operator: no lease for %s %s: %s", key[0], key[1], err)
             for w in waiters:
                 w.errback(result)
@@ -444,8 +467,8 @@ class ProxyLeaseMiddleware:
         if self._end(info, "blocked"):
             self.stats.inc_value(f"{STATS}/bans")
             self.stats.inc_value(f"{STATS}/bans/{info['proxy']}")
-            log.info("proxy-operator: proxy %s banned (HTTP %s): lease released as blocked", info["proxy"],
-                     response.status)
+            log.info("proxy-operator: proxy %s banned by %s (HTTP %s): lease released as blocked", info["proxy"],
+                     urlparse_cached(request).hostname or "?", response.status)
         return self._retry(request, response, "proxy_operator_ban")
 
     def _refused(self, request, info: Dict[str, Any], refusal: ProxyRefusal, what: str = "request") -> None:

@@ -1,0 +1,202 @@
+"""Targeted leases: bans per (egress IP, target), per-target concurrency per egress IP, targets
+refusing everyone (app.serving.bans), in the real lease scripts on a real Redis, and through the
+API's HTTP answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from api import create_app
+from api.settings import ApiSettings
+from app.resources import Proxy
+from app.serving import leases, view as serving
+from app.serving.bans import BanSettings, Target, parse_rules, proxy_bans
+from app.serving.targets import TargetError, registrable_domain
+from tests.api.helpers import auth
+
+pytestmark = pytest.mark.timeout(60)
+
+ANY = leases.Filters()
+
+
+def _proxy(r, name: str, egress: str | None, *, max_leases: int = 5, pool: str | None = None,
+           namespace: str = "bans") -> str:
+    """Publish one healthy proxy whose probes found the egress IP ``egress``; return its uid."""
+    uid = f"uid-{name}"
+    proxy = Proxy.from_dict({"metadata": {"name": name, "namespace": namespace, "uid": uid},
+                             "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128},
+                                      "maxLeases": max_leases}})
+    serving.publish(r, proxy, address="203.0.113.7", port=3128, phase="Ready")
+    fields = {"health": "healthy", "healthy": "1"}
+    if egress:
+        fields["egressIP"] = egress
+    if pool:
+        fields["pool"] = pool
+    r.hset(serving.proxy_key(uid), mapping=fields)
+    serving.reindex(r, uid)
+    return uid
+
+
+def _lease(r, client: str, target: str | None, settings, bans: BanSettings, ttl: int = 60):
+    t = Target.of(target, bans) if target else None
+    return leases.acquire(r, client, ANY, ttl=ttl, settings=settings, target=t, bans=bans)
+
+
+def test_the_target_is_the_registrable_domain_from_the_public_suffix_list():
+    assert registrable_domain("www.shop.example.co.uk") == "example.co.uk"
+    assert registrable_domain("https://Images.Example.COM:8443/a?b") == "example.com"
+    assert registrable_domain("user.github.io") == "user.github.io"  # a private suffix of the list
+    # not on the list: the host itself, so two local sites stay two targets
+    assert registrable_domain("site-a.test") == "site-a.test"
+    assert registrable_domain("localhost") == "localhost"
+    assert registrable_domain("127.0.0.1:8080") == "127.0.0.1"
+    with pytest.raises(TargetError, match="not a host name label"):
+        registrable_domain("bad host.com")
+    with pytest.raises(TargetError, match="empty"):
+        registrable_domain("https://")
+
+
+def test_concurrency_rules_parse_and_name_the_bad_item():
+    assert parse_rules("example.com=2, *.gov=1,pool:crawl/web=4") == (
+        ("example.com", 2), ("*.gov", 1), ("pool:crawl/web", 4))
+    with pytest.raises(ValueError, match="TARGET_CONCURRENCY_RULES: 'x.com' is not pattern=limit"):
+        parse_rules("x.com")
+    with pytest.raises(ValueError, match="limit of 'x.com=0'"):
+        parse_rules("x.com=0")
+
+
+def test_a_ban_holds_for_its_egress_ip_and_target_only_and_for_every_client(redis_client, lease_settings):
+    bans = BanSettings(concurrency=20)
+    a1 = _proxy(redis_client, "a1", "198.51.100.1", max_leases=20)
+    a2 = _proxy(redis_client, "a2", "198.51.100.1", max_leases=20)  # same egress IP: one identity
+    b = _proxy(redis_client, "b", "198.51.100.2", max_leases=20)
+    first = _lease(redis_client, "crawler-a", "www.shop.example.com", lease_settings, bans)
+    assert first.target == "example.com"
+    other = a2 if first.uid == a1 else (a1 if first.uid == a2 else None)
+    done = leases.release(redis_client, "crawler-a", first.id, outcome="blocked", settings=lease_settings,
+                          bans=bans)
+    assert done.banned and done.target == "example.com" and done.strikes == 1
+    assert done.cooldown_until is not None
+    banned_ip = redis_client.hget(serving.proxy_key(first.uid), "egressIP")
+    # every proxy of that egress IP is out for that target, for every client
+    for client in ("crawler-a", "crawler-b"):
+        for _ in range(3):
+            got = _lease(redis_client, client, "example.com", lease_settings, bans)
+            assert redis_client.hget(serving.proxy_key(got.uid), "egressIP") != banned_ip
+    # and stays leasable for any other target, and without a target
+    assert other is None or banned_ip == "198.51.100.1"
+    banned_uids = {a1, a2} if banned_ip == "198.51.100.1" else {b}
+    seen = {_lease(redis_client, "crawler-a", "other.example", lease_settings, bans).uid for _ in range(8)}
+    seen |= {_lease(redis_client, "crawler-a", None, lease_settings, bans).uid for _ in range(4)}
+    assert banned_uids <= seen
+    # GET /v1/proxies' per-target state
+    state = proxy_bans(redis_client, [banned_ip], bans)[0]
+    assert [x["target"] for x in state["active"]] == ["example.com"] and state["recent"] == 1
+
+
+def test_per_client_bans_with_ban_scope_client(redis_client, lease_settings):
+    bans = BanSettings(scope="client", concurrency=5)
+    _proxy(redis_client, "only", "198.51.100.9")
+    got = _lease(redis_client, "crawler-a", "t.example", lease_settings, bans)
+    leases.release(redis_client, "crawler-a", got.id, outcome="failed", settings=lease_settings, bans=bans)
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "crawler-a", "t.example", lease_settings, bans)
+    assert info.value.code == leases.NO_PROXY_AVAILABLE and info.value.limited == {"banned": 1, "busy": 0}
+    assert _lease(redis_client, "crawler-b", "t.example", lease_settings, bans).uid == "uid-only"
+
+
+def test_repeated_bans_grow_the_cooldown_up_to_its_cap(redis_client, lease_settings):
+    bans = BanSettings(cooldown=10, cooldown_max=35, refusal_ips=0)
+    _proxy(redis_client, "one", "198.51.100.3")
+    lengths = []
+    for _ in range(4):
+        redis_client.delete("po:ban:g.example")  # the cooldown ran out (its strikes did not)
+        got = _lease(redis_client, "c", "g.example", lease_settings, bans)
+        done = leases.release(redis_client, "c", got.id, outcome="blocked", settings=lease_settings, bans=bans)
+        secs, micros = redis_client.time()
+        lengths.append(round(done.cooldown_until - secs - micros / 1e6))
+    assert lengths == [10, 20, 35, 35]
+
+
+def test_one_egress_ip_serves_a_target_to_one_crawler_at_a_time(redis_client, lease_settings):
+    bans = BanSettings()
+    p1 = _proxy(redis_client, "p1", "198.51.100.4", max_leases=10)
+    p2 = _proxy(redis_client, "p2", "198.51.100.4", max_leases=10)
+    held = _lease(redis_client, "crawler-a", "site.example", lease_settings, bans, ttl=40)
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "crawler-b", "site.example", lease_settings, bans)
+    err = info.value
+    assert err.code == leases.NO_PROXY_AVAILABLE and err.limited == {"banned": 0, "busy": 2}
+    assert "2 with an egress IP at site.example's concurrency limit (1 live lease per egress IP)" in err.message
+    assert 38 <= err.retry_after <= 40  # when the held lease expires
+    # other targets and untargeted leases still get the same proxies
+    assert _lease(redis_client, "crawler-b", "else.example", lease_settings, bans).uid in (p1, p2)
+    assert _lease(redis_client, "crawler-b", None, lease_settings, bans).uid in (p1, p2)
+    # releasing (as ok) frees the egress IP for the target
+    leases.release(redis_client, "crawler-a", held.id, outcome="ok", settings=lease_settings, bans=bans)
+    assert _lease(redis_client, "crawler-b", "site.example", lease_settings, bans).uid in (p1, p2)
+
+
+def test_concurrency_limits_per_target_pattern_and_per_pool(redis_client, lease_settings):
+    bans = BanSettings(rules=parse_rules("*.wide=3,pool:bans/web=2"))
+    _proxy(redis_client, "w", "198.51.100.5", max_leases=10, pool="web")
+    got = [_lease(redis_client, "c", "x.wide", lease_settings, bans) for _ in range(3)]
+    assert len(got) == 3
+    with pytest.raises(leases.LeaseError):
+        _lease(redis_client, "c", "x.wide", lease_settings, bans)
+    assert len([_lease(redis_client, "c", "narrow.example", lease_settings, bans) for _ in range(2)]) == 2
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "c", "narrow.example", lease_settings, bans)
+    assert "its pool's limit" in info.value.message
+
+
+def test_a_target_refusing_everyone_is_cooled_off_not_the_pool(redis_client, lease_settings):
+    bans = BanSettings(refusal_ips=3, refusal_window=60, refusal_cooloff=120)
+    for i in range(4):
+        _proxy(redis_client, f"r{i}", f"198.51.100.{20 + i}")
+    last = None
+    for _ in range(3):
+        got = _lease(redis_client, "c", "wall.example", lease_settings, bans)
+        last = leases.release(redis_client, "c", got.id, outcome="blocked", settings=lease_settings, bans=bans)
+    assert last is not None and last.refused_now and not last.banned and last.refusing_until
+    # the IPs it refused are not banned: no live cooldown is left, for it or any other target
+    assert redis_client.zcard("po:bans") == 0 and not redis_client.exists("po:ban:wall.example")
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "c", "wall.example", lease_settings, bans)
+    assert info.value.code == leases.TARGET_REFUSING and 119 <= info.value.retry_after <= 120
+    assert "wall.example" in info.value.message
+    # every proxy serves other targets
+    assert len({_lease(redis_client, "c", "fine.example", lease_settings, bans).uid for _ in range(4)}) == 4
+
+
+def test_untargeted_leases_keep_the_per_client_cooldown(redis_client, lease_settings):
+    bans = BanSettings()
+    _proxy(redis_client, "u", "198.51.100.30")
+    got = _lease(redis_client, "crawler-a", None, lease_settings, bans)
+    done = leases.release(redis_client, "crawler-a", got.id, outcome="blocked", settings=lease_settings, bans=bans)
+    assert done.target is None and not done.banned and done.cooldown_until
+    with pytest.raises(leases.LeaseError):
+        _lease(redis_client, "crawler-a", None, lease_settings, bans)
+    assert _lease(redis_client, "crawler-b", None, lease_settings, bans).uid == "uid-u"
+
+
+def test_the_api_answers_targets_with_statuses_and_retry_after(redis_client, redis_url, tokens_file, lease_settings):
+    settings = ApiSettings(redis_url=redis_url, tokens_file=tokens_file, leases=lease_settings,
+                           bans=BanSettings(refusal_ips=1, refusal_cooloff=90))
+    http = create_app(settings).test_client()
+    _proxy(redis_client, "h", "198.51.100.40")
+    bad = http.post("/v1/leases", json={"target": "no such host"}, headers=auth())
+    assert bad.status_code == 400 and bad.json["field"] == "target"
+    first = http.post("/v1/leases", json={"target": "https://www.api.example.org/x"}, headers=auth())
+    assert first.status_code == 201 and first.json["target"] == "example.org"
+    busy = http.post("/v1/leases", json={"target": "example.org"}, headers=auth())
+    assert busy.status_code == 503 and busy.json["target"] == "example.org" and busy.json["busy"] == 1
+    assert int(busy.headers["Retry-After"]) > 1
+    rel = http.delete(f"/v1/leases/{first.json['leaseId']}?outcome=blocked", headers=auth())
+    assert rel.status_code == 200 and rel.json["target"] == "example.org" and rel.json["targetRefusingUntil"]
+    refused = http.post("/v1/leases", json={"target": "example.org"}, headers=auth())
+    assert refused.status_code == 429 and refused.json["error"] == "target_refusing"
+    assert 89 <= int(refused.headers["Retry-After"]) <= 90
+    metrics = http.get("/metrics").get_data(as_text=True)
+    assert 'proxy_operator_target_refusals_total{event="refusing_started",target="example.org"} 1.0' in metrics
+    assert "proxy_operator_target_cooldowns_active 0.0" in metrics

@@ -1,0 +1,122 @@
+"""A ProxyPool's recycle policy (app.pools.recycle): a member whose egress IP enough sites banned
+(reported through the real lease scripts) is replaced by the normal rollout, never below the
+pool's floor, and an Event names the sites; bans from before a member was made are not its own.
+Against the API fake (the real CRDs) and real Redis, in-process, as tests/pools/test_controller.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client as k8s
+
+from app.kube.gateway import KubernetesGateway
+from app.pools.model import PoolSpec, PoolSpecError
+from app.resources import DRAINING_REASON_ANNOTATION
+from app.serving import leases, view as serving
+from app.serving.bans import BanSettings, Target
+from devcluster.cluster import FakeCluster
+from tests.pools.test_controller import NS, SETTINGS, TEMPLATE, make_pool, pool_obj, proxies, ready, run
+
+pytestmark = pytest.mark.timeout(60)
+BANS = BanSettings(refusal_ips=0)
+
+
+@pytest.fixture()
+def api():
+    with FakeCluster(kubelet=False) as cluster:
+        client = cluster.fake.api_client()
+        yield client
+        client.close()
+
+
+def _leasable(api, r, egress: dict[str, str]) -> None:
+    """Make every member Ready and healthy, leaving from the address ``egress`` gives its name
+    (the next free one of 198.51.100.x for a new member)."""
+    for p in proxies(api):
+        if p.name not in egress:
+            egress[p.name] = f"198.51.100.{len(egress) + 1}"
+        ready(api, r, p)
+        r.hset(serving.proxy_key(p.uid), "egressIP", egress[p.name])
+
+
+def _ban(r, uid: str, site: str) -> None:
+    """A crawler's lease for ``site`` through member ``uid``, released ``blocked`` (the real
+    scripts; the other members' leases taken on the way are held meanwhile, then released ``ok``)."""
+    held = []
+    try:
+        for _ in range(10):
+            lease = leases.acquire(r, f"crawler-{len(held)}", leases.Filters(pool="web"), ttl=60, settings=SETTINGS,
+                                   target=Target.of(site, BANS), bans=BANS)
+            if lease.uid == uid:
+                leases.release(r, lease_client(held), lease.id, outcome="blocked", settings=SETTINGS, bans=BANS)
+                return
+            held.append(lease)
+        raise AssertionError(f"no lease on {uid} for {site}")
+    finally:
+        for n, other in enumerate(held):
+            leases.release(r, f"crawler-{n}", other.id, outcome="ok", settings=SETTINGS, bans=BANS)
+
+
+def lease_client(held: list) -> str:
+    """The client name :func:`_ban` used for its latest lease."""
+    return f"crawler-{len(held)}"
+
+
+def _events(api, reason: str) -> list:
+    return [e for e in k8s.CoreV1Api(api).list_namespaced_event(NS).items if e.reason == reason]
+
+
+def test_the_recycle_policy_is_read_and_checked():
+    spec = PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"bannedTargets": 3}})
+    assert spec.recycle is not None and spec.recycle.banned_targets == 3 and spec.recycle.window == 3600
+    with pytest.raises(PoolSpecError, match="spec.recycle.bannedTargets"):
+        PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"windowSeconds": 60}})
+
+
+def test_a_burned_member_is_replaced_without_dropping_below_the_floor(api, redis_client):
+    ref = make_pool(api, replicas=2, recycle={"bannedTargets": 2, "windowSeconds": 600})
+    run(api, redis_client, ref)
+    egress: dict[str, str] = {}
+    _leasable(api, redis_client, egress)
+    burned, kept = proxies(api)
+    time.sleep(1.1)  # bans in a member's first second are not counted (whole-second creation times)
+    _ban(redis_client, burned.uid, "shop.example.com")
+    assert run(api, redis_client, ref).plan.actions == 0  # one site: not burned yet
+    _ban(redis_client, burned.uid, "news.example.org")
+
+    # a replacement first (maxSurge 1, maxUnavailable 0): the burned member keeps serving meanwhile
+    first = run(api, redis_client, ref)
+    assert len(first.plan.creates) == 1 and first.plan.drains == ()
+    assert len(proxies(api)) == 3
+    assert redis_client.zscore("po:load", burned.uid) is not None  # still leasable
+    status = pool_obj(api)["status"]
+    assert status["burnedReplicas"] == 1 and "1 outdated (1 burned: spec.recycle)" in str(status["conditions"])
+
+    # once the replacement is leasable, the burned member drains (reason Burned), the other stays
+    _leasable(api, redis_client, egress)
+    second = run(api, redis_client, ref)
+    [drain] = second.plan.drains
+    assert (drain.uid, drain.reason, drain.targets) == (burned.uid, "Burned", ("example.com", "example.org"))
+    marked = {p.name: p.annotations.get(DRAINING_REASON_ANNOTATION) for p in KubernetesGateway(api).list_proxies_in(NS)}
+    assert marked[burned.name] == "Burned" and marked[kept.name] is None
+    [event] = _events(api, "MemberBurned")
+    assert burned.name in event.message and "(example.com, example.org)" in event.message
+
+
+def test_bans_from_before_a_member_was_made_are_not_its_own(api, redis_client):
+    """A replacement that leaves from the same egress IP (Pods behind one node's SNAT) is not
+    replaced again for its predecessor's bans."""
+    ref = make_pool(api, replicas=1, recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref)
+    [old] = proxies(api)
+    _leasable(api, redis_client, {old.name: "198.51.100.50"})
+    time.sleep(1.1)
+    _ban(redis_client, old.uid, "shop.example.com")
+    run(api, redis_client, ref)  # the replacement
+    egress = {p.name: "198.51.100.50" for p in proxies(api)}  # every member leaves from the same IP
+    _leasable(api, redis_client, egress)
+    out = run(api, redis_client, ref)
+    assert [d.uid for d in out.plan.drains] == [old.uid]  # the old one goes, the new one stays
+    out = run(api, redis_client, ref)
+    assert out.plan.drains == () and out.plan.creates == ()
