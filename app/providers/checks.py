@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -279,7 +279,7 @@ def status_for(verdicts: list[TargetVerdict], previous: dict | None, *, generati
     """
     now = now or rfc3339()
     old = {t.get("name"): t for t in (previous or {}).get("targets") or ()}
-    targets = []
+    targets: list[dict[str, Any]] = []
     for v in verdicts:
         prev = old.get(v.name)
         ltt = prev.get("lastTransitionTime") if prev and prev.get("ready") == v.ready else now
@@ -295,8 +295,8 @@ def status_for(verdicts: list[TargetVerdict], previous: dict | None, *, generati
     return {"conditions": cond, "targets": targets, "readyTargets": ready, "totalTargets": len(targets)}
 
 
-def _summary(targets: Iterable[dict]) -> dict[str, tuple[bool, str]]:
-    return {t.get("name"): (bool(t.get("ready")), t.get("reason") or "") for t in targets or ()}
+def _summary(targets: Iterable[dict] | None) -> dict[str, tuple[bool, str]]:
+    return {str(t.get("name")): (bool(t.get("ready")), t.get("reason") or "") for t in targets or ()}
 
 
 class ProviderHealthWriter:
@@ -435,7 +435,7 @@ class ProviderHealthCollector:
     def __init__(self, redis_factory: Callable[[], object], configs, clock: Callable[[], float] = time.time) -> None:
         self.redis_factory, self.clock = redis_factory, clock
         self.configs = [pc for pc in configs if pc.check_interval]
-        self._r = None
+        self._r: Any = None
 
     def describe(self):
         """Nothing to describe up front (no Redis read when registered)."""

@@ -37,7 +37,7 @@ class MeteredProvider(Provider):
         self.inner, self.name, self.type = inner, name, ptype
 
     @property
-    def credentials_in_instance(self) -> bool:
+    def credentials_in_instance(self) -> bool:  # type: ignore[override]  # read-only: the wrapped provider says
         """The wrapped provider's :attr:`~app.providers.base.Provider.credentials_in_instance`."""
         return bool(self.inner.credentials_in_instance)
 

@@ -61,4 +61,4 @@ def tags_for(uid: str) -> dict[str, str]:
 
 def is_abandoned(tags: dict[str, str] | None) -> bool:
     """Return whether ``tags`` carry the abandoned mark (``abandoned=true``, see :data:`TAG_ABANDONED`)."""
-    return bool(tags) and tags.get(TAG_ABANDONED) == ABANDONED
+    return bool(tags) and (tags or {}).get(TAG_ABANDONED) == ABANDONED

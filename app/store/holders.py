@@ -275,10 +275,10 @@ def reap(redis, restore: Callable[[str], None], judge: Holder) -> int:
     restored = 0
     for member in redis.smembers(redis_keys.HOLDERS):
         holder = _text(member)
-        if holder == judge.id or alive(redis, holder):
+        if holder is None or holder == judge.id or alive(redis, holder):
             continue
         key = redis_keys.holder_messages(holder)
-        tags = [_text(tag) for tag in redis.smembers(key)]
+        tags = [tag for tag in map(_text, redis.smembers(key)) if tag is not None]
         for tag in tags:
             restore(tag)
         restored += len(tags)

@@ -253,8 +253,8 @@ def _size(reader: Reader, key: str, default: int) -> int:
     value = reader.raw(key, default)
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
-    elif isinstance(value, str) and _SIZE.match(value.strip()):
-        number, unit = _SIZE.match(value.strip()).groups()
+    elif isinstance(value, str) and (match := _SIZE.match(value.strip())):
+        number, unit = match.groups()
         size = int(number) * _SIZE_UNITS[unit]
     else:
         raise reader.error(key, f"must be a size such as 10GiB, 512MiB or a number of bytes, got {value!r}")

@@ -256,8 +256,9 @@ def disk_sources(xml_text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for disk in root.findall("./devices/disk"):
         src = disk.find("source")
-        if disk.get("type") == "file" and src is not None and src.get("file"):
-            out.setdefault(disk.get("device", "disk"), src.get("file"))
+        path = src.get("file") if src is not None else None
+        if disk.get("type") == "file" and path:
+            out.setdefault(disk.get("device", "disk"), path)
     return out
 
 
@@ -268,8 +269,9 @@ def nic_macs(xml_text: str) -> list[tuple[str, str | None]]:
     for nic in root.findall("./devices/interface"):
         mac = nic.find("mac")
         src = nic.find("source")
-        if mac is not None and mac.get("address"):
-            out.append((mac.get("address").lower(), src.get("network") if src is not None else None))
+        address = mac.get("address") if mac is not None else None
+        if address:
+            out.append((address.lower(), src.get("network") if src is not None else None))
     return out
 
 

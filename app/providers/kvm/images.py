@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import libvirt
@@ -218,9 +219,9 @@ def _replaceable(link: HostLink, pool: libvirt.virStoragePool, pool_name: str, b
     users = []
     for name in sorted(candidates - own_volumes):
         try:
-            vol = link.call("virStorageVolLookupByName", lambda c, n=name: pool.storageVolLookupByName(n),
+            vol = link.call("virStorageVolLookupByName", lambda c, n=name: pool.storageVolLookupByName(n),  # type: ignore[misc]  # defaults bind this iteration's values
                             pool=pool_name, volume=name)
-            xml = link.call("virStorageVolGetXMLDesc", lambda c, v=vol: v.XMLDesc(0), volume=name, trace_result=True)
+            xml = link.call("virStorageVolGetXMLDesc", lambda c, v=vol: v.XMLDesc(0), volume=name, trace_result=True)  # type: ignore[misc]  # defaults bind this iteration's values
         except NotFound:
             continue
         if backing_path(xml) == base_path:
@@ -370,7 +371,7 @@ def send_all(stream: libvirt.virStream, data: bytes) -> None:
         view = view[sent:]
 
 
-def upload_bytes(link: HostLink, vol: libvirt.virStorageVol, data: bytes, **ids: str) -> None:
+def upload_bytes(link: HostLink, vol: libvirt.virStorageVol, data: bytes, **ids: Any) -> None:
     """Upload ``data`` into ``vol`` (one traced ``virStorageVolUpload``; the body is never logged)."""
     def upload(conn: libvirt.virConnect) -> None:
         with upload_stream(conn, vol, len(data)) as stream:

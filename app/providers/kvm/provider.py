@@ -248,9 +248,10 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             if meta is None or (want_uid and meta.tags.get(TAG_PROXY_UID) != want_uid):
                 raise Permanent(f"kvm host {host.name}: a domain named {name} exists but does not carry "
                                 f"this Proxy's metadata; refusing to adopt it")
-            state = link.call("virDomainGetState", lambda c: dom.state(0)[0], domain=name)
+            found = dom
+            state = link.call("virDomainGetState", lambda c: found.state(0)[0], domain=name)
             if state == libvirt.VIR_DOMAIN_PAUSED:
-                link.call("virDomainResume", lambda c: dom.resume(), domain=name)
+                link.call("virDomainResume", lambda c: found.resume(), domain=name)
             elif state not in _RUNNING_STATES:
                 self._start(link, dom, name)
             self._ensure_autostart(link, dom, name)  # domains defined before autostart was set
@@ -400,9 +401,9 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             if not network:
                 continue
             try:
-                net = link.call("virNetworkLookupByName", lambda c, n=network: c.networkLookupByName(n),
+                net = link.call("virNetworkLookupByName", lambda c, n=network: c.networkLookupByName(n),  # type: ignore[misc]  # defaults bind this iteration's values
                                 network=network)
-                leases = link.call("virNetworkGetDHCPLeases", lambda c, m=mac, nt=net: nt.DHCPLeases(m),
+                leases = link.call("virNetworkGetDHCPLeases", lambda c, m=mac, nt=net: nt.DHCPLeases(m),  # type: ignore[misc]  # defaults bind this iteration's values
                                    network=network, mac=mac)
             except (DialError, BadSSHMaterial):
                 raise
@@ -633,7 +634,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
                 meta = self._metadata(link, dom, name)
                 if meta is None or meta.tags.get(TAG_MANAGED_BY) != tag:
                     continue
-                state = link.call("virDomainGetState", lambda c, d=dom: d.state(0)[0], domain=name)
+                state = link.call("virDomainGetState", lambda c, d=dom: d.state(0)[0], domain=name)  # type: ignore[misc]  # defaults bind this iteration's values
             except NotFound:
                 continue  # gone meanwhile
             except (DialError, BadSSHMaterial) as exc:
@@ -694,7 +695,7 @@ class KvmProvider(Provider, ShardedProvider, CheckableProvider):
             return TargetVerdict(host, False, "PoolNotFound", f"storage pool {pool_name!r} does not exist", details)
         except ProviderError as exc:
             return TargetVerdict(host, False, "LibvirtError", str(exc), details)
-        if not active:
+        if not active or info is None:
             return TargetVerdict(host, False, "PoolInactive", f"storage pool {pool_name!r} is not running", details)
         details["capacityBytes"] = str(info[1])
         details["freeBytes"] = str(info[3])

@@ -142,11 +142,11 @@ def vendor_data(*, install_guest_agent: bool, squid_conf: str | None, user_vendo
         part.add_header("Content-Disposition", "attachment", filename=filename)
         msg.attach(part)
     if user_vendor_data:
-        part = MIMEBase("text", "plain")
-        part.set_payload(user_vendor_data)
-        encoders.encode_base64(part)
-        part.add_header("Content-Disposition", "attachment", filename="vendor-data")
-        msg.attach(part)
+        vendor = MIMEBase("text", "plain")
+        vendor.set_payload(user_vendor_data)
+        encoders.encode_base64(vendor)
+        vendor.add_header("Content-Disposition", "attachment", filename="vendor-data")
+        msg.attach(vendor)
     return msg.as_bytes()
 
 
