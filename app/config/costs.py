@@ -17,6 +17,7 @@ operator writes, so the estimate (``proxy_operator_estimated_cost_per_hour``,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from app.config.validation import Reader
@@ -63,6 +64,12 @@ class CostTable:
         return 0.0
 
 
+def _is_price(value: object) -> bool:
+    """Whether ``value`` is a finite number >= 0 (YAML's ``.nan`` and ``.inf`` are floats, not prices)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value >= 0)
+
+
 def _prices(block: Reader, key: str) -> dict[str, float]:
     raw = block.raw(key, {})
     if not isinstance(raw, dict):
@@ -71,8 +78,8 @@ def _prices(block: Reader, key: str) -> dict[str, float]:
     for name, value in raw.items():
         if not isinstance(name, str) or not name:
             raise block.error(key, f"{name!r} is not a machine type")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise block.error(f"{key}.{name}", f"must be a price per hour (a number >= 0), got {value!r}")
+        if not _is_price(value):
+            raise block.error(f"{key}.{name}", f"must be a price per hour (a finite number >= 0), got {value!r}")
         out[name] = float(value)
     return out
 
@@ -81,15 +88,15 @@ def parse(block: Reader) -> CostTable | None:
     """Parse the ``costs`` block; ``None`` when the entry has none.
 
     Raises:
-        app.config.validation.ConfigError: a price that is not a non-negative number, a table
+        app.config.validation.ConfigError: a price that is not a finite number >= 0 (NaN and infinity included), a table
             that is not a mapping, an unknown key, naming the field (``costs.onDemand.t3.micro``).
     """
     if not block.data:
         return None
     currency = block.str("currency", "USD") or "USD"
     budget = block.raw("budgetPerHour")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
-        raise block.error("budgetPerHour", f"must be a price per hour (a number >= 0), got {budget!r}")
+    if budget is not None and not _is_price(budget):
+        raise block.error("budgetPerHour", f"must be a price per hour (a finite number >= 0), got {budget!r}")
     table = CostTable(currency=currency, on_demand=_prices(block, "onDemand"), spot=_prices(block, "spot"),
                       budget_per_hour=None if budget is None else float(budget))
     block.done()

@@ -228,3 +228,24 @@ def test_gc_deletes_orphans_and_superseded_instances_and_keeps_live_and_abandone
     assert sorted(report.deleted) == sorted([live.provider_id, orphan.provider_id])  # superseded + orphan
     states = {i.provider_id: i.state for i in provider.list_by_tag(MANAGED_BY).instances}
     assert set(states) == {moved.provider_id, kept.provider_id}
+
+
+def test_ingress_rules_added_by_hand_are_revoked_whatever_their_source(moto, ec2, make_provider):
+    """A rule opening the group to another security group or a prefix list is drift like a CIDR rule."""
+    make_provider().create(_request("0b1c2d3e-0000-4000-8000-000000000010"))
+    [group] = ec2.describe_security_groups(Filters=[{"Name": "group-name",
+                                                     "Values": ["proxy-operator-aws-test"]}])["SecurityGroups"]
+    other = ec2.create_security_group(GroupName="hand-made", Description="by hand")["GroupId"]
+    plist = ec2.create_managed_prefix_list(PrefixListName="by-hand", MaxEntries=2, AddressFamily="IPv4",
+                                           Entries=[{"Cidr": "192.0.2.0/24"}])["PrefixList"]["PrefixListId"]
+    ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 3128, "ToPort": 3128, "UserIdGroupPairs": [{"GroupId": other}]},
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "PrefixListIds": [{"PrefixListId": plist}]},
+        {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+
+    make_provider().create(_request("0b1c2d3e-0000-4000-8000-000000000011"))  # a restarted worker ensures it again
+
+    [group] = ec2.describe_security_groups(GroupIds=[group["GroupId"]])["SecurityGroups"]
+    opened = [(p["IpProtocol"], p.get("FromPort"), [r["CidrIp"] for r in p.get("IpRanges", [])],
+               p.get("UserIdGroupPairs", []), p.get("PrefixListIds", [])) for p in group["IpPermissions"]]
+    assert opened == [("tcp", 3128, [CLIENTS], [], [])]

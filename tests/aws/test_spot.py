@@ -123,3 +123,22 @@ def test_providers_without_spot_refuse_it(kube_client):
     with pytest.raises(SpecNotAllowed) as err:
         provider.create(_request("0e000000-0000-4000-8000-000000000003", capacity=CAPACITY_SPOT))
     assert err.value.field == "spec.placement.capacity" and "aws and gcp only" in str(err.value)
+
+
+def test_a_replacement_never_reuses_the_client_token_of_an_earlier_launch(moto, ec2, provider):
+    """EC2 answers a known token with the instance it launched (IdempotentInstanceTerminated once that
+    one is gone), and lists terminated instances for about an hour only: a third launch after the
+    first one aged out of the listings must not repeat the second one's token."""
+    uid = "0e000000-0000-4000-8000-000000000009"
+    launched = []
+    for _ in range(2):
+        inst = provider.create(_request(uid, capacity=CAPACITY_SPOT))
+        launched.append(_instance_id(ec2, inst.name))
+        moto.interrupt(REGION, launched[-1])
+    backend = moto.backend(REGION)  # EC2 stops listing the first, oldest terminated instance
+    for rid, reservation in list(backend.reservations.items()):
+        if any(i.id == launched[0] for i in reservation.instances):
+            del backend.reservations[rid]
+    provider.create(_request(uid, capacity=CAPACITY_SPOT))
+    tokens = [c.params["ClientToken"] for c in moto.front.of("RunInstances")]
+    assert len(tokens) == 3 and len(set(tokens)) == 3, tokens

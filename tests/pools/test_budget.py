@@ -92,6 +92,21 @@ def test_a_bad_costs_block_is_refused_naming_the_field():
         assert err.value.field == field
 
 
+@pytest.mark.parametrize("costs, field", [
+    ({"onDemand": {"t3.micro": float("nan")}}, "costs.onDemand.t3.micro"),
+    ({"spot": {"default": float("inf")}}, "costs.spot.default"),
+    ({"budgetPerHour": float("nan")}, "costs.budgetPerHour"),
+    ({"budgetPerHour": float("inf")}, "costs.budgetPerHour"),
+])
+def test_a_price_that_is_not_a_finite_number_is_refused(costs, field):
+    """YAML's .nan and .inf are floats: a NaN price makes every estimate NaN and the budget alert never fires."""
+    from app.config.validation import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_config({"providers": [{"name": "k", "type": "kubernetes", "costs": costs}]}, "providers.yaml")
+    assert err.value.field == field
+
+
 # -- the controller refuses creates beyond the budget ----------------------------------------------
 @pytest.fixture()
 def api():

@@ -48,16 +48,29 @@ def pick_zone(name: str, zones: tuple[str, ...] | list[str]) -> str:
     return zones[index]
 
 
-def client_token(name: str, zone: str, generation: int, day: str, shape: str = "") -> str:
+def client_token(name: str, zone: str, previous: str, day: str, shape: str = "") -> str:
     """Return the ``ClientToken`` of a RunInstances call (at most 64 ASCII characters).
 
     EC2 answers a repeated RunInstances with the same token with the instance the first call
     launched, so a create whose answer was lost never launches a second instance.  A token is
-    remembered for a long time after its instance terminated, so a replacement (after an
-    interruption) must use another one: ``generation`` is the number of terminated instances of
-    ``name`` EC2 still shows, and ``day`` (UTC ``YYYYMMDD``) keeps a token from being reused
-    once those have aged out of the listings.  ``shape`` (image, instance type, capacity) is part
-    of it too: EC2 refuses a known token with other parameters (``IdempotentParameterMismatch``).
+    remembered for a long time after its instance terminated (EC2 then answers
+    ``IdempotentInstanceTerminated``), so a replacement must use another one.  ``previous`` is the
+    ID of the newest terminated instance of ``name`` EC2 still lists (``""`` for none): every launch
+    ends the run of its predecessor, and an instance stops being listed only after every older one
+    did, so a later launch never sees the ``previous`` an earlier one saw (a count of the listed
+    instances would repeat once the oldest ages out).  ``day`` (UTC ``YYYYMMDD``) keeps the
+    ``""`` case from repeating a token of another day.  ``shape`` (image, instance type, capacity)
+    is part of it too: EC2 refuses a known token with other parameters
+    (``IdempotentParameterMismatch``).
+
+    Args:
+        name: the instance name.
+        zone: the availability zone.
+        previous: the newest terminated instance ID of ``name`` still listed, or ``""``.
+        day: the UTC day, ``YYYYMMDD``.
+        shape: image, instance type and capacity, joined.
+    Returns:
+        ``<name>-<24 hex digits>``, cut to 64 characters.
     """
-    digest = hashlib.sha256(f"{name}/{zone}/{generation}/{day}/{shape}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{name}/{zone}/{previous}/{day}/{shape}".encode()).hexdigest()[:24]
     return f"{name}-{digest}"[:64]

@@ -148,6 +148,11 @@ def to_instance(raw: dict[str, Any], region: str) -> Instance:
                     note=interruption_note(raw) if state is InstanceState.TERMINATED else None)
 
 
+def _launched(raw: dict[str, Any]) -> datetime:
+    """The launch time of a described instance (the earliest time when EC2 gives none)."""
+    return _created(raw.get("LaunchTime")) or datetime.min.replace(tzinfo=timezone.utc)
+
+
 def _ec2_tags(tags: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
@@ -332,9 +337,10 @@ class AwsProvider(Provider, CheckableProvider):
             raise Permanent(f"aws provider {self.name}: {exc}") from None
         group = self.security_group()
         image = self._image(request.image or s.ami)
-        generation = len(found) - len(live)  # terminated ones EC2 still shows
+        ended = [i for i in found if i not in live]  # terminated ones EC2 still shows
+        previous = str(max(ended, key=_launched).get("InstanceId") or "") if ended else ""
         instance_type = request.machine_type or s.instance_type
-        token = ids.client_token(request.name, zone, generation, datetime.now(timezone.utc).strftime("%Y%m%d"),
+        token = ids.client_token(request.name, zone, previous, datetime.now(timezone.utc).strftime("%Y%m%d"),
                                  f"{image}/{instance_type}/{request.capacity}")
         tags = {TAG_NAME: request.name, **request.tags, TAG_PROVIDER: self.name}
         nic: dict[str, Any] = {"DeviceIndex": 0, "Groups": [group], "AssociatePublicIpAddress": s.external_ip,
@@ -412,7 +418,8 @@ class AwsProvider(Provider, CheckableProvider):
         With ``securityGroup.id`` that group as it is.  With ``ensure``: the group ``name``
         (``proxy-operator-<provider>``) in ``vpcId`` (the default VPC), created when missing and
         tagged ``managed-by``; its ingress rules made exactly TCP ``ports`` from ``sourceRanges``
-        (missing ones authorized, others revoked).  Egress is left as EC2 makes it; the guest's
+        (missing ones authorized, every other one revoked: other CIDRs, ports and protocols, and
+        rules from another security group or a prefix list).  Egress is left as EC2 makes it; the guest's
         nftables rules (:mod:`app.squid.egress`) restrict Squid's own.  Checked once per process.
 
         Raises:
@@ -471,6 +478,13 @@ class AwsProvider(Provider, CheckableProvider):
                 else:
                     extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
                                   "Ipv6Ranges": [{"CidrIpv6": rng.get("CidrIpv6")}]})
+            # Rules from another security group or a prefix list are never ours.
+            for pair in perm.get("UserIdGroupPairs", []):
+                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
+                              "UserIdGroupPairs": [{k: pair[k] for k in ("GroupId", "UserId") if pair.get(k)}]})
+            for plist in perm.get("PrefixListIds", []):
+                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
+                              "PrefixListIds": [{"PrefixListId": plist.get("PrefixListId")}]})
         missing = sorted(want - have)
         if missing:
             perms = [{"IpProtocol": "tcp", "FromPort": p, "ToPort": p,
