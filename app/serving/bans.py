@@ -30,6 +30,7 @@ bounded by the live cooldowns, leases and refusal windows, not by history.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import threading
@@ -229,6 +230,28 @@ def owner(settings: BanSettings, client: str) -> str:
     return "" if settings.scope == "fleet" else "#" + client
 
 
+def realm(settings: BanSettings, client: str, scope_lua: str) -> str:
+    """The suffix of the refusal keys of ``client``: who a target's refusal is counted and
+    enforced for.  A target refusing everyone is a fact about the egress IPs the reporting
+    clients may use, so it holds for the clients of the same scope only (and, with
+    ``BAN_SCOPE=client``, for the reporting client only): a client can never deny a target to,
+    or learn a refusal of, a client of another scope.
+
+    Args:
+        settings: :class:`BanSettings` (``scope``).
+        client: the client's name.
+        scope_lua: its scope as the lease scripts take it (``app.serving.leases.Scope.lua``:
+            ``""`` for every proxy).
+    Returns:
+        ``""`` for a client of every proxy under fleet-wide bans, else ``#<client>`` and/or
+        ``@<digest of the scope>``.
+    """
+    suffix = owner(settings, client)
+    if scope_lua:
+        suffix += "@" + hashlib.sha256(scope_lua.encode()).hexdigest()[:16]
+    return suffix
+
+
 def proxy_bans(r, identities: list[str], settings: BanSettings) -> list[dict]:
     """Per-target state of egress identities, for ``GET /v1/proxies``.
 
@@ -276,4 +299,4 @@ def live_cooldowns(r, now_ms: int | None = None) -> int:
     return int(r.zcount(redis_keys.BANS, f"({now_ms}", "+inf"))
 
 
-__all__ = ["BanSettings", "Target", "TargetError", "owner", "parse_rules", "proxy_bans", "live_cooldowns"]
+__all__ = ["BanSettings", "Target", "TargetError", "owner", "realm", "parse_rules", "proxy_bans", "live_cooldowns"]

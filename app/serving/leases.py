@@ -77,7 +77,7 @@ from app.store import keys as redis_keys
 from app.store.lua import Lua
 from app.serving.selectors import Requirement, as_lua, matches
 from app.serving.records import ServingRecord, load_all
-from app.serving.bans import BanSettings, Target, owner as ban_owner, proxy_bans
+from app.serving.bans import BanSettings, Target, owner as ban_owner, proxy_bans, realm as ban_realm
 from app.config.settings import env_number
 from app.timefmt import rfc3339
 
@@ -477,7 +477,8 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
     args = [client, lease_id, int(ttl) * 1000, filters.to_json(), session_key or "", settings.sticky_ttl,
             settings.record_grace * 1000, _limit(client_max_leases), scope.lua]
     if target is not None:
-        args += [target.name, ban_owner(bans or _BANS, client), target.limit, target.pools]
+        b = bans or _BANS
+        args += [target.name, ban_owner(b, client), target.limit, target.pools, ban_realm(b, client, scope.lua)]
     raw = _ACQUIRE(r, _INDEX_KEYS, args)
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:

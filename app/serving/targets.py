@@ -5,7 +5,9 @@ host); bans, concurrency limits and refusals (:mod:`app.serving.bans`) apply to 
 registrable domain (``example.co.uk``), derived with the Public Suffix List of
 `tldextract <https://github.com/john-kurkowski/tldextract>`_: the snapshot bundled with the
 installed package, never fetched at run time.  A host whose suffix is not on the list (an IP
-address, ``localhost``, ``site-a.test``) is its own target, whole.
+address, ``localhost``, ``site-a.test``) is its own target, whole.  An internationalised host
+name counts in its ASCII form (IDNA, UTS #46 mapping: ``Bücher.de`` and ``xn--bcher-kva.de``
+are one target), since HTTP libraries hand either form over as a URL's host.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ipaddress
 import re
 from functools import lru_cache
 
+import idna
 import tldextract
 
 #: Longest host name accepted (RFC 1035: 253 characters in text form).
@@ -58,13 +61,19 @@ def registrable_domain(value: str) -> str:
         is not on the Public Suffix List (``localhost``, ``site-a.test``, an IP address).
     Raises:
         TargetError: not a host name (empty, too long, a label with other characters than
-            letters, digits, ``-`` and ``_``), naming what is wrong.
+            letters, digits, ``-`` and ``_`` once an internationalised name is in its ASCII
+            form), naming what is wrong.
     """
     if not isinstance(value, str):
         raise TargetError(f"must be a host name string, got {type(value).__name__}")
     host = _host(value)
     if not host:
         raise TargetError("must be a host name, got an empty one")
+    if not host.isascii():
+        try:
+            host = idna.encode(host, uts46=True).decode("ascii").lower().rstrip(".")
+        except idna.IDNAError as exc:
+            raise TargetError(f"{host!r} is not an internationalised host name: {exc}") from None
     if len(host) > MAX_HOST_LENGTH:
         raise TargetError(f"host name is {len(host)} characters long, at most {MAX_HOST_LENGTH} allowed")
     try:

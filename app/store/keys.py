@@ -238,22 +238,25 @@ def target_leases(target: str, ident: str) -> str:
 REFUSALS_PREFIX = PREFIX + "refusals:"
 
 
-def refusals(target: str) -> str:
+def refusals(target: str, realm: str = "") -> str:
     """sorted set — egress identity → time (ms) of its last ``blocked`` report for ``target``
-    within ``TARGET_REFUSAL_WINDOW_SECONDS``.  TTL: the window.  ``lease_release.lua`` only."""
-    return REFUSALS_PREFIX + target
+    within ``TARGET_REFUSAL_WINDOW_SECONDS``, by the clients of ``realm``
+    (:func:`app.serving.bans.realm`: ``""`` for clients of every proxy under fleet-wide bans).
+    TTL: the window.  ``lease_release.lua`` only."""
+    return REFUSALS_PREFIX + target + realm
 
 
 #: Prefix of :func:`refusing`.
 REFUSING_PREFIX = PREFIX + "refusing:"
 
 
-def refusing(target: str) -> str:
+def refusing(target: str, realm: str = "") -> str:
     """string — end (ms) of ``target``'s cool-off as a target refusing everyone: leases for it
-    are refused (``429 target_refusing``) until then.  TTL: the cool-off
+    by the clients of ``realm`` (:func:`app.serving.bans.realm`) are refused
+    (``429 target_refusing``) until then.  TTL: the cool-off
     (``TARGET_REFUSAL_COOLOFF_SECONDS``).  Written by ``lease_release.lua``; read by
     ``lease_acquire.lua`` and ``lease_release.lua``."""
-    return REFUSING_PREFIX + target
+    return REFUSING_PREFIX + target + realm
 
 
 #: Prefix of :func:`ip_bans`.

@@ -4,7 +4,8 @@
 -- else {ns = {<namespace> = true}, pools = {<namespace>/<pool> = true}}), the target ('' = none: a
 -- registrable domain, app.serving.bans), the ban key's owner ('' fleet-wide, '#<client>'), the
 -- target's concurrency limit per egress identity (0: by the pool rules), the pool rules (JSON
--- {<namespace>/<pool> = limit}, '' = none).  After the limits (expire_batch, index_page, expire_backlog,
+-- {<namespace>/<pool> = limit}, '' = none), the refusal realm (app.serving.bans.realm: whose refusals of
+-- the target this client shares).  After the limits (expire_batch, index_page, expire_backlog,
 -- explain_limit),
 -- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
@@ -46,9 +47,9 @@ if client_max then
 end
 -- a target refusing everyone (app.serving.bans): no fresh egress IP is spent on it until its
 -- cool-off ends
-local ban_key, target_limit, pool_limits = nil, 0, nil
+local ban_key, target_limit, pool_limits, realm = nil, 0, nil, ARGV[14] or ''
 if target then
-  local refusing = tonumber(redis.call('GET', P_REFUSING .. target))
+  local refusing = tonumber(redis.call('GET', P_REFUSING .. target .. realm))
   if refusing and refusing > now then
     return cjson.encode({error = 'target_refusing', target = target, untilMs = refusing, now = now})
   end
@@ -143,7 +144,7 @@ end
 local stale = {}
 local function check(uid, count, in_index)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
-                       'labels', 'authSecret', 'pool', 'drainUntil', 'egressIP')
+                       'labels', 'authSecret', 'pool', 'drainUntil', 'egressIP', 'targetIdent')
   local max = tonumber(h[2]) or 0
   if count and scope and in_scope(h[5], h[8]) then stats.inscope = stats.inscope + 1 end
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[9] and h[9] ~= '') then
@@ -162,8 +163,8 @@ local function check(uid, count, in_index)
   -- a target: the proxy's egress identity must not be banned for it nor at its concurrency limit
   local ident = nil
   if target then
-    ident = h[10]
-    if not ident or ident == '' then ident = 'uid:' .. uid end
+    -- (its live leases follow a changed egress IP before that IP's count is read)
+    ident = follow_ident(uid, h[10], h[11], now)
     local banned = tonumber(redis.call('ZSCORE', ban_key, ident))
     if banned and banned > now then
       if count then
@@ -411,7 +412,8 @@ if target then
   redis.call('ZREMRANGEBYSCORE', tk, '-inf', now)
   redis.call('ZADD', tk, exp, lease_id)
   if redis.call('PTTL', tk) < ttl then redis.call('PEXPIRE', tk, ttl) end
-  redis.call('HSET', lk, 'target', target, 'ident', chosen_ident)
+  redis.call('HSET', lk, 'target', target, 'ident', chosen_ident, 'realm', realm)
+  redis.call('HSET', P_PROXY .. chosen, 'targetIdent', chosen_ident)
 end
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end

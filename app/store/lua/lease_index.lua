@@ -4,8 +4,38 @@
 -- pool), or in none when its record is gone; returns its live leases (0 when not leasable).  Included by every script that changes a record's healthy or
 -- maxLeases or a proxy's leases, after now.lua.  held_key(client): the client's live leases.
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
+-- follow_ident(uid, egress, recorded, now): a proxy's targeted leases count against its egress identity
+-- (app.serving.bans); recorded ('targetIdent' in its record, false: none) is the identity they were
+-- counted under, egress its 'egressIP' now.  When the egress IP changed under live leases, they move
+-- to the new identity's concurrency counts (and bans of their release follow): the leases leave
+-- through the new IP.  Returns the identity now.
+local function follow_ident(uid, egress, recorded, now)
+  local ident = egress
+  if not ident or ident == '' then ident = 'uid:' .. uid end
+  if not recorded or recorded == ident then return ident end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P_LEASES .. uid, '(' .. now, '+inf')) do
+    local l = redis.call('HMGET', P_LEASE .. id, 'target', 'ident')
+    if l[1] and l[2] == recorded then
+      local old_key = P_TARGET_LEASES .. l[1] .. '|' .. recorded
+      local exp = tonumber(redis.call('ZSCORE', old_key, id))
+      redis.call('ZREM', old_key, id)
+      if exp and exp > now then
+        local new_key = P_TARGET_LEASES .. l[1] .. '|' .. ident
+        redis.call('ZADD', new_key, exp, id)
+        if redis.call('PTTL', new_key) < exp - now then redis.call('PEXPIRE', new_key, exp - now) end
+      end
+      redis.call('HSET', P_LEASE .. id, 'ident', ident)
+    end
+  end
+  redis.call('HSET', P_PROXY .. uid, 'targetIdent', ident)
+  return ident
+end
+
 local function reindex(uid, now)
-  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil')
+  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil', 'egressIP',
+                       'targetIdent')
+  -- (a record that is gone keeps nothing: no field is written into a deleted record)
+  if h[3] and h[6] then follow_ident(uid, h[5], h[6], now) end
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[4] and h[4] ~= '') then
     redis.call('ZREM', K_LOAD, uid)

@@ -7,7 +7,13 @@
 local id, client, outcome, cooldown, request = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local lk = P_LEASE .. id
 local rk = P_RELEASED .. id
-local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey', 'target', 'ident')
+-- a targeted lease counts against the egress IP its proxy leaves through now (lease_index.lua)
+local lease_uid = redis.call('HGET', lk, 'uid')
+if lease_uid then
+  local px = redis.call('HMGET', P_PROXY .. lease_uid, 'uid', 'egressIP', 'targetIdent')
+  if px[1] and px[3] then follow_ident(lease_uid, px[2], px[3], now) end
+end
+local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey', 'target', 'ident', 'realm')
 if not h[1] then
   -- this very request run again (app/store/retry.py) after a first run that released the lease
   -- and whose answer was lost with its connection: the first run's answer, not a 404
@@ -44,12 +50,14 @@ if bad and target and ident then
   local history, refusal_ips = tonumber(ARGV[10]), tonumber(ARGV[11])
   local window, cooloff = tonumber(ARGV[12]), tonumber(ARGV[13])
   local ban_key = P_BAN .. target .. owner
-  refusing_until = tonumber(redis.call('GET', P_REFUSING .. target)) or 0
+  -- (refusals are counted per realm, the one the lease was granted in: app.serving.bans.realm)
+  local realm = h[6] or ''
+  refusing_until = tonumber(redis.call('GET', P_REFUSING .. target .. realm)) or 0
   if refusing_until <= now then refusing_until = 0 end
   if refusing_until == 0 and outcome == 'blocked' and refusal_ips > 0 then
     -- the site refusing this many different egress identities within the window refuses
     -- everyone: lift their bans, cool the target off instead
-    local fk = P_REFUSALS .. target
+    local fk = P_REFUSALS .. target .. realm
     redis.call('ZREMRANGEBYSCORE', fk, '-inf', now - window)
     redis.call('ZADD', fk, now, ident)
     redis.call('PEXPIRE', fk, window)
@@ -63,7 +71,7 @@ if bad and target and ident then
       end
       redis.call('DEL', fk)
       refusing_until = now + cooloff
-      redis.call('SET', P_REFUSING .. target, refusing_until, 'PX', cooloff)
+      redis.call('SET', P_REFUSING .. target .. realm, refusing_until, 'PX', cooloff)
       refused_now = 1
     end
   end
