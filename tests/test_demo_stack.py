@@ -111,7 +111,7 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         steps = readme_demo_block()
         first = next(i for i, line in enumerate(steps) if line.startswith("LEASE="))
         script = "\n".join([variables, *steps[first:first + 6]])
-        assert steps[first + 6] == "kubectl delete px squid-k8s-1", steps
+        assert steps[first + 9] == "kubectl delete px squid-k8s-1", steps
         lease_line, rest = sh("bash", "-euo", "pipefail", "-c", script).split("\n", 1)
         page, released = rest.rstrip("\n").rsplit("\n", 1)
         lease = json.loads(lease_line)
@@ -119,6 +119,12 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         assert lease["proxy"]["name"] == "squid-k8s-1"
         assert lease["proxyUrl"].startswith(f"http://{info['podCIDR'].rsplit('.', 1)[0]}.")
         assert "Hello from the proxy-operator demo origin" in page
+        # README's targeted lease and the proxy list, as written: a lease for one site, and the
+        # proxies the token sees with their per-site state.
+        targeted, listed = sh("bash", "-euo", "pipefail", "-c", "\n".join([variables, *steps[first + 6:first + 9]])
+                              ).strip().split("\n", 1)
+        assert json.loads(targeted)["target"] == "example.org"
+        assert [(p["name"], p["bans"]["active"]) for p in json.loads(listed)["items"]] == [("squid-k8s-1", [])]
         flower = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", info["flower"]],
                                 capture_output=True, text=True, timeout=30).stdout
         assert flower == "401"  # Flower asks for its basic-auth login
@@ -138,7 +144,7 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         assert "created" in step(steps[apply_pool])
         sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=3", "pxp/squid-k8s-pool", "--timeout=60s")
         rows = [line.split() for line in step(get_pxp).splitlines()]
-        assert rows[0] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "AGE"]
+        assert rows[0] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "BURNED", "AGE"]
         assert rows[1][:5] == ["squid-k8s-pool", "3", "3", "3", "3"]
         assert "proxypool.crawl.example.com/squid-k8s-pool scaled" in step(scale)
         sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=5", "pxp/squid-k8s-pool", "--timeout=60s")
