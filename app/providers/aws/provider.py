@@ -464,27 +464,19 @@ class AwsProvider(Provider, CheckableProvider):
         for perm in group.get("IpPermissions", []):
             port = perm.get("FromPort")
             same_port = perm.get("IpProtocol") == "tcp" and port == perm.get("ToPort")
-            for rng in perm.get("IpRanges", []):
-                key = (port, rng.get("CidrIp"))
-                if same_port and key in want:
-                    have.add(key)
-                else:
-                    extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                                  "IpRanges": [{"CidrIp": rng.get("CidrIp")}]})
-            for rng in perm.get("Ipv6Ranges", []):
-                key = (port, rng.get("CidrIpv6"))
-                if same_port and key in want:
-                    have.add(key)
-                else:
-                    extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                                  "Ipv6Ranges": [{"CidrIpv6": rng.get("CidrIpv6")}]})
+            head = {k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm}
+            for ranges_key, cidr_key in (("IpRanges", "CidrIp"), ("Ipv6Ranges", "CidrIpv6")):
+                for rng in perm.get(ranges_key, []):
+                    key = (port, rng.get(cidr_key))
+                    if same_port and key in want:
+                        have.add(key)
+                    else:
+                        extra.append({**head, ranges_key: [{cidr_key: rng.get(cidr_key)}]})
             # Rules from another security group or a prefix list are never ours.
             for pair in perm.get("UserIdGroupPairs", []):
-                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                              "UserIdGroupPairs": [{k: pair[k] for k in ("GroupId", "UserId") if pair.get(k)}]})
+                extra.append({**head, "UserIdGroupPairs": [{k: pair[k] for k in ("GroupId", "UserId") if pair.get(k)}]})
             for plist in perm.get("PrefixListIds", []):
-                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                              "PrefixListIds": [{"PrefixListId": plist.get("PrefixListId")}]})
+                extra.append({**head, "PrefixListIds": [{"PrefixListId": plist.get("PrefixListId")}]})
         missing = sorted(want - have)
         if missing:
             perms = [{"IpProtocol": "tcp", "FromPort": p, "ToPort": p,
