@@ -16,7 +16,7 @@ https://cloudinit.readthedocs.io/en/latest/explanation/format.html#mime-multi-pa
    the user-data installed.
 
 :data:`PER_BOOT` runs at every later boot too (cloud-init's ``scripts_per_boot``), fail-closed
-like the gcp startup-script (:mod:`app.providers.gcp.startup`): it stops a running Squid,
+with the gcp startup-script's install part (:func:`app.squid.boot.boot_script`): it stops a running Squid,
 installs Squid when missing (Debian's ``policy-rc.d`` answering 101 meanwhile), loads the egress
 ruleset (:data:`app.squid.egress.INSTALL_EGRESS_SH`), installs the conf (0644) and htpasswd
 (0640, Squid's group), checks the conf with ``squid -k parse`` and restarts Squid; any failure
@@ -30,8 +30,7 @@ import gzip
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
-from app.squid.conf import DEFAULT_HTPASSWD_PATH
-from app.squid.egress import INSTALL_EGRESS_SH
+from app.squid.boot import boot_script
 
 #: EC2's limit on user-data, in bytes before base64 encoding.
 MAX_USER_DATA = 16 * 1024
@@ -42,91 +41,21 @@ PER_BOOT_PATH = "/var/lib/cloud/scripts/per-boot/proxy-operator.sh"
 #: The MIME part name of the first-boot script: sorts after the user's ``runcmd`` script.
 FIRST_BOOT_NAME = "zz-proxy-operator.sh"
 
-PER_BOOT = r"""#!/bin/sh
-# proxy-operator per-boot script (app/providers/aws/bootstrap.py): run Squid with the operator's
-# squid.conf from /etc/proxy-operator at every boot. Fail-closed: Squid is stopped when the conf
-# cannot be installed.
-set -u
-SRC="${PROXY_OPERATOR_FILES:-__FILES__}"
-CONF="${PROXY_OPERATOR_SQUID_CONF:-/etc/squid/squid.conf}"
-HTPASSWD="${PROXY_OPERATOR_HTPASSWD:-__HTPASSWD__}"
-POLICY_RC_D="${PROXY_OPERATOR_POLICY_RC_D:-/usr/sbin/policy-rc.d}"
-
-log() { echo "proxy-operator: $*" >&2; }
-
-squid_service() {  # squid_service stop|restart
-  if command -v systemctl >/dev/null 2>&1; then
-    [ "$1" = restart ] && systemctl enable squid >/dev/null 2>&1
-    systemctl "$1" squid
-  elif command -v rc-service >/dev/null 2>&1; then
-    [ "$1" = restart ] && rc-update add squid default >/dev/null 2>&1
-    rc-service squid "$1"
-  else
-    service squid "$1"
-  fi
-}
-
-fail() {
-  log "$*; stopping Squid"
-  command -v squid >/dev/null 2>&1 && squid_service stop
-  exit 1
-}
-
-pkg_install() {
-  if command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@" ||
-      { apt-get -o DPkg::Lock::Timeout=600 update -q && apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@"; }
-  elif command -v dnf >/dev/null 2>&1; then dnf install -y "$@"
-  elif command -v yum >/dev/null 2>&1; then yum install -y "$@"
-  elif command -v zypper >/dev/null 2>&1; then zypper --non-interactive install "$@"
-  elif command -v apk >/dev/null 2>&1; then apk add "$@"
-  else log "no known package manager to install $*"; return 1
-  fi
-}
-
-if command -v squid >/dev/null 2>&1; then
-  squid_service stop >/dev/null 2>&1 || log "cannot stop squid before installing the conf"
-fi
+_FETCH = r"""SRC="${PROXY_OPERATOR_FILES:-__FILES__}"
 [ -s "$SRC/squid.conf" ] || fail "$SRC/squid.conf is missing or empty"
 [ -s "$SRC/egress.nft" ] || fail "$SRC/egress.nft is missing or empty"
 AUTH=0
 [ -s "$SRC/htpasswd" ] && AUTH=1
 if grep -Eq '^[[:space:]]*auth_param[[:space:]]+basic[[:space:]]+program' "$SRC/squid.conf"; then
   [ "$AUTH" = 1 ] || fail "squid.conf turns basic auth on but $SRC/htpasswd is missing or empty"
-fi
+fi""".replace("__FILES__", FILES_DIR)
 
-if ! command -v squid >/dev/null 2>&1; then
-  guard=0
-  if command -v apt-get >/dev/null 2>&1 && [ ! -e "$POLICY_RC_D" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$POLICY_RC_D" && chmod 0755 "$POLICY_RC_D" && guard=1
-  fi
-  pkg_install squid; rc=$?
-  [ "$guard" = 1 ] && rm -f "$POLICY_RC_D"
-  [ "$rc" -eq 0 ] || fail "cannot install squid"
-fi
-__INSTALL_EGRESS__
-install_egress "$SRC/egress.nft" || fail "cannot load the egress rules for Squid's user"
-
-(umask 022; mkdir -p "$(dirname "$CONF")") || fail "cannot create $(dirname "$CONF")"
-cp "$SRC/squid.conf" "$CONF.proxy-operator.new" && chmod 0644 "$CONF.proxy-operator.new" &&
-  mv -f "$CONF.proxy-operator.new" "$CONF" || fail "cannot write $CONF"
-if [ "$AUTH" = 1 ]; then
-  dir=$(dirname "$HTPASSWD")
-  (umask 022; mkdir -p "$dir") && chmod 0755 "$dir" || fail "cannot create $dir"
-  cp "$SRC/htpasswd" "$HTPASSWD.new" || fail "cannot write $HTPASSWD"
-  chgrp proxy "$HTPASSWD.new" 2>/dev/null || chgrp squid "$HTPASSWD.new" 2>/dev/null ||
-    log "neither group proxy nor squid exists; $HTPASSWD stays root's"
-  chmod 0640 "$HTPASSWD.new" && mv -f "$HTPASSWD.new" "$HTPASSWD" || fail "cannot write $HTPASSWD"
-else
-  rm -f "$HTPASSWD"
-fi
-squid -k parse -f "$CONF" >/dev/null 2>&1 || fail "squid -k parse refuses the operator's squid.conf"
-squid_service restart || fail "cannot restart squid"
-log "squid runs the operator's squid.conf"
-exit 0
-""".replace("__FILES__", FILES_DIR).replace("__HTPASSWD__", DEFAULT_HTPASSWD_PATH).replace(
-    "__INSTALL_EGRESS__", INSTALL_EGRESS_SH.strip())
+#: The per-boot script (:func:`app.squid.boot.boot_script` around reading :data:`FILES_DIR`).
+PER_BOOT = boot_script(
+    header="""# proxy-operator per-boot script (app/providers/aws/bootstrap.py): run Squid with the operator's
+# squid.conf from /etc/proxy-operator at every boot. Fail-closed: Squid is stopped when the conf
+# cannot be installed.""",
+    fetch=_FETCH)
 
 FIRST_BOOT = r"""#!/bin/sh
 # proxy-operator first boot (app/providers/aws/bootstrap.py): leave the operator's files in

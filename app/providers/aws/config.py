@@ -31,11 +31,10 @@ dotted field (``aws.securityGroup.sourceRanges[1]``).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
+from app.config.cloud_fields import WireLogSettings, cidr_list, endpoint_url, port_list, wire_logging
 from app.config.provider_types import CheckTargets
 from app.config.validation import Reader
 
@@ -82,21 +81,6 @@ class SecurityGroupSettings:
     vpc_id: str | None = None
     source_ranges: tuple[str, ...] = ()
     ports: tuple[int, ...] = DEFAULT_PORTS
-
-
-@dataclass(frozen=True)
-class WireLogSettings:
-    """botocore request/response logging (see :mod:`app.providers.aws.wire`).
-
-    Attributes:
-        enabled: forward each EC2 request and response, redacted, to ``proxy_operator.aws.wire``
-            at DEBUG (also env ``PROXY_OPERATOR_AWS_WIRE_LOG=1``).
-        full_payloads: keep strings over 1 KiB instead of eliding them; user-data, keys and
-            signatures are removed regardless.
-    """
-
-    enabled: bool = False
-    full_payloads: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,29 +166,14 @@ def _image(block: Reader, key: str, value: str, where: str) -> None:
                                  "(ssm:/aws/service/...)")
 
 
-def _ports(block: Reader) -> tuple[int, ...]:
-    ports = block.raw("ports", list(DEFAULT_PORTS))
-    if not isinstance(ports, list) or not ports:
-        raise block.error("ports", "must be a non-empty list of port numbers")
-    for i, port in enumerate(ports):
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise block.error(f"ports[{i}]", f"must be a port number 1..65535, got {port!r}")
-    return tuple(ports)
-
-
 def _security_group(block: Reader) -> SecurityGroupSettings:
     sg = block.child("securityGroup", required=True)
     group_id = _checked(sg, "id", GROUP_ID, "a security group ID (sg-0123456789abcdef0)")
     ensure = bool(sg.bool("ensure", False))
     name = _checked(sg, "name", GROUP_NAME, "a security group name (letters, digits, '.', '_', '-')")
     vpc_id = _checked(sg, "vpcId", VPC_ID, "a VPC ID (vpc-0123456789abcdef0)")
-    ranges = sg.str_list("sourceRanges")
-    for i, cidr in enumerate(ranges):
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError as exc:
-            raise sg.error(f"sourceRanges[{i}]", f"not a CIDR range: {exc}") from None
-    ports = _ports(sg)
+    ranges = cidr_list(sg, "sourceRanges")
+    ports = port_list(sg, "ports", DEFAULT_PORTS)
     if group_id and ensure:
         raise sg.error("ensure", "cannot be combined with id (use a named group as it is, or let the "
                                  "operator keep its own)")
@@ -217,7 +186,7 @@ def _security_group(block: Reader) -> SecurityGroupSettings:
         raise sg.error("id", "a group named by id is used as it is: leave out sourceRanges, name and vpcId")
     sg.done()
     return SecurityGroupSettings(id=group_id, ensure=ensure, name=name, vpc_id=vpc_id,
-                                 source_ranges=tuple(ranges), ports=ports)
+                                 source_ranges=ranges, ports=ports)
 
 
 def _subnets(block: Reader, zones: tuple[str, ...]) -> dict[str, str]:
@@ -232,30 +201,6 @@ def _subnets(block: Reader, zones: tuple[str, ...]) -> dict[str, str]:
             raise block.error(f"subnets.{zone}", f"{subnet!r} is not a subnet ID (subnet-0123456789abcdef0)")
         out[zone] = subnet
     return out
-
-
-def _endpoint(block: Reader, key: str) -> str | None:
-    value = block.str(key)
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise block.error(key, f"{value!r} must be a URL such as https://ec2.eu-west-1.amazonaws.com")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise block.error(key, f"{value!r} must be scheme://host[:port] with no path")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        raise block.error(key, f"{value!r}: {exc}") from None
-    return value.rstrip("/")
-
-
-def _wire(block: Reader) -> WireLogSettings:
-    wl = block.child("wireLogging")
-    result = WireLogSettings(enabled=bool(wl.bool("enabled", False)),
-                             full_payloads=bool(wl.bool("fullPayloads", False)))
-    wl.done()
-    return result
 
 
 def parse(block: Reader) -> AwsSettings:
@@ -304,10 +249,10 @@ def parse(block: Reader) -> AwsSettings:
         max_instances=max_instances,
         credentials_file=credentials_file,
         profile=profile,
-        endpoint_url=_endpoint(block, "endpointUrl"),
+        endpoint_url=endpoint_url(block, "endpointUrl", "https://ec2.eu-west-1.amazonaws.com"),
         request_timeout=_positive(block, "requestTimeout", 30.0),
         max_attempts=int(block.int("maxAttempts", 3, minimum=1, maximum=10) or 3),
-        wire_logging=_wire(block),
+        wire_logging=wire_logging(block),
     )
 
 

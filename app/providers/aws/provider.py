@@ -45,13 +45,14 @@ import botocore.session
 from botocore.config import Config
 
 from app.config.providers import ProviderConfig
-from app.errors import NotFound, Permanent, ProviderError, QuotaExceeded, SpecNotAllowed, Transient
+from app.errors import NotFound, Permanent, ProviderError, QuotaExceeded, Transient
 from app.providers.aws import bootstrap, ids, wire
 from app.providers.aws.classify import code_of, to_provider_error
 from app.providers.aws.config import AwsSettings
 from app.providers.base import (INTERRUPTED, CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState,
                                 ListResult, Provider, TargetVerdict, require_managed)
 from app.resources import CAPACITY_SPOT
+from app.providers.placement import refuse_port, refuse_unlisted
 from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
 
 log = logging.getLogger("proxy_operator.aws")
@@ -298,14 +299,9 @@ class AwsProvider(Provider, CheckableProvider):
                   ("spec.placement.image", request.image, s.allowed_images(), "aws.ami/amis"),
                   ("spec.placement.machineType", request.machine_type, s.allowed_instance_types(),
                    "aws.instanceType/instanceTypes"))
-        for spec_field, value, allowed, keys in checks:
-            if value and value not in allowed:
-                raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
-                                                 f"({keys}: {', '.join(allowed)})")
-        if request.port not in s.security_group.ports:
-            raise SpecNotAllowed("spec.endpoint.port", f"{request.port} is not allowed by provider {self.name} "
-                                 f"(aws.securityGroup.ports: {', '.join(map(str, s.security_group.ports))}); "
-                                 "each port is an ingress rule to every proxy instance")
+        refuse_unlisted(self.name, checks)
+        refuse_port(self.name, request.port, s.security_group.ports, "aws.securityGroup.ports",
+                    "each port is an ingress rule to every proxy instance")
 
     def create(self, request: CreateRequest) -> Instance:
         """Launch the instance ``request.name`` (idempotent by name) and return it.
@@ -464,27 +460,19 @@ class AwsProvider(Provider, CheckableProvider):
         for perm in group.get("IpPermissions", []):
             port = perm.get("FromPort")
             same_port = perm.get("IpProtocol") == "tcp" and port == perm.get("ToPort")
-            for rng in perm.get("IpRanges", []):
-                key = (port, rng.get("CidrIp"))
-                if same_port and key in want:
-                    have.add(key)
-                else:
-                    extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                                  "IpRanges": [{"CidrIp": rng.get("CidrIp")}]})
-            for rng in perm.get("Ipv6Ranges", []):
-                key = (port, rng.get("CidrIpv6"))
-                if same_port and key in want:
-                    have.add(key)
-                else:
-                    extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                                  "Ipv6Ranges": [{"CidrIpv6": rng.get("CidrIpv6")}]})
+            head = {k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm}
+            for ranges_key, cidr_key in (("IpRanges", "CidrIp"), ("Ipv6Ranges", "CidrIpv6")):
+                for rng in perm.get(ranges_key, []):
+                    key = (port, rng.get(cidr_key))
+                    if same_port and key in want:
+                        have.add(key)
+                    else:
+                        extra.append({**head, ranges_key: [{cidr_key: rng.get(cidr_key)}]})
             # Rules from another security group or a prefix list are never ours.
             for pair in perm.get("UserIdGroupPairs", []):
-                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                              "UserIdGroupPairs": [{k: pair[k] for k in ("GroupId", "UserId") if pair.get(k)}]})
+                extra.append({**head, "UserIdGroupPairs": [{k: pair[k] for k in ("GroupId", "UserId") if pair.get(k)}]})
             for plist in perm.get("PrefixListIds", []):
-                extra.append({**{k: perm[k] for k in ("IpProtocol", "FromPort", "ToPort") if k in perm},
-                              "PrefixListIds": [{"PrefixListId": plist.get("PrefixListId")}]})
+                extra.append({**head, "PrefixListIds": [{"PrefixListId": plist.get("PrefixListId")}]})
         missing = sorted(want - have)
         if missing:
             perms = [{"IpProtocol": "tcp", "FromPort": p, "ToPort": p,

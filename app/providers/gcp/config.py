@@ -31,12 +31,11 @@ block instead of failing per Proxy later.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 from typing import overload
 
+from app.config.cloud_fields import WireLogSettings, cidr_list, endpoint_url, port_list, wire_logging
 from app.config.provider_types import CheckTargets
 from app.config.validation import Reader
 
@@ -74,24 +73,6 @@ class FirewallSettings:
     source_ranges: tuple[str, ...] = ()
     name: str | None = None
     ports: tuple[int, ...] = (3128,)
-
-
-@dataclass(frozen=True)
-class WireLogSettings:
-    """SDK wire logging (see :mod:`app.providers.gcp.wire`).
-
-    Attributes:
-        enabled: forward the SDK's request/response records, redacted, to the
-            ``proxy_operator.gcp.wire`` logger at DEBUG (also on with env
-            ``PROXY_OPERATOR_GCP_WIRE_LOG=1``).  They appear only when that logger is
-            enabled for DEBUG (the most verbose level).
-        full_payloads: keep payload strings over 1 KiB instead of eliding them (also env
-            ``PROXY_OPERATOR_GCP_WIRE_LOG_FULL_PAYLOADS=1``).  user-data, tokens and JWTs are
-            removed regardless.
-    """
-
-    enabled: bool = False
-    full_payloads: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,22 +211,6 @@ def _resources(block: Reader, key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _endpoint(block: Reader, key: str) -> str | None:
-    value = block.str(key)
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise block.error(key, f"{value!r} must be a URL such as https://compute.googleapis.com")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise block.error(key, f"{value!r} must be scheme://host[:port] with no path")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        raise block.error(key, f"{value!r}: {exc}") from None
-    return value.rstrip("/")
-
-
 def _positive_duration(block: Reader, key: str, default: float) -> float:
     value = block.duration(key, default)
     if not value or value <= 0:
@@ -256,34 +221,16 @@ def _positive_duration(block: Reader, key: str, default: float) -> float:
 def _firewall(block: Reader) -> FirewallSettings:
     fw = block.child("firewall")
     ensure = bool(fw.bool("ensure", False))
-    ranges = fw.str_list("sourceRanges")
-    for i, cidr in enumerate(ranges):
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError as exc:
-            raise fw.error(f"sourceRanges[{i}]", f"not a CIDR range: {exc}") from None
+    ranges = cidr_list(fw, "sourceRanges")
     name = fw.str("name")
     if name is not None and (not RFC1035.match(name) or len(name) > 50):
         raise fw.error("name", f"{name!r} must be an RFC 1035 label of at most 50 characters")
     if ensure and not ranges:
         raise fw.error("sourceRanges", "required when ensure is true (the client CIDRs allowed "
                                        "to reach the proxies)")
-    ports = fw.raw("ports", [3128])
-    if not isinstance(ports, list) or not ports:
-        raise fw.error("ports", "must be a non-empty list of port numbers")
-    for i, port in enumerate(ports):
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise fw.error(f"ports[{i}]", f"must be a port number 1..65535, got {port!r}")
+    ports = port_list(fw, "ports", (3128,))
     fw.done()
-    return FirewallSettings(ensure=ensure, source_ranges=tuple(ranges), name=name, ports=tuple(ports))
-
-
-def _wire(block: Reader) -> WireLogSettings:
-    wl = block.child("wireLogging")
-    result = WireLogSettings(enabled=bool(wl.bool("enabled", False)),
-                             full_payloads=bool(wl.bool("fullPayloads", False)))
-    wl.done()
-    return result
+    return FirewallSettings(ensure=ensure, source_ranges=ranges, name=name, ports=ports)
 
 
 def parse(block: Reader) -> GcpSettings:
@@ -312,7 +259,7 @@ def parse(block: Reader) -> GcpSettings:
     scopes = _scopes(block, service_account)
     credentials_file = block.str("credentialsFile")
     anonymous = bool(block.bool("anonymous", False))
-    api_endpoint = _endpoint(block, "apiEndpoint")
+    api_endpoint = endpoint_url(block, "apiEndpoint", "https://compute.googleapis.com")
     if anonymous and credentials_file:
         raise block.error("anonymous", "cannot be combined with credentialsFile")
     if anonymous and not api_endpoint:
@@ -337,7 +284,7 @@ def parse(block: Reader) -> GcpSettings:
         request_timeout=_positive_duration(block, "requestTimeout", 30.0),
         operation_timeout=_positive_duration(block, "operationTimeout", 300.0),
         firewall=firewall,
-        wire_logging=_wire(block),
+        wire_logging=wire_logging(block),
         images=_resources(block, "images"),
         machine_types=_resources(block, "machineTypes"),
     )

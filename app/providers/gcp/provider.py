@@ -55,10 +55,11 @@ from google.cloud import compute_v1
 
 from app.config.providers import ProviderConfig
 from app.providers.naming import ABANDONED, MANAGED_BY, TAG_ABANDONED, TAG_MANAGED_BY
+from app.providers.placement import refuse_port, refuse_unlisted
 from app.providers.base import (INTERRUPTED, CheckableProvider, CreateRequest, Instance, InstanceNote, InstanceState,
                                 ListResult, Provider, TargetVerdict, require_managed)
 from app.resources import CAPACITY_SPOT
-from app.errors import NotFound, Permanent, ProviderError, SpecNotAllowed, Transient
+from app.errors import NotFound, Permanent, ProviderError, Transient
 from app.providers.gcp import ids, startup, wire
 from app.providers.gcp.classify import already_exists, operation_error, to_provider_error
 from app.providers.gcp.config import RFC1035, GcpSettings
@@ -432,16 +433,12 @@ class GcpProvider(Provider, CheckableProvider):
                   ("spec.placement.image", request.image, s.allowed_images(), "gcp.image/images"),
                   ("spec.placement.machineType", request.machine_type, s.allowed_machine_types(),
                    "gcp.machineType/machineTypes"))
-        for spec_field, value, allowed, keys in checks:
-            if value and value not in allowed:
-                raise SpecNotAllowed(spec_field, f"{value!r} is not allowed by provider {self.name} "
-                                                 f"({keys}: {', '.join(allowed)})")
+        refuse_unlisted(self.name, checks)
         # With the firewall opt-in the port becomes an ingress rule to every proxy VM: only the
         # configured ports, never one a Proxy author picks (docs/security.md).
-        if s.firewall.ensure and request.port not in s.firewall.ports:
-            raise SpecNotAllowed("spec.endpoint.port", f"{request.port} is not allowed by provider {self.name} "
-                                 f"(gcp.firewall.ports: {', '.join(map(str, s.firewall.ports))}); "
-                                 "with gcp.firewall.ensure the port opens an ingress rule to every proxy VM")
+        if s.firewall.ensure:
+            refuse_port(self.name, request.port, s.firewall.ports, "gcp.firewall.ports",
+                        "with gcp.firewall.ensure the port opens an ingress rule to every proxy VM")
 
     def _instance_body(self, request: CreateRequest, zone: str) -> compute_v1.Instance:
         s = self.settings

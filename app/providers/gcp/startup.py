@@ -12,7 +12,8 @@ whatever the user-data says.
 Why a startup script and not a cloud-init part: docs/gcp-provider.md, "Squid on the instance".
 
 What the script does, fail-closed (Squid is stopped whenever the operator's conf cannot be
-installed):
+installed); steps 0, 2 and 3 are the part it shares with the aws per-boot script
+(:func:`app.squid.boot.boot_script`), step 1 and 4 are its own:
 
 0. stop a Squid that is already running (the image's, or the last boot's), so that nothing
    serves a conf other than the operator's while the script works;
@@ -37,72 +38,23 @@ can run outside GCE against a stand-in metadata server; GCE runs it with none of
 
 from __future__ import annotations
 
-from app.squid.egress import INSTALL_EGRESS_SH
-from app.squid.conf import DEFAULT_HTPASSWD_PATH
+from app.squid.boot import boot_script
 
 #: Metadata key GCE's guest environment runs at every boot.
 STARTUP_SCRIPT_KEY = "startup-script"
 #: Where the script reads the instance's attributes.
 METADATA_ATTRIBUTES_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 
-STARTUP_SCRIPT = r"""#!/bin/sh
-# proxy-operator startup-script (app/providers/gcp/startup.py): run Squid with the operator's
-# squid.conf from the instance metadata (squid-conf, squid-htpasswd) at every boot, whatever the
-# user-data does. Fail-closed: Squid is stopped when the conf cannot be installed.
-set -u
-MD="${PROXY_OPERATOR_METADATA_URL:-__METADATA_URL__}"
-CONF="${PROXY_OPERATOR_SQUID_CONF:-/etc/squid/squid.conf}"
-HTPASSWD="${PROXY_OPERATOR_HTPASSWD:-__HTPASSWD__}"
-POLICY_RC_D="${PROXY_OPERATOR_POLICY_RC_D:-/usr/sbin/policy-rc.d}"
+_FETCH = r"""MD="${PROXY_OPERATOR_METADATA_URL:-__METADATA_URL__}"
 ATTEMPTS="${PROXY_OPERATOR_FETCH_ATTEMPTS:-60}"
 PAUSE="${PROXY_OPERATOR_FETCH_PAUSE:-2}"
 CLOUD_INIT_WAIT="${PROXY_OPERATOR_CLOUD_INIT_WAIT:-1800}"
 
-log() { echo "proxy-operator: $*" >&2; }
-
-squid_service() {  # squid_service stop|restart
-  if command -v systemctl >/dev/null 2>&1; then
-    [ "$1" = restart ] && systemctl enable squid >/dev/null 2>&1
-    systemctl "$1" squid
-  elif command -v rc-service >/dev/null 2>&1; then
-    [ "$1" = restart ] && rc-update add squid default >/dev/null 2>&1
-    rc-service squid "$1"
-  else
-    service squid "$1"
-  fi
-}
-
-fail() {
-  log "$*; stopping Squid"
-  command -v squid >/dev/null 2>&1 && squid_service stop
-  exit 1
-}
-
-pkg_install() {
-  if command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@" ||
-      { apt-get -o DPkg::Lock::Timeout=600 update -q && apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@"; }
-  elif command -v dnf >/dev/null 2>&1; then dnf install -y "$@"
-  elif command -v yum >/dev/null 2>&1; then yum install -y "$@"
-  elif command -v zypper >/dev/null 2>&1; then zypper --non-interactive install "$@"
-  elif command -v apk >/dev/null 2>&1; then apk add "$@"
-  else log "no known package manager to install $*"; return 1
-  fi
-}
-
-# A Squid the image enables (or the last boot's user-data left) starts before this script and may
-# serve a conf that is not the operator's (a stock squid.conf reaches the metadata server): stop it
-# first, so nothing serves until the operator's conf is installed.
-if command -v squid >/dev/null 2>&1; then
-  squid_service stop >/dev/null 2>&1 || log "cannot stop squid before installing the conf"
-fi
-
 command -v curl >/dev/null 2>&1 || pkg_install curl || fail "curl is missing and cannot be installed"
 
 umask 077
-TMP=$(mktemp -d) || fail "cannot create a temporary directory"
-trap 'rm -rf "$TMP"' EXIT
+SRC=$(mktemp -d) || fail "cannot create a temporary directory"
+trap 'rm -rf "$SRC"' EXIT
 
 # fetch KEY FILE: 0 written, 1 no such attribute (404), 2 the metadata server did not answer.
 fetch() {
@@ -125,21 +77,21 @@ fetch_retry() {
   done
 }
 
-fetch_retry squid-conf "$TMP/squid.conf"
+fetch_retry squid-conf "$SRC/squid.conf"
 case $? in
   0) ;;
   1) fail "the instance metadata has no squid-conf" ;;
   *) fail "the metadata server did not answer for squid-conf" ;;
 esac
-[ -s "$TMP/squid.conf" ] || fail "squid-conf is empty"
-fetch_retry squid-egress-nft "$TMP/egress.nft"
+[ -s "$SRC/squid.conf" ] || fail "squid-conf is empty"
+fetch_retry squid-egress-nft "$SRC/egress.nft"
 case $? in
   0) ;;
   1) fail "the instance metadata has no squid-egress-nft" ;;
   *) fail "the metadata server did not answer for squid-egress-nft" ;;
 esac
-[ -s "$TMP/egress.nft" ] || fail "squid-egress-nft is empty"
-fetch_retry squid-htpasswd "$TMP/htpasswd"
+[ -s "$SRC/egress.nft" ] || fail "squid-egress-nft is empty"
+fetch_retry squid-htpasswd "$SRC/htpasswd"
 case $? in
   0) AUTH=1 ;;
   1) AUTH=0 ;;
@@ -147,57 +99,16 @@ case $? in
 esac
 # A conf with basic auth needs its password file: without one every client would get 407 (or
 # Squid dies when its auth helper cannot read the file) while this script reported success.
-if grep -Eq '^[[:space:]]*auth_param[[:space:]]+basic[[:space:]]+program' "$TMP/squid.conf"; then
+if grep -Eq '^[[:space:]]*auth_param[[:space:]]+basic[[:space:]]+program' "$SRC/squid.conf"; then
   [ "$AUTH" = 1 ] || fail "squid-conf turns basic auth on but the instance metadata has no squid-htpasswd"
-  [ -s "$TMP/htpasswd" ] || fail "squid-conf turns basic auth on but squid-htpasswd is empty"
-fi
+  [ -s "$SRC/htpasswd" ] || fail "squid-conf turns basic auth on but squid-htpasswd is empty"
+fi""".replace("__METADATA_URL__", METADATA_ATTRIBUTES_URL)
 
-if ! command -v squid >/dev/null 2>&1; then
-  guard=0
-  if command -v apt-get >/dev/null 2>&1 && [ ! -e "$POLICY_RC_D" ]; then
-    # Debian starts a service on install: policy-rc.d answering 101 keeps the stock squid.conf
-    # from ever serving (invoke-rc.d, deb-systemd-invoke honour it).
-    printf '#!/bin/sh\nexit 101\n' > "$POLICY_RC_D" && chmod 0755 "$POLICY_RC_D" && guard=1
-  fi
-  pkg_install squid; rc=$?
-  [ "$guard" = 1 ] && rm -f "$POLICY_RC_D"
-  [ "$rc" -eq 0 ] || fail "cannot install squid"
-fi
-__INSTALL_EGRESS__
-# Squid's user may not reach the metadata server, loopback or the denied ranges, whatever its
-# squid.conf says: loaded before Squid serves, and again by squid.service before every start.
-install_egress "$TMP/egress.nft" || fail "cannot load the egress rules for Squid's user"
-
-install_files() {
-  (umask 022; mkdir -p "$(dirname "$CONF")") || return 1
-  cp "$TMP/squid.conf" "$CONF.proxy-operator.new" && chmod 0644 "$CONF.proxy-operator.new" &&
-    mv -f "$CONF.proxy-operator.new" "$CONF" || return 1
-  if [ "$AUTH" = 1 ]; then
-    dir=$(dirname "$HTPASSWD")
-    (umask 022; mkdir -p "$dir") && chmod 0755 "$dir" || return 1
-    cp "$TMP/htpasswd" "$HTPASSWD.new" || return 1
-    # Squid's group reads it: "proxy" on Debian/Ubuntu, "squid" on Fedora/RHEL/SUSE/Alpine.
-    chgrp proxy "$HTPASSWD.new" 2>/dev/null || chgrp squid "$HTPASSWD.new" 2>/dev/null ||
-      log "neither group proxy nor squid exists; $HTPASSWD stays root's"
-    chmod 0640 "$HTPASSWD.new" && mv -f "$HTPASSWD.new" "$HTPASSWD" || return 1
-  else
-    rm -f "$HTPASSWD"
-  fi
+_AFTER = r"""same() {
+  cmp -s "$SRC/squid.conf" "$CONF" || return 1
+  [ "$AUTH" = 0 ] || cmp -s "$SRC/htpasswd" "$HTPASSWD"
 }
 
-apply() {
-  install_files || fail "cannot write $CONF or $HTPASSWD"
-  squid -k parse -f "$CONF" >/dev/null 2>&1 || fail "squid -k parse refuses the operator's squid.conf"
-  squid_service restart || fail "cannot restart squid"
-  log "squid runs the operator's squid.conf"
-}
-
-same() {
-  cmp -s "$TMP/squid.conf" "$CONF" || return 1
-  [ "$AUTH" = 0 ] || cmp -s "$TMP/htpasswd" "$HTPASSWD"
-}
-
-apply
 if command -v cloud-init >/dev/null 2>&1; then
   # The user-data may still install or configure Squid: once cloud-init is done, the
   # operator's files win again.
@@ -206,7 +117,11 @@ if command -v cloud-init >/dev/null 2>&1; then
     log "the user-data replaced Squid's configuration; installing the operator's again"
     apply
   fi
-fi
-exit 0
-""".replace("__METADATA_URL__", METADATA_ATTRIBUTES_URL).replace("__HTPASSWD__", DEFAULT_HTPASSWD_PATH).replace(
-    "__INSTALL_EGRESS__", INSTALL_EGRESS_SH.strip())
+fi"""
+
+#: The script itself (:func:`app.squid.boot.boot_script` around the metadata fetch).
+STARTUP_SCRIPT = boot_script(
+    header="""# proxy-operator startup-script (app/providers/gcp/startup.py): run Squid with the operator's
+# squid.conf from the instance metadata (squid-conf, squid-htpasswd) at every boot, whatever the
+# user-data does. Fail-closed: Squid is stopped when the conf cannot be installed.""",
+    fetch=_FETCH, after=_AFTER)
