@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import requests
 
+from app.resources import GROUP, PLURAL, VERSION
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target
 from app.serving.leases import LeaseSettings
@@ -63,3 +65,33 @@ def test_a_probe_that_learns_a_new_egress_ip_moves_the_targeted_leases_to_it(fle
     # the lease's end frees the new IP for the site
     leases.release(fleet.r, "a", held.id, outcome="ok", settings=LEASES, bans=bans)
     assert _lease(fleet.r, "b", "shop.example", bans).egress_ip == new_ip
+
+
+def _ban(r, target: str, bans: BanSettings) -> None:
+    """A crawler's lease for ``target`` through the only proxy, released ``blocked``."""
+    held = _lease(r, "crawler", target, bans)
+    assert leases.release(r, "crawler", held.id, outcome="blocked", settings=LEASES, bans=bans).banned
+
+
+def test_the_proxy_status_counts_the_targets_that_banned_its_egress_ip(fake, fleet, settings, squids,
+                                                                       next_address):
+    bans = BanSettings()
+    sq = squids(start_squid(next_address()))
+    px = fleet.external("burned", sq.address, sq.port, max_leases=4, health={"successThreshold": 1})
+    fleet.probe([px], settings)
+    assert fleet.read("default", "burned").status["bannedTargets"] == 0
+    _ban(fleet.r, "shop.example", bans)
+    _ban(fleet.r, "news.example", bans)
+    writes = fake.request_count("patch", "proxies/status")
+    report = fleet.probe([px], settings)
+    assert report.status_written == 1
+    assert fleet.read("default", "burned").status["bannedTargets"] == 2
+    # no change: no write
+    fleet.probe([px], settings)
+    assert fake.request_count("patch", "proxies/status") == writes + 1
+    # kubectl get px: the Burned column
+    table = requests.get(f"{fake.url}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/burned", timeout=5,
+                         headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
+    names = [c["name"] for c in table["columnDefinitions"]]
+    [row] = table["rows"]
+    assert row["cells"][names.index("Burned")] == 2
