@@ -65,7 +65,7 @@ KUBECTL_MINIMUM = (1, 27)
 #: (keep the two in step; the lease lines must run as written, with bash).
 STEPS_LINES = (
     "kubectl apply -f deploy/samples/proxy_kubernetes.yaml",
-    "kubectl get px -w                 # PHASE PROVIDER ADDRESS EGRESS IP HEALTHY; Ctrl-C once Ready",
+    "kubectl get px -w                 # PHASE PROVIDER ADDRESS EGRESS IP HEALTHY BURNED; Ctrl-C once Ready",
     "kubectl describe px squid-k8s-1   # conditions and Events",
     "LEASE=$(curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\",
     "        -d '{\"ttlSeconds\": 300}' \"$API/v1/leases\"); echo \"$LEASE\"",
@@ -78,7 +78,7 @@ STEPS_LINES = (
     "curl -s -H \"Authorization: Bearer $TOKEN\" \"$API/v1/proxies\"; echo   # the proxies your token sees, bans per site",
     "kubectl delete px squid-k8s-1",
     "kubectl apply -f deploy/samples/proxypool_kubernetes.yaml   # a ProxyPool: 3 Proxies made from a template",
-    "kubectl get pxp                   # DESIRED READY LEASABLE UPDATED BURNED AGE; again until LEASABLE is 3",
+    "kubectl get pxp                   # DESIRED READY LEASABLE UPDATED BURNED RECYCLED AGE; again until LEASABLE is 3",
     "kubectl scale pxp/squid-k8s-pool --replicas=5",
     "kubectl get px -l crawl.example.com/pool=squid-k8s-pool   # the pool's Proxies, owned by it",
     "curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\",

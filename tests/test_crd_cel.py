@@ -75,7 +75,7 @@ def test_proxy_crd_names_scope_and_printer_columns(crd):
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase", "Provider": ".spec.provider", "Address": ".status.address",
-        "Egress IP": ".status.egressIP",
+        "Egress IP": ".status.egressIP", "Burned": ".status.bannedTargets",
         "Healthy": '.status.conditions[?(@.type=="Healthy")].status',
         "Age": ".metadata.creationTimestamp",
     }

@@ -111,6 +111,7 @@ def test_names_scope_subresources_and_printer_columns(crd, proxy_crd):
                        ("Leasable", "integer", ".status.leasableReplicas"),
                        ("Updated", "integer", ".status.updatedReplicas"),
                        ("Burned", "integer", ".status.burnedReplicas"),
+                       ("Recycled", "integer", ".status.recycledReplicas"),
                        ("Age", "date", ".metadata.creationTimestamp")]
 
 

@@ -144,7 +144,7 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
         assert "created" in step(steps[apply_pool])
         sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=3", "pxp/squid-k8s-pool", "--timeout=60s")
         rows = [line.split() for line in step(get_pxp).splitlines()]
-        assert rows[0] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "BURNED", "AGE"]
+        assert rows[0] == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "BURNED", "RECYCLED", "AGE"]
         assert rows[1][:5] == ["squid-k8s-pool", "3", "3", "3", "3"]
         assert "proxypool.crawl.example.com/squid-k8s-pool scaled" in step(scale)
         sh("kubectl", "wait", "--for=jsonpath={.status.leasableReplicas}=5", "pxp/squid-k8s-pool", "--timeout=60s")

@@ -86,7 +86,8 @@ REFUSED = {
                ("start a cooldown", lambda r: r.zadd(redis_keys.cooldown("c"), {"u": 1})),
                ("beat's schedule", lambda r: r.get(redis_keys.REDBEAT_PREFIX + ":lock"))],
     "health-worker": [("a de-duplication mark", lambda r: r.set(redis_keys.queued("create", "u"), "1")),
-                      ("a lease", lambda r: r.hgetall(redis_keys.lease("l"))),
+                      ("bind a crawler's session", lambda r: r.set(redis_keys.sticky("c", "s"), "u")),
+                      ("ban an egress IP", lambda r: r.zadd(redis_keys.ip_bans("198.51.100.1"), {"t": 1})),
                       ("a Proxy lock", lambda r: r.set(redis_keys.proxy_lock("u"), "1"))],
     "beat": [("read a credentials copy", lambda r: r.hgetall(redis_keys.auth("u"))),
              ("write a serving record", lambda r: r.hset(redis_keys.proxy("u"), "address", "192.0.2.1")),
@@ -132,6 +133,37 @@ def test_what_each_user_may_do_it_can(acl):
     finally:
         for r in (worker, flower, keda):
             r.close()
+    assert acl.denials() == []
+
+
+def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_user(acl):
+    """A probe that learns a new egress IP moves the proxy's targeted leases (the lease keys are
+    in its record script's reach) and reads the bans of its egress IP (status.bannedTargets)."""
+    from app.resources import Proxy
+    from app.serving import leases, view as serving
+    from app.serving.bans import BanSettings, Target
+    from app.store.lua import Lua
+
+    acl.reset()
+    admin, health = acl.client(), acl.client("health-worker")
+    try:
+        proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                                 "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
+        serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
+        admin.hset(serving.proxy_key("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
+        serving.reindex(admin, "u1")
+        bans = BanSettings()
+        settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
+        held = leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,
+                              target=Target.of("shop.example", bans), bans=bans)
+        record = Lua("now", "lease_index", "health_record")  # the script the probe engine runs
+        assert record(health, [redis_keys.proxy("u1"), redis_keys.HEALTH_DUE],
+                      ["u1", "", "203.0.113.7", "3128", "egressIP", "198.51.100.2"]) == 1
+        assert admin.zscore(redis_keys.target_leases("shop.example", "198.51.100.2"), held.id) is not None
+        assert health.zcount(redis_keys.ip_bans("198.51.100.2"), 0, "+inf") == 0
+    finally:
+        admin.close()
+        health.close()
     assert acl.denials() == []
 
 

@@ -304,6 +304,11 @@ def _warn_overridden(kube: KubeGateway, pool: Pool, last: int, result: Plan) -> 
     kube.record_pool_event(pool, "Warning", "ReplicasOverridden", message=message)
 
 
+def _whole_status(value: Any) -> int:
+    """A count read back from a pool's status: a whole number >= 0, else 0 (absent or hand-edited)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _names(items) -> str:
     names = [i.name for i in items]
     return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -558,12 +563,16 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
     drained = _annotate(kube, pool, result.drains, by_uid, "marking {name} draining",
                         lambda d: {DRAINING_ANNOTATION: format_time(d.until), DRAINING_REASON_ANNOTATION: d.reason},
                         mark_draining)
-    for burned in drained:
-        if burned.reason == "Burned":
-            kube.record_pool_event(pool, "Normal", "MemberBurned",
-                                   message=f"replacing {burned.name}: its egress IP was banned by "
-                                           f"{len(burned.targets)} targets ({', '.join(burned.targets[:10])}): "
-                                           "spec.recycle.bannedTargets")
+    recycled = [d for d in drained if d.reason == "Burned"]
+    if recycled:
+        # cumulative: only drains whose annotation was written count, and a draining member is
+        # never drained again, so none counts twice
+        result.status["recycledReplicas"] = _whole_status(pool.status.get("recycledReplicas")) + len(recycled)
+    for burned in recycled:
+        kube.record_pool_event(pool, "Normal", "MemberBurned",
+                               message=f"replacing {burned.name}: its egress IP was banned by "
+                                       f"{len(burned.targets)} targets ({', '.join(burned.targets[:10])}): "
+                                       "spec.recycle.bannedTargets")
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",

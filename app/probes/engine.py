@@ -592,7 +592,7 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
         else ``None``.
     """
     r, settings, report = batch.r, batch.settings, batch.report
-    pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult]] = []
+    pending: list[tuple[str, ServingRecord, Verdict, p.ProbeResult, int]] = []  # ..., its ZCOUNT's place
     pipe = r.pipeline(transaction=False)
     pipe_scripts: list[Lua | str] = []  # which script (or command) each queued command runs
     if note:
@@ -638,15 +638,20 @@ def _apply(batch: _Batch, arrived: list[tuple[p.ProbeTarget, p.ProbeResult]], re
         args = [res.uid, next_due, *_endpoint(rec), *_pairs(fields)]
         _RECORD(pipe, [redis_keys.proxy(res.uid), redis_keys.HEALTH_DUE], args)
         pipe_scripts.append(_RECORD)
-        if v.key() != rec.status_key:
-            pending.append((res.uid, rec, v, res))
+        if v.healthy is not None:
+            # the targets that banned its egress IP (status.bannedTargets), in the same round trip
+            ident = after.egress_ip or f"uid:{res.uid}"
+            pipe.zcount(redis_keys.ip_bans(ident), int((now - settings.ban_history) * 1000), "+inf")
+            pipe_scripts.append("banned")
+            pending.append((res.uid, rec, v, res, len(pipe_scripts) - 1))
     out = pipe.execute()
     applied = [ok for ok, script in zip(out, pipe_scripts, strict=True) if script is _RECORD]
     report.probed += len(arrived)
     live = {res.uid for (_, res), ok in zip(arrived, applied, strict=True) if ok}
-    for item in pending:
-        if item[0] in live:
-            batch.submit_status(item)
+    for uid, rec, v, res, at in pending:
+        v = replace(v, banned_targets=int(out[at]))
+        if uid in live and v.key() != rec.status_key:
+            batch.submit_status((uid, rec, v, res))
     if note:
         return out[pipe_scripts.index("ok")], bool(out[pipe_scripts.index("outage")])
     return None

@@ -64,6 +64,9 @@ class HealthSettings:
         slow_lane_batches: slow-lane batches queued or running at once, fleet-wide, at most one
             per namespace (``HEALTH_SLOW_LANE_BATCHES``); keep it below the health workers'
             total ``--concurrency`` so the fast lane always has a worker.
+        ban_history: seconds of ban history counted in a Proxy's ``status.bannedTargets``: the
+            distinct targets that banned its egress IP within this window, live bans included
+            (``BAN_HISTORY_SECONDS``, the window the lease API keeps: :mod:`app.serving.bans`).
     """
 
     echo_url: str = DEFAULT_ECHO_URL
@@ -85,6 +88,7 @@ class HealthSettings:
     default_url: str = DEFAULT_HEALTH_URL
     slow_seconds: float = 5.0
     slow_lane_batches: int = 1
+    ban_history: float = 3600.0
 
     @classmethod
     def from_env(cls) -> "HealthSettings":
@@ -117,6 +121,7 @@ class HealthSettings:
             slow_seconds=env_number("HEALTH_SLOW_SECONDS", cls.slow_seconds, minimum=1),
             slow_lane_batches=int(env_number("HEALTH_SLOW_LANE_BATCHES", cls.slow_lane_batches,
                                              minimum=1, integer=True)),
+            ban_history=env_number("BAN_HISTORY_SECONDS", cls.ban_history, minimum=1),
         )
 
     def destination_policy(self):

@@ -72,6 +72,8 @@ class Verdict:
         reason / message: condition reason and message.
         phase: ``Ready``, ``Unhealthy``, ``Failed`` or ``None`` (leave the phase alone).
         egress_ip: ``status.egressIP`` (``""`` = unknown).
+        banned_targets: ``status.bannedTargets``: distinct targets that banned the egress IP
+            within the ban history (``None`` = not counted: leave it alone).
     """
 
     healthy: bool | None
@@ -79,12 +81,16 @@ class Verdict:
     message: str
     phase: str | None
     egress_ip: str
+    banned_targets: int | None = None
 
     def key(self) -> str:
         """A string that changes exactly when the status must be written again."""
         if self.healthy is None:
             return ""
-        return "|".join((str(self.healthy), self.reason, self.phase or "", self.egress_ip))
+        parts = [str(self.healthy), self.reason, self.phase or "", self.egress_ip]
+        if self.banned_targets is not None:
+            parts.append(str(self.banned_targets))
+        return "|".join(parts)
 
 
 def advance(state: HealthState, result: p.ProbeResult, thresholds: Thresholds, *, now: float,

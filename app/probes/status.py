@@ -44,8 +44,8 @@ def build_status(proxy: Proxy, v: Verdict, *, last_probe: float | None, latency_
         latency_ms: that probe's latency.
         now: transition timestamp (default: now).
     Returns:
-        ``{"conditions": [...], "phase"?: ..., "egressIP"?: ..., "lastProbeTime"?: ...,
-        "lastProbeLatencyMs"?: ...}``.
+        ``{"conditions": [...], "phase"?: ..., "egressIP"?: ..., "bannedTargets"?: ...,
+        "lastProbeTime"?: ..., "lastProbeLatencyMs"?: ...}``.
     """
     status_word = "True" if v.healthy else "False"
     conds = proxy.status.get("conditions")
@@ -60,6 +60,8 @@ def build_status(proxy: Proxy, v: Verdict, *, last_probe: float | None, latency_
         out["phase"] = v.phase
     if v.egress_ip:
         out["egressIP"] = v.egress_ip
+    if v.banned_targets is not None:
+        out["bannedTargets"] = v.banned_targets
     if last_probe is not None:
         out["lastProbeTime"] = rfc3339(last_probe)
     if latency_ms is not None:

@@ -146,7 +146,11 @@ USERS: tuple[User, ...] = (
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS
-         + HOLDER_KEYS,
+         + HOLDER_KEYS
+         # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident)
+         + (k.lease("*"), k.target_leases("*", "*")),
+         # status.bannedTargets: the targets that banned a proxy's egress IP
+         read=(k.ip_bans("*"),),
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("beat", "beat: the schedule (redbeat), publishing its tasks, the serving, pool and provider gauges",

@@ -105,6 +105,10 @@ spec:
           type: integer
           description: Proxies whose egress IP enough sites banned, being replaced (spec.recycle).
           jsonPath: .status.burnedReplicas
+        - name: Recycled
+          type: integer
+          description: Burned proxies drained for replacement since the pool was made (spec.recycle).
+          jsonPath: .status.recycledReplicas
         - name: Age
           type: date
           jsonPath: .metadata.creationTimestamp
@@ -429,6 +433,13 @@ spec:
                     being replaced.
                   type: integer
                   format: int32
+                  minimum: 0
+                recycledReplicas:
+                  description: >-
+                    Burned proxies drained for replacement since the pool was made
+                    (spec.recycle), cumulative: each drain counted once, when it is written.
+                  type: integer
+                  format: int64
                   minimum: 0
                 observedGeneration:
                   type: integer

@@ -264,13 +264,14 @@ def test_openapi_publishes_the_schema_and_the_scale_path(cluster):
 def test_table_has_the_printer_columns(cluster, api):
     create(api)
     api.patch_namespaced_custom_object_status(GROUP, VERSION, NS, P, "squid-k8s-pool", {"status": {
-        "replicas": 3, "readyReplicas": 2, "leasableReplicas": 1, "updatedReplicas": 3}})
+        "replicas": 3, "readyReplicas": 2, "leasableReplicas": 1, "updatedReplicas": 3, "burnedReplicas": 1,
+        "recycledReplicas": 4}})
     table = requests.get(f"{cluster.fake.url}/apis/{GROUP}/{VERSION}/namespaces/{NS}/{P}", timeout=5,
                          headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Desired", "Ready", "Leasable", "Updated",
-                                                               "Age"]
+                                                               "Burned", "Recycled", "Age"]
     [row] = table["rows"]
-    assert row["cells"][:5] == ["squid-k8s-pool", 3, 2, 1, 3]
+    assert row["cells"][:7] == ["squid-k8s-pool", 3, 2, 1, 3, 1, 4]
 
 
 # -- kubectl -----------------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def test_kubectl_apply_get_and_scale(cluster, api, kubectl):
     api.patch_namespaced_custom_object_status(GROUP, VERSION, NS, P, "squid-k8s-pool", {"status": {
         "replicas": 3, "readyReplicas": 3, "leasableReplicas": 2, "updatedReplicas": 3}})
     lines = kubectl("get", "pxp").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "AGE"]
+    assert lines[0].split() == ["NAME", "DESIRED", "READY", "LEASABLE", "UPDATED", "BURNED", "RECYCLED", "AGE"]
     assert lines[1].split()[:5] == ["squid-k8s-pool", "3", "3", "2", "3"]
 
     out = kubectl("scale", "pxp/squid-k8s-pool", "--replicas=5").stdout

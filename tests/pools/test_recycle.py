@@ -8,11 +8,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 from kubernetes import client as k8s
 
 from app.kube.gateway import KubernetesGateway
 from app.pools.model import PoolSpec, PoolSpecError
-from app.resources import DRAINING_REASON_ANNOTATION
+from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSION
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
@@ -102,6 +103,20 @@ def test_a_burned_member_is_replaced_without_dropping_below_the_floor(api, redis
     assert marked[burned.name] == "Burned" and marked[kept.name] is None
     [event] = _events(api, "MemberBurned")
     assert burned.name in event.message and "(example.com, example.org)" in event.message
+    assert pool_obj(api)["status"]["recycledReplicas"] == 1
+    # the drain is counted once: later passes (the member still draining, then deleted) add nothing
+    for p in proxies(api):
+        if p.uid != burned.uid:
+            ready(api, redis_client, p)
+    run(api, redis_client, ref)
+    run(api, redis_client, ref)
+    assert pool_obj(api)["status"]["recycledReplicas"] == 1
+    # kubectl get pxp: the Recycled column
+    table = requests.get(f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/{NS}/{POOL_PLURAL}", timeout=5,
+                         headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
+    names = [c["name"] for c in table["columnDefinitions"]]
+    [row] = table["rows"]
+    assert row["cells"][names.index("Recycled")] == 1
 
 
 def test_bans_from_before_a_member_was_made_are_not_its_own(api, redis_client):
