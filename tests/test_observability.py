@@ -229,7 +229,9 @@ def stack(tmp_path_factory):
             providers = tmp / "providers.yaml"
             providers.write_text(yaml.safe_dump({"providers": [{
                 "name": "k8s-local", "type": "kubernetes", "checkInterval": "10s", "checkTimeout": "2s",
-                "squid": LOOPBACK_SQUID_BLOCK}],
+                "squid": LOOPBACK_SQUID_BLOCK,
+                # a price table: the resync exports the cost estimate and the budget line
+                "costs": {"currency": "USD", "onDemand": {"default": 0.01}, "budgetPerHour": 1.0}}],
                 # the test's External Proxy lives in "default"
                 "tenancy": {"externalProxyNamespaces": ["default"]}}))
             env = {"KUBECONFIG": cluster.fake.write_kubeconfig(str(tmp / "kubeconfig")), "REDIS_URL": redis.url,

@@ -137,7 +137,8 @@ def _follow_instance(step: Step) -> Followup | None:
         step.write(p, {
             "phase": PROVISIONING, "providerID": None, "address": None, **counted,
             "conditions": provisioned(p, "False", lost, f"instance {provider_id} is {what}", withdrawn=True),
-        }, event=("Warning", lost, f"instance {provider_id} is {what}; recreating"))
+        }, event=("Warning", "InstanceLost", f"instance {provider_id} is {what}; recreating") if lost != INTERRUPTED
+            else ("Warning", INTERRUPTED, f"instance {provider_id} is {what}; recreating"))
         return Followup(CREATE, 0)
     if inst.state == InstanceState.RUNNING and inst.address:
         mark_running(ctx, proxy, inst, seen)
