@@ -51,7 +51,7 @@ def _set_status(cluster, name: str, status: dict) -> None:
 
 def _ready_status(ready: str = "True") -> dict:
     cond = {"lastTransitionTime": "2030-01-01T00:00:00Z", "message": "probe ok", "reason": "ProbeOK"}
-    return {"phase": "Ready", "address": "10.42.0.17", "egressIP": "203.0.113.9",
+    return {"phase": "Ready", "address": "10.42.0.17", "egressIP": "203.0.113.9", "bannedTargets": 2,
             "conditions": [{**cond, "type": "Healthy", "status": ready}, {**cond, "type": "Ready", "status": ready}]}
 
 
@@ -62,10 +62,10 @@ def test_apply_with_validation_and_get_shows_the_printer_columns(cluster, kubect
     assert cluster.fake.request_count("create", "proxies") == 1
     _set_status(cluster, "squid-k8s-1", _ready_status())
     lines = kubectl("get", "px").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PROVIDER", "ADDRESS", "EGRESS", "IP", "HEALTHY", "AGE"]
+    assert lines[0].split() == ["NAME", "PHASE", "PROVIDER", "ADDRESS", "EGRESS", "IP", "HEALTHY", "BURNED", "AGE"]
     cells = lines[1].split()
-    assert cells[:6] == ["squid-k8s-1", "Ready", "k8s-local", "10.42.0.17", "203.0.113.9", "True"]
-    assert cells[6].endswith("s")  # the age, e.g. "0s"
+    assert cells[:7] == ["squid-k8s-1", "Ready", "k8s-local", "10.42.0.17", "203.0.113.9", "True", "2"]
+    assert cells[7].endswith("s")  # the age, e.g. "0s"
 
 
 def test_apply_refuses_unknown_fields_and_rule_violations(kubectl, tmp_path):
@@ -238,5 +238,5 @@ def test_openapi_documents_and_tables_over_http(cluster):
                          headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
     assert table["kind"] == "Table"
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Phase", "Provider", "Address",
-                                                               "Egress IP", "Healthy", "Age"]
+                                                               "Egress IP", "Healthy", "Burned", "Age"]
     assert json.loads(json.dumps(table["rows"])) == []
