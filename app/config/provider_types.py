@@ -75,6 +75,9 @@ class ProviderType:
             across the type's block and the entry's shared ``squid:`` block; the problem is
             raised as a :class:`app.config.validation.ConfigError` at ``field``.
         placement: :class:`HostPlacement` of a type whose work is split by host (kvm), else ``None``.
+        replacement_keeps_ip: a new instance of this type leaves from the same egress IP as the one
+            it replaces (kubernetes: Pods leave through their node's address), the default of an
+            entry's ``replacementEgressIP`` (``same``; else ``new``).
     """
 
     name: str
@@ -83,3 +86,4 @@ class ProviderType:
     block_required: bool = True
     check_entry: Callable[[Any, "SquidPolicy"], tuple[str, str] | None] | None = None
     placement: HostPlacement | None = None
+    replacement_keeps_ip: bool = False

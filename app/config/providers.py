@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 DEFAULT_CHECK_INTERVAL = 60.0
 DEFAULT_CHECK_TIMEOUT = 15.0
 MIN_CHECK_INTERVAL = 10.0
+#: Values of an entry's ``replacementEgressIP``: whether a new instance leaves from a new egress IP
+#: or the same one as the instance it replaces (:attr:`ProviderConfig.replacement_keeps_ip`).
+REPLACEMENT_EGRESS_IP = ("new", "same")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class ProviderConfig:
         settings: the parsed type block (``KubernetesSettings``, ``GcpSettings``, ``KvmSettings``).
         squid: the policy rendered into every instance's squid.conf (optional ``squid:`` block).
         costs: the operator's hourly prices (optional ``costs:`` block, :mod:`app.config.costs`), or ``None``.
+        replacement_keeps_ip: a new instance of this provider leaves from the same egress IP as the
+            one it replaces (``replacementEgressIP: same``; the default of its type,
+            :attr:`app.config.provider_types.ProviderType.replacement_keeps_ip`): a ProxyPool's
+            recycle policy drains its burned members in place instead of replacing them.
     """
 
     name: str
@@ -64,6 +71,7 @@ class ProviderConfig:
     settings: Any
     squid: SquidPolicy = field(default_factory=SquidPolicy)
     costs: CostTable | None = None
+    replacement_keeps_ip: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,13 +144,16 @@ def parse(data: Any, file: str, types: Mapping[str, "ProviderType"]) -> Provider
         block = entry.child(ptype, required=kind.block_required)
         settings = kind.parse_settings(block)
         block.done()
+        egress = entry.str("replacementEgressIP", "same" if kind.replacement_keeps_ip else "new",
+                           choices=REPLACEMENT_EGRESS_IP)
         squid = parse_policy(entry.child("squid"))
         costs = parse_costs(entry.child("costs"))
         problem = kind.check_entry(settings, squid) if kind.check_entry is not None else None
         if problem is not None:
             raise entry.error(*problem)
         entry.done()
-        result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid, costs))
+        result.append(ProviderConfig(name, ptype, interval, timeout, settings, squid, costs,
+                                     replacement_keeps_ip=egress == "same"))
     return ProvidersConfig(tuple(result), file, tenancy)
 
 

@@ -64,8 +64,8 @@ from app.pools import wake as pool_wake
 from app.pools import recycle
 from app.pools import stats as pool_stats
 from app.pools.autoscale import Demand
-from app.pools.model import (LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member, Pool, format_time,
-                             parse_time, selector_string)
+from app.pools.model import (BURNED_IN_PLACE, LABEL_POOL, LABEL_TEMPLATE_HASH, POOL_API_VERSION, POOL_KIND, Member,
+                             Pool, format_time, parse_time, selector_string)
 from app.pools.plan import Drain, MemberAction, Plan, plan
 from app.pools.status import stalled
 from app.pools.zones import ZoneHealth, describe_zones
@@ -385,8 +385,9 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         history, state = _scale_state(r, pool.uid)
         overridden = _overridden(pool, state)
     result = plan(pool, members, ready, now=now, demand=signal, history=history,
-                  zone_health={zone: why for zone, why in health.items() if why is not None})
-    _heal_marks(r, members, records, {c.uid for c in result.reclaims})
+                  zone_health={zone: why for zone, why in health.items() if why is not None},
+                  keeps_ip=pc.replacement_keeps_ip)
+    _heal_marks(r, members, records, {c.uid for c in result.reclaims} | {c.uid for c in result.unparks})
     interrupted = sum(int(p.status.get("interruptions") or 0) for p in candidates)
     if interrupted or pool.status.get("interruptions"):
         result.status["interruptions"] = interrupted
@@ -481,7 +482,7 @@ def _heal_marks(r, members: list[Member], records: Mapping[str, Mapping[str, str
         if m.uid in skip:
             continue  # reclaimed by this pass: its mark comes off
         raw = records.get(m.uid)
-        if m.draining and raw is not None and not raw.get("drainUntil"):
+        if m.draining_until is not None and raw is not None and not raw.get("drainUntil"):
             log.info("member %s: draining mark missing from the serving view; written again", m.name)
             serving.set_draining(r, m.uid, m.draining_until)
 
@@ -529,6 +530,14 @@ def _annotate(kube: KubeGateway, pool: Pool, actions: Sequence[A], by_uid: Mappi
     return done
 
 
+def _targets(d: Drain) -> str:
+    """The targets of a burned member's drain, for its Event (``""`` when none is known)."""
+    if not d.targets:
+        return ""
+    more = f" and {len(d.targets) - 10} more" if len(d.targets) > 10 else ""
+    return f"; banned by {', '.join(d.targets[:10])}{more}"
+
+
 def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:
     deleted = []
     for d in result.deletes:
@@ -556,6 +565,15 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         kube.record_pool_event(pool, "Normal", "MemberReclaimed",
                                message=f"reclaimed {len(reclaimed)} draining member(s) for the scale-up (drained for "
                                        f"ScaleDown, still updated; they take leases again): {_names(reclaimed)}")
+    unparked = _annotate(kube, pool, result.unparks, by_uid, "taking {name} out of its drain in place",
+                         lambda c: {DRAINING_ANNOTATION: None, DRAINING_REASON_ANNOTATION: None},
+                         lambda c: serving.set_draining(r, c.uid, None))
+    if unparked:
+        log.info("pool %s: %s no longer burned: they take leases again", pool.key, _names(unparked))
+        kube.record_pool_event(pool, "Normal", "MemberUnburned",
+                               message=f"{_names(unparked)} no longer burned (spec.recycle: their bans aged out of "
+                                       "windowSeconds): they take leases again")
+
     def mark_draining(d: Drain) -> None:
         serving.set_draining(r, d.uid, d.until)
         metrics.POOL_MEMBERS_DRAINING.labels(*labels, d.reason).inc()
@@ -570,9 +588,18 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
         result.status["recycledReplicas"] = _whole_status(pool.status.get("recycledReplicas")) + len(recycled)
     for burned in recycled:
         kube.record_pool_event(pool, "Normal", "MemberBurned",
-                               message=f"replacing {burned.name}: its egress IP was banned by "
-                                       f"{len(burned.targets)} targets ({', '.join(burned.targets[:10])}): "
-                                       "spec.recycle.bannedTargets")
+                               message=f"replacing {burned.name}: {burned.why}{_targets(burned)}")
+    parked = [d for d in drained if d.reason == BURNED_IN_PLACE]
+    for burned in parked:
+        kube.record_pool_event(pool, "Normal", "MemberBurned",
+                               message=f"draining {burned.name} in place, not replacing it: {burned.why}"
+                                       f"{_targets(burned)}; provider {pool.valid_spec.provider} gives a replacement "
+                                       "the same egress IP (replacementEgressIP: same); it takes leases again once "
+                                       "no longer burned")
+    if parked:
+        log.info("pool %s: burned, drained in place (the provider keeps the egress IP): %s", pool.key,
+                 _names(parked))
+    drained = [d for d in drained if d.reason != BURNED_IN_PLACE]
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",

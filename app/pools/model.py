@@ -201,33 +201,54 @@ def age_limit(uid: str, max_age: float) -> float:
     return max_age * (1.0 - AGE_JITTER * uid_fraction(uid))
 
 
+#: Drain reason of a burned member drained in place rather than replaced: its provider gives a
+#: replacement the same egress IP (:attr:`app.config.providers.ProviderConfig.replacement_keeps_ip`).
+BURNED_IN_PLACE = "BurnedInPlace"
+
+
 @dataclass(frozen=True)
 class Recycle:
-    """``spec.recycle`` of a ProxyPool: replace members whose egress IP sites ban.
+    """``spec.recycle`` of a ProxyPool: replace (or, where a replacement keeps the egress IP,
+    drain in place) members whose egress IP sites ban (:mod:`app.pools.recycle`).
 
     Attributes:
         banned_targets: a member whose egress IP was banned by at least this many distinct
-            targets (sites) within ``window`` — bans since the member was made only — is replaced
-            (``spec.recycle.bannedTargets``, >= 1).
-        window: seconds (``spec.recycle.windowSeconds``, default 3600; bans older than the API's
-            ``BAN_HISTORY_SECONDS`` are not remembered).
+            targets (sites) within ``window`` — bans since the member was made only — is burned
+            (``spec.recycle.bannedTargets``, >= 1), ``None``: not by this rule.
+        max_ban_percent: a member whose targeted leases within ``window`` (at least
+            ``min_leases`` of them) ended in a ban more often than this percentage is burned
+            (``spec.recycle.maxBanPercent``, 1..100), ``None``: not by this rule.
+        min_leases: (``spec.recycle.minLeases``, default 20).
+        window: seconds (``spec.recycle.windowSeconds``, default 3600; bans and leases older
+            than the API's ``BAN_HISTORY_SECONDS`` are not remembered).
     """
 
-    banned_targets: int
+    banned_targets: int | None = None
     window: float = 3600.0
+    max_ban_percent: int | None = None
+    min_leases: int = 20
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "Recycle | None":
         """Build from ``spec.recycle`` (``None`` when absent).
 
         Raises:
-            PoolSpecError: ``bannedTargets`` missing or below 1, ``windowSeconds`` below 1.
+            PoolSpecError: neither ``bannedTargets`` nor ``maxBanPercent`` given, or a value out
+                of range (``bannedTargets``, ``minLeases``, ``windowSeconds`` below 1,
+                ``maxBanPercent`` outside 1..100), naming the field.
         """
         if not d:
             return None
-        if d.get("bannedTargets") is None:
-            raise PoolSpecError("spec.recycle.bannedTargets", "required (distinct targets that make a member burned)")
-        return cls(banned_targets=_whole("spec.recycle.bannedTargets", d.get("bannedTargets"), 0, minimum=1),
+        if d.get("bannedTargets") is None and d.get("maxBanPercent") is None:
+            raise PoolSpecError("spec.recycle", "needs bannedTargets (distinct targets that make a member burned), "
+                                                "maxBanPercent (a ban ratio over its leases) or both")
+        banned = d.get("bannedTargets")
+        percent = d.get("maxBanPercent")
+        return cls(banned_targets=None if banned is None else _whole("spec.recycle.bannedTargets", banned, 0,
+                                                                     minimum=1),
+                   max_ban_percent=None if percent is None else _whole("spec.recycle.maxBanPercent", percent, 0,
+                                                                       minimum=1, maximum=100),
+                   min_leases=_whole("spec.recycle.minLeases", d.get("minLeases"), 20, minimum=1),
                    window=float(_whole("spec.recycle.windowSeconds", d.get("windowSeconds"), 3600, minimum=1)))
 
 
@@ -473,8 +494,14 @@ class Member:
         unknown: its phase is ``Ready`` but it has no serving record (a flushed Redis, before the
             reconciler publishes it again): not leasable as far as the pass can tell, yet it may
             serve, so it does not leave freely (:func:`app.pools.plan.plan`, rule 4).
-        burned: the targets that banned its egress IP when the pool's recycle policy
-            (:class:`Recycle`) calls for replacing it (:mod:`app.pools.recycle`), else ``()``.
+        burned: why the pool's recycle policy (:class:`Recycle`) calls it burned (the rule that
+            holds, for Events and the log: :mod:`app.pools.recycle`), ``""`` when it does not.
+        burned_targets: the targets that banned its egress IP within the policy's window, when
+            burned (else ``()``).
+
+    A member drained in place for its bans (drain reason :data:`BURNED_IN_PLACE`: its provider
+    would give a replacement the same egress IP) is :attr:`parked`, not :attr:`draining`: it
+    stays a member, takes no new leases and takes them again once it is no longer burned.
     """
 
     uid: str
@@ -491,15 +518,23 @@ class Member:
     unknown: bool = False
     drain_reason: str = ""
     serves: bool = False
-    burned: tuple[str, ...] = ()
+    burned: str = ""
+    burned_targets: tuple[str, ...] = ()
+
+    @property
+    def parked(self) -> bool:
+        """Whether the member is drained in place for its bans (:data:`BURNED_IN_PLACE`)."""
+        return self.draining_until is not None and self.drain_reason == BURNED_IN_PLACE
 
     @property
     def draining(self) -> bool:
-        """Whether the member is leaving the pool (marked draining, not yet deleted)."""
-        return self.draining_until is not None
+        """Whether the member is leaving the pool (marked draining, not yet deleted; a
+        :attr:`parked` member is not leaving)."""
+        return self.draining_until is not None and self.drain_reason != BURNED_IN_PLACE
 
 
-__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "LABEL_POOL", "LABEL_TEMPLATE_HASH", "MAX_POOL_NAME",
+__all__ = ["AGE_JITTER", "ANNOTATION_DRAINING", "Autoscale", "BURNED_IN_PLACE", "LABEL_POOL", "LABEL_TEMPLATE_HASH",
+           "MAX_POOL_NAME",
            "Member", "POOL_API_VERSION", "POOL_KIND", "POOL_PLURAL", "Pool", "PoolSpec", "PoolSpecError", "age_limit",
            "format_time", "parse_time",
            "selector_requirements", "selector_string", "status_selector", "template_hash", "uid_fraction"]

@@ -22,7 +22,9 @@ Rules, in the order they apply:
 3. **Outdated members**: made from another template (their :data:`~app.pools.model.LABEL_TEMPLATE_HASH`),
    older than their age limit (``maxAge`` shortened by up to 25 % by a hash of the member's UID,
    :func:`~app.pools.model.age_limit`), placed in a zone no longer in ``spec.spread.zones``, or
-   not leasable in a zone whose provider target is not Ready.  The others are *updated*.
+   not leasable in a zone whose provider target is not Ready, or **burned** (``spec.recycle``,
+   :mod:`app.pools.recycle`: sites banned its egress IP) when the pool's provider gives a
+   replacement a new egress IP.  The others are *updated*.
 4. **Leaving, bounded** (a Deployment's rolling update, with members for Pods): outdated
    members start draining — those not leasable first (they serve nothing and leave freely),
    then the fewest live leases, then the oldest — and, when more updated members exist than
@@ -32,6 +34,14 @@ Rules, in the order they apply:
    an outdated member starts draining only once a new one is leasable.  A ``Ready`` member with
    no serving record (a flushed Redis: :attr:`~app.pools.model.Member.unknown`) leaves only
    while that count is already reached, so a lost serving view does not drain the pool.
+   **Burned, drained in place**: when the provider gives a replacement the *same* egress IP
+   (``keeps_ip``: Pods behind their node's address), replacing a burned member would change
+   nothing, so it stays a member (updated: nothing is created in its place) and is marked
+   draining with reason :data:`~app.pools.model.BURNED_IN_PLACE`: no new leases, live ones run
+   to the drain deadline.  Leasable ones are drained in place under the same bound
+   (``N - maxUnavailable`` leasable at least; the fewest live leases first); the rest keep
+   serving until the bound allows.  A member drained in place that is no longer burned (its
+   bans aged out of the window) takes leases again (:attr:`Plan.unparks`).
 5. **Reclaiming, then creating, bounded**: while fewer than ``N`` are updated, members draining
    for ``ScaleDown`` (:attr:`~app.pools.model.Member.drain_reason`) that are still updated
    (current template, within their age limit, in a Ready zone of ``spec.spread.zones``), serve
@@ -62,7 +72,7 @@ from typing import Any, Mapping
 
 from app.backoff import capped_exponential
 from app.pools import autoscale as scaler
-from app.pools.model import Member, Pool, age_limit, format_time, parse_time
+from app.pools.model import BURNED_IN_PLACE, Member, Pool, age_limit, format_time, parse_time
 from app.pools.status import StatusInputs, render
 from app.pools.zones import ZoneHealth, skipped_zones, zone_is_ready
 from app.resources import FAILED
@@ -96,11 +106,13 @@ class MemberAction:
 @dataclass(frozen=True)
 class Drain(MemberAction):
     """Mark the member draining until ``until`` (epoch seconds) for ``reason``: no new leases.
-    ``targets``: for reason ``Burned``, the targets that banned its egress IP."""
+    ``targets`` and ``why``: for reasons ``Burned`` and ``BurnedInPlace``, the targets that banned
+    its egress IP and the recycle rule that holds."""
 
     until: float
     reason: str
     targets: tuple[str, ...] = ()
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,8 +134,9 @@ class Plan:
 
     Attributes:
         desired: ``N``, the members wanted.
-        creates / drains / deletes / reclaims: the actions, in the order they should be applied
-            (deletes, reclaims, drains, creates).
+        creates / drains / deletes / reclaims / unparks: the actions, in the order they should
+            be applied (deletes, reclaims, unparks, drains, creates).  ``unparks``: members
+            drained in place for their bans that are no longer burned (their mark comes off).
         status: the pool's ``status`` to write (every key the controller owns).
         outdated: names of outdated members not yet draining (for logs).
         requeue_after: seconds until something in this plan changes by itself (a drain deadline,
@@ -146,11 +159,12 @@ class Plan:
     history: tuple = ()
     utilization: float | None = None
     reclaims: tuple[Reclaim, ...] = ()
+    unparks: tuple[Reclaim, ...] = ()
 
     @property
     def actions(self) -> int:
         """How many writes the plan asks for besides the status."""
-        return len(self.creates) + len(self.drains) + len(self.deletes) + len(self.reclaims)
+        return len(self.creates) + len(self.drains) + len(self.deletes) + len(self.reclaims) + len(self.unparks)
 
 
 def failure_backoff(count: int) -> float:
@@ -182,20 +196,20 @@ def _failures(pool: Pool, failed: list[Member], active: list[Member], now: float
     return dict(old)
 
 
-def _current(pool: Pool, m: Member, now: float) -> bool:
+def _current(pool: Pool, m: Member, now: float, *, burn: bool = True) -> bool:
     """Whether ``m`` is of the current template, within its age limit, in a zone of ``spread.zones``,
-    and not burned (``spec.recycle``)."""
+    and (``burn``: when a replacement would get a new egress IP) not burned (``spec.recycle``)."""
     spec = pool.valid_spec
-    if m.template_hash != spec.hash or m.burned:
+    if m.template_hash != spec.hash or (burn and m.burned):
         return False
     if spec.max_age and now - m.created >= age_limit(m.uid, spec.max_age):
         return False
     return not (spec.zones and (m.zone or "") not in spec.zones)
 
 
-def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float) -> bool:
+def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float, *, keeps_ip: bool = False) -> bool:
     """Whether active member ``m`` is outdated (rule 3)."""
-    if not _current(pool, m, now):
+    if not _current(pool, m, now, burn=not keeps_ip):
         return True
     return not m.leasable and not zone_is_ready(zone_ready, m.zone)
 
@@ -285,20 +299,27 @@ class _Availability:
     least: int
     leaving: list[Member] = field(default_factory=list)
 
-    def leave(self, m: Member) -> bool:
-        """Let ``m`` leave if the bound allows; return whether it does."""
+    def spare(self, m: Member) -> bool:
+        """Whether ``m`` may stop taking leases within the bound (counted as gone when it may)."""
         if m.leasable:
             if self.available - 1 < self.least:
                 return False
             self.available -= 1
         elif m.unknown and self.available < self.least:
             return False  # Ready but unpublished (a flushed Redis): may serve; not spent as unleasable
+        return True
+
+    def leave(self, m: Member) -> bool:
+        """Let ``m`` leave if the bound allows; return whether it does."""
+        if not self.spare(m):
+            return False
         self.leaving.append(m)
         return True
 
 
-def _leaving(pool: Pool, active: list[Member], outdated: list[Member], updated: list[Member], n: int) -> list[Member]:
-    """Rule 4: the outdated members, then the surplus of updated ones, that start draining now."""
+def _leaving(pool: Pool, active: list[Member], outdated: list[Member], updated: list[Member], n: int) -> _Availability:
+    """Rule 4: the outdated members, then the surplus of updated ones, that start draining now
+    (``leaving`` of the bound returned, whose count the parking step goes on spending)."""
     bound = _Availability(available=sum(1 for m in active if m.leasable),
                           least=max(0, n - pool.valid_spec.max_unavailable))
     for m in sorted(outdated, key=lambda m: (m.leasable, m.unknown, m.leases, m.created, m.name)):
@@ -312,7 +333,23 @@ def _leaving(pool: Pool, active: list[Member], outdated: list[Member], updated: 
         for m in order[:extra]:
             if not bound.leave(m):
                 break
-    return bound.leaving
+    return bound
+
+
+def _parked(bound: _Availability, updated: list[Member], leaving: list[Member]) -> tuple[list[Member], list[Member],
+                                                                                       list[Member]]:
+    """Rule 4, burned members of a provider that keeps the egress IP: those drained in place now
+    (within ``bound``, the fewest live leases first), those the bound keeps serving, and the
+    members drained in place earlier that are no longer burned (they take leases again)."""
+    gone = {m.uid for m in leaving}
+    candidates = sorted((m for m in updated if m.burned and not m.parked and m.uid not in gone),
+                        key=lambda m: (m.leasable, m.leases, m.created, m.name))
+    parks: list[Member] = []
+    held: list[Member] = []
+    for m in candidates:
+        (parks if not held and bound.spare(m) else held).append(m)
+    unparks = [m for m in updated if m.parked and not m.burned and m.uid not in gone]
+    return parks, held, unparks
 
 
 def _reclaimed(pool: Pool, draining: list[Member], short: int, zone_ready: Mapping[str, bool],
@@ -352,7 +389,7 @@ def _placed(pool: Pool, want: int, zone_ready: Mapping[str, bool], members: list
 
 def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, now: float,
          demand: scaler.Demand | None = None, history: "list[Mapping[str, Any]] | None" = None,
-         zone_health: "Mapping[str, ZoneHealth] | None" = None) -> Plan:
+         zone_health: "Mapping[str, ZoneHealth] | None" = None, keeps_ip: bool = False) -> Plan:
     """Decide what ``pool`` needs now (the rules of the module docstring).
 
     Args:
@@ -370,6 +407,9 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
         zone_health: zone -> :class:`app.pools.zones.ZoneHealth` of the zones that are not Ready,
             for ``status.skippedZones`` and the ``ZonesReady`` condition; ``None``: not known
             (the status says only "not Ready").
+        keeps_ip: the pool's provider gives a replacement the same egress IP
+            (:attr:`app.config.providers.ProviderConfig.replacement_keeps_ip`): burned members
+            are drained in place, not replaced (rule 4).
     Returns:
         the :class:`Plan`.
     Raises:
@@ -382,15 +422,19 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     active, timers = exits.active, exits.timers
     n, decision = _desired(pool, active, demand, history, now)
 
-    outdated = [m for m in active if _outdated(pool, m, zone_ready, now)]
+    outdated = [m for m in active if _outdated(pool, m, zone_ready, now, keeps_ip=keeps_ip)]
     updated = [m for m in active if m not in outdated]
     if spec.max_age:
         timers.extend(m.created + age_limit(m.uid, spec.max_age) - now for m in updated)
 
-    leaving = _leaving(pool, active, outdated, updated, n)
+    bound = _leaving(pool, active, outdated, updated, n)
+    leaving = bound.leaving
+    parks, kept_burned, unparks = _parked(bound, updated, leaving) if keeps_ip else ([], [], [])
     until = now + spec.drain_timeout
-    drains = tuple(Drain(m.uid, m.name, until, ("Burned" if m.burned else "Outdated") if m in outdated else "ScaleDown",
-                         m.burned) for m in leaving)
+    drains = tuple(Drain(m.uid, m.name, until,
+                         ("Burned" if m.burned and not keeps_ip else "Outdated") if m in outdated else "ScaleDown",
+                         m.burned_targets, m.burned) for m in leaving) + \
+        tuple(Drain(m.uid, m.name, until, BURNED_IN_PLACE, m.burned_targets, m.burned) for m in parks)
     staying = [m for m in active if m not in leaving]
 
     # creating, bounded by the surge: draining members that still hold leases keep their
@@ -413,17 +457,22 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
     creates, no_zone = _placed(pool, want, zone_ready, staying + reclaimed)
 
     skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
+    unparked = {m.uid for m in unparks}
+    parked = len(parks) + sum(1 for m in staying if m.parked and m.uid not in unparked)
     status = render(StatusInputs(
         pool=pool, live=live, active=active + reclaimed, updated=updated + reclaimed, desired=n, decision=decision,
-        creates=len(creates), drains=len(drains), deletes=len(deletes), outdated=len(outdated),
+        creates=len(creates), drains=len(drains) - len(parks), deletes=len(deletes), outdated=len(outdated),
         burned=sum(1 for m in outdated if m.burned), no_zone=no_zone,
         draining=len(draining) - len(reclaimed), now=now, failures=exits.failures if exits.backing_off else None,
-        skipped=skipped, held_back=held_back, holding=holding))
+        skipped=skipped, held_back=held_back, holding=holding, parked=parked, kept_burned=len(kept_burned),
+        parking={m.uid for m in parks} | {m.uid for m in staying if m.parked and m.uid not in unparked},
+        unparking=unparked))
     status["memberFailures"] = exits.failures
     status["skippedZones"] = skipped or None
     future = [t for t in timers if t > 0]
     return Plan(desired=n, creates=tuple(creates), drains=drains, deletes=tuple(deletes), status=status,
                 reclaims=tuple(Reclaim(m.uid, m.name) for m in sorted(reclaimed, key=lambda m: m.name)),
+                unparks=tuple(Reclaim(m.uid, m.name) for m in sorted(unparks, key=lambda m: m.name)),
                 outdated=tuple(sorted(m.name for m in outdated if m not in leaving)),
                 requeue_after=min(future) if future else None,
                 scale_to=n if decision is not None and n != spec.replicas else None,

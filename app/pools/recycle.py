@@ -1,13 +1,20 @@
-"""A ProxyPool's recycle policy: members whose egress IP many sites banned are replaced.
+"""A ProxyPool's recycle policy: members whose egress IP sites ban are replaced or drained in place.
 
-Sites ban egress IPs (:mod:`app.serving.bans`); the lease release script keeps, per egress
-identity, when each target last banned it (:func:`app.store.keys.ip_ban_times`).  A pool with
-``spec.recycle`` (:class:`app.pools.model.Recycle`) treats a member whose egress IP was banned by
-at least ``bannedTargets`` distinct targets within ``windowSeconds`` — counting only bans since
-the member was made, so a replacement that leaves from the same IP (Pods behind one node's SNAT)
-is not replaced again for its predecessor's bans — as outdated: the normal rollout replaces it
-(surge limits, ``maxUnavailable``, drain of its leases; drain reason ``Burned``), so it comes back
-with a new IP where the provider gives one.
+Sites ban egress IPs (:mod:`app.serving.bans`); the lease scripts keep, per egress identity, when
+each target last banned it (:func:`app.store.keys.ip_ban_times`) and how many targeted leases
+and bans it had per minute (:func:`app.store.keys.ip_outcomes`).  A pool with ``spec.recycle``
+(:class:`app.pools.model.Recycle`) calls a member **burned** when, within ``windowSeconds`` and
+counting only since the member was made (so a replacement that leaves from the same IP is not
+judged by its predecessor's bans):
+
+* its egress IP was banned by at least ``bannedTargets`` distinct targets, or
+* more than ``maxBanPercent`` of its targeted leases ended in a ban, once it had at least
+  ``minLeases`` of them (counted per minute: the minute the member was made counts whole).
+
+The plan (:func:`app.pools.plan.plan`) replaces a burned member through the normal rollout
+(surge limits, ``maxUnavailable``, drain of its leases; drain reason ``Burned``), so it comes
+back with a new IP where the provider gives one, or drains it in place where the provider's
+replacement keeps the IP (:data:`app.pools.model.BURNED_IN_PLACE`).
 """
 
 from __future__ import annotations
@@ -19,10 +26,64 @@ from app.pools.model import Member, Recycle
 from app.store import keys as redis_keys
 
 
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Why one member is burned.
+
+    Attributes:
+        targets: the targets that banned its egress IP within the window (sorted).
+        why: the rule that holds, for Events and the log.
+    """
+
+    targets: tuple[str, ...]
+    why: str
+
+
+def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, since: float) -> Verdict | None:
+    """Whether a member is burned, from what Redis holds of its egress identity.
+
+    Args:
+        policy: the pool's :class:`~app.pools.model.Recycle`.
+        targets: the targets that banned the identity since ``since``.
+        outcomes: the identity's :func:`app.store.keys.ip_outcomes` hash (``l<bucket>``/``b<bucket>``
+            → count, strings as Redis gives them; malformed fields are skipped).
+        since: epoch seconds: counts before it are not the member's.
+    Returns:
+        the :class:`Verdict`, or ``None`` when neither rule holds.
+    """
+    if policy.banned_targets is not None and len(targets) >= policy.banned_targets:
+        return Verdict(tuple(sorted(targets)), f"its egress IP was banned by {len(targets)} targets within "
+                                               f"{policy.window:g}s (spec.recycle.bannedTargets "
+                                               f"{policy.banned_targets})")
+    if policy.max_ban_percent is None:
+        return None
+    first = int(since * 1000) // redis_keys.OUTCOME_BUCKET_MS
+    leases = bans = 0
+    for name, value in outcomes.items():
+        try:
+            bucket, count = int(name[1:]), int(value)
+        except ValueError:
+            continue
+        if bucket < first:
+            continue
+        if name[:1] == "l":
+            leases += count
+        elif name[:1] == "b":
+            bans += count
+    if leases < policy.min_leases or bans * 100 <= policy.max_ban_percent * leases:
+        return None
+    return Verdict(tuple(sorted(targets)), f"{bans} of its {leases} targeted leases within {policy.window:g}s "
+                                           f"ended in a ban, more than spec.recycle.maxBanPercent "
+                                           f"{policy.max_ban_percent}%")
+
+
 def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mapping[str, str]], *,
          now: float) -> list[Member]:
     """Return ``members`` with :attr:`~app.pools.model.Member.burned` set on those the policy
-    replaces.
+    calls burned (:func:`judge`).
+
+    Members drained in place (:attr:`~app.pools.model.Member.parked`) are judged again, so they
+    take leases again once their bans age out of the window; members leaving the pool are not.
 
     Args:
         r: ``redis.Redis`` (``decode_responses=True``).
@@ -31,7 +92,8 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
         records: serving records (raw hashes) by uid: their ``egressIP``.
         now: epoch seconds (bans before a member was made are not its own).
     Returns:
-        the members, burned ones replaced by copies naming the targets that banned them.
+        the members, burned ones replaced by copies saying why and naming the targets that
+        banned them.
     Raises:
         redis.RedisError: Redis unreachable.
     """
@@ -39,13 +101,22 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
     if not live:
         return members
     pipe = r.pipeline(transaction=False)
+    starts = []
     for m in live:
         ident = records[m.uid].get("egressIP") or f"uid:{m.uid}"
         # (creation timestamps are whole seconds: a ban in the member's first second is not counted)
         since = max(now - policy.window, m.created + 1.0)
+        starts.append(since)
         pipe.zrangebyscore(redis_keys.ip_ban_times(ident), int(since * 1000), "+inf")
-    burned = {m.uid: tuple(sorted(targets)) for m, targets in zip(live, pipe.execute(), strict=True)
-              if len(targets) >= policy.banned_targets}
-    if not burned:
-        return members
-    return [dataclasses.replace(m, burned=burned[m.uid]) if m.uid in burned else m for m in members]
+        if policy.max_ban_percent is not None:
+            pipe.hgetall(redis_keys.ip_outcomes(ident))
+    answers = iter(pipe.execute())
+    burned: dict[str, Verdict] = {}
+    for m, since in zip(live, starts, strict=True):
+        targets = next(answers)
+        outcomes = next(answers) if policy.max_ban_percent is not None else {}
+        verdict = judge(policy, targets, outcomes, since=since)
+        if verdict is not None:
+            burned[m.uid] = verdict
+    return [dataclasses.replace(m, burned=burned[m.uid].why, burned_targets=burned[m.uid].targets)
+            if m.uid in burned else m for m in members]

@@ -44,6 +44,11 @@ class StatusInputs:
         skipped: ``status.skippedZones`` (:func:`app.pools.zones.skipped_zones`).
         held_back: members not created only because draining members still hold leases.
         holding: the draining members still holding leases.
+        parked: burned members drained in place after the pass (their provider gives a
+            replacement the same egress IP: :data:`app.pools.model.BURNED_IN_PLACE`).
+        kept_burned: burned members of such a provider the ``maxUnavailable`` bound keeps serving.
+        parking: the UIDs of the ``parked`` ones (not counted as "not leasable yet").
+        unparking: the UIDs of members drained in place that take leases again after the pass.
     """
 
     pool: Pool
@@ -64,6 +69,10 @@ class StatusInputs:
     skipped: Sequence[dict[str, Any]] = ()
     held_back: int = 0
     holding: int = 0
+    parked: int = 0
+    kept_burned: int = 0
+    parking: frozenset[str] | set[str] = frozenset()
+    unparking: frozenset[str] | set[str] = frozenset()
 
 
 def _set(conds: list[dict], ctype: str, state: str, reason: str, message: str, generation: int, now: str) -> list[dict]:
@@ -91,8 +100,9 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
     if s.no_zone:
         return "False", "NoReadyZone", ("no member can be created: the provider target of every zone is not Ready: "
                                         f"{describe_zones(list(s.skipped))}")
-    unready = sum(1 for m in s.updated if not m.leasable)
-    if not (s.creates or s.drains or s.deletes or s.outdated or s.draining or updated != n or unready):
+    unready = sum(1 for m in s.updated if not m.leasable and m.uid not in s.parking and m.uid not in s.unparking)
+    if not (s.creates or s.drains or s.deletes or s.outdated or s.draining or updated != n or unready
+            or s.parked or s.kept_burned or s.unparking):
         return "True", "PoolComplete", f"{n} updated members, all leasable"
     parts = []
     if updated < n or s.creates:
@@ -108,12 +118,23 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
         parts.append(f"{updated - n} more than wanted")
     if unready:
         parts.append(f"{unready} not leasable yet")
+    if s.parked:
+        parts.append(f"{s.parked} burned, drained in place (spec.recycle: their provider gives a replacement the "
+                     "same egress IP; they take leases again once no longer burned)")
+    if s.kept_burned:
+        least = max(0, n - s.pool.valid_spec.max_unavailable)
+        parts.append(f"{s.kept_burned} burned kept serving: draining them in place would leave fewer than {least} "
+                     "leasable (spec.rollout.maxUnavailable)")
+    if s.unparking:
+        parts.append(f"{len(s.unparking)} drained in place no longer burned: taking leases again")
     if s.outdated:
         reason = "RollingOut"
     elif updated < n:
         reason = "ScalingUp"
     elif updated > n or s.drains or s.draining:
         reason = "ScalingDown"
+    elif s.parked or s.kept_burned or s.unparking:
+        reason = "BurnedInPlace"
     else:
         reason = "WaitingForMembers"
     return "True", reason, "; ".join(parts) or "in progress"

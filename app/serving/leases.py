@@ -478,7 +478,8 @@ def acquire(r, client: str, filters: Filters, *, ttl: int, settings: LeaseSettin
             settings.record_grace * 1000, _limit(client_max_leases), scope.lua]
     if target is not None:
         b = bans or _BANS
-        args += [target.name, ban_owner(b, client), target.limit, target.pools, ban_realm(b, client, scope.lua)]
+        args += [target.name, ban_owner(b, client), target.limit, target.pools, ban_realm(b, client, scope.lua),
+                 b.history * 1000]
     raw = _ACQUIRE(r, _INDEX_KEYS, args)
     doc = orjson.loads(raw)  # the script's cjson answer
     if "error" in doc:

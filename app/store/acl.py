@@ -60,7 +60,7 @@ LEASES = (k.LEASE_EXPIRY, k.lease("*"), k.released("*"))
 CLIENT_STATE = (k.cooldown("*"), k.sticky("*", "*"))
 #: Bans, per-target concurrency and refusing targets (:mod:`app.serving.bans`).
 BAN_KEYS = (k.ban("*"), k.ban_strikes("*", "", "*"), k.target_leases("*", "*"), k.refusals("*"), k.refusing("*"),
-            k.ip_bans("*"), k.ip_ban_times("*"), k.BANS)
+            k.ip_bans("*"), k.ip_ban_times("*"), k.ip_outcomes("*"), k.BANS)
 HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"),
                k.HEALTH_SLOW_SLOTS, k.HEALTH_SLOW_TURNS)
 #: Every worker's heartbeat and the messages it holds (:mod:`app.store.holders`); ``po:holder:*``
@@ -138,10 +138,13 @@ USERS: tuple[User, ...] = (
          "the workers of the proxies and gc queues and the per-host KVM workers: reconcile, GC, pools, provider checks",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
          + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE
-         + HOLDER_KEYS,
+         + HOLDER_KEYS
+         # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency
+         + (k.target_leases("*", "*"),),
          write=AUTH,
          # the pool controller's recycle policy reads which targets banned a member's egress IP
-         read=(k.ip_ban_times("*"),),
+         # and its ban ratio
+         read=(k.ip_ban_times("*"), k.ip_outcomes("*")),
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
@@ -160,7 +163,9 @@ USERS: tuple[User, ...] = (
     User("watcher", "the watcher: de-duplication marks, publishing tasks, refreshing published records "
          "(labels, maxLeases, healthCheck), withdrawing Proxies being deleted, provider-health staleness",
          keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE
-         + (k.LEASE_EXPIRY,) + HEALTH_KEYS[:3],
+         + (k.LEASE_EXPIRY,) + HEALTH_KEYS[:3]
+         # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency
+         + (k.target_leases("*", "*"),),
          # a withdrawal reads the owner of each lease it ends and deletes the credentials copy
          write=AUTH,
          read=LOCKS + PROVIDER_HEALTH + HOLDER_KEYS + (k.lease("*"),),

@@ -283,6 +283,24 @@ def ip_ban_times(ident: str) -> str:
     return IP_BAN_TIMES_PREFIX + ident
 
 
+#: Prefix of :func:`ip_outcomes`.
+IP_OUTCOMES_PREFIX = PREFIX + "ip-outcomes:"
+
+#: Width of one bucket of :func:`ip_outcomes`, ms (a minute).
+OUTCOME_BUCKET_MS = 60_000
+
+
+def ip_outcomes(ident: str) -> str:
+    """hash — per minute (bucket ``floor(ms / OUTCOME_BUCKET_MS)``) of the last
+    ``BAN_HISTORY_SECONDS``: ``l<bucket>`` → targeted leases granted through egress identity
+    ``ident``, ``b<bucket>`` → bans of it (``blocked``/``failed`` releases of targeted leases;
+    taken back when the target turns out to refuse everyone).  Older buckets are dropped when a
+    new one starts.  TTL: ``BAN_HISTORY_SECONDS`` + a bucket (renewed by every new bucket).
+    Written by ``lease_acquire.lua`` (leases) and ``lease_release.lua`` (bans); read by
+    :mod:`app.pools.recycle` (``spec.recycle.maxBanRatio``)."""
+    return IP_OUTCOMES_PREFIX + ident
+
+
 #: sorted set — ``<ident>|<target>`` → end of the cooldown (ms): every (egress IP, target) ban,
 #: live ones and those ended since the last ban (dropped at every ban), for the live-cooldowns
 #: gauge.  No TTL (bounded by the live cooldowns).  Written by ``lease_release.lua``; read by
@@ -530,16 +548,19 @@ LUA_NAMES = {
     "P_REFUSING": REFUSING_PREFIX,
     "P_IP_BANS": IP_BANS_PREFIX,
     "P_IP_BAN_TIMES": IP_BAN_TIMES_PREFIX,
+    "P_IP_OUTCOMES": IP_OUTCOMES_PREFIX,
     "K_BANS": BANS,
 }
 
 
 def lua_header() -> str:
     """Return the Lua that declares :data:`LUA_NAMES` as locals (prepended to every script, so
-    the key names reach the scripts from this table and cost nothing per call)."""
+    the key names reach the scripts from this table and cost nothing per call), and
+    :data:`OUTCOME_BUCKET_MS` as ``OUTCOME_BUCKET_MS``."""
     lines = []
     for name, value in LUA_NAMES.items():
         if "'" in value or "\\" in value:
             raise ValueError(f"key name {value!r} cannot be quoted for Lua")
         lines.append(f"local {name} = '{value}'\n")
+    lines.append(f"local OUTCOME_BUCKET_MS = {OUTCOME_BUCKET_MS}\n")
     return "".join(lines)

@@ -248,22 +248,45 @@ spec:
                 recycle:
                   description: >-
                     Replace Proxies whose egress IP sites ban (bans reported by crawlers on leases
-                    with a target): a Proxy whose egress IP was banned by at least bannedTargets
-                    distinct targets within windowSeconds, counting bans since it was made, is
+                    with a target): a Proxy is burned when its egress IP was banned by at least
+                    bannedTargets distinct targets within windowSeconds, or when more than
+                    maxBanPercent of its targeted leases within windowSeconds (at least minLeases
+                    of them) ended in a ban, counting since it was made. A burned Proxy is
                     replaced as an outdated one (rollout limits, drain of its leases), so it comes
-                    back with a new IP where the provider gives one. Omitted: never.
+                    back with a new IP where the provider gives one; on a provider whose
+                    replacement keeps the egress IP (kubernetes: Pods behind the node's address)
+                    it is drained in place instead, within maxUnavailable, and takes leases again
+                    once it is no longer burned. Omitted: never.
                   type: object
-                  required: [bannedTargets]
+                  x-kubernetes-validations:
+                    - rule: has(self.bannedTargets) || has(self.maxBanPercent)
+                      message: spec.recycle needs bannedTargets, maxBanPercent or both
                   properties:
                     bannedTargets:
                       description: Distinct targets that make a Proxy burned.
                       type: integer
                       format: int32
                       minimum: 1
+                    maxBanPercent:
+                      description: >-
+                        A Proxy whose targeted leases ended in a ban more often than this percentage
+                        (bans / leases within windowSeconds) is burned.
+                      type: integer
+                      format: int32
+                      minimum: 1
+                      maximum: 100
+                    minLeases:
+                      description: >-
+                        Targeted leases a Proxy must have had within windowSeconds before
+                        maxBanPercent is judged (fewer say nothing).
+                      type: integer
+                      format: int32
+                      minimum: 1
+                      default: 20
                     windowSeconds:
                       description: >-
-                        The window, seconds (bans older than the API's BAN_HISTORY_SECONDS are
-                        not remembered).
+                        The window, seconds (bans and leases older than the API's
+                        BAN_HISTORY_SECONDS are not remembered).
                       type: integer
                       format: int32
                       minimum: 1

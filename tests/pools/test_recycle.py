@@ -1,10 +1,14 @@
-"""A ProxyPool's recycle policy (app.pools.recycle): a member whose egress IP enough sites banned
-(reported through the real lease scripts) is replaced by the normal rollout, never below the
-pool's floor, and an Event names the sites; bans from before a member was made are not its own.
+"""A ProxyPool's recycle policy (app.pools.recycle): a member whose egress IP enough sites banned,
+or whose targeted leases ended in a ban too often (reported through the real lease scripts), is
+replaced by the normal rollout, never below the pool's floor, and an Event names the sites; bans
+from before a member was made are not its own.  On a provider whose replacement keeps the egress
+IP (kubernetes behind node SNAT, the type's default) a burned member is drained in place instead,
+within maxUnavailable, and takes leases again once its bans age out.
 Against the API fake (the real CRDs) and real Redis, in-process, as tests/pools/test_controller.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -12,15 +16,26 @@ import requests
 from kubernetes import client as k8s
 
 from app.kube.gateway import KubernetesGateway
-from app.pools.model import PoolSpec, PoolSpecError
+from app.pools import controller
+from app.pools.controller import PoolRef
+from app.pools.model import BURNED_IN_PLACE, PoolSpec, PoolSpecError
 from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSION
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
-from tests.pools.test_controller import NS, SETTINGS, TEMPLATE, make_pool, pool_obj, proxies, ready, run
+from app.store import keys as redis_keys
+from tests.pools.test_controller import CONFIGS, NS, SETTINGS, TEMPLATE, make_pool, pool_obj, proxies, ready
 
 pytestmark = pytest.mark.timeout(60)
 BANS = BanSettings(refusal_ips=0)
+#: The pool's provider as a cluster whose Pods leave through their own IPs (replacementEgressIP: new).
+FRESH_IP = {"k8s-local": dataclasses.replace(CONFIGS["k8s-local"], replacement_keeps_ip=False)}
+
+
+def run(api, r, ref: PoolRef, configs=None) -> controller.Outcome:
+    """One pass of the pool controller; the provider gives replacements a new egress IP unless
+    ``configs`` says otherwise (``CONFIGS``: the kubernetes type's default, the same IP)."""
+    return controller.run(KubernetesGateway(api), r, configs or FRESH_IP, ref=ref, lock_timeout=30)
 
 
 @pytest.fixture()
@@ -71,7 +86,7 @@ def _events(api, reason: str) -> list:
 def test_the_recycle_policy_is_read_and_checked():
     spec = PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"bannedTargets": 3}})
     assert spec.recycle is not None and spec.recycle.banned_targets == 3 and spec.recycle.window == 3600
-    with pytest.raises(PoolSpecError, match="spec.recycle.bannedTargets"):
+    with pytest.raises(PoolSpecError, match="spec.recycle: needs bannedTargets.*maxBanPercent"):
         PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"windowSeconds": 60}})
 
 
@@ -102,7 +117,8 @@ def test_a_burned_member_is_replaced_without_dropping_below_the_floor(api, redis
     marked = {p.name: p.annotations.get(DRAINING_REASON_ANNOTATION) for p in KubernetesGateway(api).list_proxies_in(NS)}
     assert marked[burned.name] == "Burned" and marked[kept.name] is None
     [event] = _events(api, "MemberBurned")
-    assert burned.name in event.message and "(example.com, example.org)" in event.message
+    assert burned.name in event.message and "banned by example.com, example.org" in event.message
+    assert "spec.recycle.bannedTargets 2" in event.message
     assert pool_obj(api)["status"]["recycledReplicas"] == 1
     # the drain is counted once: later passes (the member still draining, then deleted) add nothing
     for p in proxies(api):

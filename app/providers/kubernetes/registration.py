@@ -40,6 +40,7 @@ def provider_type(client_factory: Callable[[], "ApiClient"]) -> ProviderType:
 
         return KubernetesProvider(pc, client_factory=client_factory)
 
-    # Every key of the kubernetes: block has a default, so the block may be left out.
+    # Every key of the kubernetes: block has a default, so the block may be left out.  A new Pod
+    # leaves through its node's address (SNAT), the same as the Pod it replaces on that node.
     return ProviderType(name="kubernetes", parse_settings=config.parse, build=build, block_required=False,
-                        check_entry=_check_entry)
+                        check_entry=_check_entry, replacement_keeps_ip=True)

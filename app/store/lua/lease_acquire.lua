@@ -5,7 +5,8 @@
 -- registrable domain, app.serving.bans), the ban key's owner ('' fleet-wide, '#<client>'), the
 -- target's concurrency limit per egress identity (0: by the pool rules), the pool rules (JSON
 -- {<namespace>/<pool> = limit}, '' = none), the refusal realm (app.serving.bans.realm: whose refusals of
--- the target this client shares).  After the limits (expire_batch, index_page, expire_backlog,
+-- the target this client shares), the ban history (ms: how long the identity's lease and ban counts
+-- are kept, app.store.keys.ip_outcomes).  After the limits (expire_batch, index_page, expire_backlog,
 -- explain_limit),
 -- now.lua and lease_index.lua.  Returns the lease or the error as JSON.
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
@@ -414,6 +415,7 @@ if target then
   if redis.call('PTTL', tk) < ttl then redis.call('PEXPIRE', tk, ttl) end
   redis.call('HSET', lk, 'target', target, 'ident', chosen_ident, 'realm', realm)
   redis.call('HSET', P_PROXY .. chosen, 'targetIdent', chosen_ident)
+  count_outcome(chosen_ident, 'l', now, tonumber(ARGV[15]) or 3600000)
 end
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))
 if sticky_key then redis.call('SET', sticky_key, chosen, 'EX', tonumber(ARGV[6])) end

@@ -68,3 +68,28 @@ local function reindex(uid, now)
 end
 
 local function held_key(name) return P_CLIENT_LEASES .. name end
+
+-- count_outcome(ident, kind, now, history): one more targeted lease ('l') or ban ('b') of egress identity
+-- ident in this minute's bucket of P_IP_OUTCOMES (app.store.keys.ip_outcomes).  The first count of a
+-- bucket drops the buckets older than history (ms) and renews the key's TTL, so the hash holds at
+-- most history / OUTCOME_BUCKET_MS buckets of each kind.
+local function count_outcome(ident, kind, now, history)
+  local key = P_IP_OUTCOMES .. ident
+  local bucket = math.floor(now / OUTCOME_BUCKET_MS)
+  if redis.call('HINCRBY', key, kind .. bucket, 1) == 1 then
+    local oldest = bucket - math.ceil(history / OUTCOME_BUCKET_MS)
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      local b = tonumber(string.sub(f, 2))
+      if not b or b < oldest then redis.call('HDEL', key, f) end
+    end
+    redis.call('PEXPIRE', key, history + OUTCOME_BUCKET_MS)
+  end
+end
+
+-- uncount_ban(ident, at): take back one ban of ident counted at time at (ms) by count_outcome.
+local function uncount_ban(ident, at)
+  local key = P_IP_OUTCOMES .. ident
+  local f = 'b' .. math.floor(at / OUTCOME_BUCKET_MS)
+  local n = tonumber(redis.call('HGET', key, f))
+  if n and n > 1 then redis.call('HINCRBY', key, f, -1) elseif n then redis.call('HDEL', key, f) end
+end

@@ -63,6 +63,9 @@ if bad and target and ident then
     redis.call('PEXPIRE', fk, window)
     if redis.call('ZCARD', fk) >= refusal_ips then
       for _, e in ipairs(redis.call('ZRANGE', fk, 0, -1)) do
+        -- (not a ban of e after all: out of its ban ratio too)
+        local at = tonumber(redis.call('ZSCORE', P_IP_BAN_TIMES .. e, target))
+        if at then uncount_ban(e, at) end
         redis.call('ZREM', ban_key, e)
         redis.call('ZREM', P_IP_BANS .. e, target)
         redis.call('ZREM', P_IP_BAN_TIMES .. e, target)
@@ -98,6 +101,7 @@ if bad and target and ident then
     redis.call('ZADD', tk, now, target)
     redis.call('ZREMRANGEBYSCORE', tk, '-inf', now - history)
     redis.call('PEXPIRE', tk, history)
+    count_outcome(ident, 'b', now, history)
     redis.call('ZADD', K_BANS, until_ms, ident .. '|' .. target)
     redis.call('ZREMRANGEBYSCORE', K_BANS, '-inf', now)
     -- a pool member's IP banned: only Redis knows, so wake its pool (its recycle policy may
