@@ -49,6 +49,20 @@ def test_valid_config_with_every_type_loads(tmp_path):
     assert cfg.get("gcp-eu").check_interval == 0
     assert cfg.get("kvm-lab").check_timeout == 15
     assert cfg.get("kvm-lab").settings.host("lab1").domain_type == "kvm"
+    # a new Pod leaves through its node's address: replacements keep the egress IP; cloud and kvm
+    # instances get a new one
+    assert cfg.get("k8s-local").replacement_keeps_ip
+    assert not cfg.get("gcp-eu").replacement_keeps_ip and not cfg.get("kvm-lab").replacement_keeps_ip
+
+
+def test_replacement_egress_ip_overrides_the_type_default(tmp_path):
+    cfg = load(write(tmp_path, """
+        providers:
+          - {name: pods-own-ip, type: kubernetes, replacementEgressIP: new}
+          - {name: static, type: gcp, replacementEgressIP: same, gcp: {project: demo-project, zones: [europe-west1-b]}}
+    """))
+    assert not cfg.get("pods-own-ip").replacement_keeps_ip
+    assert cfg.get("static").replacement_keeps_ip
 
 
 @pytest.mark.parametrize("body, provider, field, problem", [
@@ -62,6 +76,8 @@ def test_valid_config_with_every_type_loads(tmp_path):
     ("providers:\n  - {name: a, type: kubernetes, checkInterval: soon}\n", "a", "checkInterval", "not a duration"),
     ("providers:\n  - {name: Bad_Name, type: kubernetes}\n", "Bad_Name", "name", "plain identifier"),
     ("providers:\n  - {name: a, type: kubernetes, kubernetes: {port: 70000}}\n", "a", "kubernetes.port", "at most"),
+    ("providers:\n  - {name: a, type: kubernetes, replacementEgressIP: fresh}\n", "a", "replacementEgressIP",
+     "not one of"),
 ])
 def test_bad_config_names_file_provider_and_field(tmp_path, body, provider, field, problem):
     path = write(tmp_path, body)

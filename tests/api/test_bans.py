@@ -12,6 +12,7 @@ from app.resources import Proxy
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target, parse_rules, proxy_bans
 from app.serving.targets import TargetError, registrable_domain
+from app.store import keys as redis_keys
 from tests.api.helpers import auth
 
 pytestmark = pytest.mark.timeout(60)
@@ -167,6 +168,56 @@ def test_a_target_refusing_everyone_is_cooled_off_not_the_pool(redis_client, lea
     assert "wall.example" in info.value.message
     # every proxy serves other targets
     assert len({_lease(redis_client, "c", "fine.example", lease_settings, bans).uid for _ in range(4)}) == 4
+
+
+def test_a_withdrawn_proxy_no_longer_holds_its_egress_ip_for_the_target(redis_client, lease_settings):
+    """Two proxies behind one egress IP: the live targeted lease of one that leaves the serving
+    view (deleted, withdrawn by the health engine) stops counting against the IP's concurrency."""
+    bans = BanSettings()
+    p1 = _proxy(redis_client, "w1", "198.51.100.40", max_leases=10)
+    p2 = _proxy(redis_client, "w2", "198.51.100.40", max_leases=10)
+    held = _lease(redis_client, "crawler-a", "site.example", lease_settings, bans, ttl=300)
+    with pytest.raises(leases.LeaseError):
+        _lease(redis_client, "crawler-b", "site.example", lease_settings, bans)
+    serving.withdraw(redis_client, held.uid)
+    assert _lease(redis_client, "crawler-b", "site.example", lease_settings, bans).uid == ({p1, p2} - {held.uid}).pop()
+    # releasing the withdrawn proxy's lease later still answers and takes nothing from the new one
+    leases.release(redis_client, "crawler-a", held.id, outcome="ok", settings=lease_settings, bans=bans)
+    assert redis_client.zcard("po:target-leases:site.example|198.51.100.40") == 1
+
+
+def _outcomes(r, ident: str) -> tuple[int, int]:
+    """(targeted leases, bans) of ``ident`` in its per-minute counts."""
+    counts = r.hgetall(redis_keys.ip_outcomes(ident))
+    return (sum(int(v) for k, v in counts.items() if k.startswith("l")),
+            sum(int(v) for k, v in counts.items() if k.startswith("b")))
+
+
+def test_targeted_leases_and_their_bans_are_counted_per_egress_ip_and_minute(redis_client, lease_settings):
+    bans = BanSettings(refusal_ips=0, history=600)
+    _proxy(redis_client, "c1", "198.51.100.50")
+    _proxy(redis_client, "c2", "198.51.100.50")  # the same identity
+    key = redis_keys.ip_outcomes("198.51.100.50")
+    redis_client.hset(key, mapping={"l1": 7, "b1": 3})  # a bucket from long ago
+    for site, outcome in (("a.example", "blocked"), ("b.example", "ok"), ("c.example", "failed"),
+                          ("d.example", "ok")):
+        got = _lease(redis_client, "crawler", site, lease_settings, bans)
+        leases.release(redis_client, "crawler", got.id, outcome=outcome, settings=lease_settings, bans=bans)
+    _lease(redis_client, "crawler", None, lease_settings, bans)  # untargeted: not counted
+    assert _outcomes(redis_client, "198.51.100.50") == (4, 2)
+    assert "l1" not in redis_client.hkeys(key)  # older than the history: dropped with the new bucket
+    assert 600_000 < redis_client.pttl(key) <= 660_000  # the history and one bucket
+
+
+def test_a_refusing_target_takes_its_bans_out_of_the_ban_counts(redis_client, lease_settings):
+    bans = BanSettings(refusal_ips=3, refusal_window=60)
+    for i in range(3):
+        _proxy(redis_client, f"t{i}", f"198.51.100.{60 + i}")
+    for _ in range(3):
+        got = _lease(redis_client, "c", "wall.example", lease_settings, bans)
+        leases.release(redis_client, "c", got.id, outcome="blocked", settings=lease_settings, bans=bans)
+    # the site refused all three: none of them was banned, for the ban ratio either
+    assert [_outcomes(redis_client, f"198.51.100.{60 + i}") for i in range(3)] == [(1, 0)] * 3
 
 
 def test_untargeted_leases_keep_the_per_client_cooldown(redis_client, lease_settings):

@@ -70,9 +70,9 @@ class _Stack:
         self.http.headers["Authorization"] = f"Bearer {TOKEN}"
 
     # -- pools and members ---------------------------------------------------------------------
-    def create_pool(self, name: str, replicas: int, **spec) -> dict:
+    def create_pool(self, name: str, replicas: int, provider: str = "k8s-local", **spec) -> dict:
         template = {"metadata": {"labels": {"app": name}},
-                    "spec": {"provider": "k8s-local", "maxLeases": 2,
+                    "spec": {"provider": provider, "maxLeases": 2,
                              "healthCheck": {"url": f"{self.origin}/generate_204", "intervalSeconds": 2,
                                              "timeoutSeconds": 1}}}
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": name, "namespace": NS},
@@ -333,3 +333,47 @@ def test_a_burned_member_is_replaced_and_the_pool_never_drops_below_its_floor(st
     assert lowest[0] >= 2, "the pool went below its floor while replacing the burned member"
     events = [e for e in k8s.CoreV1Api(stack.client).list_namespaced_event(NS).items if e.reason == "MemberBurned"]
     assert any(victim in e.message and "example.com" in e.message and "example.org" in e.message for e in events)
+
+
+def test_a_burned_member_behind_a_kept_ip_is_drained_in_place_then_serves_again(stack):
+    """spec.recycle on a provider whose replacements keep the egress IP (k8s-snat: Pods behind
+    their node's address): the burned member stops taking leases but is neither deleted nor
+    replaced, the status and an Event say why, and once the ban leaves windowSeconds it takes
+    leases again; the pool never has more than its two members."""
+    stack.create_pool("snat", 2, provider="k8s-snat", rollout={"maxUnavailable": 1},
+                      recycle={"bannedTargets": 1, "windowSeconds": 10})
+    wait_for(lambda: stack.settled("snat", 2), 150, "two members leasable")
+    names = {p["metadata"]["name"] for p in stack.members(stack.pool("snat"))}
+    time.sleep(1.1)  # bans in a member's first second are not its own
+    most = [2]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            most[0] = max(most[0], len(stack.members(stack.pool("snat"))))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    got = stack.http.post(f"{stack.api_url}/v1/leases", json={"pool": "snat", "target": "shop.example.com",
+                                                              "ttlSeconds": 60}, timeout=10)
+    assert got.status_code == 201, got.text
+    victim = got.json()["proxy"]["name"]
+    out = stack.http.delete(f"{stack.api_url}/v1/leases/{got.json()['leaseId']}?outcome=blocked", timeout=10)
+    assert out.json()["cooldownUntil"], out.text
+
+    def parked():
+        pool = stack.pool("snat")
+        st = (pool or {}).get("status") or {}
+        return st.get("burnedReplicas") == 1 and stack.leasable("snat") == 1 and "drained in place" in str(
+            st.get("conditions"))
+    wait_for(parked, 30, "the burned member drained in place")
+    wait_for(lambda: stack.settled("snat", 2), 60, "the member leasable again once its ban left the window")
+    done.set()
+    sampler.join()
+    assert {p["metadata"]["name"] for p in stack.members(stack.pool("snat"))} == names  # the same two members
+    assert most[0] == 2, "a member was created in place of one drained in place"
+    events = {e.reason: e.message for e in k8s.CoreV1Api(stack.client).list_namespaced_event(NS).items
+              if e.involved_object.name == "snat"}
+    assert f"draining {victim} in place" in events["MemberBurned"] and "example.com" in events["MemberBurned"]
+    assert victim in events["MemberUnburned"]

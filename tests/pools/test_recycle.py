@@ -23,8 +23,7 @@ from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSIO
 from app.serving import leases, view as serving
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
-from app.store import keys as redis_keys
-from tests.pools.test_controller import CONFIGS, NS, SETTINGS, TEMPLATE, make_pool, pool_obj, proxies, ready
+from tests.pools.test_controller import CONFIGS, NS, SETTINGS, TEMPLATE, custom, make_pool, pool_obj, proxies, ready
 
 pytestmark = pytest.mark.timeout(60)
 BANS = BanSettings(refusal_ips=0)
@@ -56,8 +55,8 @@ def _leasable(api, r, egress: dict[str, str]) -> None:
         r.hset(serving.proxy_key(p.uid), "egressIP", egress[p.name])
 
 
-def _ban(r, uid: str, site: str) -> None:
-    """A crawler's lease for ``site`` through member ``uid``, released ``blocked`` (the real
+def _ban(r, uid: str, site: str, outcome: str = "blocked") -> None:
+    """A crawler's lease for ``site`` through member ``uid``, released with ``outcome`` (the real
     scripts; the other members' leases taken on the way are held meanwhile, then released ``ok``)."""
     held = []
     try:
@@ -65,7 +64,7 @@ def _ban(r, uid: str, site: str) -> None:
             lease = leases.acquire(r, f"crawler-{len(held)}", leases.Filters(pool="web"), ttl=60, settings=SETTINGS,
                                    target=Target.of(site, BANS), bans=BANS)
             if lease.uid == uid:
-                leases.release(r, lease_client(held), lease.id, outcome="blocked", settings=SETTINGS, bans=BANS)
+                leases.release(r, lease_client(held), lease.id, outcome=outcome, settings=SETTINGS, bans=BANS)
                 return
             held.append(lease)
         raise AssertionError(f"no lease on {uid} for {site}")
@@ -151,3 +150,102 @@ def test_bans_from_before_a_member_was_made_are_not_its_own(api, redis_client):
     assert [d.uid for d in out.plan.drains] == [old.uid]  # the old one goes, the new one stays
     out = run(api, redis_client, ref)
     assert out.plan.drains == () and out.plan.creates == ()
+
+
+def test_a_member_whose_leases_end_in_bans_too_often_is_burned(api, redis_client):
+    """spec.recycle.maxBanPercent: the ban ratio over the member's targeted leases, judged once it
+    had minLeases of them; each ban from a different site, so bannedTargets alone would wait."""
+    ref = make_pool(api, replicas=2, recycle={"maxBanPercent": 50, "minLeases": 4, "windowSeconds": 600})
+    run(api, redis_client, ref)
+    egress: dict[str, str] = {}
+    _leasable(api, redis_client, egress)
+    victim, _ = proxies(api)
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "a.example")
+    _ban(redis_client, victim.uid, "b.example")
+    _ban(redis_client, victim.uid, "ok.example", outcome="ok")
+    assert run(api, redis_client, ref).plan.actions == 0  # 2 of 3: fewer than minLeases say nothing
+    _ban(redis_client, victim.uid, "ok.example", outcome="ok")
+    assert run(api, redis_client, ref).plan.actions == 0  # 2 of 4: 50 %, not more
+    _ban(redis_client, victim.uid, "c.example")
+    first = run(api, redis_client, ref)  # 3 of 5: 60 %
+    assert len(first.plan.creates) == 1 and pool_obj(api)["status"]["burnedReplicas"] == 1
+    _leasable(api, redis_client, egress)
+    [drain] = run(api, redis_client, ref).plan.drains
+    assert (drain.uid, drain.reason) == (victim.uid, "Burned")
+    [event] = _events(api, "MemberBurned")
+    assert "3 of its 5 targeted leases" in event.message and "maxBanPercent 50%" in event.message
+
+
+def test_a_burned_member_is_drained_in_place_where_a_replacement_keeps_the_ip(api, redis_client):
+    """The kubernetes type's default (Pods behind their node's address): replacing a burned member
+    would bring back the same IP, so it is drained in place (nothing created, nothing deleted),
+    the status and an Event say why, and it takes leases again once its bans age out."""
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1},
+                    recycle={"bannedTargets": 1, "windowSeconds": 3})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    victim, other = proxies(api)
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    banned_at = time.time()
+    out = run(api, redis_client, ref, CONFIGS)
+    [drain] = out.plan.drains
+    assert (drain.uid, drain.reason, drain.targets) == (victim.uid, BURNED_IN_PLACE, ("example.com",))
+    assert out.plan.creates == () and out.plan.deletes == ()
+    assert redis_client.zscore("po:load", victim.uid) is None  # no new lease through it
+    assert redis_client.zscore("po:load", other.uid) is not None
+    status = pool_obj(api)["status"]
+    assert status["burnedReplicas"] == 1 and status["replicas"] == 2 and status.get("recycledReplicas") is None
+    [progressing] = [c for c in status["conditions"] if c["type"] == "Progressing"]
+    assert progressing["reason"] == "BurnedInPlace" and "1 burned, drained in place" in progressing["message"]
+    [event] = _events(api, "MemberBurned")
+    assert f"draining {victim.name} in place, not replacing it" in event.message
+    assert "same egress IP" in event.message and "example.com" in event.message
+    # it holds no lease, yet it is not deleted, and nothing is made in its place
+    again = run(api, redis_client, ref, CONFIGS)
+    assert again.plan.actions == 0 and len(proxies(api)) == 2
+
+    time.sleep(max(0.0, banned_at + 3.2 - time.time()))  # the ban leaves the window
+    back = run(api, redis_client, ref, CONFIGS)
+    assert [u.uid for u in back.plan.unparks] == [victim.uid] and back.plan.creates == ()
+    marked = {p.name: p.annotations.get(DRAINING_REASON_ANNOTATION) for p in KubernetesGateway(api).list_proxies_in(NS)}
+    assert marked[victim.name] is None
+    assert redis_client.zscore("po:load", victim.uid) is not None  # leasable again
+    assert _events(api, "MemberUnburned")
+    run(api, redis_client, ref, CONFIGS)
+    status = pool_obj(api)["status"]
+    assert status["burnedReplicas"] == 0 and status["leasableReplicas"] == 2
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "Progressing"] == ["PoolComplete"]
+
+
+def test_draining_in_place_keeps_the_pool_at_its_floor(api, redis_client):
+    """maxUnavailable 0 (the default): a burned member of such a provider keeps serving (no
+    replacement would change its IP) and the status says so."""
+    ref = make_pool(api, replicas=2, recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    victim, _ = proxies(api)
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    out = run(api, redis_client, ref, CONFIGS)
+    assert out.plan.actions == 0
+    assert redis_client.zscore("po:load", victim.uid) is not None
+    status = pool_obj(api)["status"]
+    assert status["burnedReplicas"] == 1 and status["leasableReplicas"] == 2
+    assert "1 burned kept serving" in str(status["conditions"]) and "maxUnavailable" in str(status["conditions"])
+
+
+def test_a_member_drained_in_place_still_rolls_out_with_a_new_template(api, redis_client):
+    ref = make_pool(api, replicas=1, rollout={"maxUnavailable": 1}, recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    [victim] = proxies(api)
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    assert [d.reason for d in run(api, redis_client, ref, CONFIGS).plan.drains] == [BURNED_IN_PLACE]
+    template = {**TEMPLATE, "metadata": {"labels": {"app": "web", "rev": "2"}}}
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"template": template}})
+    out = run(api, redis_client, ref, CONFIGS)
+    assert [(d.uid, d.reason) for d in out.plan.drains] == [(victim.uid, "Outdated")]
+    assert len(out.plan.creates) == 1

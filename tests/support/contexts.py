@@ -28,8 +28,9 @@ QUICK = Settings(poll_initial=0.2, poll_max=1, retry_initial=0.2, retry_max=1, q
 
 def k8s_provider(name: str = "k8s-local", **settings) -> ProviderConfig:
     """A ``kubernetes`` provider named ``name`` (checks every 60 s, 15 s timeout) with
-    :class:`KubernetesSettings` ``settings`` (``namespace=``, ``images=`` ...)."""
-    return ProviderConfig(name, "kubernetes", 60, 15, KubernetesSettings(**settings))
+    :class:`KubernetesSettings` ``settings`` (``namespace=``, ``images=`` ...); replacements keep
+    the egress IP, as the type's default says (Pods behind their node's address)."""
+    return ProviderConfig(name, "kubernetes", 60, 15, KubernetesSettings(**settings), replacement_keeps_ip=True)
 
 
 @pytest.fixture
