@@ -336,13 +336,15 @@ def _leaving(pool: Pool, active: list[Member], outdated: list[Member], updated: 
     return bound
 
 
-def _parked(bound: _Availability, updated: list[Member], leaving: list[Member]) -> tuple[list[Member], list[Member],
-                                                                                       list[Member]]:
-    """Rule 4, burned members of a provider that keeps the egress IP: those drained in place now
-    (within ``bound``, the fewest live leases first), those the bound keeps serving, and the
-    members drained in place earlier that are no longer burned (they take leases again)."""
+def _parked(bound: _Availability, updated: list[Member], leaving: list[Member],
+            keeps_ip: bool) -> tuple[list[Member], list[Member], list[Member]]:
+    """Rule 4, burned members of a provider that keeps the egress IP (``keeps_ip``): those drained
+    in place now (within ``bound``, the fewest live leases first) and those the bound keeps
+    serving; and, whatever the provider, the updated members drained in place earlier that are
+    no longer burned (they take leases again: their bans aged out, the recycle policy is gone,
+    or the provider now gives a new IP and the rollout replaces the burned ones)."""
     gone = {m.uid for m in leaving}
-    candidates = sorted((m for m in updated if m.burned and not m.parked and m.uid not in gone),
+    candidates = sorted((m for m in updated if keeps_ip and m.burned and not m.parked and m.uid not in gone),
                         key=lambda m: (m.leasable, m.leases, m.created, m.name))
     parks: list[Member] = []
     held: list[Member] = []
@@ -429,7 +431,7 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
     bound = _leaving(pool, active, outdated, updated, n)
     leaving = bound.leaving
-    parks, kept_burned, unparks = _parked(bound, updated, leaving) if keeps_ip else ([], [], [])
+    parks, kept_burned, unparks = _parked(bound, updated, leaving, keeps_ip)
     until = now + spec.drain_timeout
     drains = tuple(Drain(m.uid, m.name, until,
                          ("Burned" if m.burned and not keeps_ip else "Outdated") if m in outdated else "ScaleDown",

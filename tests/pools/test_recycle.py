@@ -249,3 +249,34 @@ def test_a_member_drained_in_place_still_rolls_out_with_a_new_template(api, redi
     out = run(api, redis_client, ref, CONFIGS)
     assert [(d.uid, d.reason) for d in out.plan.drains] == [(victim.uid, "Outdated")]
     assert len(out.plan.creates) == 1
+
+
+def test_a_member_drained_in_place_follows_a_changed_policy_or_provider(api, redis_client):
+    """The provider entry now gives replacements a new IP: the member drained in place is
+    replaced (drain reason Burned); the recycle policy removed: it takes leases again."""
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1}, recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    victim, _ = proxies(api)
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    assert [d.reason for d in run(api, redis_client, ref, CONFIGS).plan.drains] == [BURNED_IN_PLACE]
+    switched = run(api, redis_client, ref, FRESH_IP)
+    assert [(d.uid, d.reason) for d in switched.plan.drains] == [(victim.uid, "Burned")]
+    assert len(switched.plan.creates) == 1
+
+    ref2 = make_pool(api, name="web2", replicas=1, rollout={"maxUnavailable": 1},
+                     recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref2, CONFIGS)
+    [other] = [p for p in proxies(api) if p.labels.get("crawl.example.com/pool") == "web2"]
+    ready(api, redis_client, other)
+    redis_client.hset(serving.proxy_key(other.uid), "egressIP", "198.51.100.77")
+    time.sleep(1.1)
+    got = leases.acquire(redis_client, "c", leases.Filters(pool="web2"), ttl=60, settings=SETTINGS,
+                         target=Target.of("shop.example.com", BANS), bans=BANS)
+    leases.release(redis_client, "c", got.id, outcome="blocked", settings=SETTINGS, bans=BANS)
+    assert [d.reason for d in run(api, redis_client, ref2, CONFIGS).plan.drains] == [BURNED_IN_PLACE]
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web2", {"spec": {"recycle": None}})
+    back = run(api, redis_client, ref2, CONFIGS)
+    assert [u.uid for u in back.plan.unparks] == [other.uid]
+    assert redis_client.zscore("po:load", other.uid) is not None
