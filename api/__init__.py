@@ -18,7 +18,7 @@ from api import errors, routes
 from api.fastpath import FastPath
 from api.inputs import MAX_BODY_BYTES
 from api.settings import ApiSettings
-from app.serving import view as serving
+from app.serving import leases
 from app.store.client import client_from_url
 from api.tokens import TokenStore
 from app.config.validation import ConfigError
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = True) -> Flask:
     """Build the Flask application, after rebuilding the lease index from the serving view
-    (:func:`app.serving.view.reindex_all`; skipped with a warning while Redis is unreachable).
+    (:func:`app.serving.leases.reindex_all`; skipped with a warning while Redis is unreachable).
 
     Args:
         settings: :class:`api.settings.ApiSettings` (default: from the environment).
@@ -50,7 +50,7 @@ def create_app(settings: ApiSettings | None = None, *, rebuild_index: bool = Tru
                         socket_connect_timeout=2, health_check_interval=30)
     if rebuild_index:
         try:
-            log.info("api: lease index: %d proxies with free capacity", serving.reindex_all(r))
+            log.info("api: lease index: %d proxies with free capacity", leases.reindex_all(r))
         except redis.RedisError as exc:  # the API still starts; /healthz reports Redis
             log.warning("api: cannot rebuild the lease index now (Redis: %s); the health engine "
                         "rebuilds it within one probe interval", exc)

@@ -69,7 +69,7 @@ def seed(r: redis.Redis, count: int, max_leases: int) -> None:
                      "maxLeases": max_leases},
         })
         serving.publish(r, proxy, address=proxy.spec.host, port=3128, phase="Ready")
-        pipe.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": egress(i)})
+        pipe.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": egress(i)})
         if i % 500 == 499:
             pipe.execute()
     pipe.execute()

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from app.serving import leases, view as serving  # noqa: E402
+from app.store import keys as redis_keys  # noqa: E402
 from app.serving.leases import LeaseSettings  # noqa: E402
 from app.resources import Proxy  # noqa: E402
 
@@ -36,8 +37,8 @@ def publish(r: redis.Redis, n: int) -> None:
         proxy = Proxy.from_dict({"metadata": {"name": f"p{i}", "namespace": ns, "uid": uid},
                                  "spec": {"mode": "External", "endpoint": {"host": "203.0.113.9", "port": 3128}}})
         serving.publish(r, proxy, address="203.0.113.9", port=3128, phase="Ready")
-        r.hset(serving.proxy_key(uid), mapping={"health": "unhealthy", "healthy": "0"})
-        serving.reindex(r, uid)
+        r.hset(redis_keys.proxy(uid), mapping={"health": "unhealthy", "healthy": "0"})
+        leases.reindex(r, uid)
 
 
 def stats(r: redis.Redis) -> tuple[int, int, int]:

@@ -59,7 +59,8 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from app.serving import view as serving  # noqa: E402
+from app.serving import leases, view as serving  # noqa: E402
+from app.store import keys as redis_keys  # noqa: E402
 from app.resources import Proxy  # noqa: E402
 from devcluster.redis_server import RedisServer, free_port  # noqa: E402
 from tests.support.processes import BIN, Process  # noqa: E402
@@ -83,8 +84,8 @@ def seed(r: redis.Redis, count: int, max_leases: int) -> None:
                      "maxLeases": max_leases},
         })
         serving.publish(r, proxy, address=proxy.spec.host, port=3128, phase="Ready")
-        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": "192.0.2.1"})
-        serving.reindex(r, proxy.uid)
+        r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1", "egressIP": "192.0.2.1"})
+        leases.reindex(r, proxy.uid)
 
 
 def ping_p50(r: redis.Redis, n: int = 500) -> float:

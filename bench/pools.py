@@ -74,7 +74,6 @@ def leasable_in_index(r, pool: str) -> int:
         redis.RedisError: Redis unreachable.
     """
     from app.store import keys as redis_keys
-    from app.serving import view as serving
 
     pipe = r.pipeline(transaction=False)
     pipe.zrange(redis_keys.LOAD, 0, -1)
@@ -83,7 +82,7 @@ def leasable_in_index(r, pool: str) -> int:
     uids = sorted(set(load) | set(full))
     pipe = r.pipeline(transaction=False)
     for uid in uids:
-        pipe.hget(serving.proxy_key(uid), "pool")
+        pipe.hget(redis_keys.proxy(uid), "pool")
     return sum(1 for name in pipe.execute() if name == pool)
 
 
@@ -124,13 +123,14 @@ class IndexSampler:
 
 def _ready(custom, r, proxy) -> None:
     """The health engine stand-in: Ready, published, healthy (as tests/pools/test_controller.py)."""
-    from app.serving import view as serving
     from app.resources import GROUP, PLURAL, VERSION
+    from app.serving import leases, view as serving
+    from app.store import keys as redis_keys
 
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, proxy.name, {"status": {"phase": "Ready"}})
     serving.publish(r, proxy, address=proxy.status.get("address") or "203.0.113.9", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
 
 
 def _sweep(ctx, custom, r) -> int:

@@ -24,7 +24,8 @@ import redis as redis_lib
 import yaml
 from werkzeug.serving import make_server
 
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.resources import Proxy
 from devcluster import crd_validation
 
@@ -78,9 +79,9 @@ def _publish(r, name: str, namespace: str, address: str, *, provider: str, zone:
            "spec": {"provider": provider, "placement": {"zone": zone}, "maxLeases": max_leases}}
     serving.publish(r, Proxy.from_dict(obj), address=address, port=3128, phase="Ready")
     # What the health engine records after probes through the proxy (app/serving/view.py's fields).
-    r.hset(serving.proxy_key(f"uid-{name}"), mapping={
+    r.hset(redis_keys.proxy(f"uid-{name}"), mapping={
         "healthy": "1" if healthy else "0", "health": "healthy" if healthy else "unhealthy", "egressIP": egress})
-    serving.reindex(r, f"uid-{name}")
+    leases.reindex(r, f"uid-{name}")
 
 
 @pytest.fixture()

@@ -150,8 +150,8 @@ def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_us
         proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
                                  "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
         serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
-        admin.hset(serving.proxy_key("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
-        serving.reindex(admin, "u1")
+        admin.hset(redis_keys.proxy("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
+        leases.reindex(admin, "u1")
         bans = BanSettings()
         settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
         held = leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,

@@ -11,7 +11,8 @@ import redis
 
 from app.store import retry as redis_retry
 
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.resources import Proxy
 from devcluster.redis_server import RedisServer
 from tests.api.served import request, start_api
@@ -33,8 +34,8 @@ def _publish(r) -> str:
         "metadata": {"name": "px", "namespace": "default", "uid": "uid-restart-0"},
         "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}, "maxLeases": 50}})
     serving.publish(r, proxy, address="203.0.113.7", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
     return proxy.uid
 
 

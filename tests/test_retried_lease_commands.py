@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.store.client import client_from_url
 from app.resources import Proxy
 from tests.support.lossy_relay import LossyRelay
@@ -38,8 +39,8 @@ def _publish(r, max_leases: int) -> str:
         "metadata": {"name": "px", "namespace": "default", "uid": "uid-lossy-0"},
         "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}, "maxLeases": max_leases}})
     serving.publish(r, proxy, address="203.0.113.7", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
     return proxy.uid
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.serving.leases import Filters, LeaseSettings
 from app.proxy.reconcile import create
 from app.config.tenancy import Tenancy
@@ -22,8 +23,8 @@ def test_a_proxy_being_deleted_is_withdrawn_by_the_watcher_before_any_step(
     ctx = make_context(k8s_provider(), tenancy=Tenancy.open())
     ref = apply(api, "ext", {"mode": "External", "endpoint": {"host": "203.0.113.9", "port": 3128}, "maxLeases": 5})
     create(ctx, ref)  # Running, published, with the finalizer
-    redis_client.hset(serving.proxy_key(ref.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(redis_client, ref.uid)
+    redis_client.hset(redis_keys.proxy(ref.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(redis_client, ref.uid)
     held = leases.acquire(redis_client, "crawler", Filters(), ttl=300, settings=LeaseSettings())
     assert held.uid == ref.uid
 

@@ -27,8 +27,7 @@ The lease index (which proxies a lease can go to, least loaded first) and the le
 :mod:`app.serving.leases`'.  Every writer of ``healthy`` or ``maxLeases`` keeps the index in step in the
 same atomic step (:func:`publish`, :func:`refresh`, :func:`withdraw`, the health engine's
 record script, the lease scripts); anything else that writes those fields (a test, a
-benchmark) calls :func:`reindex` (:func:`app.serving.leases.reindex`, re-exported here with
-:func:`reindex_all`).
+benchmark) calls :func:`app.serving.leases.reindex`.
 """
 
 from __future__ import annotations
@@ -41,15 +40,6 @@ from app.store import keys as redis_keys
 from app.store.lua import Lua
 from app.resources import Proxy
 from app.serving.records import HEALTH_DEFAULTS, IDENTITY, ServingRecord, fields_of, read
-
-# Re-exported for existing callers: the keys' names, as :mod:`app.store.keys` has them, and the
-# lease index (app.serving.leases') for the callers that write records themselves.
-from app.store.keys import (  # noqa: F401
-    PROXIES as PROXIES_KEY, HEALTH_DUE as DUE_KEY, HEALTH_OK as OK_KEY, HEALTH_FAILING as FAILING_KEY,
-    LOAD as LOAD_KEY, FULL as FULL_KEY, UNHEALTHY as UNHEALTHY_KEY, DRAINING as DRAINING_KEY,
-    proxy as proxy_key, proxy_leases as leases_key, auth as auth_key,
-)
-from app.serving.leases import reindex, reindex_all  # noqa: F401
 
 
 def _drain_ms(proxy: Proxy) -> int | None:

@@ -33,8 +33,8 @@ def _proxy(r, name: str, egress: str | None, *, max_leases: int = 5, pool: str |
         fields["egressIP"] = egress
     if pool:
         fields["pool"] = pool
-    r.hset(serving.proxy_key(uid), mapping=fields)
-    serving.reindex(r, uid)
+    r.hset(redis_keys.proxy(uid), mapping=fields)
+    leases.reindex(r, uid)
     return uid
 
 
@@ -78,12 +78,12 @@ def test_a_ban_holds_for_its_egress_ip_and_target_only_and_for_every_client(redi
                           bans=bans)
     assert done.banned and done.target == "example.com" and done.strikes == 1
     assert done.cooldown_until is not None
-    banned_ip = redis_client.hget(serving.proxy_key(first.uid), "egressIP")
+    banned_ip = redis_client.hget(redis_keys.proxy(first.uid), "egressIP")
     # every proxy of that egress IP is out for that target, for every client
     for client in ("crawler-a", "crawler-b"):
         for _ in range(3):
             got = _lease(redis_client, client, "example.com", lease_settings, bans)
-            assert redis_client.hget(serving.proxy_key(got.uid), "egressIP") != banned_ip
+            assert redis_client.hget(redis_keys.proxy(got.uid), "egressIP") != banned_ip
     # and stays leasable for any other target, and without a target
     assert other is None or banned_ip == "198.51.100.1"
     banned_uids = {a1, a2} if banned_ip == "198.51.100.1" else {b}

@@ -9,7 +9,8 @@ import threading
 import pytest
 import redis as redis_lib
 
-from app.serving import leases, view as serving
+from app.serving import leases
+from app.store import keys as redis_keys
 from app.serving.bans import BanSettings, Target
 from app.serving.leases import Scope
 from app.serving.targets import TargetError, registrable_domain
@@ -102,7 +103,7 @@ def test_a_proxy_whose_egress_ip_changes_under_a_lease_still_counts_it(redis_cli
     uid = _proxy(redis_client, "moving", "198.51.100.90", max_leases=10)
     held = _lease(redis_client, "a", "moving.example", lease_settings, bans)
     # the probes learn a new egress IP (a VM's DHCP lease renewed, a Pod moved to another node)
-    redis_client.hset(serving.proxy_key(uid), "egressIP", "198.51.100.91")
+    redis_client.hset(redis_keys.proxy(uid), "egressIP", "198.51.100.91")
     # its live lease for the target leaves through the new IP: that IP is at its limit
     with pytest.raises(leases.LeaseError) as info:
         _lease(redis_client, "b", "moving.example", lease_settings, bans)

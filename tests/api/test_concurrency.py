@@ -11,7 +11,7 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from app.serving import view as serving
+from app.store import keys as redis_keys
 from tests.api.helpers import NET, TOKEN_A, TOKEN_B, auth, healthy
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,7 +45,7 @@ def test_no_proxy_ever_exceeds_max_leases(server, fleet, api_squids, health_sett
             now_ms = now_s * 1000 + now_us // 1000
             pipe = redis_client.pipeline()
             for px in proxies:
-                pipe.zcount(serving.leases_key(px.uid), f"({now_ms}", "+inf")
+                pipe.zcount(redis_keys.proxy_leases(px.uid), f"({now_ms}", "+inf")
             peak["redis"] = max(peak["redis"], *pipe.execute())
 
     def crawler(i: int):
@@ -101,4 +101,4 @@ def test_no_proxy_ever_exceeds_max_leases(server, fleet, api_squids, health_sett
     assert stats["granted"] == stats["released"] > 5 * MAX_LEASES
     assert stats["full"] > 0, "64 threads on 15 slots never contended: the test proves nothing"
     now_s, _ = redis_client.time()
-    assert sum(redis_client.zcount(serving.leases_key(px.uid), now_s * 1000, "+inf") for px in proxies) == 0
+    assert sum(redis_client.zcount(redis_keys.proxy_leases(px.uid), now_s * 1000, "+inf") for px in proxies) == 0

@@ -25,6 +25,7 @@ import requests
 from api import create_app
 from api.settings import ApiSettings
 from app.serving import leases, selectors, view as serving
+from app.store import keys as redis_keys
 from api import tokens
 from app.resources import Proxy
 from app.config.validation import ConfigError
@@ -45,8 +46,8 @@ def _publish(r, n: int, *, max_leases: int = 50, prefix: str = "fair") -> list[s
             "spec": {"mode": "External", "endpoint": {"host": f"203.0.113.{i % 250 + 1}", "port": 3128},
                      "maxLeases": max_leases}})
         serving.publish(r, proxy, address=f"203.0.113.{i % 250 + 1}", port=3128, phase="Ready")
-        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-        serving.reindex(r, proxy.uid)
+        r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+        leases.reindex(r, proxy.uid)
         uids.append(proxy.uid)
     return uids
 
@@ -194,8 +195,8 @@ def test_leases_ended_with_their_proxy_free_the_slot(capped, redis_client):
     [sick] = _publish(redis_client, 1, prefix="sick")
     held = [lease(capped, TOKEN_A).get_json()["leaseId"] for _ in range(2)]
     assert lease(capped, TOKEN_A).status_code == 429
-    redis_client.hset(serving.proxy_key(sick), mapping={"health": "unhealthy", "healthy": "0"})
-    serving.reindex(redis_client, sick)
+    redis_client.hset(redis_keys.proxy(sick), mapping={"health": "unhealthy", "healthy": "0"})
+    leases.reindex(redis_client, sick)
     assert renew(capped, TOKEN_A, held[0]).status_code == 409  # proxy_unavailable ends the lease
     _publish(redis_client, 1, prefix="fresh")
     assert lease(capped, TOKEN_A).status_code == 201
@@ -226,7 +227,7 @@ def test_concurrent_requests_never_take_a_client_past_its_limit(redis_url, redis
         while not done.is_set():
             pipe = redis_client.pipeline(transaction=True)
             for uid in uids:
-                pipe.zrange(serving.leases_key(uid), 0, -1)
+                pipe.zrange(redis_keys.proxy_leases(uid), 0, -1)
             ids = [i for members in pipe.execute() for i in members]
             pipe = redis_client.pipeline(transaction=False)
             for i in ids:
@@ -526,13 +527,13 @@ def test_the_credentials_copy_needs_the_redis_password(tmp_path):
                                  "spec": {"mode": "External", "endpoint": {"host": "203.0.113.3", "port": 3128}}})
         serving.publish(r, proxy, address="203.0.113.3", port=3128, phase="Ready", auth_secret="authed-proxy-auth")
         # what the health engine leaves: healthy, and the credentials copied next to the record
-        r.hset(serving.auth_key(proxy.uid), mapping={"username": "px-user", "password": "pa$s-secret"})
-        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-        serving.reindex(r, proxy.uid)
+        r.hset(redis_keys.auth(proxy.uid), mapping={"username": "px-user", "password": "pa$s-secret"})
+        r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+        leases.reindex(r, proxy.uid)
         anonymous = redis_lib.Redis.from_url(server.url, decode_responses=True)
         for wrong in (anonymous, redis_lib.Redis.from_url(server.url.replace("://", "://:wrong@"))):
             with pytest.raises((redis_lib.AuthenticationError, redis_lib.ResponseError)):
-                wrong.hgetall(serving.auth_key(proxy.uid))
+                wrong.hgetall(redis_keys.auth(proxy.uid))
         proc, port = start_api(tmp_path, server.url, {"REDIS_PASSWORD": password})
         status, _, body = request(port, "POST", "/v1/leases", b"{}")
         assert status == 201 and json.loads(body)["proxyAuth"] == {"username": "px-user", "password": "pa$s-secret"}

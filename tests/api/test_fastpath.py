@@ -15,7 +15,8 @@ from werkzeug.test import Client
 from api import create_app
 from api.fastpath import FastPath
 from api.settings import ApiSettings
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.resources import Proxy
 from devcluster.redis_server import free_port
 from tests.api.helpers import TOKEN_A, TOKEN_B, auth
@@ -31,8 +32,8 @@ def _publish(r, n: int = 2, max_leases: int = 50) -> None:
                                  "spec": {"mode": "External", "endpoint": {"host": f"203.0.113.{i + 1}", "port": 3128},
                                           "maxLeases": max_leases}})
         serving.publish(r, proxy, address=f"203.0.113.{i + 1}", port=3128, phase="Ready")
-        r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-        serving.reindex(r, proxy.uid)
+        r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+        leases.reindex(r, proxy.uid)
 
 
 @pytest.fixture()

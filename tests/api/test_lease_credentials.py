@@ -19,6 +19,7 @@ import requests
 from kubernetes import client as k8s
 
 from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.squid import conf as squid_conf
 from app.probes.credentials import SecretCredentials
 from app.kube.gateway import KubernetesGateway
@@ -48,7 +49,7 @@ def authed(fake, fleet, redis_client, health_settings):
                                                   "name": px.name, "uid": px.uid, "controller": True}]
         k8s.CoreV1Api(api_client).create_namespaced_secret("default", secret)
         serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running", auth_secret=SECRET)
-        assert redis_client.exists(serving.auth_key(px.uid)) == 0
+        assert redis_client.exists(redis_keys.auth(px.uid)) == 0
         credentials = SecretCredentials(KubernetesGateway(api_client))
         assert fleet.probe([px], health_settings, credentials=credentials).succeeded == 1
         yield px, sq
@@ -96,7 +97,7 @@ def test_the_lease_carries_the_credentials_and_a_crawler_uses_its_url(authed, re
     assert PASSWORD not in log and encoded not in log and TOKEN not in log
     record = serving.get(redis_client, px.uid)
     assert record["authSecret"] == SECRET and not any(PASSWORD in v for v in record.values())
-    assert redis_client.hgetall(serving.auth_key(px.uid)) == {"username": USER, "password": PASSWORD}
+    assert redis_client.hgetall(redis_keys.auth(px.uid)) == {"username": USER, "password": PASSWORD}
 
 
 def test_credentials_follow_the_proxy(authed, redis_client, lease_settings, health_settings, fleet):
@@ -107,17 +108,17 @@ def test_credentials_follow_the_proxy(authed, redis_client, lease_settings, heal
     assert (got.username, got.password) == (USER, PASSWORD) and PASSWORD not in repr(got)
     leases.release(redis_client, "c", got.id, outcome="ok", settings=lease_settings)
 
-    redis_client.delete(serving.auth_key(px.uid))  # as after an upgrade, before the next probe
+    redis_client.delete(redis_keys.auth(px.uid))  # as after an upgrade, before the next probe
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert "1 awaiting their basic-auth credentials" in info.value.message
 
-    redis_client.hset(serving.auth_key(px.uid), mapping={"username": USER, "password": PASSWORD})
+    redis_client.hset(redis_keys.auth(px.uid), mapping={"username": USER, "password": PASSWORD})
     serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running")  # basicAuth turned off
-    assert redis_client.exists(serving.auth_key(px.uid)) == 0
+    assert redis_client.exists(redis_keys.auth(px.uid)) == 0
 
     serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Running", auth_secret=SECRET)
     assert fleet.probe([px], health_settings, credentials=lambda rec: (USER, PASSWORD)).succeeded == 1
-    assert redis_client.exists(serving.auth_key(px.uid)) == 1
+    assert redis_client.exists(redis_keys.auth(px.uid)) == 1
     serving.withdraw(redis_client, px.uid)
-    assert redis_client.exists(serving.auth_key(px.uid)) == 0
+    assert redis_client.exists(redis_keys.auth(px.uid)) == 0

@@ -11,6 +11,7 @@ import pytest
 
 from api import create_app
 from app.serving import leases, selectors, view as serving
+from app.store import keys as redis_keys
 from app.pools import demand
 from app.resources import Proxy
 from tests.api.helpers import NET, auth, excluded
@@ -30,8 +31,8 @@ def _healthy_proxy(r, name: str, uid: str, *, max_leases: int, namespace: str = 
     proxy = Proxy.from_dict({"metadata": {"name": name, "namespace": namespace, "uid": uid},
                              "spec": {**spec, "maxLeases": max_leases}})
     serving.publish(r, proxy, address=host, port=3128, phase="Ready")
-    r.hset(serving.proxy_key(uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, uid)
+    r.hset(redis_keys.proxy(uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, uid)
     return uid
 
 
@@ -74,7 +75,7 @@ def test_the_least_loaded_proxy_is_chosen_once_expired_leases_are_gone(redis_cli
     time.sleep(1.2)  # the 1 s lease expires: b now carries no lease, a still one
     third = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert third.uid == b and third.used == 1
-    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
+    assert redis_client.zscore(redis_keys.LOAD, a) == pytest.approx(1 + 1 / 3 / 2)
     assert set(redis_client.zrange("po:lease-expiry", 0, -1)) == {f"{a}/{long.id}", f"{b}/{third.id}"}
 
 
@@ -82,22 +83,22 @@ def test_renew_counts_the_proxy_afresh(redis_client, lease_settings):
     [a] = _publish(redis_client, 1, max_leases=3)
     keep = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     leases.acquire(redis_client, "c", leases.Filters(), ttl=1, settings=lease_settings)
-    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(2 + 2 / 3 / 2)
+    assert redis_client.zscore(redis_keys.LOAD, a) == pytest.approx(2 + 2 / 3 / 2)
     time.sleep(1.2)
     assert leases.renew(redis_client, "c", keep.id, ttl=60, settings=lease_settings).used == 1
-    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1 + 1 / 3 / 2)
+    assert redis_client.zscore(redis_keys.LOAD, a) == pytest.approx(1 + 1 / 3 / 2)
 
 
 def test_a_full_proxy_leaves_the_index_until_a_lease_ends(redis_client, lease_settings):
     [a] = _publish(redis_client, 1, max_leases=2)
     first = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
-    assert redis_client.zscore(serving.LOAD_KEY, a) is None
+    assert redis_client.zscore(redis_keys.LOAD, a) is None
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message.endswith(excluded(1, full=1))
     leases.release(redis_client, "c", first.id, outcome="ok", settings=lease_settings)
-    assert redis_client.zscore(serving.LOAD_KEY, a) == pytest.approx(1.25)
+    assert redis_client.zscore(redis_keys.LOAD, a) == pytest.approx(1.25)
 
 
 def test_full_proxies_cost_nothing_to_a_lease(redis_client, lease_settings):
@@ -137,29 +138,29 @@ def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet,
     sq = start_squid(NET.host(23))
     try:
         px = fleet.external("indexed", sq.address, sq.port, max_leases=2)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None  # published, not yet healthy
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) is None  # published, not yet healthy
         fleet.probe([px], health_settings)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) == 0
         got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) == pytest.approx(1.25)
 
         zero = Proxy.from_dict({**px.raw, "spec": {**px.raw["spec"], "maxLeases": 0}})
         assert serving.refresh(redis_client, zero)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) is None
         assert serving.refresh(redis_client, px)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == pytest.approx(1.25)
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) == pytest.approx(1.25)
 
         leases.release(redis_client, "c", got.id, outcome="ok", settings=lease_settings)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) == 0
         sq.stop()
         fleet.probe([px], health_settings)  # failureThreshold 1: unhealthy now
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) is None
         serving.publish(redis_client, px, address=sq.address, port=sq.port, phase="Ready")
-        redis_client.hset(serving.proxy_key(px.uid), "healthy", "1")
-        serving.reindex(redis_client, px.uid)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) == 0
+        redis_client.hset(redis_keys.proxy(px.uid), "healthy", "1")
+        leases.reindex(redis_client, px.uid)
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) == 0
         serving.withdraw(redis_client, px.uid)
-        assert redis_client.zscore(serving.LOAD_KEY, px.uid) is None
+        assert redis_client.zscore(redis_keys.LOAD, px.uid) is None
     finally:
         sq.stop()
 
@@ -167,11 +168,11 @@ def test_the_index_follows_health_max_leases_and_withdrawal(redis_client, fleet,
 def test_the_api_rebuilds_the_index_when_it_starts(redis_client, api_settings):
     """A Redis written before the index existed (an upgrade): leases work from the first request."""
     [uid] = _publish(redis_client, 1)
-    redis_client.delete(serving.LOAD_KEY)
+    redis_client.delete(redis_keys.LOAD)
     client = create_app(api_settings).test_client()
     resp = client.post("/v1/leases", headers=auth(), json={})
     assert resp.status_code == 201 and resp.get_json()["proxy"]["name"] == "p0"
-    assert redis_client.zscore(serving.LOAD_KEY, uid) == pytest.approx(1.25)
+    assert redis_client.zscore(redis_keys.LOAD, uid) == pytest.approx(1.25)
 
 
 def test_the_api_starts_while_redis_is_down(tokens_file):
@@ -191,7 +192,7 @@ def test_a_proxy_freed_behind_a_backlog_of_expiries_is_still_leased(redis_client
     for _ in range(leases.EXPIRE_BATCH + 50):
         leases.acquire(redis_client, "c", leases.Filters(provider="gcp"), ttl=1, settings=lease_settings)
     leases.acquire(redis_client, "c", leases.Filters(provider="aws"), ttl=1, settings=lease_settings)
-    assert redis_client.zscore(serving.LOAD_KEY, aws) is None  # full
+    assert redis_client.zscore(redis_keys.LOAD, aws) is None  # full
     time.sleep(1.2)
     got = leases.acquire(redis_client, "c", leases.Filters(provider="aws"), ttl=60, settings=lease_settings)
     assert got.uid == aws and got.used == 1
@@ -240,32 +241,32 @@ def test_the_503_counts_cooling_full_and_free_proxies_apart(redis_client, lease_
 def test_rebuilding_the_index_drops_members_without_a_record(redis_client, lease_settings):
     """What an older version may leave: index members whose proxy was withdrawn."""
     [a] = _publish(redis_client, 1, max_leases=1)
-    redis_client.sadd(serving.FULL_KEY, "uid-gone-1")
-    redis_client.zadd(serving.LOAD_KEY, {"uid-gone-2": 0})
-    assert serving.reindex_all(redis_client) == 1
-    assert redis_client.smembers(serving.FULL_KEY) == set()
-    assert redis_client.zrange(serving.LOAD_KEY, 0, -1) == [a]
+    redis_client.sadd(redis_keys.FULL, "uid-gone-1")
+    redis_client.zadd(redis_keys.LOAD, {"uid-gone-2": 0})
+    assert leases.reindex_all(redis_client) == 1
+    assert redis_client.smembers(redis_keys.FULL) == set()
+    assert redis_client.zrange(redis_keys.LOAD, 0, -1) == [a]
 
 
 def test_a_sticky_lease_on_a_freed_proxy_leaves_it_in_one_half_of_the_index(redis_client, lease_settings):
     """The session's proxy was full; its leases expired behind a backlog not swept yet."""
     big, p = _publish(redis_client, 2, max_leases=3)
     for uid, max_leases in ((big, "500"), (p, "0")):  # the backlog goes to big alone
-        redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
-        serving.reindex(redis_client, uid)
+        redis_client.hset(redis_keys.proxy(uid), "maxLeases", max_leases)
+        leases.reindex(redis_client, uid)
     for _ in range(leases.EXPIRE_BATCH + 20):  # these expire first
         leases.acquire(redis_client, "other", leases.Filters(), ttl=1, settings=lease_settings)
     for uid, max_leases in ((big, "0"), (p, "3")):  # now the session lands on p
-        redis_client.hset(serving.proxy_key(uid), "maxLeases", max_leases)
-        serving.reindex(redis_client, uid)
+        redis_client.hset(redis_keys.proxy(uid), "maxLeases", max_leases)
+        leases.reindex(redis_client, uid)
     for _ in range(3):
         assert leases.acquire(redis_client, "c", leases.Filters(), ttl=1, settings=lease_settings, session_key="s").uid == p
-    assert redis_client.sismember(serving.FULL_KEY, p)
+    assert redis_client.sismember(redis_keys.FULL, p)
     time.sleep(1.2)
     got = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings, session_key="s")
     assert got.uid == p and got.sticky and got.used == 1
-    assert not redis_client.sismember(serving.FULL_KEY, p)
-    assert redis_client.zscore(serving.LOAD_KEY, p) == pytest.approx(1 + 1 / 3 / 2)
+    assert not redis_client.sismember(redis_keys.FULL, p)
+    assert redis_client.zscore(redis_keys.LOAD, p) == pytest.approx(1 + 1 / 3 / 2)
 
 
 def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_settings):
@@ -275,8 +276,8 @@ def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_s
                              "spec": {"mode": "External", "endpoint": {"host": "203.0.113.99", "port": 3128}}})
     serving.publish(redis_client, fresh, address="203.0.113.99", port=3128, phase="Running")  # not probed yet
     for uid, field, value in ((draining, "maxLeases", "0"), (sick, "healthy", "0")):
-        redis_client.hset(serving.proxy_key(uid), field, value)
-        serving.reindex(redis_client, uid)
+        redis_client.hset(redis_keys.proxy(uid), field, value)
+        leases.reindex(redis_client, uid)
     assert leases.acquire(redis_client, "other", leases.Filters(), ttl=60, settings=lease_settings).uid == full
     cooled = leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert cooled.uid == cooling
@@ -292,14 +293,14 @@ def test_the_503_says_why_each_published_proxy_is_excluded(redis_client, lease_s
     # the sets follow the proxies out of the serving view
     serving.withdraw(redis_client, sick)
     serving.withdraw(redis_client, draining)
-    assert redis_client.smembers(serving.UNHEALTHY_KEY) == {"uid-fresh"}
-    assert redis_client.scard(serving.DRAINING_KEY) == 0
+    assert redis_client.smembers(redis_keys.UNHEALTHY) == {"uid-fresh"}
+    assert redis_client.scard(redis_keys.DRAINING) == 0
 
 
 def test_one_unhealthy_proxy_is_not_zero_matches(redis_client, lease_settings):
     [uid] = _publish(redis_client, 1)
-    redis_client.hset(serving.proxy_key(uid), "healthy", "0")
-    serving.reindex(redis_client, uid)
+    redis_client.hset(redis_keys.proxy(uid), "healthy", "0")
+    leases.reindex(redis_client, uid)
     with pytest.raises(leases.LeaseError) as info:
         leases.acquire(redis_client, "c", leases.Filters(), ttl=60, settings=lease_settings)
     assert info.value.message == "no proxy can be leased now: " + excluded(1, unhealthy=1)
@@ -308,8 +309,8 @@ def test_one_unhealthy_proxy_is_not_zero_matches(redis_client, lease_settings):
 def test_an_unhealthy_fleet_answers_503_without_reading_it(redis_client, lease_settings):
     uids = _publish(redis_client, 300)
     for uid in uids:
-        redis_client.hset(serving.proxy_key(uid), "healthy", "0")
-        serving.reindex(redis_client, uid)
+        redis_client.hset(redis_keys.proxy(uid), "healthy", "0")
+        leases.reindex(redis_client, uid)
     message, spent = _refused(redis_client, "late", leases.Filters(), lease_settings)
     assert message.endswith(excluded(300, unhealthy=300))
     assert spent == 0
@@ -323,10 +324,10 @@ def test_a_filtered_503_of_a_big_unavailable_fleet_reads_a_bounded_number_of_pro
     pipe = redis_client.pipeline(transaction=False)
     uids = _publish(redis_client, total)
     for i, uid in enumerate(uids):
-        pipe.hset(serving.proxy_key(uid), mapping={"healthy": "0", "namespace": "idx" if i % 2 else "other"})
+        pipe.hset(redis_keys.proxy(uid), mapping={"healthy": "0", "namespace": "idx" if i % 2 else "other"})
     pipe.execute()
     for uid in uids:
-        serving.reindex(redis_client, uid)
+        leases.reindex(redis_client, uid)
     filters = leases.Filters(namespace="idx")
     message, spent = _refused(redis_client, "c", filters, lease_settings)
     assert spent <= leases.EXPLAIN_LIMIT
@@ -346,13 +347,13 @@ def test_a_filtered_503_of_a_big_unavailable_fleet_reads_a_bounded_number_of_pro
 def test_rebuilding_the_index_restores_the_exclusion_sets(redis_client):
     """A Redis written before po:unhealthy and po:draining existed (an upgrade)."""
     ok, drained, sick = _publish(redis_client, 3)
-    redis_client.hset(serving.proxy_key(drained), "maxLeases", "0")
-    redis_client.hset(serving.proxy_key(sick), "healthy", "0")
-    redis_client.delete(serving.UNHEALTHY_KEY, serving.DRAINING_KEY, serving.LOAD_KEY)
-    assert serving.reindex_all(redis_client) == 1
-    assert redis_client.smembers(serving.UNHEALTHY_KEY) == {sick}
-    assert redis_client.smembers(serving.DRAINING_KEY) == {drained}
-    assert redis_client.zrange(serving.LOAD_KEY, 0, -1) == [ok]
+    redis_client.hset(redis_keys.proxy(drained), "maxLeases", "0")
+    redis_client.hset(redis_keys.proxy(sick), "healthy", "0")
+    redis_client.delete(redis_keys.UNHEALTHY, redis_keys.DRAINING, redis_keys.LOAD)
+    assert leases.reindex_all(redis_client) == 1
+    assert redis_client.smembers(redis_keys.UNHEALTHY) == {sick}
+    assert redis_client.smembers(redis_keys.DRAINING) == {drained}
+    assert redis_client.zrange(redis_keys.LOAD, 0, -1) == [ok]
 
 
 _MESSAGE = re.compile(
@@ -389,8 +390,8 @@ def _unavailable(r, n: int, *, state: str, start: int, namespace: str = "idx", l
         serving.publish(r, proxy, address="203.0.113.9", port=3128, phase="Ready")
         record = {"unhealthy": {"healthy": "0"}, "draining": {"healthy": "1", "maxLeases": "0"},
                   "full": {"healthy": "1"}}[state]
-        r.hset(serving.proxy_key(proxy.uid), mapping=record)
-        serving.reindex(r, proxy.uid)
+        r.hset(redis_keys.proxy(proxy.uid), mapping=record)
+        leases.reindex(r, proxy.uid)
         uids.append(proxy.uid)
     return uids
 
@@ -433,12 +434,12 @@ def test_a_filtered_503_past_the_limit_adds_up_over_every_reason(redis_client, l
     tier = lambda i: {"tier": "gold" if i % 3 == 0 else "silver"}  # noqa: E731
     full = _unavailable(r, 600, state="unhealthy", start=0, labels=tier, pool="pl")
     for uid in full:  # healthy, with room: filled below
-        r.hset(serving.proxy_key(uid), "healthy", "1")
-        serving.reindex(r, uid)
+        r.hset(redis_keys.proxy(uid), "healthy", "1")
+        leases.reindex(r, uid)
     _fill(r, 600, lease_settings, cooling_for="c", cooling=50)
     sick = _unavailable(r, 600, state="unhealthy", start=1000, labels=tier, pool="pl")
     drained = _unavailable(r, 600, state="draining", start=2000, labels=tier, pool="pl")
-    assert r.scard(serving.FULL_KEY) == 600 and r.zcard(serving.LOAD_KEY) == 0
+    assert r.scard(redis_keys.FULL) == 600 and r.zcard(redis_keys.LOAD) == 0
     demand.register(r, "idx", "pl")
     demand.take(r, "idx", "pl")
     gold = leases.Filters(pool="pl", selector=selectors.parse("tier=gold"))

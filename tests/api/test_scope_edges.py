@@ -31,8 +31,8 @@ def _proxy(r, name: str, uid: str, namespace: str, *, healthy: bool = True, max_
                                                          "endpoint": {"host": host, "port": 3128}}})
     serving.publish(r, proxy, address=host, port=3128, phase="Ready")
     if healthy:
-        r.hset(serving.proxy_key(uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, uid)
+        r.hset(redis_keys.proxy(uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, uid)
     return uid
 
 

@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.resources import Proxy
 from devcluster.redis_server import free_port
 from tests.api.served import CLI, TOKEN, exchange, head, read_response, request, start_api, write_tokens
@@ -43,8 +44,8 @@ def publish_healthy(r, name: str = "px", max_leases: int = 5) -> str:
                              "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128},
                                       "maxLeases": max_leases}})
     serving.publish(r, proxy, address="203.0.113.7", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
     return proxy.uid
 
 
@@ -218,8 +219,8 @@ def test_a_503_through_the_server_says_why_each_proxy_was_excluded(api, redis_cl
     redis_client.flushdb()
     publish_healthy(redis_client, "full", max_leases=1)
     sick = publish_healthy(redis_client, "sick")
-    redis_client.hset(serving.proxy_key(sick), mapping={"health": "unhealthy", "healthy": "0"})
-    serving.reindex(redis_client, sick)
+    redis_client.hset(redis_keys.proxy(sick), mapping={"health": "unhealthy", "healthy": "0"})
+    leases.reindex(redis_client, sick)
     status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 30}')
     assert status == 201, body
     status, headers, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 30}')

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client as k8s
 
 from app.serving import view as serving
+from app.store import keys as redis_keys
 from app.squid import conf as squid_conf
 from app.probes import engine
 from app.probes.credentials import SecretCredentials
@@ -62,9 +63,9 @@ def _forge(r, url: str, **fields) -> None:
     record = {"mode": "External", "maxLeases": "5", "phase": "Running", "labels": "{}",
               "healthCheck": json.dumps({"url": url, "timeoutSeconds": 2, "intervalSeconds": 30}),
               **serving.HEALTH_DEFAULTS, **fields}
-    r.delete(serving.proxy_key(uid))
-    r.hset(serving.proxy_key(uid), mapping=record)
-    r.sadd(serving.PROXIES_KEY, uid)
+    r.delete(redis_keys.proxy(uid))
+    r.hset(redis_keys.proxy(uid), mapping=record)
+    r.sadd(redis_keys.PROXIES, uid)
 
 
 def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, origin, listeners, caplog):
@@ -101,13 +102,13 @@ def test_forged_records_never_carry_a_secret_anywhere(fake, fleet, settings, ori
         _forge(fleet.r, url, **fields)
         report = engine.probe_batch(fleet.r, [fields["uid"]], settings, kube=fleet.kube, credentials=credentials)
         assert report.probed == 1, what
-        assert fleet.r.exists(serving.auth_key(fields["uid"])) == 0, what  # nothing copied for the API
+        assert fleet.r.exists(redis_keys.auth(fields["uid"])) == 0, what  # nothing copied for the API
     assert len(forger.requests) == 4 and len(real.requests) == 1  # every forged record was probed ...
     assert _authorizations(forger) == [] and _authorizations(real) == []  # ... without credentials
 
     # The genuine record (as the reconciler publishes it) gets the victim's own credentials,
     # sent to the victim's own endpoint only.
-    fleet.r.delete(serving.proxy_key(victim.uid))
+    fleet.r.delete(redis_keys.proxy(victim.uid))
     serving.publish(fleet.r, fleet.read("default", "victim"), address=real.address, port=real.port,
                     phase="Running", auth_secret="victim-proxy-auth")
     engine.probe_batch(fleet.r, [victim.uid], settings, kube=fleet.kube, credentials=credentials)

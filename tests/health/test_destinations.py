@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from app.serving import view as serving
+from app.store import keys as redis_keys
 from app.probes import engine
 from app.probes import probe as p
 from app.probes.destinations import DestinationDenied, DestinationPolicy, parse_ranges
@@ -237,9 +238,9 @@ def test_a_health_url_in_a_denied_range_is_never_fetched(fleet, origin, squids, 
     assert len(origin.requests) == before
 
     for url in ("http://169.254.169.254/computeMetadata/v1/", "http://192.0.2.1/generate_204"):
-        fleet.r.delete(serving.proxy_key(px.uid))
+        fleet.r.delete(redis_keys.proxy(px.uid))
         serving.publish(fleet.r, fleet.read("default", "meta"), address=sq.address, port=sq.port, phase="Running")
-        fleet.r.hset(serving.proxy_key(px.uid), "healthCheck", json.dumps({"url": url, "timeoutSeconds": 2}))
+        fleet.r.hset(redis_keys.proxy(px.uid), "healthCheck", json.dumps({"url": url, "timeoutSeconds": 2}))
         report = fleet.probe([px], denied_settings(allowed_ranges=(f"{sq.address}/32",),
                                                    denied_ranges=("192.0.2.0/24",)))
         assert report.reasons == {p.DESTINATION_DENIED: 1}, url

@@ -21,6 +21,7 @@ from kubernetes import client as k8s
 from prometheus_client import REGISTRY
 
 from app.serving import view as serving
+from app.store import keys as redis_keys
 from app.probes import engine
 from app.probes import probe as p
 from tests.health.conftest import NET
@@ -115,10 +116,10 @@ def test_rate_limited_proxies_stay_leasable_and_wait_for_retry_after(fleet, sett
         rec = serving.get(fleet.r, px.uid)
         assert rec["healthy"] == "1"
         # Retry-After (120 s) postpones the next probe beyond intervalSeconds (3 s).
-        assert fleet.r.zscore(serving.DUE_KEY, px.uid) >= started + 119
+        assert fleet.r.zscore(redis_keys.HEALTH_DUE, px.uid) >= started + 119
     for px in fine:
         assert fleet.read("default", px.name).phase == "Ready"
-        assert fleet.r.zscore(serving.DUE_KEY, px.uid) < time.time() + 5
+        assert fleet.r.zscore(redis_keys.HEALTH_DUE, px.uid) < time.time() + 5
 
 
 def test_rate_limited_withdraws_when_the_proxy_says_so(fleet, settings, shared_squid, origin):
@@ -126,7 +127,7 @@ def test_rate_limited_withdraws_when_the_proxy_says_so(fleet, settings, shared_s
                         health={"url": origin.url("/generate_204"), "rateLimited": "Withdraw", "failureThreshold": 1})
     fleet.probe([px], settings)
     assert fleet.read("default", px.name).phase == "Ready"
-    serving_rec = fleet.r.hget(serving.proxy_key(px.uid), "healthCheck")
+    serving_rec = fleet.r.hget(redis_keys.proxy(px.uid), "healthCheck")
     assert '"rateLimited": "Withdraw"' in serving_rec
     # The same Proxy's URL now answers 429 (spec change: the serving view follows it).
     body = {"spec": {"healthCheck": {"url": origin.url("/ratelimit/5")}}}

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from app.serving import view as serving
+from app.store import keys as redis_keys
 from app.probes import probe as p
 from app.probes.destinations import DestinationDenied, DestinationPolicy, parse_ranges
 from app.probes.settings import HealthSettings
@@ -85,7 +85,7 @@ def test_a_private_health_url_is_never_fetched_and_the_condition_says_why(fleet,
     settings = HealthSettings(echo_url="", provision_deadline=600, concurrency=8, allowed_ranges=("127.0.0.0/8",))
     ext = fleet.external("lan-ext", sq.address, sq.port, health={"url": "http://10.0.0.1/", "timeoutSeconds": 2})
     own = fleet.managed("lan-own", sq.address, sq.port, provider="k8s-local")
-    fleet.r.hset(serving.proxy_key(own.uid), "healthCheck",
+    fleet.r.hset(redis_keys.proxy(own.uid), "healthCheck",
                  json.dumps({"url": "http://[fd00::1]/", "timeoutSeconds": 2}))  # a Managed proxy's URL too
     report = fleet.probe([ext, own], settings)
     assert report.reasons == {p.DESTINATION_DENIED: 2} and report.succeeded == 0

@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client as k8s
 
 from app.serving import view as serving
+from app.store import keys as redis_keys
 from app.squid import conf as squid_conf
 from app.probes.credentials import SecretCredentials
 from app.kube.gateway import KubernetesGateway
@@ -49,7 +50,7 @@ def put_secret(api, owner, password: str, *, create: bool = False) -> None:
 
 
 def lease_password(r, uid: str) -> str | None:
-    return r.hget(serving.auth_key(uid), "password")
+    return r.hget(redis_keys.auth(uid), "password")
 
 
 @pytest.fixture()
@@ -115,7 +116,7 @@ def test_a_rotation_in_either_order_never_withdraws_the_proxy(fake, fleet, setti
 def test_a_forged_record_gets_no_fallback_credentials(fake, fleet, settings, authed_squid):
     squid, _ = authed_squid
     px = fleet.external("victim2", squid.address, squid.port, health={"failureThreshold": 1})
-    fleet.r.hset(serving.auth_key(px.uid), mapping={"username": USER, "password": OLD})
+    fleet.r.hset(redis_keys.auth(px.uid), mapping={"username": USER, "password": OLD})
     # published with a Secret the Proxy does not own: no credentials, and no fallback either
     serving.publish(fleet.r, px, address=squid.address, port=squid.port, phase="Running",
                     auth_secret="victim2-proxy-auth")

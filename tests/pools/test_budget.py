@@ -15,7 +15,8 @@ from app.kube.gateway import KubernetesGateway
 from app.pools import budget, controller
 from app.pools.controller import PoolRef
 from app.resources import GROUP, PLURAL, POOL_PLURAL, VERSION, Proxy
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.wiring import parse_config
 from devcluster.cluster import FakeCluster
 from tests.support.contexts import k8s_provider
@@ -134,8 +135,8 @@ def test_a_pool_over_its_daily_budget_creates_nothing_and_says_why(api, redis_cl
         k8s.CustomObjectsApi(api).patch_namespaced_custom_object_status(
             GROUP, VERSION, NS, PLURAL, m.name, {"status": {"phase": "Ready", "providerID": f"{NS}/{m.name}"}})
         serving.publish(redis_client, m, address="203.0.113.9", port=3128, phase="Ready")
-        redis_client.hset(serving.proxy_key(m.uid), mapping={"health": "healthy", "healthy": "1"})
-        serving.reindex(redis_client, m.uid)
+        redis_client.hset(redis_keys.proxy(m.uid), mapping={"health": "healthy", "healthy": "1"})
+        leases.reindex(redis_client, m.uid)
     for t in range(60, 1860, 300):  # the pool resync passes (every 30 s by default; every 5 min here)
         controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30, now=start + t)
     # 2 members x 30 min = 1 instance-hour, over 0.9: the budget is used up; a lost member is not replaced.

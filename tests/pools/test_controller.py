@@ -67,8 +67,8 @@ def ready(api, r, proxy: Proxy) -> None:
     custom(api).patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, proxy.name,
                                                       {"status": {"phase": "Ready"}})
     serving.publish(r, proxy, address="203.0.113.9", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
 
 
 def run(api, r, ref: PoolRef, **kw) -> controller.Outcome:
@@ -197,7 +197,7 @@ def test_a_renewal_that_ends_a_draining_members_last_lease_wakes_its_pool(api, r
     held = leases.acquire(redis_client, "crawler", leases.Filters(pool="web"), ttl=300, settings=SETTINGS)
     custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 0}})
     run(api, redis_client, ref)  # drains it
-    redis_client.hset(serving.proxy_key(member.uid), "healthy", "0")  # the probes turned it unhealthy
+    redis_client.hset(redis_keys.proxy(member.uid), "healthy", "0")  # the probes turned it unhealthy
     with pytest.raises(leases.LeaseError) as ended:
         leases.renew(redis_client, "crawler", held.id, ttl=None, settings=SETTINGS)
     assert ended.value.code == leases.PROXY_UNAVAILABLE
@@ -587,7 +587,7 @@ def test_a_released_proxy_loses_only_the_pools_owner_reference_and_keeps_running
     [event] = _events(api, "MemberReleased")
     assert event.involved_object.uid == ref.uid and mine.name in event.message
     # the serving view: out of the pool at once, leasable as a standalone Proxy
-    assert redis_client.hget(serving.proxy_key(mine.uid), "pool") == ""
+    assert redis_client.hget(redis_keys.proxy(mine.uid), "pool") == ""
     assert not redis_client.sismember(redis_keys.DRAINING, mine.uid)
     with pytest.raises(leases.LeaseError):
         leases.acquire(redis_client, "crawler", leases.Filters(pool="sel", namespace=NS), ttl=60, settings=SETTINGS)
@@ -595,7 +595,7 @@ def test_a_released_proxy_loses_only_the_pools_owner_reference_and_keeps_running
     assert lease.uid == mine.uid
     # a re-publication from the (now ownerless) Proxy keeps it out of the pool
     serving.publish(redis_client, left, address="203.0.113.9", port=3128, phase="Ready")
-    assert redis_client.hget(serving.proxy_key(mine.uid), "pool") == ""
+    assert redis_client.hget(redis_keys.proxy(mine.uid), "pool") == ""
     # not the pool's dependent any more: deleting the pool deletes its member, not the released Proxy
     custom(api).delete_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "sel")
     deadline = time.time() + 10

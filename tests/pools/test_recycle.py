@@ -20,7 +20,8 @@ from app.pools import controller
 from app.pools.controller import PoolRef
 from app.pools.model import BURNED_IN_PLACE, PoolSpec, PoolSpecError
 from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSION
-from app.serving import leases, view as serving
+from app.serving import leases
+from app.store import keys as redis_keys
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
 from tests.pools.test_controller import CONFIGS, NS, SETTINGS, TEMPLATE, custom, make_pool, pool_obj, proxies, ready
@@ -52,7 +53,7 @@ def _leasable(api, r, egress: dict[str, str]) -> None:
         if p.name not in egress:
             egress[p.name] = f"198.51.100.{len(egress) + 1}"
         ready(api, r, p)
-        r.hset(serving.proxy_key(p.uid), "egressIP", egress[p.name])
+        r.hset(redis_keys.proxy(p.uid), "egressIP", egress[p.name])
 
 
 def _ban(r, uid: str, site: str, outcome: str = "blocked") -> None:
@@ -270,7 +271,7 @@ def test_a_member_drained_in_place_follows_a_changed_policy_or_provider(api, red
     run(api, redis_client, ref2, CONFIGS)
     [other] = [p for p in proxies(api) if p.labels.get("crawl.example.com/pool") == "web2"]
     ready(api, redis_client, other)
-    redis_client.hset(serving.proxy_key(other.uid), "egressIP", "198.51.100.77")
+    redis_client.hset(redis_keys.proxy(other.uid), "egressIP", "198.51.100.77")
     time.sleep(1.1)
     got = leases.acquire(redis_client, "c", leases.Filters(pool="web2"), ttl=60, settings=SETTINGS,
                          target=Target.of("shop.example.com", BANS), bans=BANS)

@@ -31,8 +31,8 @@ def _member(r, name: str, uid: str, *, pool: str | None = "web", namespace: str 
                                     "uid": f"pool-{pool}", "controller": True, "blockOwnerDeletion": True}]
     proxy = Proxy.from_dict({"metadata": meta, "spec": {"provider": "k8s", "maxLeases": max_leases}})
     serving.publish(r, proxy, address=host, port=3128, phase="Ready")
-    r.hset(serving.proxy_key(uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, uid)
+    r.hset(redis_keys.proxy(uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, uid)
     return proxy
 
 
@@ -111,8 +111,8 @@ def test_the_mark_on_the_proxy_survives_a_republication(redis_client):
 def test_an_unhealthy_draining_member_counts_as_unhealthy(redis_client):
     _member(redis_client, "a", "uid-a")
     serving.set_draining(redis_client, "uid-a", time.time() + 60)
-    redis_client.hset(serving.proxy_key("uid-a"), "healthy", "0")
-    serving.reindex(redis_client, "uid-a")
+    redis_client.hset(redis_keys.proxy("uid-a"), "healthy", "0")
+    leases.reindex(redis_client, "uid-a")
     assert redis_client.sismember(redis_keys.UNHEALTHY, "uid-a")
     assert not redis_client.sismember(redis_keys.DRAINING, "uid-a")
 

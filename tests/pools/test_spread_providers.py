@@ -23,7 +23,8 @@ from __future__ import annotations
 import libvirt
 import pytest
 
-from app.serving import view as serving
+from app.serving import leases, view as serving
+from app.store import keys as redis_keys
 from app.config.providers import ProvidersConfig
 from app.kube.gateway import KubernetesGateway
 from app.pools import controller
@@ -111,8 +112,8 @@ def leasable(api, r, proxy: Proxy) -> None:
     custom(api).patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, proxy.name,
                                                       {"status": {"phase": "Ready"}})
     serving.publish(r, proxy, address=proxy.status.get("address") or "203.0.113.9", port=3128, phase="Ready")
-    r.hset(serving.proxy_key(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
-    serving.reindex(r, proxy.uid)
+    r.hset(redis_keys.proxy(proxy.uid), mapping={"health": "healthy", "healthy": "1"})
+    leases.reindex(r, proxy.uid)
 
 
 def create_members(ctx: Context, api, names) -> None:
