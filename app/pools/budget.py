@@ -30,8 +30,13 @@ BUDGET_TTL = 2 * 86400
 MAX_GAP = 600.0
 
 
-def _day(epoch: float) -> str:
+def day_of(epoch: float) -> str:
+    """The UTC day of ``epoch`` (seconds) as ``YYYY-MM-DD``: the day a budget counts
+    (``status.instanceHoursDay``)."""
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d")
+
+
+_day = day_of
 
 
 def _midnight_after(epoch: float) -> float:
@@ -46,18 +51,24 @@ def has_instance(proxy: Proxy) -> bool:
     return bool(proxy.spec.managed and proxy.status.get("providerID") and proxy.phase not in (PENDING, FAILED))
 
 
-def account(r, uid: str, live: int, *, now: float) -> float:
+def account(r, uid: str, live: int, *, now: float, recorded: Mapping[str, Any] | None = None) -> float:
     """Add the time since the last pass to the pool's instance-hours of today and return them.
 
     The interval since the last pass is counted at the number of members that had an instance
     then (``live`` of the last call), at most :data:`MAX_GAP` seconds of it; an interval that
-    crosses midnight UTC counts only its part after midnight for the new day.
+    crosses midnight UTC counts only its part after midnight for the new day.  When Redis holds no
+    count of today (flushed, restarted empty), the count resumes from what the pool's status last
+    said for today (``recorded``), so a lost Redis does not hand a pool its day's budget again (it
+    may lose the twentieth of an hour the status rounds away, and the passes since the status
+    was written).
 
     Args:
         r: ``redis.Redis`` (``decode_responses=True``).
         uid: the pool's UID.
         live: members with an instance now (:func:`has_instance`).
         now: epoch seconds.
+        recorded: the pool's ``status`` (its ``instanceHoursDay`` and ``instanceHoursToday``), or
+            ``None``; values of another day or not numbers are ignored.
     Returns:
         instance-hours used today (UTC).
     Raises:
@@ -73,6 +84,10 @@ def account(r, uid: str, live: int, *, now: float) -> float:
             state = {}
     today = _day(now)
     hours = float(state.get("hours") or 0.0) if state.get("day") == today else 0.0
+    if state.get("day") != today and recorded is not None and recorded.get("instanceHoursDay") == today:
+        floor = recorded.get("instanceHoursToday")
+        if isinstance(floor, (int, float)) and not isinstance(floor, bool) and floor > hours:
+            hours = float(floor)
     at = state.get("at")
     if isinstance(at, (int, float)) and at < now:
         start = max(float(at), now - MAX_GAP)

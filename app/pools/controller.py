@@ -362,11 +362,13 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         status_writer.write_pool(kube, pool, stalled(pool, "NamespaceCapExceeded", refusal, now=now))
         return Outcome("stalled")
     candidates = [p for p in proxies if controlled_by(p, pool)]
-    hours = pool_budget.account(r, pool.uid, sum(1 for p in candidates if pool_budget.has_instance(p)), now=now)
+    hours = pool_budget.account(r, pool.uid, sum(1 for p in candidates if pool_budget.has_instance(p)), now=now,
+                                recorded=pool.status)
     exhausted = pool_budget.refusal(pool.spec.max_instance_hours_per_day, hours, now=now)
     if exhausted is not None:
         status_writer.write_pool(kube, pool, {**stalled(pool, "BudgetExhausted", exhausted, now=now),
-                                              "instanceHoursToday": round(hours, 1)})
+                                              "instanceHoursToday": round(hours, 1),
+                                              "instanceHoursDay": pool_budget.day_of(now)})
         return Outcome("stalled")
     released, refused = _release(kube, r, pool, strays_of(pool, candidates))
     uids = [p.uid for p in candidates]
@@ -393,6 +395,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
         result.status["interruptions"] = interrupted
     if pool.spec.max_instance_hours_per_day is not None:  # shown with a budget only: it changes at most passes
         result.status["instanceHoursToday"] = round(hours, 1)
+        result.status["instanceHoursDay"] = pool_budget.day_of(now)
     _apply(kube, r, pool, result, by_uid, rand, now=now)
     pool_stats.record(r, namespace=pool.namespace, name=pool.name, uid=pool.uid, status=result.status,
                       desired=result.desired, now=now,

@@ -440,6 +440,12 @@ spec:
                     the controller, to a tenth of an hour; shown when spec.maxInstanceHoursPerDay is set.
                   type: number
                   minimum: 0
+                instanceHoursDay:
+                  description: >-
+                    The UTC day (YYYY-MM-DD) instanceHoursToday counts; the controller resumes
+                    from it when its own count is lost.
+                  type: string
+                  maxLength: 10
                 leasableReplicas:
                   description: Proxies the discovery API would lease now (healthy, not draining).
                   type: integer

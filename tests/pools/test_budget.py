@@ -44,6 +44,17 @@ def test_hours_accrue_per_member_between_passes_and_restart_at_midnight(redis_cl
     assert budget.account(redis_client, "u1", 2, now=midnight + 180) == pytest.approx(2 * 180 / 3600)
 
 
+def test_the_count_resumes_from_the_status_of_the_same_day_only(redis_client):
+    today = {"instanceHoursDay": budget.day_of(NOON), "instanceHoursToday": 3.5}
+    assert budget.account(redis_client, "u2", 1, now=NOON, recorded=today) == 3.5  # Redis lost it
+    assert budget.account(redis_client, "u2", 1, now=NOON + 360, recorded=today) == pytest.approx(3.6)
+    yesterday = {"instanceHoursDay": budget.day_of(NOON - 86400), "instanceHoursToday": 9.0}
+    assert budget.account(redis_client, "u3", 1, now=NOON, recorded=yesterday) == 0.0
+    for bad in ({"instanceHoursDay": budget.day_of(NOON), "instanceHoursToday": "lots"},
+                {"instanceHoursDay": budget.day_of(NOON), "instanceHoursToday": True}, {}):
+        assert budget.account(redis_client, "u4", 1, now=NOON, recorded=bad) == 0.0
+
+
 def test_refusal_names_the_field_the_count_and_when_it_ends():
     assert budget.refusal(None, 1000.0, now=NOON) is None
     assert budget.refusal(10, 9.9, now=NOON) is None
@@ -150,6 +161,11 @@ def test_a_pool_over_its_daily_budget_creates_nothing_and_says_why(api, redis_cl
     cond = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert cond["status"] == "False" and cond["reason"] == "BudgetExhausted"
     assert "spec.maxInstanceHoursPerDay" in cond["message"]
+    assert status["instanceHoursDay"] == budget.day_of(start)
+    # A flushed Redis loses the count, not the budget: the pass resumes from the status
+    redis_client.flushdb()
+    out = controller.run(gw, redis_client, configs, ref=ref, lock_timeout=30, now=start + 120 + 1800)
+    assert out.state == "stalled" and len(gw.list_proxies_in(NS)) == 1
     # The next day the count starts again (below the budget: creates go through).
     assert budget.account(redis_client, ref.uid, 1, now=start + 86400) < 0.9
 
