@@ -398,7 +398,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
                       desired=result.desired, now=now,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
                                    - {d.uid for d in result.deletes} - {c.uid for c in result.reclaims})
-                      + len(result.drains),
+                      # (drained in place: a member that stays, not one leaving)
+                      + sum(1 for d in result.drains if d.reason != BURNED_IN_PLACE),
                       leases=sum(m.leases for m in members if m.leasable),
                       capacity=pool.valid_spec.max_leases * int(result.status.get("leasableReplicas") or 0))
     auto = pool.valid_spec.autoscale
