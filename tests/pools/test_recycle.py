@@ -340,3 +340,22 @@ def test_a_member_drained_in_place_is_not_counted_as_leaving_by_the_gauges(api, 
     run(api, redis_client, ref, CONFIGS)
     doc = json.loads(redis_client.hget(redis_keys.POOL_STATS, "crawl/web"))
     assert (doc["draining"], doc["replicas"], doc["leasable"]) == (0, 2, 1)
+
+
+def test_a_member_drained_in_place_still_counts_toward_on_demand_replicas(api, redis_client):
+    """spec.onDemandReplicas: an on-demand member drained in place stays a member, so new
+    members (a scale-up in the pass that drains it, or later) are spot, not one more on-demand
+    instance the pool keeps paying for."""
+    ref = make_pool(api, replicas=2, onDemandReplicas=1, rollout={"maxUnavailable": 2},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    [victim] = [p for p in proxies(api) if p.spec.capacity == "OnDemand"]
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    for replicas in (3, 4):
+        custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web",
+                                                   {"spec": {"replicas": replicas}})
+        out = run(api, redis_client, ref, CONFIGS)
+        assert len(out.plan.creates) == 1 and _reasons(api)[victim.name] == BURNED_IN_PLACE
+        assert sorted(p.spec.capacity for p in proxies(api)) == ["OnDemand"] + ["Spot"] * (replicas - 1)
