@@ -167,6 +167,48 @@ def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_us
     assert acl.denials() == []
 
 
+#: The users whose component withdraws a proxy from the serving view (app.serving.view.withdraw):
+#: the watcher (a Proxy being deleted), the worker (delete, lost or stopped instance, failures)
+#: and the health worker (a probe that finds it Failed).
+WITHDRAWERS = ("health-worker", "watcher", "worker")
+
+
+@pytest.mark.parametrize("name", WITHDRAWERS)
+def test_each_withdrawing_user_ends_the_proxys_leases(acl, name):
+    """A withdrawal ends the proxy's live leases everywhere they are counted: the expiry index,
+    the client's count and, for a targeted lease, its egress IP's concurrency for the target, so
+    another proxy leaving from that IP is not held back.  Each component that withdraws does so
+    with its own user, without one refusal (a refusal inside the transaction leaves the leases
+    counted while the record is gone)."""
+    from app.resources import Proxy
+    from app.serving import leases, view as serving
+    from app.serving.bans import BanSettings, Target
+
+    acl.reset()
+    admin, user = acl.client(), acl.client(name)
+    try:
+        proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                                 "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
+        serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
+        admin.hset(redis_keys.proxy("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
+        leases.reindex(admin, "u1")
+        bans = BanSettings()
+        settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
+        held = leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,
+                              target=Target.of("shop.example", bans), bans=bans)
+        concurrency = redis_keys.target_leases("shop.example", "198.51.100.1")
+        assert admin.zscore(concurrency, held.id) is not None
+        serving.withdraw(user, "u1")
+        assert not admin.exists(redis_keys.proxy("u1"))
+        assert admin.zscore(concurrency, held.id) is None
+        assert admin.zscore(redis_keys.LEASE_EXPIRY, f"u1/{held.id}") is None
+        assert admin.zscore(redis_keys.client_leases("c"), held.id) is None
+    finally:
+        admin.close()
+        user.close()
+    assert acl.denials() == []
+
+
 def _get(url: str, **kw) -> requests.Response | None:
     try:
         return requests.get(url, timeout=5, **kw)

@@ -34,7 +34,8 @@ POOL_MEMBERS_CREATED = Counter(
     ["namespace", "pool"])
 POOL_MEMBERS_DRAINING = Counter(
     "proxy_operator_pool_members_draining_total", "Members a ProxyPool's controller marked draining, by pool and "
-    "reason (Outdated: template change, age or zone rollover; ScaleDown).", ["namespace", "pool", "reason"])
+    "reason (Outdated: template change, age or zone rollover; ScaleDown; Burned: spec.recycle; BurnedInPlace: "
+    "spec.recycle on a provider that keeps the egress IP, the member stays).", ["namespace", "pool", "reason"])
 POOL_MEMBERS_DELETED = Counter(
     "proxy_operator_pool_members_deleted_total", "Members a ProxyPool's controller deleted, by pool and reason "
     "(Drained, DrainTimeout, Failed).", ["namespace", "pool", "reason"])

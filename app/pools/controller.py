@@ -401,7 +401,8 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
                       desired=result.desired, now=now,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
                                    - {d.uid for d in result.deletes} - {c.uid for c in result.reclaims})
-                      + len(result.drains),
+                      # (drained in place: a member that stays, not one leaving)
+                      + sum(1 for d in result.drains if d.reason != BURNED_IN_PLACE),
                       leases=sum(m.leases for m in members if m.leasable),
                       capacity=pool.valid_spec.max_leases * int(result.status.get("leasableReplicas") or 0))
     auto = pool.valid_spec.autoscale
@@ -533,6 +534,12 @@ def _annotate(kube: KubeGateway, pool: Pool, actions: Sequence[A], by_uid: Mappi
     return done
 
 
+def _stays(p: Proxy) -> bool:
+    """Whether the member ``p`` stays in its pool as far as its draining mark tells: not marked,
+    or drained in place for its bans (:data:`BURNED_IN_PLACE`: still a member)."""
+    return p.draining_until is None or p.annotations.get(DRAINING_REASON_ANNOTATION) == BURNED_IN_PLACE
+
+
 def _targets(d: Drain) -> str:
     """The targets of a burned member's drain, for its Event (``""`` when none is known)."""
     if not d.targets:
@@ -610,8 +617,9 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                                        f"deleted once their leases end, by {format_time(drained[0].until)} "
                                        "at the latest")
     created = []
-    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains}
-    on_demand = sum(1 for p in by_uid.values() if p.uid not in leaving and not p.deleting and p.draining_until is None
+    # (members drained in place stay: they are no member leaving, whether drained by this pass or before)
+    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains if d.reason != BURNED_IN_PLACE}
+    on_demand = sum(1 for p in by_uid.values() if p.uid not in leaving and not p.deleting and _stays(p)
                     and p.spec.capacity == CAPACITY_ON_DEMAND)
     for c in result.creates:
         capacity = member_capacity(pool, on_demand)

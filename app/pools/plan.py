@@ -208,10 +208,13 @@ def _current(pool: Pool, m: Member, now: float, *, burn: bool = True) -> bool:
 
 
 def _outdated(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float, *, keeps_ip: bool = False) -> bool:
-    """Whether active member ``m`` is outdated (rule 3)."""
+    """Whether active member ``m`` is outdated (rule 3).  A member drained in place
+    (:attr:`~app.pools.model.Member.parked`) takes no lease because of its bans, not because its
+    zone is broken: a zone that is not Ready does not make it outdated (its replacement would
+    leave from the same burned IP with none of its bans)."""
     if not _current(pool, m, now, burn=not keeps_ip):
         return True
-    return not m.leasable and not zone_is_ready(zone_ready, m.zone)
+    return not m.leasable and not m.parked and not zone_is_ready(zone_ready, m.zone)
 
 
 def _reclaimable(pool: Pool, m: Member, zone_ready: Mapping[str, bool], now: float) -> bool:
@@ -336,21 +339,23 @@ def _leaving(pool: Pool, active: list[Member], outdated: list[Member], updated: 
     return bound
 
 
-def _parked(bound: _Availability, updated: list[Member], leaving: list[Member],
+def _parked(bound: _Availability, updated: list[Member], leaving: list[Member], *,
             keeps_ip: bool) -> tuple[list[Member], list[Member], list[Member]]:
-    """Rule 4, burned members of a provider that keeps the egress IP (``keeps_ip``): those drained
-    in place now (within ``bound``, the fewest live leases first) and those the bound keeps
-    serving; and, whatever the provider, the updated members drained in place earlier that are
-    no longer burned (they take leases again: their bans aged out, the recycle policy is gone,
-    or the provider now gives a new IP and the rollout replaces the burned ones)."""
+    """Rule 4, burned members: those drained in place now (a provider that keeps the egress IP,
+    ``keeps_ip``; within ``bound``, the fewest live leases first), those the bound keeps serving,
+    and the members drained in place earlier that are no longer burned (they take leases again,
+    whatever the provider now says: a member drained in place while its provider kept the IP is
+    not left drained forever once the providers config says ``new``)."""
     gone = {m.uid for m in leaving}
-    candidates = sorted((m for m in updated if keeps_ip and m.burned and not m.parked and m.uid not in gone),
+    unparks = [m for m in updated if m.parked and not m.burned and m.uid not in gone]
+    if not keeps_ip:
+        return [], [], unparks
+    candidates = sorted((m for m in updated if m.burned and not m.parked and m.uid not in gone),
                         key=lambda m: (m.leasable, m.leases, m.created, m.name))
     parks: list[Member] = []
     held: list[Member] = []
     for m in candidates:
         (parks if not held and bound.spare(m) else held).append(m)
-    unparks = [m for m in updated if m.parked and not m.burned and m.uid not in gone]
     return parks, held, unparks
 
 
@@ -431,7 +436,7 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
     bound = _leaving(pool, active, outdated, updated, n)
     leaving = bound.leaving
-    parks, kept_burned, unparks = _parked(bound, updated, leaving, keeps_ip)
+    parks, kept_burned, unparks = _parked(bound, updated, leaving, keeps_ip=keeps_ip)
     until = now + spec.drain_timeout
     drains = tuple(Drain(m.uid, m.name, until,
                          ("Burned" if m.burned and not keeps_ip else "Outdated") if m in outdated else "ScaleDown",

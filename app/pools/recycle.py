@@ -84,6 +84,9 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
 
     Members drained in place (:attr:`~app.pools.model.Member.parked`) are judged again, so they
     take leases again once their bans age out of the window; members leaving the pool are not.
+    One whose egress identity is not known for now (no serving record: its instance lost and
+    being made again, a flushed Redis; or published again and not probed yet) is not judged and
+    stays burned: no verdict is no sign that its bans aged out.
 
     Args:
         r: ``redis.Redis`` (``decode_responses=True``).
@@ -97,9 +100,13 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    live = [m for m in members if not m.deleting and not m.draining and m.uid in records]
+    live = [m for m in members if not m.deleting and not m.draining and m.uid in records
+            and (not m.parked or _known_ident(records[m.uid]))]
+    # drained in place, egress identity unknown for now: not judged, so it stays drained (no
+    # verdict is no sign that its bans aged out)
+    unknown = {m.uid for m in members if m.parked and not m.deleting and m.uid not in {x.uid for x in live}}
     if not live:
-        return members
+        return [_kept(m) if m.uid in unknown else m for m in members]
     pipe = r.pipeline(transaction=False)
     starts = []
     for m in live:
@@ -119,4 +126,17 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
         if verdict is not None:
             burned[m.uid] = verdict
     return [dataclasses.replace(m, burned=burned[m.uid].why, burned_targets=burned[m.uid].targets)
-            if m.uid in burned else m for m in members]
+            if m.uid in burned else _kept(m) if m.uid in unknown else m for m in members]
+
+
+def _known_ident(raw: Mapping[str, str]) -> bool:
+    """Whether a serving record tells the egress identity its bans are counted under: its
+    ``egressIP``, or, once probed healthy without learning one, ``uid:<uid>`` (a record
+    published again after its instance was lost has neither until its first probe)."""
+    return bool(raw.get("egressIP")) or raw.get("healthy") == "1"
+
+
+def _kept(m: Member) -> Member:
+    """A member drained in place whose egress identity is not known for now, kept burned."""
+    return dataclasses.replace(m, burned="drained in place for its bans; its egress IP is not known for now "
+                                         "(no serving record, or not probed since it was published again)")

@@ -150,8 +150,9 @@ USERS: tuple[User, ...] = (
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS
          + HOLDER_KEYS
-         # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident)
-         + (k.lease("*"), k.target_leases("*", "*")),
+         # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident);
+         # a withdrawal (a proxy found Failed) takes its live leases out of the expiry index too
+         + (k.lease("*"), k.target_leases("*", "*"), k.LEASE_EXPIRY),
          # status.bannedTargets: the targets that banned a proxy's egress IP
          read=(k.ip_bans("*"),),
          channels=(EVENTS, PIDBOX),

@@ -20,7 +20,7 @@ from app.pools import controller
 from app.pools.controller import PoolRef
 from app.pools.model import BURNED_IN_PLACE, PoolSpec, PoolSpecError
 from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSION
-from app.serving import leases
+from app.serving import leases, view as serving
 from app.store import keys as redis_keys
 from app.serving.bans import BanSettings, Target
 from devcluster.cluster import FakeCluster
@@ -281,3 +281,111 @@ def test_a_member_drained_in_place_follows_a_changed_policy_or_provider(api, red
     back = run(api, redis_client, ref2, CONFIGS)
     assert [u.uid for u in back.plan.unparks] == [other.uid]
     assert redis_client.zscore("po:load", other.uid) is not None
+def _park(api, r, ref, *, replicas: int = 2) -> tuple:
+    """A pool of a provider that keeps the egress IP (maxUnavailable 1) whose first member is
+    burned and drained in place; returns ``(victim, other)``."""
+    run(api, r, ref, CONFIGS)
+    _leasable(api, r, {})
+    victim, other = proxies(api)[:2]
+    time.sleep(1.1)
+    _ban(r, victim.uid, "shop.example.com")
+    assert [(d.uid, d.reason) for d in run(api, r, ref, CONFIGS).plan.drains] == [(victim.uid, BURNED_IN_PLACE)]
+    return victim, other
+
+
+def _reasons(api) -> dict[str, str | None]:
+    return {p.name: p.annotations.get(DRAINING_REASON_ANNOTATION) for p in KubernetesGateway(api).list_proxies_in(NS)}
+
+
+def test_a_member_drained_in_place_is_not_replaced_while_its_provider_is_not_ready(api, redis_client):
+    """Not leasable because it is drained in place, not because its zone is broken: a provider
+    check that fails for a while (kubernetes: one target for every zone) neither drains it for
+    a replacement (which would come back with the same burned IP and none of its bans) nor
+    deletes it."""
+    from app.providers.base import TargetVerdict
+    from app.providers.checks import record_round
+
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    victim, other = _park(api, redis_client, ref)
+    record_round(redis_client, "k8s-local", [TargetVerdict("cluster", False, "Unreachable", "down")], elapsed=0.1)
+    for _ in range(2):
+        out = run(api, redis_client, ref, CONFIGS)
+        assert out.plan.drains == () and out.plan.deletes == () and out.plan.unparks == ()
+    assert _reasons(api) == {victim.name: BURNED_IN_PLACE, other.name: None}
+    assert len(proxies(api)) == 2
+
+
+def test_a_member_drained_in_place_stays_so_while_its_serving_record_is_gone(api, redis_client):
+    """The instance of a member drained in place is lost and made again (its serving record
+    withdrawn meanwhile): with no record its bans cannot be judged, which is no sign that they
+    aged out: it is not taken out of its drain (no MemberUnburned), and once published again it
+    still takes no lease."""
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    victim, other = _park(api, redis_client, ref)
+    serving.withdraw(redis_client, victim.uid)  # app.proxy.poll: instance lost, recreating
+    out = run(api, redis_client, ref, CONFIGS)
+    assert out.plan.unparks == () and out.plan.drains == () and out.plan.deletes == ()
+    assert _reasons(api)[victim.name] == BURNED_IN_PLACE and not _events(api, "MemberUnburned")
+    # published again (the reconciler copies the mark from the Proxy), not probed yet: its
+    # egress IP is not known yet, which is no sign either
+    [proxy] = [p for p in proxies(api) if p.uid == victim.uid]
+    serving.publish(redis_client, proxy, address="203.0.113.9", port=3128, phase="Ready")
+    out = run(api, redis_client, ref, CONFIGS)
+    assert out.plan.unparks == () and _reasons(api)[victim.name] == BURNED_IN_PLACE
+    # probed: healthy, leaving from its burned IP again: still no lease through it
+    _leasable(api, redis_client, {victim.name: "198.51.100.1", other.name: "198.51.100.2"})
+    assert redis_client.zscore("po:load", victim.uid) is None
+    out = run(api, redis_client, ref, CONFIGS)
+    assert out.plan.unparks == () and _reasons(api)[proxy.name] == BURNED_IN_PLACE
+
+
+def test_a_member_drained_in_place_comes_back_once_its_provider_no_longer_keeps_the_ip(api, redis_client):
+    """The providers config changes to replacementEgressIP: new (or spec.recycle is removed):
+    a member drained in place that is no longer burned takes leases again rather than staying
+    drained, neither leaving nor serving, for ever."""
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    victim, other = _park(api, redis_client, ref)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"recycle": None}})
+    out = run(api, redis_client, ref)  # FRESH_IP: the provider now gives a new IP
+    assert [u.uid for u in out.plan.unparks] == [victim.uid] and out.plan.creates == ()
+    assert _reasons(api) == {victim.name: None, other.name: None}
+    assert redis_client.zscore("po:load", victim.uid) is not None
+
+
+def test_a_member_drained_in_place_is_not_counted_as_leaving_by_the_gauges(api, redis_client):
+    """proxy_operator_pool_draining_replicas counts members leaving the pool: one drained in
+    place stays, in the pass that drains it as in the later ones."""
+    import json
+
+    from app.store import keys as redis_keys
+
+    ref = make_pool(api, replicas=2, rollout={"maxUnavailable": 1},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    _park(api, redis_client, ref)
+    doc = json.loads(redis_client.hget(redis_keys.POOL_STATS, "crawl/web"))
+    assert (doc["draining"], doc["replicas"]) == (0, 2)
+    run(api, redis_client, ref, CONFIGS)
+    doc = json.loads(redis_client.hget(redis_keys.POOL_STATS, "crawl/web"))
+    assert (doc["draining"], doc["replicas"], doc["leasable"]) == (0, 2, 1)
+
+
+def test_a_member_drained_in_place_still_counts_toward_on_demand_replicas(api, redis_client):
+    """spec.onDemandReplicas: an on-demand member drained in place stays a member, so new
+    members (a scale-up in the pass that drains it, or later) are spot, not one more on-demand
+    instance the pool keeps paying for."""
+    ref = make_pool(api, replicas=2, onDemandReplicas=1, rollout={"maxUnavailable": 2},
+                    recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref, CONFIGS)
+    _leasable(api, redis_client, {})
+    [victim] = [p for p in proxies(api) if p.spec.capacity == "OnDemand"]
+    time.sleep(1.1)
+    _ban(redis_client, victim.uid, "shop.example.com")
+    for replicas in (3, 4):
+        custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web",
+                                                   {"spec": {"replicas": replicas}})
+        out = run(api, redis_client, ref, CONFIGS)
+        assert len(out.plan.creates) == 1 and _reasons(api)[victim.name] == BURNED_IN_PLACE
+        assert sorted(p.spec.capacity for p in proxies(api)) == ["OnDemand"] + ["Spot"] * (replicas - 1)
