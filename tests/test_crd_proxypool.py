@@ -446,3 +446,12 @@ def test_samples_cover_every_provider_type():
     features = json.dumps([p.values[0]["spec"] for p in _sample_pools()])
     for field in ("autoscale", "spread", "selector", "maxAge", "matchExpressions", "drainTimeoutSeconds"):
         assert field in features
+
+
+def test_recycle_needs_one_rule_and_a_ban_percent_below_100(crd):
+    assert errors_of(crd, with_spec(recycle={"maxBanPercent": 30})) == []
+    assert errors_of(crd, with_spec(recycle={"bannedTargets": 2, "windowSeconds": 60})) == []
+    [error] = errors_of(crd, with_spec(recycle={"windowSeconds": 60}))
+    assert "spec.recycle" in error and "needs bannedTargets, maxBanPercent or both" in error
+    assert any("spec.recycle.maxBanPercent" in e and "99" in e
+               for e in errors_of(crd, with_spec(recycle={"maxBanPercent": 100})))

@@ -160,6 +160,8 @@ def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_us
         assert record(health, [redis_keys.proxy("u1"), redis_keys.HEALTH_DUE],
                       ["u1", "", "203.0.113.7", "3128", "egressIP", "198.51.100.2"]) == 1
         assert admin.zscore(redis_keys.target_leases("shop.example", "198.51.100.2"), held.id) is not None
+        # the moved lease counts in the new IP's ban ratio (a ban on its release lands there)
+        assert any(k.startswith("l") for k in admin.hkeys(redis_keys.ip_outcomes("198.51.100.2")))
         assert health.zcount(redis_keys.ip_bans("198.51.100.2"), 0, "+inf") == 0
     finally:
         admin.close()

@@ -544,8 +544,8 @@ def _targets(d: Drain) -> str:
     """The targets of a burned member's drain, for its Event (``""`` when none is known)."""
     if not d.targets:
         return ""
-    more = f" and {len(d.targets) - 10} more" if len(d.targets) > 10 else ""
-    return f"; banned by {', '.join(d.targets[:10])}{more}"
+    latest = f" (the {len(d.targets)} latest)" if len(d.targets) >= recycle.NAMED_TARGETS else ""
+    return f"; banned by {', '.join(d.targets)}{latest}"
 
 
 def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, Proxy], rand, *, now: float) -> None:

@@ -217,7 +217,7 @@ class Recycle:
             (``spec.recycle.bannedTargets``, >= 1), ``None``: not by this rule.
         max_ban_percent: a member whose targeted leases within ``window`` (at least
             ``min_leases`` of them) ended in a ban more often than this percentage is burned
-            (``spec.recycle.maxBanPercent``, 1..100), ``None``: not by this rule.
+            (``spec.recycle.maxBanPercent``, 1..99), ``None``: not by this rule.
         min_leases: (``spec.recycle.minLeases``, default 20).
         window: seconds (``spec.recycle.windowSeconds``, default 3600; bans and leases older
             than the API's ``BAN_HISTORY_SECONDS`` are not remembered).
@@ -235,7 +235,7 @@ class Recycle:
         Raises:
             PoolSpecError: neither ``bannedTargets`` nor ``maxBanPercent`` given, or a value out
                 of range (``bannedTargets``, ``minLeases``, ``windowSeconds`` below 1,
-                ``maxBanPercent`` outside 1..100), naming the field.
+                ``maxBanPercent`` outside 1..99: "more than 100 %" never holds), naming the field.
         """
         if not d:
             return None
@@ -247,7 +247,7 @@ class Recycle:
         return cls(banned_targets=None if banned is None else _whole("spec.recycle.bannedTargets", banned, 0,
                                                                      minimum=1),
                    max_ban_percent=None if percent is None else _whole("spec.recycle.maxBanPercent", percent, 0,
-                                                                       minimum=1, maximum=100),
+                                                                       minimum=1, maximum=99),
                    min_leases=_whole("spec.recycle.minLeases", d.get("minLeases"), 20, minimum=1),
                    window=float(_whole("spec.recycle.windowSeconds", d.get("windowSeconds"), 3600, minimum=1)))
 

@@ -39,22 +39,34 @@ class Verdict:
     why: str
 
 
-def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, since: float) -> Verdict | None:
+#: Targets a verdict names at most (the most recent bans first; the count is in ``why``), so a
+#: member banned by thousands of sites costs one bounded read per pass and a readable Event.
+NAMED_TARGETS = 10
+
+
+def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, since: float,
+          banned: int | None = None, parked: bool = False) -> Verdict | None:
     """Whether a member is burned, from what Redis holds of its egress identity.
 
     Args:
         policy: the pool's :class:`~app.pools.model.Recycle`.
-        targets: the targets that banned the identity since ``since``.
+        targets: the targets that banned the identity since ``since`` (at most
+            :data:`NAMED_TARGETS` of them are named).
         outcomes: the identity's :func:`app.store.keys.ip_outcomes` hash (``l<bucket>``/``b<bucket>``
             → count, strings as Redis gives them; malformed fields are skipped).
         since: epoch seconds: counts before it are not the member's.
+        banned: how many distinct targets banned it since ``since`` (``None``: ``len(targets)``).
+        parked: the member is drained in place already: the ban ratio holds it while any of its
+            bans is in the window, whatever ``minLeases`` (it takes no lease, so its lease count
+            only falls: ``minLeases`` would release it with its bans still there).
     Returns:
         the :class:`Verdict`, or ``None`` when neither rule holds.
     """
-    if policy.banned_targets is not None and len(targets) >= policy.banned_targets:
-        return Verdict(tuple(sorted(targets)), f"its egress IP was banned by {len(targets)} targets within "
-                                               f"{policy.window:g}s (spec.recycle.bannedTargets "
-                                               f"{policy.banned_targets})")
+    count = len(targets) if banned is None else banned
+    named = tuple(sorted(targets[:NAMED_TARGETS]))
+    if policy.banned_targets is not None and count >= policy.banned_targets:
+        return Verdict(named, f"its egress IP was banned by {count} targets within "
+                              f"{policy.window:g}s (spec.recycle.bannedTargets {policy.banned_targets})")
     if policy.max_ban_percent is None:
         return None
     first = int(since * 1000) // redis_keys.OUTCOME_BUCKET_MS
@@ -70,11 +82,10 @@ def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, s
             leases += count
         elif name[:1] == "b":
             bans += count
-    if leases < policy.min_leases or bans * 100 <= policy.max_ban_percent * leases:
+    if bans <= 0 or (leases < policy.min_leases and not parked) or bans * 100 <= policy.max_ban_percent * leases:
         return None
-    return Verdict(tuple(sorted(targets)), f"{bans} of its {leases} targeted leases within {policy.window:g}s "
-                                           f"ended in a ban, more than spec.recycle.maxBanPercent "
-                                           f"{policy.max_ban_percent}%")
+    return Verdict(named, f"{bans} of its {leases} targeted leases within {policy.window:g}s ended in a ban, "
+                          f"more than spec.recycle.maxBanPercent {policy.max_ban_percent}%")
 
 
 def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mapping[str, str]], *,
@@ -100,8 +111,9 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
     Raises:
         redis.RedisError: Redis unreachable.
     """
-    live = [m for m in members if not m.deleting and not m.draining and m.uid in records
-            and (not m.parked or _known_ident(records[m.uid]))]
+    # (members draining for ScaleDown are judged too: a scale-up must not reclaim a burned one)
+    live = [m for m in members if not m.deleting and (not m.draining or m.drain_reason == "ScaleDown")
+            and m.uid in records and (not m.parked or _known_ident(records[m.uid]))]
     # drained in place, egress identity unknown for now: not judged, so it stays drained (no
     # verdict is no sign that its bans aged out)
     unknown = {m.uid for m in members if m.parked and not m.deleting and m.uid not in {x.uid for x in live}}
@@ -114,15 +126,17 @@ def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mappin
         # (creation timestamps are whole seconds: a ban in the member's first second is not counted)
         since = max(now - policy.window, m.created + 1.0)
         starts.append(since)
-        pipe.zrangebyscore(redis_keys.ip_ban_times(ident), int(since * 1000), "+inf")
+        key = redis_keys.ip_ban_times(ident)
+        pipe.zcount(key, int(since * 1000), "+inf")
+        pipe.zrevrangebyscore(key, "+inf", int(since * 1000), start=0, num=NAMED_TARGETS)
         if policy.max_ban_percent is not None:
             pipe.hgetall(redis_keys.ip_outcomes(ident))
     answers = iter(pipe.execute())
     burned: dict[str, Verdict] = {}
     for m, since in zip(live, starts, strict=True):
-        targets = next(answers)
+        count, targets = next(answers), next(answers)
         outcomes = next(answers) if policy.max_ban_percent is not None else {}
-        verdict = judge(policy, targets, outcomes, since=since)
+        verdict = judge(policy, targets, outcomes, since=since, banned=int(count), parked=m.parked)
         if verdict is not None:
             burned[m.uid] = verdict
     return [dataclasses.replace(m, burned=burned[m.uid].why, burned_targets=burned[m.uid].targets)

@@ -195,7 +195,7 @@ def render(s: StatusInputs) -> dict[str, Any]:
         "readyReplicas": sum(1 for m in s.live if m.ready),
         "leasableReplicas": sum(1 for m in s.active if m.leasable),
         "updatedReplicas": len(s.updated),
-        "burnedReplicas": sum(1 for m in s.live if m.burned),
+        "burnedReplicas": sum(1 for m in s.live if m.burned and not m.draining),
         "observedGeneration": pool.generation,
         "selector": status_selector(pool.name, pool.valid_spec),
         "conditions": conds,

@@ -139,20 +139,21 @@ USERS: tuple[User, ...] = (
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + INDEX + PROXY_LEASES + LEASES + HEALTH_KEYS[:3]
          + DISPATCH + LOCKS + GC_KEYS + POOL_DEMAND + POOL_STATE + PROVIDER_HEALTH + PROVIDER_HEALTH_SINCE
          + HOLDER_KEYS
-         # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency
-         + (k.target_leases("*", "*"),),
+         # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency; a
+         # reindex that finds the egress IP changed moves them (and counts them in its ban ratio)
+         + (k.target_leases("*", "*"), k.ip_outcomes("*")),
          write=AUTH,
          # the pool controller's recycle policy reads which targets banned a member's egress IP
-         # and its ban ratio
-         read=(k.ip_ban_times("*"), k.ip_outcomes("*")),
+         read=(k.ip_ban_times("*"),),
          channels=(EVENTS, PIDBOX),
          commands=DATA + SCRIPTS + PUBSUB),
     User("health-worker", "the health worker (health queue): probes, health records, credentials copies",
          keys=QUEUES + BINDINGS + UNACKED + PIDBOX_QUEUES + SERVING + AUTH + INDEX + PROXY_LEASES + HEALTH_KEYS
          + HOLDER_KEYS
-         # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident);
-         # a withdrawal (a proxy found Failed) takes its live leases out of the expiry index too
-         + (k.lease("*"), k.target_leases("*", "*"), k.LEASE_EXPIRY),
+         # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident),
+         # counted in the new IP's ban ratio; a withdrawal (a proxy found Failed) takes its live
+         # leases out of the expiry index too
+         + (k.lease("*"), k.target_leases("*", "*"), k.LEASE_EXPIRY, k.ip_outcomes("*")),
          # status.bannedTargets: the targets that banned a proxy's egress IP
          read=(k.ip_bans("*"),),
          channels=(EVENTS, PIDBOX),

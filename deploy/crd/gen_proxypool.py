@@ -270,11 +270,12 @@ spec:
                     maxBanPercent:
                       description: >-
                         A Proxy whose targeted leases ended in a ban more often than this percentage
-                        (bans / leases within windowSeconds) is burned.
+                        (bans / leases within windowSeconds) is burned. Drained in place, it stays
+                        so while any of its bans is in the window.
                       type: integer
                       format: int32
                       minimum: 1
-                      maximum: 100
+                      maximum: 99
                     minLeases:
                       description: >-
                         Targeted leases a Proxy must have had within windowSeconds before

@@ -18,7 +18,8 @@ from kubernetes import client as k8s
 from app.kube.gateway import KubernetesGateway
 from app.pools import controller
 from app.pools.controller import PoolRef
-from app.pools.model import BURNED_IN_PLACE, PoolSpec, PoolSpecError
+from app.pools import recycle
+from app.pools.model import BURNED_IN_PLACE, Member, PoolSpec, PoolSpecError, Recycle
 from app.resources import DRAINING_REASON_ANNOTATION, GROUP, POOL_PLURAL, VERSION
 from app.serving import leases, view as serving
 from app.store import keys as redis_keys
@@ -88,6 +89,33 @@ def test_the_recycle_policy_is_read_and_checked():
     assert spec.recycle is not None and spec.recycle.banned_targets == 3 and spec.recycle.window == 3600
     with pytest.raises(PoolSpecError, match="spec.recycle: needs bannedTargets.*maxBanPercent"):
         PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"windowSeconds": 60}})
+    with pytest.raises(PoolSpecError, match="spec.recycle.maxBanPercent: must be at most 99"):
+        PoolSpec.from_dict({"template": TEMPLATE, "recycle": {"maxBanPercent": 100}})
+
+
+def test_the_ban_ratio_holds_a_member_drained_in_place_until_its_bans_leave_the_window():
+    """minLeases keeps a few leases from making a verdict, but a member drained in place takes no
+    lease, so its count only falls: it stays burned while any ban is in the window."""
+    policy = Recycle(max_ban_percent=50, min_leases=4)
+    now_ms = int(time.time() * 1000)
+    bucket = now_ms // redis_keys.OUTCOME_BUCKET_MS
+    few = {f"l{bucket}": "2", f"b{bucket}": "2"}
+    assert recycle.judge(policy, ["a.example"], few, since=now_ms / 1000 - 600) is None
+    held = recycle.judge(policy, ["a.example"], few, since=now_ms / 1000 - 600, parked=True)
+    assert held is not None and "2 of its 2 targeted leases" in held.why
+    gone = {f"l{bucket - 20}": "9", f"b{bucket - 20}": "9", f"l{bucket}": "1"}  # the bans left the window
+    assert recycle.judge(policy, [], gone, since=now_ms / 1000 - 600, parked=True) is None
+
+
+def test_a_member_banned_by_many_sites_names_the_latest_and_counts_them_all(redis_client):
+    members = [Member(uid="u1", name="m1", created=0.0)]
+    key = redis_keys.ip_ban_times("198.51.100.66")
+    now = time.time()
+    redis_client.zadd(key, {f"site{i:02d}.example": int((now - 100 + i) * 1000) for i in range(30)})
+    [marked] = recycle.mark(redis_client, Recycle(banned_targets=5, window=600), members,
+                            {"u1": {"egressIP": "198.51.100.66"}}, now=now)
+    assert "banned by 30 targets" in marked.burned
+    assert marked.burned_targets == tuple(f"site{i:02d}.example" for i in range(20, 30))
 
 
 def test_a_burned_member_is_replaced_without_dropping_below_the_floor(api, redis_client):
@@ -389,3 +417,23 @@ def test_a_member_drained_in_place_still_counts_toward_on_demand_replicas(api, r
         out = run(api, redis_client, ref, CONFIGS)
         assert len(out.plan.creates) == 1 and _reasons(api)[victim.name] == BURNED_IN_PLACE
         assert sorted(p.spec.capacity for p in proxies(api)) == ["OnDemand"] + ["Spot"] * (replicas - 1)
+
+
+def test_a_burned_member_draining_for_scale_down_is_not_reclaimed(api, redis_client):
+    """A scale-up takes back members draining for ScaleDown, but not one whose IP is burned: a new
+    member is made instead."""
+    ref = make_pool(api, replicas=2, recycle={"bannedTargets": 1, "windowSeconds": 600})
+    run(api, redis_client, ref)
+    egress: dict[str, str] = {}
+    _leasable(api, redis_client, egress)
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 1}})
+    [drain] = run(api, redis_client, ref).plan.drains
+    assert drain.reason == "ScaleDown"
+    [leaving] = [p for p in proxies(api) if p.uid == drain.uid]
+    time.sleep(1.1)
+    # a site banned its IP meanwhile (as lease_release.lua records it)
+    redis_client.zadd(redis_keys.ip_ban_times(egress[leaving.name]), {"shop.example.com": int(time.time() * 1000)})
+    custom(api).patch_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, "web", {"spec": {"replicas": 2}})
+    out = run(api, redis_client, ref)
+    assert out.plan.reclaims == () and len(out.plan.creates) == 1
+    assert pool_obj(api)["status"]["burnedReplicas"] == 0  # draining: not counted as burned

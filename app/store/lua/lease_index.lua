@@ -4,6 +4,36 @@
 -- pool), or in none when its record is gone; returns its live leases (0 when not leasable).  Included by every script that changes a record's healthy or
 -- maxLeases or a proxy's leases, after now.lua.  held_key(client): the client's live leases.
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
+
+-- count_outcome(ident, kind, now, history): one more targeted lease ('l') or ban ('b') of egress identity
+-- ident in this minute's bucket of P_IP_OUTCOMES (app.store.keys.ip_outcomes).  The first count of a
+-- bucket drops the buckets older than history (ms) and renews the key's TTL, so the hash holds at
+-- most history / OUTCOME_BUCKET_MS buckets of each kind.  history nil (a script that does not know
+-- BAN_HISTORY_SECONDS): no trimming, and a TTL of an hour and a bucket only on a key that has none.
+local function count_outcome(ident, kind, now, history)
+  local key = P_IP_OUTCOMES .. ident
+  local bucket = math.floor(now / OUTCOME_BUCKET_MS)
+  if not history then
+    redis.call('HINCRBY', key, kind .. bucket, 1)
+    if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, 3600000 + OUTCOME_BUCKET_MS) end
+  elseif redis.call('HINCRBY', key, kind .. bucket, 1) == 1 then
+    local oldest = bucket - math.ceil(history / OUTCOME_BUCKET_MS)
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      local b = tonumber(string.sub(f, 2))
+      if not b or b < oldest then redis.call('HDEL', key, f) end
+    end
+    redis.call('PEXPIRE', key, history + OUTCOME_BUCKET_MS)
+  end
+end
+
+-- uncount_ban(ident, at): take back one ban of ident counted at time at (ms) by count_outcome.
+local function uncount_ban(ident, at)
+  local key = P_IP_OUTCOMES .. ident
+  local f = 'b' .. math.floor(at / OUTCOME_BUCKET_MS)
+  local n = tonumber(redis.call('HGET', key, f))
+  if n and n > 1 then redis.call('HINCRBY', key, f, -1) elseif n then redis.call('HDEL', key, f) end
+end
+
 -- follow_ident(uid, egress, recorded, now): a proxy's targeted leases count against its egress identity
 -- (app.serving.bans); recorded ('targetIdent' in its record, false: none) is the identity they were
 -- counted under, egress its 'egressIP' now.  When the egress IP changed under live leases, they move
@@ -23,6 +53,8 @@ local function follow_ident(uid, egress, recorded, now)
         local new_key = P_TARGET_LEASES .. l[1] .. '|' .. ident
         redis.call('ZADD', new_key, exp, id)
         if redis.call('PTTL', new_key) < exp - now then redis.call('PEXPIRE', new_key, exp - now) end
+        -- its release may ban the new identity: the lease counts there too (ban ratio)
+        count_outcome(ident, 'l', now, nil)
       end
       redis.call('HSET', P_LEASE .. id, 'ident', ident)
     end
@@ -69,27 +101,3 @@ end
 
 local function held_key(name) return P_CLIENT_LEASES .. name end
 
--- count_outcome(ident, kind, now, history): one more targeted lease ('l') or ban ('b') of egress identity
--- ident in this minute's bucket of P_IP_OUTCOMES (app.store.keys.ip_outcomes).  The first count of a
--- bucket drops the buckets older than history (ms) and renews the key's TTL, so the hash holds at
--- most history / OUTCOME_BUCKET_MS buckets of each kind.
-local function count_outcome(ident, kind, now, history)
-  local key = P_IP_OUTCOMES .. ident
-  local bucket = math.floor(now / OUTCOME_BUCKET_MS)
-  if redis.call('HINCRBY', key, kind .. bucket, 1) == 1 then
-    local oldest = bucket - math.ceil(history / OUTCOME_BUCKET_MS)
-    for _, f in ipairs(redis.call('HKEYS', key)) do
-      local b = tonumber(string.sub(f, 2))
-      if not b or b < oldest then redis.call('HDEL', key, f) end
-    end
-    redis.call('PEXPIRE', key, history + OUTCOME_BUCKET_MS)
-  end
-end
-
--- uncount_ban(ident, at): take back one ban of ident counted at time at (ms) by count_outcome.
-local function uncount_ban(ident, at)
-  local key = P_IP_OUTCOMES .. ident
-  local f = 'b' .. math.floor(at / OUTCOME_BUCKET_MS)
-  local n = tonumber(redis.call('HGET', key, f))
-  if n and n > 1 then redis.call('HINCRBY', key, f, -1) elseif n then redis.call('HDEL', key, f) end
-end
