@@ -294,8 +294,9 @@ def ip_outcomes(ident: str) -> str:
     """hash — per minute (bucket ``floor(ms / OUTCOME_BUCKET_MS)``) of the last
     ``BAN_HISTORY_SECONDS``: ``l<bucket>`` → targeted leases granted through egress identity
     ``ident``, ``b<bucket>`` → bans of it (``blocked``/``failed`` releases of targeted leases;
-    taken back when the target turns out to refuse everyone).  Older buckets are dropped when a
-    new one starts.  TTL: ``BAN_HISTORY_SECONDS`` + a bucket (renewed by every new bucket).
+    taken back when the target turns out to refuse everyone).  Buckets older than the history are
+    dropped when a new one starts and the hash holds more than two histories' worth (readers skip
+    them).  TTL: ``BAN_HISTORY_SECONDS`` + a bucket (renewed by every new bucket).
     Written by ``lease_acquire.lua`` (leases) and ``lease_release.lua`` (bans); read by
     :mod:`app.pools.recycle` (``spec.recycle.maxBanRatio``)."""
     return IP_OUTCOMES_PREFIX + ident

@@ -7,8 +7,9 @@
 
 -- count_outcome(ident, kind, now, history): one more targeted lease ('l') or ban ('b') of egress identity
 -- ident in this minute's bucket of P_IP_OUTCOMES (app.store.keys.ip_outcomes).  The first count of a
--- bucket drops the buckets older than history (ms) and renews the key's TTL, so the hash holds at
--- most history / OUTCOME_BUCKET_MS buckets of each kind.  history nil (a script that does not know
+-- bucket renews the key's TTL (history, ms, and a bucket) and, once the hash holds more than two
+-- windows of buckets of both kinds, drops those older than history: at most 4 x history /
+-- OUTCOME_BUCKET_MS + 3 fields.  history nil (a script that does not know
 -- BAN_HISTORY_SECONDS): no trimming, and a TTL of an hour and a bucket only on a key that has none.
 local function count_outcome(ident, kind, now, history)
   local key = P_IP_OUTCOMES .. ident
@@ -17,10 +18,15 @@ local function count_outcome(ident, kind, now, history)
     redis.call('HINCRBY', key, kind .. bucket, 1)
     if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, 3600000 + OUTCOME_BUCKET_MS) end
   elseif redis.call('HINCRBY', key, kind .. bucket, 1) == 1 then
-    local oldest = bucket - math.ceil(history / OUTCOME_BUCKET_MS)
-    for _, f in ipairs(redis.call('HKEYS', key)) do
-      local b = tonumber(string.sub(f, 2))
-      if not b or b < oldest then redis.call('HDEL', key, f) end
+    local span = math.ceil(history / OUTCOME_BUCKET_MS)
+    -- (trimmed only once the hash outgrows two windows of buckets: a lightly used IP, which
+    -- starts a bucket with nearly every lease, is not read whole at each of them)
+    if redis.call('HLEN', key) > 4 * span + 2 then
+      local oldest = bucket - span
+      for _, f in ipairs(redis.call('HKEYS', key)) do
+        local b = tonumber(string.sub(f, 2))
+        if not b or b < oldest then redis.call('HDEL', key, f) end
+      end
     end
     redis.call('PEXPIRE', key, history + OUTCOME_BUCKET_MS)
   end
