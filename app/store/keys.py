@@ -296,8 +296,9 @@ def ip_outcomes(ident: str) -> str:
     ``ident``, ``b<bucket>`` → bans of it (``blocked``/``failed`` releases of targeted leases;
     taken back when the target turns out to refuse everyone).  Older buckets are dropped when a
     new one starts.  TTL: ``BAN_HISTORY_SECONDS`` + a bucket (renewed by every new bucket).
-    Written by ``lease_acquire.lua`` (leases) and ``lease_release.lua`` (bans); read by
-    :mod:`app.pools.recycle` (``spec.recycle.maxBanRatio``)."""
+    Written by ``lease_acquire.lua`` (leases), ``lease_release.lua`` (bans) and ``lease_index.lua``'s
+    ``follow_ident`` (a live targeted lease moved to its proxy's new egress IP; a key it makes gets
+    an hour and a bucket); read by :mod:`app.pools.recycle` (``spec.recycle.maxBanPercent``)."""
     return IP_OUTCOMES_PREFIX + ident
 
 

@@ -8,7 +8,7 @@
 -- count_outcome(ident, kind, now, history): one more targeted lease ('l') or ban ('b') of egress identity
 -- ident in this minute's bucket of P_IP_OUTCOMES (app.store.keys.ip_outcomes).  The first count of a
 -- bucket drops the buckets older than history (ms) and renews the key's TTL, so the hash holds at
--- most history / OUTCOME_BUCKET_MS buckets of each kind.  history nil (a script that does not know
+-- most ceil(history / OUTCOME_BUCKET_MS) + 1 buckets of each kind (the current one included).  history nil (a script that does not know
 -- BAN_HISTORY_SECONDS): no trimming, and a TTL of an hour and a bucket only on a key that has none.
 local function count_outcome(ident, kind, now, history)
   local key = P_IP_OUTCOMES .. ident
