@@ -36,8 +36,6 @@ def day_of(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d")
 
 
-_day = day_of
-
 
 def _midnight_after(epoch: float) -> float:
     d = datetime.fromtimestamp(epoch, timezone.utc)
@@ -82,7 +80,7 @@ def account(r, uid: str, live: int, *, now: float, recorded: Mapping[str, Any] |
             state = json.loads(raw)
         except ValueError:
             state = {}
-    today = _day(now)
+    today = day_of(now)
     hours = float(state.get("hours") or 0.0) if state.get("day") == today else 0.0
     if state.get("day") != today and recorded is not None and recorded.get("instanceHoursDay") == today:
         floor = recorded.get("instanceHoursToday")
@@ -91,7 +89,7 @@ def account(r, uid: str, live: int, *, now: float, recorded: Mapping[str, Any] |
     at = state.get("at")
     if isinstance(at, (int, float)) and at < now:
         start = max(float(at), now - MAX_GAP)
-        if _day(start) != today:
+        if day_of(start) != today:
             start = max(start, _midnight_after(start))
         if start < now:
             hours += int(state.get("live") or 0) * (now - start) / 3600.0

@@ -57,8 +57,9 @@ def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, s
         since: epoch seconds: counts before it are not the member's.
         banned: how many distinct targets banned it since ``since`` (``None``: ``len(targets)``).
         parked: the member is drained in place already: the ban ratio holds it while any of its
-            bans is in the window, whatever ``minLeases`` (it takes no lease, so its lease count
-            only falls: ``minLeases`` would release it with its bans still there).
+            bans is in the window, whatever ``minLeases`` and the ratio now (it takes no lease, so
+            its lease count only falls: ``minLeases`` would release it with its bans still there,
+            and so would a ratio that dips as its oldest bans leave the window before its leases).
     Returns:
         the :class:`Verdict`, or ``None`` when neither rule holds.
     """
@@ -73,19 +74,26 @@ def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, s
     leases = bans = 0
     for name, value in outcomes.items():
         try:
-            bucket, count = int(name[1:]), int(value)
+            bucket, n = int(name[1:]), int(value)
         except ValueError:
             continue
         if bucket < first:
             continue
         if name[:1] == "l":
-            leases += count
+            leases += n
         elif name[:1] == "b":
-            bans += count
-    if bans <= 0 or (leases < policy.min_leases and not parked) or bans * 100 <= policy.max_ban_percent * leases:
+            bans += n
+    if bans <= 0:
         return None
-    return Verdict(named, f"{bans} of its {leases} targeted leases within {policy.window:g}s ended in a ban, "
-                          f"more than spec.recycle.maxBanPercent {policy.max_ban_percent}%")
+    over = bans * 100 > policy.max_ban_percent * leases
+    if over and (parked or leases >= policy.min_leases):
+        return Verdict(named, f"{bans} of its {leases} targeted leases within {policy.window:g}s ended in a ban, "
+                              f"more than spec.recycle.maxBanPercent {policy.max_ban_percent}%")
+    if parked:
+        return Verdict(named, f"drained in place: {bans} ban(s) of its {leases} targeted leases are still within "
+                              f"{policy.window:g}s (spec.recycle.maxBanPercent {policy.max_ban_percent}%: it stays "
+                              "drained while any of its bans is in the window)")
+    return None
 
 
 def mark(r, policy: Recycle, members: list[Member], records: Mapping[str, Mapping[str, str]], *,

@@ -297,8 +297,9 @@ def ip_outcomes(ident: str) -> str:
     taken back when the target turns out to refuse everyone).  Buckets older than the history are
     dropped when a new one starts and the hash holds more than two histories' worth (readers skip
     them).  TTL: ``BAN_HISTORY_SECONDS`` + a bucket (renewed by every new bucket).
-    Written by ``lease_acquire.lua`` (leases) and ``lease_release.lua`` (bans); read by
-    :mod:`app.pools.recycle` (``spec.recycle.maxBanRatio``)."""
+    Written by ``lease_acquire.lua`` (leases), ``lease_release.lua`` (bans) and ``lease_index.lua``'s
+    ``follow_ident`` (a live targeted lease moved to its proxy's new egress IP; a key it makes gets
+    an hour and a bucket); read by :mod:`app.pools.recycle` (``spec.recycle.maxBanPercent``)."""
     return IP_OUTCOMES_PREFIX + ident
 
 

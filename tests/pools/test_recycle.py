@@ -103,6 +103,12 @@ def test_the_ban_ratio_holds_a_member_drained_in_place_until_its_bans_leave_the_
     assert recycle.judge(policy, ["a.example"], few, since=now_ms / 1000 - 600) is None
     held = recycle.judge(policy, ["a.example"], few, since=now_ms / 1000 - 600, parked=True)
     assert held is not None and "2 of its 2 targeted leases" in held.why
+    # its oldest bans left the window before its leases: the ratio dips under maxBanPercent, yet a
+    # ban is still in the window, so it stays drained
+    dipped = {f"l{bucket - 5}": "9", f"b{bucket}": "1"}
+    assert recycle.judge(policy, [], dipped, since=now_ms / 1000 - 600) is None
+    still = recycle.judge(policy, [], dipped, since=now_ms / 1000 - 600, parked=True)
+    assert still is not None and "stays drained while any of its bans is in the window" in still.why
     gone = {f"l{bucket - 20}": "9", f"b{bucket - 20}": "9", f"l{bucket}": "1"}  # the bans left the window
     assert recycle.judge(policy, [], gone, since=now_ms / 1000 - 600, parked=True) is None
 
