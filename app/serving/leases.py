@@ -170,7 +170,7 @@ def queue_withdraw(pipe, uid: str) -> None:
     leases: out of the expiry index, their clients' counts and the index's sets
     (:func:`app.serving.view.withdraw`, in its transaction)."""
     _FORGET(pipe, [redis_keys.proxy_leases(uid)], [uid])
-    pipe.delete(redis_keys.proxy_leases(uid))
+    pipe.delete(redis_keys.proxy_leases(uid), redis_keys.target_ident(uid))
     pipe.zrem(redis_keys.LOAD, uid)
     pipe.srem(redis_keys.FULL, uid)
     pipe.srem(redis_keys.UNHEALTHY, uid)

@@ -59,8 +59,8 @@ PROXY_LEASES = (k.proxy_leases("*"), k.client_leases("*"))
 LEASES = (k.LEASE_EXPIRY, k.lease("*"), k.released("*"))
 CLIENT_STATE = (k.cooldown("*"), k.sticky("*", "*"))
 #: Bans, per-target concurrency and refusing targets (:mod:`app.serving.bans`).
-BAN_KEYS = (k.ban("*"), k.ban_strikes("*", "", "*"), k.target_leases("*", "*"), k.refusals("*"), k.refusing("*"),
-            k.ip_bans("*"), k.ip_ban_times("*"), k.ip_outcomes("*"), k.BANS)
+BAN_KEYS = (k.ban("*"), k.ban_strikes("*", "", "*"), k.target_leases("*", "*"), k.target_ident("*"),
+            k.refusals("*"), k.refusing("*"), k.ip_bans("*"), k.ip_ban_times("*"), k.ip_outcomes("*"), k.BANS)
 HEALTH_KEYS = (k.HEALTH_DUE, k.HEALTH_OK, k.HEALTH_FAILING, k.HEALTH_OUTAGE, k.health_origin("*"),
                k.HEALTH_SLOW_SLOTS, k.HEALTH_SLOW_TURNS)
 #: Every worker's heartbeat and the messages it holds (:mod:`app.store.holders`); ``po:holder:*``
@@ -141,7 +141,7 @@ USERS: tuple[User, ...] = (
          + HOLDER_KEYS
          # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency; a
          # reindex that finds the egress IP changed moves them (and counts them in its ban ratio)
-         + (k.target_leases("*", "*"), k.ip_outcomes("*")),
+         + (k.target_leases("*", "*"), k.target_ident("*"), k.ip_outcomes("*")),
          write=AUTH,
          # the pool controller's recycle policy reads which targets banned a member's egress IP
          read=(k.ip_ban_times("*"),),
@@ -153,7 +153,7 @@ USERS: tuple[User, ...] = (
          # a new egress IP moves the proxy's live targeted leases (lease_index.lua's follow_ident),
          # counted in the new IP's ban ratio; a withdrawal (a proxy found Failed) takes its live
          # leases out of the expiry index too
-         + (k.lease("*"), k.target_leases("*", "*"), k.LEASE_EXPIRY, k.ip_outcomes("*")),
+         + (k.lease("*"), k.target_leases("*", "*"), k.target_ident("*"), k.LEASE_EXPIRY, k.ip_outcomes("*")),
          # status.bannedTargets: the targets that banned a proxy's egress IP
          read=(k.ip_bans("*"),),
          channels=(EVENTS, PIDBOX),
@@ -167,7 +167,7 @@ USERS: tuple[User, ...] = (
          keys=QUEUES + BINDINGS + DISPATCH + SERVING + INDEX + PROXY_LEASES + PROVIDER_HEALTH_SINCE
          + (k.LEASE_EXPIRY,) + HEALTH_KEYS[:3]
          # a withdrawal takes the proxy's targeted leases out of their egress IP's concurrency
-         + (k.target_leases("*", "*"),),
+         + (k.target_leases("*", "*"), k.target_ident("*")),
          # a withdrawal reads the owner of each lease it ends and deletes the credentials copy
          write=AUTH,
          read=LOCKS + PROVIDER_HEALTH + HOLDER_KEYS + (k.lease("*"),),

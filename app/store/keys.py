@@ -234,6 +234,20 @@ def target_leases(target: str, ident: str) -> str:
     return f"{TARGET_LEASES_PREFIX}{target}|{ident}"
 
 
+#: Prefix of :func:`target_ident`.
+TARGET_IDENT_PREFIX = PREFIX + "target-ident:"
+
+
+def target_ident(uid: str) -> str:
+    """string — the egress identity the live targeted leases of proxy ``uid`` are counted under
+    (:func:`target_leases`): set by ``lease_acquire.lua`` at a targeted grant, changed by
+    ``lease_index.lua``'s ``follow_ident`` when the proxy's ``egressIP`` changed (its leases move
+    to the new identity).  Its own key, not a field of the serving record, so the API's user,
+    which may not write serving records, can keep it.  No TTL; deleted by
+    :func:`app.serving.view.withdraw`."""
+    return TARGET_IDENT_PREFIX + uid
+
+
 #: Prefix of :func:`refusals`.
 REFUSALS_PREFIX = PREFIX + "refusals:"
 
@@ -546,6 +560,7 @@ LUA_NAMES = {
     "P_BAN": BAN_PREFIX,
     "P_BAN_STRIKES": BAN_STRIKES_PREFIX,
     "P_TARGET_LEASES": TARGET_LEASES_PREFIX,
+    "P_TARGET_IDENT": TARGET_IDENT_PREFIX,
     "P_REFUSALS": REFUSALS_PREFIX,
     "P_REFUSING": REFUSING_PREFIX,
     "P_IP_BANS": IP_BANS_PREFIX,

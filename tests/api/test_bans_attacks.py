@@ -9,7 +9,7 @@ import threading
 import pytest
 import redis as redis_lib
 
-from app.serving import leases
+from app.serving import leases, view as serving
 from app.store import keys as redis_keys
 from app.serving.bans import BanSettings, Target
 from app.serving.leases import Scope
@@ -164,7 +164,15 @@ def test_every_key_the_ban_rules_write_expires(redis_client, lease_settings):
         outcome = ("blocked", "failed", "ok", None)[n % 4]
         if outcome:
             leases.release(redis_client, "c", got.id, outcome=outcome, settings=lease_settings, bans=bans)
+    # (po:target-ident:<uid> lives as long as the proxy's serving record: one per published proxy,
+    # deleted with the record by the withdrawal)
     forever = [k for k in redis_client.scan_iter("po:*")
-               if any(p in k for p in ("ban", "target", "refus")) and redis_client.pttl(k) == -1]
+               if any(p in k for p in ("ban", "target", "refus")) and redis_client.pttl(k) == -1
+               and not k.startswith("po:target-ident:")]
     # the fleet-wide index of live cooldowns is one key, trimmed by every ban
     assert forever in ([], ["po:bans"])
+    idents = {k.removeprefix("po:target-ident:") for k in redis_client.scan_iter("po:target-ident:*")}
+    assert idents <= {f"uid-m{i}" for i in range(4)}
+    for uid in idents:
+        serving.withdraw(redis_client, uid)
+    assert not list(redis_client.scan_iter("po:target-ident:*"))

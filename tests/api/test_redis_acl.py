@@ -96,6 +96,20 @@ def test_the_api_user_serves_every_route_without_a_refusal(acl, published, tmp_p
         assert status == 200 and json.loads(body)["outcome"] == "blocked", body
         status, _, body = request(port, "POST", "/v1/leases", b'{"zone": "nowhere"}')
         assert status == 503, body
+        # targeted leases: bans per (egress IP, site), per-IP concurrency and the ban ratio's
+        # counts, with the proxy's target identity kept outside its serving record
+        status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 60, "target": "www.shop.example.com"}')
+        assert status == 201, body
+        targeted = json.loads(body)
+        status, _, body = request(port, "POST", f"/v1/leases/{targeted['leaseId']}/renew", b"{}")
+        assert status == 200, body
+        status, _, body = request(port, "DELETE", f"/v1/leases/{targeted['leaseId']}?outcome=blocked")
+        assert status == 200 and json.loads(body)["cooldownUntil"], body
+        # (both proxies are one Squid: one egress IP, banned for the site, free for the others)
+        status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 60, "target": "shop.example.com"}')
+        assert status == 503 and json.loads(body)["banned"] >= 1, body
+        status, _, body = request(port, "POST", "/v1/leases", b'{"ttlSeconds": 60, "target": "news.example.org"}')
+        assert status == 201, body
     finally:
         proc.stop()
     assert acl.denials() == [], proc.log()[-3000:]

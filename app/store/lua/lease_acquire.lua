@@ -145,7 +145,7 @@ end
 local stale = {}
 local function check(uid, count, in_index)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'provider', 'zone', 'namespace',
-                       'labels', 'authSecret', 'pool', 'drainUntil', 'egressIP', 'targetIdent')
+                       'labels', 'authSecret', 'pool', 'drainUntil', 'egressIP')
   local max = tonumber(h[2]) or 0
   if count and scope and in_scope(h[5], h[8]) then stats.inscope = stats.inscope + 1 end
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[9] and h[9] ~= '') then
@@ -165,7 +165,7 @@ local function check(uid, count, in_index)
   local ident = nil
   if target then
     -- (its live leases follow a changed egress IP before that IP's count is read)
-    ident = follow_ident(uid, h[10], h[11], now)
+    ident = follow_ident(uid, h[10], redis.call('GET', P_TARGET_IDENT .. uid), now)
     local banned = tonumber(redis.call('ZSCORE', ban_key, ident))
     if banned and banned > now then
       if count then
@@ -414,7 +414,7 @@ if target then
   redis.call('ZADD', tk, exp, lease_id)
   if redis.call('PTTL', tk) < ttl then redis.call('PEXPIRE', tk, ttl) end
   redis.call('HSET', lk, 'target', target, 'ident', chosen_ident, 'realm', realm)
-  redis.call('HSET', P_PROXY .. chosen, 'targetIdent', chosen_ident)
+  redis.call('SET', P_TARGET_IDENT .. chosen, chosen_ident)
   count_outcome(chosen_ident, 'l', now, tonumber(ARGV[15]) or 3600000)
 end
 redis.call('PEXPIREAT', lk, exp + tonumber(ARGV[7]))

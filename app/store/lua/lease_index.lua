@@ -41,7 +41,7 @@ local function uncount_ban(ident, at)
 end
 
 -- follow_ident(uid, egress, recorded, now): a proxy's targeted leases count against its egress identity
--- (app.serving.bans); recorded ('targetIdent' in its record, false: none) is the identity they were
+-- (app.serving.bans); recorded (P_TARGET_IDENT .. uid, false: none) is the identity they were
 -- counted under, egress its 'egressIP' now.  When the egress IP changed under live leases, they move
 -- to the new identity's concurrency counts (and bans of their release follow): the leases leave
 -- through the new IP.  Returns the identity now.
@@ -65,15 +65,17 @@ local function follow_ident(uid, egress, recorded, now)
       redis.call('HSET', P_LEASE .. id, 'ident', ident)
     end
   end
-  redis.call('HSET', P_PROXY .. uid, 'targetIdent', ident)
+  redis.call('SET', P_TARGET_IDENT .. uid, ident)
   return ident
 end
 
 local function reindex(uid, now)
-  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil', 'egressIP',
-                       'targetIdent')
-  -- (a record that is gone keeps nothing: no field is written into a deleted record)
-  if h[3] and h[6] then follow_ident(uid, h[5], h[6], now) end
+  local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil', 'egressIP')
+  -- (a record that is gone keeps nothing: its targeted leases were ended with it)
+  if h[3] then
+    local recorded = redis.call('GET', P_TARGET_IDENT .. uid)
+    if recorded then follow_ident(uid, h[5], recorded, now) end
+  end
   local max = tonumber(h[2]) or 0
   if h[1] ~= '1' or max ~= max or max <= 0 or (h[4] and h[4] ~= '') then
     redis.call('ZREM', K_LOAD, uid)

@@ -7,8 +7,9 @@ local lk = P_LEASE .. id
 -- a targeted lease counts against the egress IP its proxy leaves through now (lease_index.lua)
 local lease_uid = redis.call('HGET', lk, 'uid')
 if lease_uid then
-  local px = redis.call('HMGET', P_PROXY .. lease_uid, 'uid', 'egressIP', 'targetIdent')
-  if px[1] and px[3] then follow_ident(lease_uid, px[2], px[3], now) end
+  local px = redis.call('HMGET', P_PROXY .. lease_uid, 'uid', 'egressIP')
+  local recorded = px[1] and redis.call('GET', P_TARGET_IDENT .. lease_uid)
+  if recorded then follow_ident(lease_uid, px[2], recorded, now) end
 end
 local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey', 'target', 'ident')
 -- a targeted lease's place in its egress identity's concurrency count (app.serving.bans)
