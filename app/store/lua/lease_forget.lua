@@ -1,6 +1,6 @@
 -- app.serving.leases.queue_withdraw.  KEYS: the proxy's live leases.  ARGV: uid.  Takes its leases out of
 -- the expiry index, their clients' counts and, for targeted leases, their egress identity's
--- concurrency for the target (po:target-leases: another proxy leaving from the same IP is not
+-- concurrency for the target (P_TARGET_LEASES: another proxy leaving from the same IP is not
 -- held back by the leases of one that is gone).
 -- Key names (K_*, P_*): locals from app.store.keys.lua_header(), which the loader prepends.
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
