@@ -136,26 +136,33 @@ def test_what_each_user_may_do_it_can(acl):
     assert acl.denials() == []
 
 
-def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_user(acl):
-    """A probe that learns a new egress IP moves the proxy's targeted leases (the lease keys are
-    in its record script's reach) and reads the bans of its egress IP (status.bannedTargets)."""
+def _targeted_lease_on_u1(admin):
+    """Publish proxy ``u1`` (healthy, egress IP 198.51.100.1) and take a lease on it for
+    ``shop.example`` as client ``c`` (the admin user: what the API would do); return the lease."""
     from app.resources import Proxy
     from app.serving import leases, view as serving
     from app.serving.bans import BanSettings, Target
+
+    proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                             "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
+    serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
+    admin.hset(redis_keys.proxy("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
+    leases.reindex(admin, "u1")
+    bans = BanSettings()
+    settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
+    return leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,
+                          target=Target.of("shop.example", bans), bans=bans)
+
+
+def test_the_health_worker_moves_targeted_leases_and_counts_bans_with_its_own_user(acl):
+    """A probe that learns a new egress IP moves the proxy's targeted leases (the lease keys are
+    in its record script's reach) and reads the bans of its egress IP (status.bannedTargets)."""
     from app.store.lua import Lua
 
     acl.reset()
     admin, health = acl.client(), acl.client("health-worker")
     try:
-        proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-                                 "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
-        serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
-        admin.hset(redis_keys.proxy("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
-        leases.reindex(admin, "u1")
-        bans = BanSettings()
-        settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
-        held = leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,
-                              target=Target.of("shop.example", bans), bans=bans)
+        held = _targeted_lease_on_u1(admin)
         record = Lua("now", "lease_index", "health_record")  # the script the probe engine runs
         assert record(health, [redis_keys.proxy("u1"), redis_keys.HEALTH_DUE],
                       ["u1", "", "203.0.113.7", "3128", "egressIP", "198.51.100.2"]) == 1
@@ -182,22 +189,12 @@ def test_each_withdrawing_user_ends_the_proxys_leases(acl, name):
     another proxy leaving from that IP is not held back.  Each component that withdraws does so
     with its own user, without one refusal (a refusal inside the transaction leaves the leases
     counted while the record is gone)."""
-    from app.resources import Proxy
-    from app.serving import leases, view as serving
-    from app.serving.bans import BanSettings, Target
+    from app.serving import view as serving
 
     acl.reset()
     admin, user = acl.client(), acl.client(name)
     try:
-        proxy = Proxy.from_dict({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-                                 "spec": {"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 3128}}})
-        serving.publish(admin, proxy, address="203.0.113.7", port=3128, phase="Ready")
-        admin.hset(redis_keys.proxy("u1"), mapping={"health": "healthy", "healthy": "1", "egressIP": "198.51.100.1"})
-        leases.reindex(admin, "u1")
-        bans = BanSettings()
-        settings = leases.LeaseSettings(default_ttl=60, max_ttl=600, cooldown=30, sticky_ttl=600, record_grace=60)
-        held = leases.acquire(admin, "c", leases.Filters(), ttl=60, settings=settings,
-                              target=Target.of("shop.example", bans), bans=bans)
+        held = _targeted_lease_on_u1(admin)
         concurrency = redis_keys.target_leases("shop.example", "198.51.100.1")
         assert admin.zscore(concurrency, held.id) is not None
         serving.withdraw(user, "u1")

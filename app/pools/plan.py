@@ -465,13 +465,12 @@ def plan(pool: Pool, members: list[Member], zone_ready: Mapping[str, bool], *, n
 
     skipped = skipped_zones(pool, zone_ready, zone_health, now=now)
     unparked = {m.uid for m in unparks}
-    parked = len(parks) + sum(1 for m in staying if m.parked and m.uid not in unparked)
     status = render(StatusInputs(
         pool=pool, live=live, active=active + reclaimed, updated=updated + reclaimed, desired=n, decision=decision,
         creates=len(creates), drains=len(drains) - len(parks), deletes=len(deletes), outdated=len(outdated),
         burned=sum(1 for m in outdated if m.burned), no_zone=no_zone,
         draining=len(draining) - len(reclaimed), now=now, failures=exits.failures if exits.backing_off else None,
-        skipped=skipped, held_back=held_back, holding=holding, parked=parked, kept_burned=len(kept_burned),
+        skipped=skipped, held_back=held_back, holding=holding, kept_burned=len(kept_burned),
         parking={m.uid for m in parks} | {m.uid for m in staying if m.parked and m.uid not in unparked},
         unparking=unparked))
     status["memberFailures"] = exits.failures

@@ -44,10 +44,11 @@ class StatusInputs:
         skipped: ``status.skippedZones`` (:func:`app.pools.zones.skipped_zones`).
         held_back: members not created only because draining members still hold leases.
         holding: the draining members still holding leases.
-        parked: burned members drained in place after the pass (their provider gives a
-            replacement the same egress IP: :data:`app.pools.model.BURNED_IN_PLACE`).
-        kept_burned: burned members of such a provider the ``maxUnavailable`` bound keeps serving.
-        parking: the UIDs of the ``parked`` ones (not counted as "not leasable yet").
+        kept_burned: burned members of a provider that keeps the egress IP that the
+            ``maxUnavailable`` bound keeps serving.
+        parking: the UIDs of the burned members drained in place after the pass (their provider
+            gives a replacement the same egress IP: :data:`app.pools.model.BURNED_IN_PLACE`); not
+            counted as "not leasable yet".
         unparking: the UIDs of members drained in place that take leases again after the pass.
     """
 
@@ -69,7 +70,6 @@ class StatusInputs:
     skipped: Sequence[dict[str, Any]] = ()
     held_back: int = 0
     holding: int = 0
-    parked: int = 0
     kept_burned: int = 0
     parking: frozenset[str] | set[str] = frozenset()
     unparking: frozenset[str] | set[str] = frozenset()
@@ -102,7 +102,7 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
                                         f"{describe_zones(list(s.skipped))}")
     unready = sum(1 for m in s.updated if not m.leasable and m.uid not in s.parking and m.uid not in s.unparking)
     if not (s.creates or s.drains or s.deletes or s.outdated or s.draining or updated != n or unready
-            or s.parked or s.kept_burned or s.unparking):
+            or s.parking or s.kept_burned or s.unparking):
         return "True", "PoolComplete", f"{n} updated members, all leasable"
     parts = []
     if updated < n or s.creates:
@@ -118,8 +118,8 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
         parts.append(f"{updated - n} more than wanted")
     if unready:
         parts.append(f"{unready} not leasable yet")
-    if s.parked:
-        parts.append(f"{s.parked} burned, drained in place (spec.recycle: their provider gives a replacement the "
+    if s.parking:
+        parts.append(f"{len(s.parking)} burned, drained in place (spec.recycle: their provider gives a replacement the "
                      "same egress IP; they take leases again once no longer burned)")
     if s.kept_burned:
         least = max(0, n - s.pool.valid_spec.max_unavailable)
@@ -133,7 +133,7 @@ def _progressing(s: StatusInputs) -> tuple[str, str, str]:
         reason = "ScalingUp"
     elif updated > n or s.drains or s.draining:
         reason = "ScalingDown"
-    elif s.parked or s.kept_burned or s.unparking:
+    elif s.parking or s.kept_burned or s.unparking:
         reason = "BurnedInPlace"
     else:
         reason = "WaitingForMembers"

@@ -69,6 +69,17 @@ local function follow_ident(uid, egress, recorded, now)
   return ident
 end
 
+-- follow_lease(lk, now): follow_ident for the proxy of the lease record lk (P_LEASE .. id), before a
+-- renewal or release reads which identity the lease counts under; nothing when the lease, its
+-- proxy's record or its recorded identity is gone.
+local function follow_lease(lk, now)
+  local uid = redis.call('HGET', lk, 'uid')
+  if not uid then return end
+  local px = redis.call('HMGET', P_PROXY .. uid, 'uid', 'egressIP')
+  local recorded = px[1] and redis.call('GET', P_TARGET_IDENT .. uid)
+  if recorded then follow_ident(uid, px[2], recorded, now) end
+end
+
 local function reindex(uid, now)
   local h = redis.call('HMGET', P_PROXY .. uid, 'healthy', 'maxLeases', 'uid', 'drainUntil', 'egressIP')
   -- (a record that is gone keeps nothing: its targeted leases were ended with it)

@@ -8,12 +8,7 @@ local id, client, outcome, cooldown, request = ARGV[1], ARGV[2], ARGV[3], tonumb
 local lk = P_LEASE .. id
 local rk = P_RELEASED .. id
 -- a targeted lease counts against the egress IP its proxy leaves through now (lease_index.lua)
-local lease_uid = redis.call('HGET', lk, 'uid')
-if lease_uid then
-  local px = redis.call('HMGET', P_PROXY .. lease_uid, 'uid', 'egressIP')
-  local recorded = px[1] and redis.call('GET', P_TARGET_IDENT .. lease_uid)
-  if recorded then follow_ident(lease_uid, px[2], recorded, now) end
-end
+follow_lease(lk, now)
 local h = redis.call('HMGET', lk, 'uid', 'client', 'sessionKey', 'target', 'ident', 'realm')
 if not h[1] then
   -- this very request run again (app/store/retry.py) after a first run that released the lease

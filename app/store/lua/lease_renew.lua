@@ -5,12 +5,7 @@
 local id, client = ARGV[1], ARGV[2]
 local lk = P_LEASE .. id
 -- a targeted lease counts against the egress IP its proxy leaves through now (lease_index.lua)
-local lease_uid = redis.call('HGET', lk, 'uid')
-if lease_uid then
-  local px = redis.call('HMGET', P_PROXY .. lease_uid, 'uid', 'egressIP')
-  local recorded = px[1] and redis.call('GET', P_TARGET_IDENT .. lease_uid)
-  if recorded then follow_ident(lease_uid, px[2], recorded, now) end
-end
+follow_lease(lk, now)
 local h = redis.call('HMGET', lk, 'uid', 'client', 'ttl', 'sessionKey', 'target', 'ident')
 -- a targeted lease's place in its egress identity's concurrency count (app.serving.bans)
 local tk = nil
