@@ -402,7 +402,7 @@ def reconcile(kube: KubeGateway, r, configs: Mapping[str, Any], *, ref: PoolRef,
                       draining=len({m.uid for m in members if m.draining and not m.deleting}
                                    - {d.uid for d in result.deletes} - {c.uid for c in result.reclaims})
                       # (drained in place: a member that stays, not one leaving)
-                      + sum(1 for d in result.drains if d.reason != BURNED_IN_PLACE),
+                      + sum(1 for d in result.drains if d.leaves),
                       leases=sum(m.leases for m in members if m.leasable),
                       capacity=pool.valid_spec.max_leases * int(result.status.get("leasableReplicas") or 0))
     auto = pool.valid_spec.autoscale
@@ -599,7 +599,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
     for burned in recycled:
         kube.record_pool_event(pool, "Normal", "MemberBurned",
                                message=f"replacing {burned.name}: {burned.why}{_targets(burned)}")
-    parked = [d for d in drained if d.reason == BURNED_IN_PLACE]
+    parked = [d for d in drained if not d.leaves]
     for burned in parked:
         kube.record_pool_event(pool, "Normal", "MemberBurned",
                                message=f"draining {burned.name} in place, not replacing it: {burned.why}"
@@ -609,7 +609,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
     if parked:
         log.info("pool %s: burned, drained in place (the provider keeps the egress IP): %s", pool.key,
                  _names(parked))
-    drained = [d for d in drained if d.reason != BURNED_IN_PLACE]
+    drained = [d for d in drained if d.leaves]
     if drained:
         log.info("pool %s: draining %s until %s", pool.key, _names(drained), format_time(drained[0].until))
         kube.record_pool_event(pool, "Normal", "MemberDraining",
@@ -618,7 +618,7 @@ def _apply(kube: KubeGateway, r, pool: Pool, result: Plan, by_uid: Mapping[str, 
                                        "at the latest")
     created = []
     # (members drained in place stay: they are no member leaving, whether drained by this pass or before)
-    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains if d.reason != BURNED_IN_PLACE}
+    leaving = {d.uid for d in result.deletes} | {d.uid for d in result.drains if d.leaves}
     on_demand = sum(1 for p in by_uid.values() if p.uid not in leaving and not p.deleting and _stays(p)
                     and p.spec.capacity == CAPACITY_ON_DEMAND)
     for c in result.creates:

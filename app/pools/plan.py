@@ -114,6 +114,12 @@ class Drain(MemberAction):
     targets: tuple[str, ...] = ()
     why: str = ""
 
+    @property
+    def leaves(self) -> bool:
+        """Whether the member leaves its pool (every reason but :data:`BURNED_IN_PLACE`: drained in
+        place, it stays a member)."""
+        return self.reason != BURNED_IN_PLACE
+
 
 @dataclass(frozen=True)
 class Reclaim(MemberAction):
