@@ -66,7 +66,7 @@ def judge(policy: Recycle, targets: list[str], outcomes: Mapping[str, str], *, s
     count = len(targets) if banned is None else banned
     named = tuple(sorted(targets[:NAMED_TARGETS]))
     if policy.banned_targets is not None and count >= policy.banned_targets:
-        return Verdict(named, f"its egress IP was banned by {count} targets within "
+        return Verdict(named, f"its egress IP was banned by {count} target{'' if count == 1 else 's'} within "
                               f"{policy.window:g}s (spec.recycle.bannedTargets {policy.banned_targets})")
     if policy.max_ban_percent is None:
         return None

@@ -236,6 +236,7 @@ def test_a_burned_member_is_drained_in_place_where_a_replacement_keeps_the_ip(ap
     assert progressing["reason"] == "BurnedInPlace" and "1 burned, drained in place" in progressing["message"]
     [event] = _events(api, "MemberBurned")
     assert f"draining {victim.name} in place, not replacing it" in event.message
+    assert "banned by 1 target within" in event.message
     assert "same egress IP" in event.message and "example.com" in event.message
     # it holds no lease, yet it is not deleted, and nothing is made in its place
     again = run(api, redis_client, ref, CONFIGS)
