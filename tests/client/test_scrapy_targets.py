@@ -13,6 +13,7 @@ The sites count, per (source address, site), the requests in flight at once.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import http.server
 import json
 import os
@@ -32,6 +33,7 @@ from tests.api.helpers import healthy
 from tests.client.conftest import NET, start_all, stop_all
 from tests.health.fleet import start_squid
 from tests.support.processes import ROOT
+from tests.support.slow_relay import SlowRelay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -194,4 +196,27 @@ def test_crawls_with_targets_ban_per_site_and_never_share_an_ip_on_a_site(api, f
             for lease in other:
                 lease.release()
     finally:
+        sites.stop()
+
+
+def test_a_retry_is_leased_only_once_the_api_has_the_ban(api, fleet, host_squids, health_settings, tmp_path):
+    """Every release reaches the API a second late (a slow network, a busy API): a banned
+    request's retry still waits for its ``blocked`` release to be answered before it leases
+    for the site again, so the wall is known after exactly three refusals (one per address) and
+    no fourth address is spent on it, however fast the retries come."""
+    healthy(fleet, host_squids, health_settings, count=4, max_leases=4)
+    sites = VirtualSites(SITE_ADDRESS)
+    relay = SlowRelay(api.url, delay=1.0)
+    try:
+        slow = dataclasses.replace(api, url=relay.url)
+        out, _ = _crawl(slow, tmp_path, "wall", [sites.url("wall.test")], 6).communicate(timeout=100)
+        stats = json.loads((tmp_path / "wall.json").read_text())
+        wall = [r for r in sites.records if r["host"] == "wall.test"]
+        assert len({r["source"] for r in wall}) == 3, (wall, out[-3000:])
+        assert {r["status"] for r in wall} == {403}
+        assert stats.get("proxy_operator/errors/target_refusing", 0) >= 1
+        assert stats.get("proxy_operator/leases/released/blocked") == 3
+        assert relay.held >= 3  # the three blocked releases were held back
+    finally:
+        relay.stop()
         sites.stop()

@@ -63,7 +63,10 @@ Behaviour:
   the proxy cools down for this client), and the request is
   retried through a new lease with :func:`scrapy.downloadermiddlewares.retry.get_retry_request`
   (reason ``proxy_operator_ban``: ``retry_times`` meta, ``retry/*`` stats, give-up log).  When
-  its retries are used up the banned response goes on to the spider.
+  its retries are used up the banned response goes on to the spider.  The next lease for that
+  site waits until the API has the report (a ``blocked`` or ``failed`` release is answered):
+  the banned IP is never leased again for the site by a report still in flight, and a site
+  refusing everyone is known as such after its refusals, not a few IPs later.
 * A refused connection to the proxy, or a CONNECT it did not answer in HTTP, ends the lease as
   ``failed``; a ``407`` (credentials changed) ends it ``ok``; the request is retried through a
   new lease (by ``RetryMiddleware`` for the exceptions).  A CONNECT the proxy refused with
@@ -255,6 +258,9 @@ class ProxyLeaseMiddleware:
         self._leases: Dict[Tuple[str, str, str], Lease] = {}
         self._waiters: Dict[Tuple[str, str, str], List[defer.Deferred]] = {}
         self._releases: set = set()
+        #: the ``blocked``/``failed`` releases under way, per site (``target``; the key without
+        #: targets): the next lease for that site waits for them (:meth:`_lease_for`)
+        self._reports: Dict[Any, set] = {}
         self._closed = False
         self._failures = _proxy_failures()
         self._pool = ThreadPool(minthreads=0, maxthreads=max(1, int(threads)), name="proxy-operator-client")
@@ -352,7 +358,12 @@ class ProxyLeaseMiddleware:
         waiters = self._waiters.get(key)
         if waiters is None:
             self._waiters[key] = [waiter]
-            task = threads.deferToThreadPool(self._reactor, self._pool, self._take, key)
+            # a ban or failure this crawler reported for the site reaches the API before its next
+            # lease for the site: else that lease is granted before the API counts the report
+            # (the banned IP looks free, a site refusing everyone looks like it refuses fewer)
+            reports = list(self._reports.get(self._report_key(key), ()))
+            task = defer.DeferredList(reports) if reports else defer.succeed(None)
+            task.addCallback(lambda _: threads.deferToThreadPool(self._reactor, self._pool, self._take, key))
             task.addBoth(self._taken, key)
         else:
             waiters.append(waiter)
@@ -407,15 +418,33 @@ class ProxyLeaseMiddleware:
         d.addBoth(done)
         return d
 
+    @staticmethod
+    def _report_key(key: Tuple[str, str, str]) -> Any:
+        """What a ``blocked``/``failed`` report applies to: the site (``target``), or without
+        targets the key itself."""
+        return key[2] or key
+
     def _end(self, info: Dict[str, Any], outcome: str) -> bool:
         """End the lease ``info`` names with ``outcome`` if it is still the current lease of its
-        key (a response from an older lease of the key changes nothing).  Whether it was."""
+        key (a response from an older lease of the key changes nothing).  Whether it was.  A
+        ``blocked``/``failed`` release is held as under way for its site until the API answers."""
         key = tuple(info["key"])
         lease = self._leases.get(key)
         if lease is None or lease.id != info["lease"]:
             return False
         del self._leases[key]
-        self._release(lease, outcome)
+        d = self._release(lease, outcome)
+        if outcome != "ok" and not d.called:
+            site = self._report_key(key)
+            under_way = self._reports.setdefault(site, set())
+            under_way.add(d)
+
+            def reported(_):
+                under_way.discard(d)
+                if not under_way and self._reports.get(site) is under_way:
+                    del self._reports[site]
+
+            d.addBoth(reported)
         return True
 
     # -- downloader middleware API -----------------------------------------------------

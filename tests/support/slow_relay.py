@@ -1,0 +1,60 @@
+"""An HTTP relay in front of the real discovery API that holds one kind of request back: every
+request whose method is in ``delayed`` waits ``delay`` seconds before it is forwarded (a
+release stuck behind a slow network or a busy API), every other goes through at once."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import requests
+
+
+class SlowRelay:
+    """Serve on ``127.0.0.1:<free port>`` and forward to ``upstream`` (``http://host:port``)."""
+
+    def __init__(self, upstream: str, *, delayed: frozenset[str] = frozenset({"DELETE"}), delay: float = 1.0) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.delayed = delayed
+        self.delay = delay
+        self.held = 0  # requests held back so far
+        self.lock = threading.Lock()
+        relay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command in relay.delayed:
+                    with relay.lock:
+                        relay.held += 1
+                    time.sleep(relay.delay)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                answer = requests.request(self.command, relay.upstream + self.path, headers=headers, data=body,
+                                          timeout=30, allow_redirects=False)
+                self.send_response(answer.status_code)
+                for name, value in answer.headers.items():
+                    if name.lower() not in ("connection", "transfer-encoding", "content-length",
+                                            "content-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
