@@ -7,7 +7,9 @@ registrable domain (``example.co.uk``), derived with the Public Suffix List of
 installed package, never fetched at run time.  A host whose suffix is not on the list (an IP
 address, ``localhost``, ``site-a.test``) is its own target, whole.  An internationalised host
 name counts in its ASCII form (IDNA, UTS #46 mapping: ``Bücher.de`` and ``xn--bcher-kva.de``
-are one target), since HTTP libraries hand either form over as a URL's host.
+are one target), since HTTP libraries hand either form over as a URL's host.  An IPv4 address
+counts in its dotted-quad form whatever its spelling (``127.1``, ``2130706433``, ``0x7f.0.0.1``,
+``::ffff:127.0.0.1`` are all ``127.0.0.1``: HTTP clients connect to that one address for each).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import tldextract
 #: Longest host name accepted (RFC 1035: 253 characters in text form).
 MAX_HOST_LENGTH = 253
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+#: A label that makes a host an IPv4 address when it is the last one (the WHATWG URL standard's
+#: "ends in a number"): decimal digits, or ``0x`` and hexadecimal digits.
+_NUMBER = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
 
 #: The extractor: bundled snapshot only (``suffix_list_urls=()``), no cache directory, so no
 #: network access and no file written at run time.  The list's private section counts
@@ -49,6 +54,35 @@ def _host(value: str) -> str:
     return text.rstrip(".").lower()
 
 
+def _ipv4(host: str) -> str | None:
+    """The dotted-quad form of ``host`` when it is an IPv4 address in any of the spellings URL
+    parsers and ``inet_aton`` take (``127.1``, ``2130706433``, ``0x7f.0.0.1``, ``0177.0.0.1``,
+    ``1.2.3.04``: each part decimal, ``0x`` hexadecimal or ``0`` octal; the last part fills the
+    bytes left), else ``None``."""
+    parts = host.split(".")
+    if not _NUMBER.match(parts[-1]) or len(parts) > 4:
+        return None
+    numbers = []
+    for part in parts:
+        if part.startswith("0x"):
+            digits, base = part[2:] or "0", 16
+        elif len(part) > 1 and part.startswith("0"):
+            digits, base = part[1:], 8
+        else:
+            digits, base = part, 10
+        try:
+            numbers.append(int(digits, base))
+        except ValueError:
+            return None
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (4 - len(head)):
+        return None
+    value = last
+    for i, n in enumerate(head):
+        value += n << (8 * (3 - i))
+    return str(ipaddress.IPv4Address(value))
+
+
 @lru_cache(maxsize=65_536)
 def registrable_domain(value: str) -> str:
     """Return the target a lease for ``value`` counts against.
@@ -58,7 +92,8 @@ def registrable_domain(value: str) -> str:
             IP address.
     Returns:
         the registrable domain (``example.com``, ``example.co.uk``); the whole host when its suffix
-        is not on the Public Suffix List (``localhost``, ``site-a.test``, an IP address).
+        is not on the Public Suffix List (``localhost``, ``site-a.test``); an IP address in its
+        canonical form (an IPv4 address dotted-quad, however it was spelled).
     Raises:
         TargetError: not a host name (empty, too long, a label with other characters than
             letters, digits, ``-`` and ``_`` once an internationalised name is in its ASCII
@@ -77,13 +112,20 @@ def registrable_domain(value: str) -> str:
     if len(host) > MAX_HOST_LENGTH:
         raise TargetError(f"host name is {len(host)} characters long, at most {MAX_HOST_LENGTH} allowed")
     try:
-        return str(ipaddress.ip_address(host))
+        address = ipaddress.ip_address(host)
     except ValueError:
         pass
+    else:
+        # (an IPv4-mapped IPv6 address reaches the IPv4 address: one target with it)
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        return str(mapped or address)
     for label in host.split("."):
         if not _LABEL.match(label):
             raise TargetError(f"{label!r} of {host!r} is not a host name label (letters, digits, '-' and '_', "
                               "1 to 63 characters, not starting or ending with '-')")
+    ipv4 = _ipv4(host)
+    if ipv4 is not None:
+        return ipv4
     parts = _EXTRACT(host)
     if not parts.suffix or not parts.domain:
         return host

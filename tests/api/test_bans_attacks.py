@@ -52,6 +52,32 @@ def test_idn_spellings_share_one_concurrency_limit(redis_client, lease_settings)
     assert info.value.limited == {"banned": 0, "busy": 1}
 
 
+@pytest.mark.parametrize("spelling", ["127.0.0.1", "127.1", "2130706433", "0x7f000001", "0x7f.0.0.1", "0177.0.0.1",
+                                      "127.0.0.01", "http://127.1:8080/", "[::ffff:127.0.0.1]", "::ffff:7f00:1",
+                                      "127.0.0.1."])
+def test_an_ipv4_address_is_one_target_however_it_is_spelled(spelling):
+    # each of these is the address an HTTP client connects to for that host
+    assert registrable_domain(spelling) == "127.0.0.1"
+
+
+@pytest.mark.parametrize("host", ["1.2.3.08", "1.2.3.4.5", "4294967296", "a.0x1", "example.123"])
+def test_a_host_that_is_no_ipv4_address_stays_its_own_target(host):
+    assert registrable_domain(host) == host
+
+
+def test_ipv4_spellings_share_one_concurrency_limit_and_one_ban(redis_client, lease_settings):
+    bans = BanSettings(refusal_ips=0)
+    _proxy(redis_client, "ip4", "198.51.100.61", max_leases=10)
+    held = _lease(redis_client, "a", "203.0.113.9", lease_settings, bans)
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "b", "3405803785", lease_settings, bans)  # 203.0.113.9 as one number
+    assert info.value.limited == {"banned": 0, "busy": 1}
+    leases.release(redis_client, "a", held.id, outcome="blocked", settings=lease_settings, bans=bans)
+    with pytest.raises(leases.LeaseError) as info:
+        _lease(redis_client, "b", "[::ffff:203.0.113.9]:443", lease_settings, bans)
+    assert info.value.limited == {"banned": 1, "busy": 0}
+
+
 def test_racing_api_processes_never_pass_the_concurrency_limit(redis_url, redis_client, lease_settings):
     bans = BanSettings(concurrency=2)
     for i in range(6):  # six proxies, two egress IPs: at most 2 leases per IP for the target
