@@ -12,7 +12,8 @@ in the lease scripts (``lease_acquire.lua``, ``lease_release.lua``, ``lease_rene
   stay leasable for every other target.  The cooldown is fleet-wide (every client) by default,
   per client with ``BAN_SCOPE=client``.  It grows with repeated bans of the same pair:
   ``BAN_COOLDOWN_SECONDS * 2^(strikes - 1)``, at most ``BAN_COOLDOWN_MAX_SECONDS``; the strikes
-  are forgotten ``BAN_DECAY_SECONDS`` after the last ban;
+  are forgotten ``BAN_DECAY_SECONDS`` after the last ban.  A report while the pair's ban is live
+  (another lease of E for T saw the same ban) is no strike and leaves the ban's end as it is;
 * **concurrency**: a lease for T is never granted through an identity that already holds its
   limit of live leases for T (``TARGET_CONCURRENCY``, 1; per target pattern or pool:
   ``TARGET_CONCURRENCY_RULES``).  When bans or this limit exclude every proxy, the 503 counts

@@ -78,6 +78,27 @@ def test_ipv4_spellings_share_one_concurrency_limit_and_one_ban(redis_client, le
     assert info.value.limited == {"banned": 1, "busy": 0}
 
 
+def test_one_ban_seen_through_several_leases_of_an_ip_is_one_strike(redis_client, lease_settings):
+    """Four leases of one egress IP for one site (``TARGET_CONCURRENCY`` 4; the per-request
+    helpers lease per request) all get the site's ban answer: one ban, not four repeated ones
+    (it once doubled the cooldown three times: 8 x ``BAN_COOLDOWN_SECONDS``)."""
+    bans = BanSettings(concurrency=4, cooldown=10, cooldown_max=3600, refusal_ips=0)
+    _proxy(redis_client, "multi", "198.51.100.62", max_leases=10)
+    held = [_lease(redis_client, "c", "busy.example", lease_settings, bans) for _ in range(4)]
+    ends = []
+    for lease in held:
+        done = leases.release(redis_client, "c", lease.id, outcome="blocked", settings=lease_settings, bans=bans)
+        assert done.banned and done.strikes == 1
+        ends.append(done.cooldown_until)
+    secs, micros = redis_client.time()
+    assert max(ends) - min(ends) < 1 and 8 <= ends[0] - secs - micros / 1e6 <= 10
+    # a ban after that one ended is a repeated one: twice as long
+    redis_client.delete("po:ban:busy.example")
+    got = _lease(redis_client, "c", "busy.example", lease_settings, bans)
+    done = leases.release(redis_client, "c", got.id, outcome="failed", settings=lease_settings, bans=bans)
+    assert done.strikes == 2
+
+
 def test_racing_api_processes_never_pass_the_concurrency_limit(redis_url, redis_client, lease_settings):
     bans = BanSettings(concurrency=2)
     for i in range(6):  # six proxies, two egress IPs: at most 2 leases per IP for the target

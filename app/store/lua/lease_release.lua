@@ -76,14 +76,22 @@ if bad and target and ident then
   end
   if refusing_until == 0 then
     local sk_ = P_BAN_STRIKES .. target .. owner .. '|' .. ident
-    strikes = redis.call('INCR', sk_)
-    redis.call('PEXPIRE', sk_, decay)
     local length = base
-    for _ = 2, math.min(strikes, 40) do
-      length = length * 2
-      if length >= cap then break end
+    local standing = tonumber(redis.call('ZSCORE', ban_key, ident))
+    if standing and standing > now then
+      -- the pair is banned already: this lease, granted before that ban, got the same ban answer
+      -- (several leases of one IP for the site): not a repeated ban, no strike; the ban's end stands
+      strikes = tonumber(redis.call('GET', sk_)) or 1
+      length = standing - now
+    else
+      strikes = redis.call('INCR', sk_)
+      redis.call('PEXPIRE', sk_, decay)
+      for _ = 2, math.min(strikes, 40) do
+        length = length * 2
+        if length >= cap then break end
+      end
+      if length > cap then length = cap end
     end
-    if length > cap then length = cap end
     until_ms = now + length
     banned = 1
     redis.call('ZADD', ban_key, 'GT', until_ms, ident)
