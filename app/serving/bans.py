@@ -51,8 +51,10 @@ OTHER = "other"
 def parse_rules(text: str, *, where: str = "TARGET_CONCURRENCY_RULES") -> tuple[tuple[str, int], ...]:
     """Parse concurrency rules: ``pattern=limit`` items separated by commas.
 
-    A pattern is a target glob (``example.com``, ``*.example.com``: matched against the
-    registrable domain) or ``pool:<namespace>/<name>`` (the proxies of that ProxyPool).
+    A pattern is a target glob (``example.com``, ``*.example.com``: matched against the target, a
+    registrable domain; a host names its site, ``www.example.com`` is ``example.com``, and
+    ``*.example.com`` matches ``example.com`` too, the target of every host under it) or
+    ``pool:<namespace>/<name>`` (the proxies of that ProxyPool).
 
     Args:
         text: e.g. ``"example.com=2, *.gov=1, pool:crawl/web=4"`` (empty: no rules).
@@ -60,8 +62,8 @@ def parse_rules(text: str, *, where: str = "TARGET_CONCURRENCY_RULES") -> tuple[
     Returns:
         ``((pattern, limit), ...)`` in the order given.
     Raises:
-        ValueError: an item without ``=``, an empty pattern or a limit that is not an integer
-            >= 1, naming the item and ``where``.
+        ValueError: an item without ``=``, an empty pattern, a host that is not one or a limit
+            that is not an integer >= 1, naming the item and ``where``.
     """
     rules = []
     for raw in text.split(","):
@@ -80,8 +82,28 @@ def parse_rules(text: str, *, where: str = "TARGET_CONCURRENCY_RULES") -> tuple[
             raise ValueError(f"{where}: the limit of {item!r} must be an integer >= 1")
         if pattern.startswith("pool:") and pattern.count("/") != 1:
             raise ValueError(f"{where}: {pattern!r} must name a pool as pool:<namespace>/<name>")
-        rules.append((pattern.lower() if not pattern.startswith("pool:") else pattern, limit))
+        rules.append((pattern if pattern.startswith("pool:") else _site_pattern(pattern, item, where), limit))
     return tuple(rules)
+
+
+def _site_pattern(pattern: str, item: str, where: str) -> str:
+    """A target pattern as targets are spelled: a host, or ``*.`` and a host, names its site
+    (the registrable domain: ``www.example.com`` and ``*.shop.example.com`` are ``example.com`` and
+    ``*.example.com``; an internationalised name in its ASCII form); any other glob stays as
+    written (lower-cased).
+
+    Raises:
+        ValueError: a host that is not one (:class:`TargetError`), naming the item and ``where``.
+    """
+    wild = pattern.startswith("*.")
+    host = pattern[2:] if wild else pattern
+    if any(c in host for c in "*?["):
+        return pattern.lower()
+    try:
+        site = registrable_domain(host)
+    except TargetError as exc:
+        raise ValueError(f"{where}: {item!r}: {exc}") from None
+    return "*." + site if wild else site
 
 
 @dataclass(frozen=True)
@@ -181,7 +203,10 @@ class BanSettings:
             used for a proxy of such a pool when no target rule matched (limit then 0).
         """
         for pattern, limit in self.rules:
-            if not pattern.startswith("pool:") and fnmatch.fnmatchcase(target, pattern):
+            if pattern.startswith("pool:"):
+                continue
+            # (*.example.com: every host under example.com, whose target is example.com itself)
+            if fnmatch.fnmatchcase(target, pattern) or (pattern.startswith("*.") and target == pattern[2:]):
                 return limit, ""
         return (0 if self._pool_rules else self.concurrency), self._pool_rules
 

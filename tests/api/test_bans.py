@@ -66,6 +66,30 @@ def test_concurrency_rules_parse_and_name_the_bad_item():
         parse_rules("x.com=0")
 
 
+@pytest.mark.parametrize("rule", ["*.example.com=4", "www.example.com=4", "WWW.Example.COM.=4",
+                                  "*.shop.example.com=4", "example.com=4"])
+def test_a_concurrency_rule_naming_a_site_its_hosts_or_their_subdomains_applies_to_the_site(rule):
+    # targets are registrable domains: every host of example.com is the target example.com
+    assert BanSettings(rules=parse_rules(rule)).limit_for("example.com") == (4, "")
+    assert BanSettings(rules=parse_rules(rule)).limit_for("example.org") == (1, "")
+
+
+def test_concurrency_rules_of_idn_sites_and_suffixes_match_their_targets():
+    assert BanSettings(rules=parse_rules("*.bücher.de=3")).limit_for("xn--bcher-kva.de") == (3, "")
+    assert BanSettings(rules=parse_rules("*.co.uk=2")).limit_for("example.co.uk") == (2, "")
+    with pytest.raises(ValueError, match="TARGET_CONCURRENCY_RULES: 'bad host.com=2'"):
+        parse_rules("bad host.com=2")
+
+
+def test_the_documented_concurrency_rule_lets_its_site_have_that_many_leases_per_ip(redis_client, lease_settings):
+    bans = BanSettings(rules=parse_rules("*.example.com=4"))
+    _proxy(redis_client, "wide", "198.51.100.8", max_leases=10)
+    got = [_lease(redis_client, "c", "www.example.com", lease_settings, bans) for _ in range(4)]
+    assert {g.target for g in got} == {"example.com"}
+    with pytest.raises(leases.LeaseError):
+        _lease(redis_client, "c", "shop.example.com", lease_settings, bans)
+
+
 def test_a_ban_holds_for_its_egress_ip_and_target_only_and_for_every_client(redis_client, lease_settings):
     bans = BanSettings(concurrency=20)
     a1 = _proxy(redis_client, "a1", "198.51.100.1", max_leases=20)
