@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 import warnings
@@ -52,6 +53,11 @@ CONNECT_RETRY = 1.0
 DEFAULT_RETRY = 1.0
 #: HTTP statuses of a site that mean "this IP is banned" for the per-request helpers.
 DEFAULT_BAN_CODES = (403, 429)
+#: Squid's error name in the headers it marks its own error pages with (``X-Proxy-Operator-Error``
+#: by the operator's Squid, ``X-Squid-Error`` by any: ``ERR_ACCESS_DENIED 0``).
+_SQUID_ERROR = re.compile(r"^ERR_[A-Z0-9_]{1,64}(?: -?\d{1,6})?$")
+#: The status a proxy answered a CONNECT with, in urllib3's message (``Tunnel connection failed: 403 Forbidden``).
+_TUNNEL_STATUS = re.compile(r"Tunnel connection failed: (\d{3})\b")
 #: Shortest wait after a 503, whatever its ``Retry-After`` says: ``0``, or an HTTP-date already
 #: past (clock skew), must not make the client hammer the API until its deadline.
 MIN_RETRY = 0.25
@@ -458,11 +464,27 @@ class Lease:
         return httpx.AsyncClient(proxy=self.proxy_url, **kwargs)
 
 
+def _made_by_proxy(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer of ``status`` with ``headers`` was made by the proxy rather than the
+    site: a ``407``, or one of Squid's error pages (``X-Proxy-Operator-Error``, ``X-Squid-Error``:
+    a destination its policy denies, a site it cannot reach).  Such an answer says nothing of
+    the site's view of the egress IP: the per-request helpers release its lease ``ok``."""
+    if status == 407:
+        return True
+    for name in ("X-Proxy-Operator-Error", "X-Squid-Error"):
+        value = headers.get(name)
+        if isinstance(value, str) and _SQUID_ERROR.match(value.strip()):
+            return True
+    return False
+
+
 class TargetedSession(requests.Session):
     """A ``requests.Session`` that sends each request through a lease of its own, asked for the
     request URL's host as ``target``, and released as soon as the answer's head is in:
-    ``blocked`` when its status is a ban code (that site then bans that egress IP, not the proxy
-    for every site), ``failed`` when the proxy could not be reached, else ``ok``.  Made by
+    ``blocked`` when the site's answer has a ban code (that site then bans that egress IP, not
+    the proxy for every site), ``failed`` when the proxy could not be reached, else ``ok``: an
+    answer the proxy made itself (Squid's error page, a 407) or a CONNECT it refused is not the
+    site's, nor is a timeout or another error of the request.  Made by
     :meth:`Client.requests_session`; thread-safe as ``requests`` is.  The response carries the
     lease it went through (``response.lease``, released).  A streamed body
     (``stream=True``) is read after the release: the lease covers the request only."""
@@ -484,11 +506,16 @@ class TargetedSession(requests.Session):
         outcome = "ok"
         try:
             resp = super().request(method, url, *args, **kwargs)
-        except (requests.exceptions.ProxyError, requests.exceptions.ConnectTimeout):
+        except requests.exceptions.ProxyError as exc:
+            # (a CONNECT the proxy answered with a status, e.g. a 403 of its policy: it works)
+            if not _TUNNEL_STATUS.search(str(exc)):
+                outcome = "failed"
+            raise
+        except requests.exceptions.ConnectTimeout:
             outcome = "failed"
             raise
         else:
-            if resp.status_code in self._ban_codes:
+            if resp.status_code in self._ban_codes and not _made_by_proxy(resp.status_code, resp.headers):
                 outcome = "blocked"
             resp.lease = lease  # type: ignore[attr-defined]
             return resp
@@ -513,8 +540,12 @@ def _targeted_transport(client: "Client", ban_codes, lease_kwargs: Dict[str, Any
             raise ValueError(f"url: no host in {str(request.url)[:100]!r}")
         return client.lease(target=request.url.host, renew=False, **lease_kwargs)
 
-    def outcome_of(status: int) -> str:
-        return "blocked" if status in codes else "ok"
+    def outcome_of(status: int, headers) -> str:
+        return "blocked" if status in codes and not _made_by_proxy(status, headers) else "ok"
+
+    # the proxy could not be reached: the only errors that are the proxy's (a CONNECT it refused is
+    # httpx.ProxyError, its answer; a timeout or another error is the site's or the caller's)
+    proxy_down = (httpx.ConnectError, httpx.ConnectTimeout)
 
     def release(lease: Lease, outcome: str) -> None:
         try:
@@ -525,15 +556,18 @@ def _targeted_transport(client: "Client", ban_codes, lease_kwargs: Dict[str, Any
     class Transport(httpx.BaseTransport):
         def handle_request(self, request):
             lease = lease_for(request)
-            outcome = "failed"
+            outcome = "ok"
             try:
                 with httpx.HTTPTransport(proxy=lease.proxy_url, trust_env=False) as inner:
                     resp = inner.handle_request(request)
                     raw = b"".join(resp.iter_raw())
                     resp.close()
-                outcome = outcome_of(resp.status_code)
+                outcome = outcome_of(resp.status_code, resp.headers)
                 return httpx.Response(resp.status_code, headers=resp.headers, content=raw,
                                       extensions={"http_version": resp.extensions.get("http_version", b"HTTP/1.1")})
+            except proxy_down:
+                outcome = "failed"
+                raise
             finally:
                 release(lease, outcome)
 
@@ -542,15 +576,18 @@ def _targeted_transport(client: "Client", ban_codes, lease_kwargs: Dict[str, Any
             import asyncio
 
             lease = await asyncio.to_thread(lease_for, request)
-            outcome = "failed"
+            outcome = "ok"
             try:
                 async with httpx.AsyncHTTPTransport(proxy=lease.proxy_url, trust_env=False) as inner:
                     resp = await inner.handle_async_request(request)
                     raw = b"".join([chunk async for chunk in resp.aiter_raw()])
                     await resp.aclose()
-                outcome = outcome_of(resp.status_code)
+                outcome = outcome_of(resp.status_code, resp.headers)
                 return httpx.Response(resp.status_code, headers=resp.headers, content=raw,
                                       extensions={"http_version": resp.extensions.get("http_version", b"HTTP/1.1")})
+            except proxy_down:
+                outcome = "failed"
+                raise
             finally:
                 await asyncio.to_thread(release, lease, outcome)
 
@@ -799,7 +836,8 @@ class Client:
         """A ``requests.Session`` leasing a proxy per request for the request's host as target
         (:class:`TargetedSession`): every request goes out through an egress IP that site has not
         banned and no other crawler uses for it at the limit, and a ban answer (``ban_codes``)
-        bans that IP for that site only.
+        of the site bans that IP for that site only (not one the proxy made itself, nor a
+        timeout: :class:`TargetedSession`).
 
         Args:
             ban_codes: the site's HTTP statuses that mean "banned" (403, 429).
