@@ -1,6 +1,8 @@
 """An HTTP relay in front of the real discovery API that holds one kind of request back: every
 request whose method is in ``delayed`` waits ``delay`` seconds before it is forwarded (a
-release stuck behind a slow network or a busy API), every other goes through at once."""
+release stuck behind a slow network or a busy API), every other goes through at once.  With
+``fail``, the first ``fail`` of those requests are answered ``500`` and never forwarded (an API
+process dying under a release, a proxy in front of the API failing)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import requests
 class SlowRelay:
     """Serve on ``127.0.0.1:<free port>`` and forward to ``upstream`` (``http://host:port``)."""
 
-    def __init__(self, upstream: str, *, delayed: frozenset[str] = frozenset({"DELETE"}), delay: float = 1.0) -> None:
+    def __init__(self, upstream: str, *, delayed: frozenset[str] = frozenset({"DELETE"}), delay: float = 1.0,
+                 fail: int = 0) -> None:
         self.upstream = upstream.rstrip("/")
         self.delayed = delayed
         self.delay = delay
+        self.fail = fail  # delayed requests still to answer 500
         self.held = 0  # requests held back so far
+        self.failed: list[str] = []  # the paths (and queries) answered 500
         self.lock = threading.Lock()
         relay = self
 
@@ -34,7 +39,16 @@ class SlowRelay:
                 if self.command in relay.delayed:
                     with relay.lock:
                         relay.held += 1
+                        failing = relay.fail > 0
+                        if failing:
+                            relay.fail -= 1
+                            relay.failed.append(self.path)
                     time.sleep(relay.delay)
+                    if failing:
+                        self.send_response(500)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 answer = requests.request(self.command, relay.upstream + self.path, headers=headers, data=body,
                                           timeout=30, allow_redirects=False)

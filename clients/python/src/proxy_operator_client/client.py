@@ -200,6 +200,9 @@ class Lease:
         self._release_lock = threading.Lock()
         self._stop = threading.Event()
         self._released: Optional[Released] = None
+        #: a ``blocked``/``failed`` outcome whose release did not go through: sent by the next
+        #: release that asks for ``ok`` (the close's, ``__exit__``'s), so the report is not lost
+        self._unsent: Optional[str] = None
         self._lost: Optional[ApiError] = None
         self.release_error: Optional[ProxyOperatorError] = None
         self.renewals = 0
@@ -384,7 +387,10 @@ class Lease:
             ValueError: an unknown outcome.
             ApiError: the API refused (``not_lease_owner``; ``lease_not_found`` for a lease not
                 known to be lost; a 503 past ``wait``).  The lease is then no longer renewed
-                and ends by its TTL; releasing may be tried again.
+                and ends by its TTL; releasing may be tried again.  A ``blocked``/``failed``
+                outcome that did not go through is kept: a later release asking for ``ok``
+                (:meth:`Client.close`, :meth:`Client.release_all`, leaving the ``with`` block)
+                sends it instead, so the report is not lost.
             TransportError: the API could not be reached within ``wait``.
         """
         if outcome not in OUTCOMES:
@@ -394,6 +400,10 @@ class Lease:
                 if self._released is not None:
                     return self._released
                 lost = self._lost
+                if outcome == "ok" and self._unsent is not None:
+                    outcome = self._unsent
+                elif outcome != "ok":
+                    self._unsent = outcome
             self._stop.set()
             try:
                 doc = self._client._request("DELETE", f"/v1/leases/{self.id}", params={"outcome": outcome},
