@@ -4,6 +4,9 @@ every egress IP is answered ``429 target_refusing`` without cooling the pool dow
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import pytest
 
 from proxy_operator_client import ApiError, Client
@@ -90,3 +93,44 @@ def test_httpx_helper_leases_per_request_and_reports_bans(api, fleet, client_squ
             assert sorted(banned) == sorted(set(_sources(strict)))
     finally:
         strict.stop()
+
+
+class _Redirector(http.server.BaseHTTPRequestHandler):
+    """A site that sends every page to another site (``server.to``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # http.server API
+        self.server.sources.append(self.client_address[0])
+        self.send_response(302)
+        self.send_header("Location", self.server.to + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_redirect_to_another_site_is_leased_and_reported_for_that_site(api, fleet, client_squids, health_settings):
+    """requests follows a redirect inside the session: each hop goes through a lease for its own
+    host (the other site's bans and limit hold for it), and the other site's ban answer bans
+    the IP for that site, not for the site that redirected."""
+    healthy(fleet, client_squids, health_settings, count=3, max_leases=3)
+    wall = BanSite(NET.host(35), limit=0, ban_status=403)
+    hop = http.server.ThreadingHTTPServer((NET.host(34), 0), _Redirector)
+    hop.daemon_threads, hop.to, hop.sources = True, wall.url, []
+    threading.Thread(target=hop.serve_forever, daemon=True).start()
+    start = f"http://{NET.host(34)}:{hop.server_address[1]}"
+    try:
+        with Client(api.url, api.token, wait=0) as client:
+            with client.requests_session(ttl=30) as session:
+                resp = session.get(start + "/page/1", timeout=10)
+            assert resp.status_code == 403 and [r.status_code for r in resp.history] == [302]
+            assert resp.lease.target == NET.host(35) and resp.history[0].lease.target == NET.host(34)
+            state = {p["egressIP"]: [b["target"] for b in p["bans"]["active"]] for p in client.proxies()}
+            assert sorted(t for targets in state.values() for t in targets) == [NET.host(35)]
+            assert state[_sources(wall)[0]] == [NET.host(35)]
+    finally:
+        hop.shutdown()
+        hop.server_close()
+        wall.stop()

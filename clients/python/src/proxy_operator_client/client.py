@@ -497,7 +497,9 @@ class TargetedSession(requests.Session):
     site's, nor is a timeout or another error of the request.  Made by
     :meth:`Client.requests_session`; thread-safe as ``requests`` is.  The response carries the
     lease it went through (``response.lease``, released).  A streamed body
-    (``stream=True``) is read after the release: the lease covers the request only."""
+    (``stream=True``) is read after the release: the lease covers the request only.  Each
+    redirect it follows is a request of its own, through a lease for the new URL's host (its
+    response in ``response.history`` carries its lease too)."""
 
     def __init__(self, client: "Client", ban_codes, lease_kwargs: Dict[str, Any]) -> None:
         super().__init__()
@@ -506,16 +508,19 @@ class TargetedSession(requests.Session):
         self._lease_kwargs = dict(lease_kwargs)
         self.trust_env = False  # HTTP(S)_PROXY / NO_PROXY must not take precedence over the leases
 
-    def request(self, method, url, *args, **kwargs):
-        """Send one request through a lease for its host (requests' ``Session.request``)."""
-        host = urlsplit(str(url)).hostname
+    def send(self, request, **kwargs):
+        """Send one prepared request through a lease for its host (requests' ``Session.send``),
+        then follow its redirects, each hop through a lease for that hop's host (a redirect to
+        another site is that site's request: its bans, its limit, its ban answer)."""
+        host = urlsplit(str(request.url)).hostname
         if not host:
-            raise ValueError(f"url: no host in {str(url)[:100]!r}")
+            raise ValueError(f"url: no host in {str(request.url)[:100]!r}")
+        follow = kwargs.pop("allow_redirects", True)
         lease = self._client.lease(target=host, renew=False, **self._lease_kwargs)
         kwargs["proxies"] = lease.proxies
         outcome = "ok"
         try:
-            resp = super().request(method, url, *args, **kwargs)
+            resp = super().send(request, allow_redirects=False, **kwargs)
         except requests.exceptions.ProxyError as exc:
             # (a CONNECT the proxy answered with a status, e.g. a 403 of its policy: it works)
             if not _TUNNEL_STATUS.search(str(exc)):
@@ -528,12 +533,19 @@ class TargetedSession(requests.Session):
             if resp.status_code in self._ban_codes and not _made_by_proxy(resp.status_code, resp.headers):
                 outcome = "blocked"
             resp.lease = lease  # type: ignore[attr-defined]
-            return resp
         finally:
             try:
                 lease.release(outcome)
             except ProxyOperatorError as exc:
                 log.warning("lease %s for %s: release (%s) failed: %s", lease.id, lease.target, outcome, exc)
+        if not follow or not resp.is_redirect:
+            return resp
+        # as Session.send does, but each hop is sent by this method (allow_redirects=False): its own lease
+        kwargs.pop("proxies")
+        history = [resp, *self.resolve_redirects(resp, request, **kwargs)]
+        last = history.pop()
+        last.history = history
+        return last
 
     def __repr__(self) -> str:
         return f"<requests.Session through a lease per request of {self._client!r}>"
