@@ -27,6 +27,9 @@ MAX_BODY_BYTES = 64 * 1024
 #: Deepest nesting of arrays and objects a JSON body may have (the API's bodies are flat).
 MAX_JSON_DEPTH = 32
 MAX_FILTER_LENGTH = 253
+#: Longest ``target``: a host name (253 characters at most, checked once it is taken out) or a
+#: URL around one, as long as URLs commonly go.
+MAX_TARGET_LENGTH = 2048
 _READ_CHUNK = 16 * 1024
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*+"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
@@ -205,11 +208,11 @@ def body(req: Request | dict, allowed: tuple[str, ...]) -> dict:
     return doc
 
 
-def _text(field: str, value) -> str:
+def _text(field: str, value, maximum: int = MAX_FILTER_LENGTH) -> str:
     if not isinstance(value, str):
         raise bad_field(field, f"must be a string, got {type(value).__name__}")
-    if not value or len(value) > MAX_FILTER_LENGTH:
-        raise bad_field(field, f"must be 1 to {MAX_FILTER_LENGTH} characters")
+    if not value or len(value) > maximum:
+        raise bad_field(field, f"must be 1 to {maximum} characters")
     if _CONTROL.search(value):
         raise bad_field(field, "must not contain control characters")
     if _SURROGATE.search(value):
@@ -221,10 +224,10 @@ def target(value, settings: BanSettings) -> Target:
     """The ``target`` of a lease request: a host name (or URL), as :class:`app.serving.bans.Target`.
 
     Raises:
-        ApiError: 400 ``invalid_field`` (``target``): not a string, or not a host name (the message
-            says why).
+        ApiError: 400 ``invalid_field`` (``target``): not a string, over
+            :data:`MAX_TARGET_LENGTH` characters, or not a host name (the message says why).
     """
-    value = _text("target", value)
+    value = _text("target", value, MAX_TARGET_LENGTH)
     try:
         return Target.of(value, settings)
     except TargetError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.serving import selectors
 from app.serving.leases import OUTCOMES, LeaseSettings
-from api.inputs import MAX_FILTER_LENGTH
+from api.inputs import MAX_FILTER_LENGTH, MAX_TARGET_LENGTH
 
 _FILTER = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_LENGTH,
            "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$", "description": "No control characters."}
@@ -143,10 +143,10 @@ def document(settings: LeaseSettings) -> dict:
                         "sessionKey": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
                                        "description": "Sticky session: the same key gets the same proxy "
                                                       "while it stays eligible."},
-                        "target": {"type": "string", "minLength": 1, "maxLength": 253,
-                                   "description": "The site the lease is for (host name or URL): bans, "
-                                                  "per-target concurrency and refusals apply to its registrable "
-                                                  "domain."},
+                        "target": {"type": "string", "minLength": 1, "maxLength": MAX_TARGET_LENGTH,
+                                   "description": "The site the lease is for (host name or URL; its host at "
+                                                  "most 253 characters): bans, per-target concurrency and "
+                                                  "refusals apply to its registrable domain."},
                     },
                 },
                 "RenewRequest": {

@@ -83,7 +83,6 @@ def _ipv4(host: str) -> str | None:
     return str(ipaddress.IPv4Address(value))
 
 
-@lru_cache(maxsize=65_536)
 def registrable_domain(value: str) -> str:
     """Return the target a lease for ``value`` counts against.
 
@@ -101,7 +100,13 @@ def registrable_domain(value: str) -> str:
     """
     if not isinstance(value, str):
         raise TargetError(f"must be a host name string, got {type(value).__name__}")
-    host = _host(value)
+    # (cached by host, not by the value: a URL's path and query would fill the cache)
+    return _registrable(_host(value))
+
+
+@lru_cache(maxsize=65_536)
+def _registrable(host: str) -> str:
+    """:func:`registrable_domain` of ``host`` (:func:`_host`'s answer)."""
     if not host:
         raise TargetError("must be a host name, got an empty one")
     if not host.isascii():

@@ -277,3 +277,19 @@ def test_the_api_answers_targets_with_statuses_and_retry_after(redis_client, red
     metrics = http.get("/metrics").get_data(as_text=True)
     assert 'proxy_operator_target_refusals_total{event="refusing_started",target="example.org"} 1.0' in metrics
     assert "proxy_operator_target_cooldowns_active 0.0" in metrics
+
+
+def test_a_target_given_as_a_long_url_is_taken_by_its_host(redis_client, redis_url, tokens_file, lease_settings):
+    """The API takes a URL as ``target`` (its host counts): a page URL with a long path and query
+    is one, and a host name is at most 253 characters whatever the URL around it."""
+    settings = ApiSettings(redis_url=redis_url, tokens_file=tokens_file, leases=lease_settings, bans=BanSettings())
+    http = create_app(settings).test_client()
+    _proxy(redis_client, "u", "198.51.100.41")
+    url = "https://www.shop.example.net/search?q=" + "x" * 600 + "&page=2"
+    got = http.post("/v1/leases", json={"target": url}, headers=auth())
+    assert got.status_code == 201 and got.json["target"] == "example.net", got.json
+    huge = http.post("/v1/leases", json={"target": "https://example.net/" + "x" * 5000}, headers=auth())
+    assert huge.status_code == 400 and huge.json["field"] == "target" and "2048" in huge.json["message"]
+    long_host = http.post("/v1/leases", json={"target": "https://" + "a." * 130 + "com/"}, headers=auth())
+    assert long_host.status_code == 400 and long_host.json["field"] == "target"
+    assert "at most 253" in long_host.json["message"]
