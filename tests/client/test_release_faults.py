@@ -52,3 +52,18 @@ def test_a_release_with_the_default_outcome_after_a_failed_report_sends_the_repo
             assert _active(api, lease.egress_ip) == ["flaky.example"]
     finally:
         relay.stop()
+
+
+def test_a_release_answered_after_the_timeout_is_asked_again_and_counts_as_released(api, fleet, client_squids,
+                                                                                    health_settings):
+    healthy(fleet, client_squids, health_settings, count=3, max_leases=3)
+    relay = SlowRelay(api.url, delay=2.0, count=1)  # the first release reaches the API 2 s late
+    try:
+        with Client(relay.url, api.token, wait=0, timeout=0.5) as client:
+            lease = client.lease(target="late.example", ttl=60)
+            done = lease.report("blocked")  # no TransportError: the retry's answer tells
+            assert done.outcome == "blocked" and done.recorded
+            assert relay.held == 1
+            assert _active(api, lease.egress_ip) == ["late.example"]
+    finally:
+        relay.stop()

@@ -124,12 +124,12 @@ def host_squids():
     stop_all(procs)
 
 
-def _crawl(api, tmp_path, name: str, bases: list[str], pages: int) -> subprocess.Popen:
+def _crawl(api, tmp_path, name: str, bases: list[str], pages: int, settings: dict | None = None) -> subprocess.Popen:
     config = {"api": api.url, "base": bases[0], "bases": bases, "pages": pages, "sessions": 0, "close_after": 0,
               "log": str(tmp_path / f"{name}.log"), "stats": str(tmp_path / f"{name}.json"),
               "settings": {"CONCURRENT_REQUESTS_PER_DOMAIN": 1, "PROXY_OPERATOR_WAIT": 20,
                            "PROXY_OPERATOR_BAN_RETRY_TIMES": 5, "DOWNLOAD_DELAY": 0.15,
-                           "DOWNLOAD_DELAY_JITTER": 0, "LOG_LEVEL": "INFO"}}
+                           "DOWNLOAD_DELAY_JITTER": 0, "LOG_LEVEL": "INFO", **(settings or {})}}
     path = tmp_path / f"{name}.config.json"
     path.write_text(json.dumps(config))
     return subprocess.Popen([sys.executable, "-m", "tests.client.crawl", str(path)], cwd=ROOT,
@@ -217,6 +217,30 @@ def test_a_retry_is_leased_only_once_the_api_has_the_ban(api, fleet, host_squids
         assert stats.get("proxy_operator/errors/target_refusing", 0) >= 1
         assert stats.get("proxy_operator/leases/released/blocked") == 3
         assert relay.held >= 3  # the three blocked releases were held back
+    finally:
+        relay.stop()
+        sites.stop()
+
+
+def test_a_report_answered_after_the_client_timeout_is_asked_again_before_the_next_lease(
+        api, fleet, host_squids, health_settings, tmp_path):
+    """The first release's answer comes after ``PROXY_OPERATOR_TIMEOUT`` (a slow API, an answer
+    lost with its connection): the SDK asks the API again (the answer says whether the first one
+    went through) before the report counts as answered, so the next lease for the site still
+    waits for the API to have the ban, and the wall is known after three addresses."""
+    healthy(fleet, host_squids, health_settings, count=4, max_leases=4)
+    sites = VirtualSites(SITE_ADDRESS)
+    relay = SlowRelay(api.url, delay=3.0, count=1)  # only the first release is late
+    try:
+        slow = dataclasses.replace(api, url=relay.url)
+        out, _ = _crawl(slow, tmp_path, "wall", [sites.url("wall.test")], 6,
+                        {"PROXY_OPERATOR_TIMEOUT": 1}).communicate(timeout=100)
+        stats = json.loads((tmp_path / "wall.json").read_text())
+        wall = [r for r in sites.records if r["host"] == "wall.test"]
+        assert relay.held == 1
+        assert len({r["source"] for r in wall}) == 3, (wall, out[-3000:])
+        assert stats.get("proxy_operator/leases/released/blocked") == 3, stats
+        assert not stats.get("proxy_operator/errors/release"), stats
     finally:
         relay.stop()
         sites.stop()

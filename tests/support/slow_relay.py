@@ -1,6 +1,7 @@
 """An HTTP relay in front of the real discovery API that holds one kind of request back: every
 request whose method is in ``delayed`` waits ``delay`` seconds before it is forwarded (a
-release stuck behind a slow network or a busy API), every other goes through at once.  With
+release stuck behind a slow network or a busy API), every other goes through at once (with
+``count``, only the first ``count`` of them are held back).  With
 ``fail``, the first ``fail`` of those requests are answered ``500`` and never forwarded (an API
 process dying under a release, a proxy in front of the API failing)."""
 
@@ -17,10 +18,11 @@ class SlowRelay:
     """Serve on ``127.0.0.1:<free port>`` and forward to ``upstream`` (``http://host:port``)."""
 
     def __init__(self, upstream: str, *, delayed: frozenset[str] = frozenset({"DELETE"}), delay: float = 1.0,
-                 fail: int = 0) -> None:
+                 fail: int = 0, count: int | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.delayed = delayed
         self.delay = delay
+        self.count = count  # how many of those requests are held back (None: every one)
         self.fail = fail  # delayed requests still to answer 500
         self.held = 0  # requests held back so far
         self.failed: list[str] = []  # the paths (and queries) answered 500
@@ -36,7 +38,9 @@ class SlowRelay:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if self.command in relay.delayed:
+                with relay.lock:
+                    holding = self.command in relay.delayed and (relay.count is None or relay.held < relay.count)
+                if holding:
                     with relay.lock:
                         relay.held += 1
                         failing = relay.fail > 0

@@ -203,6 +203,9 @@ class Lease:
         #: a ``blocked``/``failed`` outcome whose release did not go through: sent by the next
         #: release that asks for ``ok`` (the close's, ``__exit__``'s), so the report is not lost
         self._unsent: Optional[str] = None
+        #: a release was sent and its answer lost (read timeout, dropped connection): the API may
+        #: have released the lease, so a later ``lease_not_found`` means it did
+        self._maybe_released = False
         self._lost: Optional[ApiError] = None
         self.release_error: Optional[ProxyOperatorError] = None
         self.renewals = 0
@@ -391,7 +394,11 @@ class Lease:
                 outcome that did not go through is kept: a later release asking for ``ok``
                 (:meth:`Client.close`, :meth:`Client.release_all`, leaving the ``with`` block)
                 sends it instead, so the report is not lost.
-            TransportError: the API could not be reached within ``wait``.
+            TransportError: the API could not be reached within ``wait``, or answered neither a
+                release nor the one retry of it that follows a lost or late answer (a read
+                timeout, a dropped connection: the retry's ``lease_not_found`` then means the
+                first went through, and the lease counts as released, :attr:`Released.was_live`
+                and :attr:`Released.cooldown_until` unknown).
         """
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
@@ -405,14 +412,27 @@ class Lease:
                 elif outcome != "ok":
                     self._unsent = outcome
             self._stop.set()
+            deadline = RELEASE_WAIT if wait is None else wait
+
+            def delete() -> dict:
+                return self._client._request("DELETE", f"/v1/leases/{self.id}", params={"outcome": outcome},
+                                             wait=deadline, operation="release", closing_ok=True)
+
             try:
-                doc = self._client._request("DELETE", f"/v1/leases/{self.id}", params={"outcome": outcome},
-                                            wait=RELEASE_WAIT if wait is None else wait, operation="release",
-                                            closing_ok=True)
+                try:
+                    doc = delete()
+                except TransportError as exc:
+                    if not _maybe_sent(exc):
+                        raise
+                    # the answer was lost or came too late (a read timeout, a dropped connection):
+                    # the API may have released the lease; asking again tells (lease_not_found: it did)
+                    self._maybe_released = True
+                    doc = delete()
             except ApiError as exc:
-                if exc.code != "lease_not_found" or lost is None:
+                if exc.code != "lease_not_found" or (lost is None and not self._maybe_released):
                     raise
-                result = Released(self.id, outcome, False, None, recorded=False)
+                # gone: lost before (not recorded), or released by an attempt whose answer was lost
+                result = Released(self.id, outcome, False, None, recorded=lost is None, target=self.target)
             else:
                 result = Released(self.id, doc.get("outcome", outcome), bool(doc.get("wasLive")),
                                   _parse_time(doc.get("cooldownUntil")), target=doc.get("target"),
@@ -958,6 +978,15 @@ class Client:
     def __exit__(self, *exc) -> bool:
         self.close()
         return False
+
+
+def _maybe_sent(exc: TransportError) -> bool:
+    """Whether the request that failed with ``exc`` may have reached the API (a read timeout, a
+    connection dropped after sending); ``False`` when no connection could be made at all."""
+    cause = exc.__cause__
+    reason = getattr(cause.args[0], "reason", None) if isinstance(cause, requests.RequestException) and cause.args \
+        else None
+    return not isinstance(cause, requests.exceptions.ConnectTimeout) and not isinstance(reason, NewConnectionError)
 
 
 def _api_error(resp: requests.Response) -> ApiError:
