@@ -80,8 +80,8 @@ demo: demo-deps venv-demo
 LINT_PACKAGES := app api workers watchers cli
 lint: deps venv
 	@failed=""; \
-	echo "$(BIN)/ruff check $(LINT_PACKAGES) devcluster tests bench"; \
-	$(BIN)/ruff check $(LINT_PACKAGES) devcluster tests bench || failed="$$failed ruff"; \
+	echo "$(BIN)/ruff check $(LINT_PACKAGES) clients devcluster tests bench"; \
+	$(BIN)/ruff check $(LINT_PACKAGES) clients devcluster tests bench || failed="$$failed ruff"; \
 	echo "$(BIN)/mypy $(LINT_PACKAGES)"; \
 	$(BIN)/mypy $(LINT_PACKAGES) || failed="$$failed mypy"; \
 	echo "$(BIN)/lint-imports"; \

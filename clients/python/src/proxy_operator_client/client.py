@@ -145,7 +145,7 @@ class _LeaseSession(requests.Session):
         self.trust_env = False  # HTTP(S)_PROXY / NO_PROXY must not take precedence over the lease
         self.proxies = lease.proxies
 
-    def request(self, method, url, *args, **kwargs):  # noqa: D102 (requests' API)
+    def request(self, method, url, *args, **kwargs):
         self.proxies = self._lease.proxies
         return super().request(method, url, *args, **kwargs)
 
