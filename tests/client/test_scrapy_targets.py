@@ -3,7 +3,9 @@ middleware with targets, the real API, real Squids each leaving from its own loo
 and three local sites on one address told apart by ``Host`` (the Squids resolve their names with
 a ``hosts_file``):
 
-* ``banning.test`` bans one source address, the first it sees (a 403 to it, always);
+* ``banning.test`` bans one source address, the first it sees (a 403 to it, always), and answers
+  the others only once :attr:`VirtualSites.together` of them are crawling it at once (the crawls
+  then overlap whatever their processes' start-up times on a busy machine);
 * ``ratelimited.test`` answers 429 above a per-source-address rate;
 * ``wall.test`` refuses everyone (a 403 to every address).
 
@@ -42,6 +44,9 @@ SQUIDS = [NET.host(n) for n in range(60, 64)]
 #: ratelimited.test: more than this many of its requests from one address within a second get a
 #: 429 (the crawls, one request at a time per site and 0.15 s apart, stay under it).
 RATE = 12
+#: How long banning.test holds a request back waiting for the other crawls (then answers anyway:
+#: the test's assertions say what went wrong); below the crawls' DOWNLOAD_TIMEOUT.
+TOGETHER_TIMEOUT = 45.0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -59,6 +64,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with sites.lock:
             if host == "banning.test" and sites.banned is None:
                 sites.banned = source
+            if host == "banning.test" and source != sites.banned:
+                # an address crawling the site waits for the others: each crawler holds its lease
+                # for the site meanwhile, so the crawlers are on as many addresses at once
+                sites.crawling.add(source)
+                sites.arrived.notify_all()
+                sites.arrived.wait_for(lambda: len(sites.crawling) >= sites.together, TOGETHER_TIMEOUT)
             sites.inflight[pair] += 1
             sites.most[pair] = max(sites.most[pair], sites.inflight[pair])
             recent = sites.times[pair]
@@ -94,6 +105,11 @@ class VirtualSites:
         self.times: dict = collections.defaultdict(collections.deque)
         self.records: list[dict] = []
         self.banned: str | None = None
+        #: banning.test answers an address (other than the banned one) once this many addresses
+        #: have asked it for a page
+        self.together = 0
+        self.crawling: set[str] = set()
+        self.arrived = threading.Condition(self.lock)
         self.server = http.server.ThreadingHTTPServer((address, 0), _Handler)
         self.server.daemon_threads = True
         self.server.sites = self
@@ -129,7 +145,8 @@ def _crawl(api, tmp_path, name: str, bases: list[str], pages: int, settings: dic
               "log": str(tmp_path / f"{name}.log"), "stats": str(tmp_path / f"{name}.json"),
               "settings": {"CONCURRENT_REQUESTS_PER_DOMAIN": 1, "PROXY_OPERATOR_WAIT": 20,
                            "PROXY_OPERATOR_BAN_RETRY_TIMES": 5, "DOWNLOAD_DELAY": 0.15,
-                           "DOWNLOAD_DELAY_JITTER": 0, "LOG_LEVEL": "INFO", **(settings or {})}}
+                           "DOWNLOAD_DELAY_JITTER": 0, "DOWNLOAD_TIMEOUT": TOGETHER_TIMEOUT + 15,
+                           "LOG_LEVEL": "INFO", **(settings or {})}}
     path = tmp_path / f"{name}.config.json"
     path.write_text(json.dumps(config))
     return subprocess.Popen([sys.executable, "-m", "tests.client.crawl", str(path)], cwd=ROOT,
@@ -141,6 +158,7 @@ def test_crawls_with_targets_ban_per_site_and_never_share_an_ip_on_a_site(api, f
                                                                            tmp_path):
     healthy(fleet, host_squids, health_settings, count=4, max_leases=4)
     sites = VirtualSites(SITE_ADDRESS)
+    sites.together = 3  # the three spiders crawl banning.test at once, however late one of them starts
     try:
         both = [sites.url("banning.test"), sites.url("ratelimited.test")]
         crawlers = [_crawl(api, tmp_path, f"spider{n}", both, 24) for n in range(3)]
