@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,11 +92,24 @@ def test_make_demo_runs_the_documented_steps_and_stops_on_ctrl_c(tmp_path):
 
         watch = subprocess.Popen(["kubectl", "get", "px", "-w"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
+        printed: list[str] = []
+
+        def read_watch() -> None:
+            for line in watch.stdout:
+                printed.append(line)
+
+        reader = threading.Thread(target=read_watch, daemon=True)
+        reader.start()
         assert "created" in sh("kubectl", "apply", "-f", "deploy/samples/proxy_kubernetes.yaml")
         sh("kubectl", "wait", "--for=condition=Ready", "px/squid-k8s-1", "--timeout=25s")
-        time.sleep(0.5)
+        # `kubectl wait` saw Ready on a watch of its own: the `get -w` process prints the same event
+        # when it next runs, which on a busy machine may be a while later
+        wait_for(lambda: any(line.split()[:2] == ["squid-k8s-1", "Ready"] for line in list(printed)), 30,
+                 "kubectl get px -w to print the Ready row", explain=lambda: "".join(printed))
         watch.terminate()
-        rows = [line.split() for line in watch.communicate(timeout=10)[0].splitlines() if line.strip()]
+        watch.wait(timeout=10)
+        reader.join(timeout=10)
+        rows = [line.split() for line in printed if line.strip()]
         assert rows[0][:7] == ["NAME", "PHASE", "PROVIDER", "ADDRESS", "EGRESS", "IP", "HEALTHY"]
         last = rows[-1]
         assert last[:3] == ["squid-k8s-1", "Ready", "k8s-local"] and last[5] == "True"
