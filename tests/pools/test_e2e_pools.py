@@ -103,12 +103,15 @@ class _Stack:
         return sum(1 for rec in self.records(name) if rec.healthy and rec.max_leases > 0 and rec.drain_until is None)
 
     def settled(self, name: str, replicas: int) -> dict | None:
-        """The pool when its status says ``replicas`` members, all updated and leasable, and the
-        serving view agrees."""
+        """The pool when its status says ``replicas`` members, all updated, Ready and leasable, and
+        the serving view agrees.  (Ready and leasable are two counts of one probe verdict: the
+        serving view has it before the Proxy's phase, so a pass may count a member leasable and
+        not yet Ready; ``kubectl get pxp`` shows both.)"""
         pool = self.pool(name)
         st = (pool or {}).get("status") or {}
         if (st.get("observedGeneration") == pool["metadata"]["generation"] and st.get("replicas") == replicas
                 and st.get("updatedReplicas") == replicas and st.get("leasableReplicas") == replicas
+                and (st.get("readyReplicas") or 0) == replicas
                 and len(self.members(pool)) == replicas and self.leasable(name) == replicas):
             return pool
         return None
