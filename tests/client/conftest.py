@@ -69,6 +69,13 @@ def start_all(starters) -> list:
     return results
 
 
+def start_strict_squids(addresses, reachable: str) -> list:
+    """Squids on ``addresses`` with the product's destination rules (app/squid/conf.py): every
+    loopback destination denied but ``reachable`` (``403 ERR_ACCESS_DENIED``, a refused CONNECT)."""
+    policy = squid_conf.SquidPolicy(http_ports=(80, 443, "1024-65535"), allowed_destinations=(f"{reachable}/32",))
+    return start_all([lambda a=a: start_squid(a, policy=policy, loopback_origins=False) for a in addresses])
+
+
 def stop_all(procs) -> None:
     """Stop ``procs`` (anything with ``stop()``) in parallel."""
     threads = [threading.Thread(target=p.stop) for p in procs]

@@ -13,13 +13,11 @@ import threading
 import pytest
 import requests
 
-from app.squid import conf as squid_conf
 from proxy_operator_client import Client
 from tests.api.helpers import healthy
-from tests.client.conftest import NET, start_all, stop_all
+from tests.client.conftest import NET, start_strict_squids, stop_all
 from tests.client.site import BanSite
 from tests.client.test_scrapy import crawl
-from tests.health.fleet import start_squid
 from tests.health.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -34,8 +32,7 @@ SQUIDS = [NET.host(n) for n in range(50, 53)]
 @pytest.fixture(scope="module")
 def strict_squids():
     """Three Squids with the product's destination rules: loopback denied but for REACHABLE."""
-    policy = squid_conf.SquidPolicy(http_ports=(80, 443, "1024-65535"), allowed_destinations=(f"{REACHABLE}/32",))
-    procs = start_all([lambda a=a: start_squid(a, policy=policy, loopback_origins=False) for a in SQUIDS])
+    procs = start_strict_squids(SQUIDS, REACHABLE)
     yield procs
     stop_all(procs)
 

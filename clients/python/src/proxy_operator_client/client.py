@@ -26,7 +26,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 import requests
@@ -53,9 +53,12 @@ CONNECT_RETRY = 1.0
 DEFAULT_RETRY = 1.0
 #: HTTP statuses of a site that mean "this IP is banned" for the per-request helpers.
 DEFAULT_BAN_CODES = (403, 429)
-#: Squid's error name in the headers it marks its own error pages with (``X-Proxy-Operator-Error``
-#: by the operator's Squid, ``X-Squid-Error`` by any: ``ERR_ACCESS_DENIED 0``).
-_SQUID_ERROR = re.compile(r"^ERR_[A-Z0-9_]{1,64}(?: -?\d{1,6})?$")
+#: Squid's header on the error pages it makes (``ERR_ACCESS_DENIED 0``: the error, an errno).
+SQUID_ERROR_HEADER = "X-Squid-Error"
+#: The operator's Squid's mark of its own error pages (the error); a site's header of this name
+#: never reaches the client.
+ERROR_HEADER = "X-Proxy-Operator-Error"
+_SQUID_ERROR = re.compile(r"^(ERR_[A-Z0-9_]{1,64})(?: -?\d{1,6})?$")
 #: The status a proxy answered a CONNECT with, in urllib3's message (``Tunnel connection failed: 403 Forbidden``).
 _TUNNEL_STATUS = re.compile(r"Tunnel connection failed: (\d{3})\b")
 #: Shortest wait after a 503, whatever its ``Retry-After`` says: ``0``, or an HTTP-date already
@@ -501,11 +504,24 @@ def _made_by_proxy(status: int, headers: Mapping[str, str]) -> bool:
     the site's view of the egress IP: the per-request helpers release its lease ``ok``."""
     if status == 407:
         return True
-    for name in ("X-Proxy-Operator-Error", "X-Squid-Error"):
+
+    def header(name: str) -> str:
         value = headers.get(name)
-        if isinstance(value, str) and _SQUID_ERROR.match(value.strip()):
-            return True
-    return False
+        return value.strip() if isinstance(value, str) else ""
+
+    return squid_error(header) is not None
+
+
+def squid_error(header: Callable[[str], str]) -> Optional[str]:
+    """Squid's error name (``"ERR_ACCESS_DENIED"``) on an error page Squid made, read from
+    ``header(name)`` (a header's value, ``""`` when absent) for :data:`ERROR_HEADER`, then
+    :data:`SQUID_ERROR_HEADER`; ``None`` when neither holds one (a value of another shape is
+    ignored)."""
+    for name in (ERROR_HEADER, SQUID_ERROR_HEADER):
+        m = _SQUID_ERROR.match(header(name))
+        if m:
+            return m.group(1)
+    return None
 
 
 class TargetedSession(requests.Session):

@@ -104,7 +104,7 @@ from twisted.internet import defer, threads
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from proxy_operator_client.client import Client, Lease
+from proxy_operator_client.client import Client, Lease, squid_error
 from proxy_operator_client.errors import ApiError, ClientClosed, ProxyOperatorError
 
 log = logging.getLogger(__name__)
@@ -119,11 +119,8 @@ META_LEASE = "_proxy_operator"
 DEFAULT_BAN_CODES = (403, 429)
 _SESSION_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 STATS = "proxy_operator"
-#: Squid's header on the error pages it makes (``ERR_ACCESS_DENIED 0``: the error, an errno).
-SQUID_ERROR_HEADER = "X-Squid-Error"
-#: The operator's Squid's mark of its own error pages (the error) and of a refusal by one of
-#: its rules (the rule's class); a site's headers of those names never reach the client.
-ERROR_HEADER = "X-Proxy-Operator-Error"
+#: The operator's Squid's mark of a refusal by one of its rules (the rule's class); a site's
+#: header of this name never reaches the client.
 DENIED_HEADER = "X-Proxy-Operator-Denied"
 #: The classes of the operator's Squid rules (``X-Proxy-Operator-Denied``) and what each refuses.
 DENY_RULES = {
@@ -136,7 +133,6 @@ DENY_RULES = {
     "destination": "a destination address the proxy denies (loopback, link-local or its deniedDestinations)",
     "default": "no rule of the proxy allowed the request",
 }
-_SQUID_ERROR = re.compile(r"^(ERR_[A-Z0-9_]{1,64})(?: -?\d{1,6})?$")
 
 
 class ProxyRefusal:
@@ -178,12 +174,7 @@ def proxy_refusal(response) -> Optional[ProxyRefusal]:
         value = response.headers.get(name)
         return value.decode("latin-1").strip() if isinstance(value, bytes) else ""
 
-    error = None
-    for name in (ERROR_HEADER, SQUID_ERROR_HEADER):
-        m = _SQUID_ERROR.match(header(name))
-        if m:
-            error = m.group(1)
-            break
+    error = squid_error(header)
     if error is None and response.status != 407:
         return None
     rule = header(DENIED_HEADER)
